@@ -1,0 +1,992 @@
+//! Frames of the runnel wire protocol, version 1 (docs/protocol.md is the
+//! contract; this file implements it).
+//!
+//! Every frame is a 12-byte header and a body; all integers little-endian:
+//!
+//! ```text
+//! 0  u32 len         bytes after this field: 8 + body length
+//! 4  u8  op          request opcode; a reply carries op | 0x80
+//! 5  u8  status      0 in requests; in replies 0 = OK, else an ErrorCode
+//! 6  u16 flags       reserved, 0
+//! 8  u32 request_id  chosen by the client, echoed by the reply
+//! 12 ... body
+//! ```
+//!
+//! Decoding is a pure function over a byte slice, as in sozu and pelikan: it
+//! returns a frame that borrows from the slice and the bytes it consumed,
+//! "need more", or a typed error that says whether the frame boundary is
+//! still known. It never allocates, and it checks every length against the
+//! limits before the caller buffers anything. Encoding appends to a `Vec`.
+
+use byteorder::{ByteOrder, LittleEndian};
+
+/// The protocol versions this build speaks.
+pub const VERSION_MIN: u16 = 1;
+pub const VERSION_MAX: u16 = 1;
+/// Bytes in a frame header.
+pub const HEADER_BYTES: usize = 12;
+/// Bit set in the op of every reply.
+pub const REPLY_BIT: u8 = 0x80;
+/// Bit in a delivered message's flags: dead-letter fields follow.
+pub const MSG_FLAG_DEAD: u8 = 0x01;
+/// Bit in NACK's flags: dead-letter the messages now instead of retrying.
+pub const NACK_FLAG_DEAD_LETTER: u8 = 0x01;
+
+/// Request opcodes.
+pub mod op {
+    pub const HELLO: u8 = 0x01;
+    pub const PING: u8 = 0x02;
+    pub const PRODUCE: u8 = 0x10;
+    pub const FETCH: u8 = 0x11;
+    pub const ACK: u8 = 0x12;
+    pub const NACK: u8 = 0x13;
+    pub const TOUCH: u8 = 0x14;
+    pub const STATS: u8 = 0x20;
+    pub const CREATE_TOPIC: u8 = 0x30;
+    pub const DELETE_TOPIC: u8 = 0x31;
+    pub const PURGE_TOPIC: u8 = 0x32;
+    pub const LIST_TOPICS: u8 = 0x33;
+    pub const REDRIVE: u8 = 0x34;
+}
+
+/// Status codes of error replies. The numbers are part of the protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ErrorCode {
+    /// The frame's body does not parse. The client has a bug.
+    Malformed = 1,
+    /// The opcode is not one this version knows.
+    UnknownOp = 2,
+    /// HELLO offered no version the broker speaks.
+    Version = 3,
+    /// A request came before a successful HELLO.
+    HelloRequired = 4,
+    /// The frame is longer than frame_bytes_max; its body was discarded.
+    FrameTooLarge = 5,
+    /// A message is longer than message_bytes_max; nothing was stored.
+    MessageTooLarge = 6,
+    /// Too many messages or ids in one frame, or none.
+    BatchTooLarge = 7,
+    /// The topic name is empty, too long or has a forbidden byte.
+    BadTopic = 8,
+    /// The topic does not exist.
+    UnknownTopic = 9,
+    /// Creating the topic would pass topics_max.
+    TooManyTopics = 10,
+    /// The topic is at its depth limit; nothing of the batch was stored.
+    QueueFull = 11,
+    /// The commit log could not write or sync; nothing was acknowledged.
+    Storage = 12,
+    /// The connection has not presented the auth token.
+    Unauthenticated = 13,
+    /// The broker is shutting down.
+    ShuttingDown = 14,
+    /// The broker is at connections_max; the connection will be closed.
+    TooManyConnections = 15,
+    /// A field has a value the operation cannot take.
+    BadArgument = 16,
+}
+
+impl ErrorCode {
+    pub fn from_u8(v: u8) -> Option<ErrorCode> {
+        use ErrorCode::*;
+        Some(match v {
+            1 => Malformed,
+            2 => UnknownOp,
+            3 => Version,
+            4 => HelloRequired,
+            5 => FrameTooLarge,
+            6 => MessageTooLarge,
+            7 => BatchTooLarge,
+            8 => BadTopic,
+            9 => UnknownTopic,
+            10 => TooManyTopics,
+            11 => QueueFull,
+            12 => Storage,
+            13 => Unauthenticated,
+            14 => ShuttingDown,
+            15 => TooManyConnections,
+            16 => BadArgument,
+            _ => return None,
+        })
+    }
+
+    /// The name used in docs/protocol.md and in client error messages.
+    pub fn name(self) -> &'static str {
+        use ErrorCode::*;
+        match self {
+            Malformed => "MALFORMED",
+            UnknownOp => "UNKNOWN_OP",
+            Version => "VERSION",
+            HelloRequired => "HELLO_REQUIRED",
+            FrameTooLarge => "FRAME_TOO_LARGE",
+            MessageTooLarge => "MESSAGE_TOO_LARGE",
+            BatchTooLarge => "BATCH_TOO_LARGE",
+            BadTopic => "BAD_TOPIC",
+            UnknownTopic => "UNKNOWN_TOPIC",
+            TooManyTopics => "TOO_MANY_TOPICS",
+            QueueFull => "QUEUE_FULL",
+            Storage => "STORAGE",
+            Unauthenticated => "UNAUTHENTICATED",
+            ShuttingDown => "SHUTTING_DOWN",
+            TooManyConnections => "TOO_MANY_CONNECTIONS",
+            BadArgument => "BAD_ARGUMENT",
+        }
+    }
+}
+
+/// The limits the decoder enforces; a copy of the broker's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeLimits {
+    pub frame_bytes_max: u32,
+    pub message_bytes_max: u32,
+    pub batch_messages_max: u32,
+    pub topic_name_bytes_max: u32,
+}
+
+impl DecodeLimits {
+    /// Limits loose enough for any frame a client may receive.
+    pub const CLIENT: DecodeLimits = DecodeLimits {
+        frame_bytes_max: u32::MAX,
+        message_bytes_max: u32::MAX,
+        batch_messages_max: u32::MAX,
+        topic_name_bytes_max: 1000,
+    };
+}
+
+impl From<&crate::limits::Limits> for DecodeLimits {
+    fn from(l: &crate::limits::Limits) -> Self {
+        DecodeLimits {
+            frame_bytes_max: l.frame_bytes_max,
+            message_bytes_max: l.message_bytes_max,
+            batch_messages_max: l.batch_messages_max,
+            topic_name_bytes_max: l.topic_name_bytes_max,
+        }
+    }
+}
+
+/// Per-topic settings carried by CREATE_TOPIC; 0 means "broker default".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TopicSettings {
+    pub ack_timeout_ms: u32,
+    pub max_deliveries: u16,
+}
+
+/// A PRODUCE batch: `count` messages, each `u32 len` then the payload.
+/// Validated by the decoder, so iterating cannot fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Batch<'a> {
+    pub count: u32,
+    /// The length-prefixed payloads, exactly.
+    pub bytes: &'a [u8],
+}
+
+impl<'a> Batch<'a> {
+    pub fn iter(&self) -> BatchIter<'a> {
+        BatchIter { rest: self.bytes }
+    }
+    /// Total payload bytes (without the length fields).
+    pub fn payload_bytes(&self) -> u64 {
+        self.bytes.len() as u64 - 4 * u64::from(self.count)
+    }
+}
+
+pub struct BatchIter<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for BatchIter<'a> {
+    type Item = &'a [u8];
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.rest.len() < 4 {
+            return None;
+        }
+        let len = LittleEndian::read_u32(self.rest) as usize;
+        let end = (4 + len).min(self.rest.len());
+        let payload = &self.rest[4..end];
+        self.rest = &self.rest[end..];
+        Some(payload)
+    }
+}
+
+/// A list of message ids, `count` little-endian u64s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ids<'a> {
+    pub bytes: &'a [u8],
+}
+
+impl<'a> Ids<'a> {
+    pub fn len(&self) -> usize {
+        self.bytes.len() / 8
+    }
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+    pub fn iter(&self) -> impl Iterator<Item = u64> + 'a {
+        self.bytes.chunks_exact(8).map(LittleEndian::read_u64)
+    }
+}
+
+/// A decoded request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request<'a> {
+    Hello { min_version: u16, max_version: u16, token: &'a [u8] },
+    Ping,
+    Produce { topic: &'a str, batch: Batch<'a> },
+    Fetch { topic: &'a str, max_messages: u32, max_bytes: u32, wait_ms: u32, ack_timeout_ms: u32 },
+    Ack { topic: &'a str, ids: Ids<'a> },
+    Nack { topic: &'a str, delay_ms: u32, flags: u8, ids: Ids<'a> },
+    Touch { topic: &'a str, ack_timeout_ms: u32, ids: Ids<'a> },
+    /// `topic` empty means every topic.
+    Stats { topic: &'a str },
+    CreateTopic { topic: &'a str, settings: TopicSettings },
+    DeleteTopic { topic: &'a str },
+    PurgeTopic { topic: &'a str },
+    ListTopics,
+    Redrive { topic: &'a str, max_messages: u32 },
+}
+
+impl Request<'_> {
+    pub fn op(&self) -> u8 {
+        match self {
+            Request::Hello { .. } => op::HELLO,
+            Request::Ping => op::PING,
+            Request::Produce { .. } => op::PRODUCE,
+            Request::Fetch { .. } => op::FETCH,
+            Request::Ack { .. } => op::ACK,
+            Request::Nack { .. } => op::NACK,
+            Request::Touch { .. } => op::TOUCH,
+            Request::Stats { .. } => op::STATS,
+            Request::CreateTopic { .. } => op::CREATE_TOPIC,
+            Request::DeleteTopic { .. } => op::DELETE_TOPIC,
+            Request::PurgeTopic { .. } => op::PURGE_TOPIC,
+            Request::ListTopics => op::LIST_TOPICS,
+            Request::Redrive { .. } => op::REDRIVE,
+        }
+    }
+}
+
+/// A frame: a request and the id its reply will echo.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frame<'a> {
+    pub request_id: u32,
+    pub request: Request<'a>,
+}
+
+/// What the decoder found at the start of the buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decoded<T> {
+    /// A whole frame, and how many bytes it took.
+    Frame(T, usize),
+    /// The buffer holds a prefix of a valid frame; read more.
+    NeedMore,
+}
+
+/// What to do with the input after a decode error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Skip {
+    /// Discard this many bytes (the whole bad frame, which may not have
+    /// arrived yet) and go on with the next frame.
+    Bytes(usize),
+    /// The frame boundary is lost: reply, then close the connection.
+    Close,
+}
+
+/// A frame the broker cannot serve, with what the reply should say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecodeError {
+    pub code: ErrorCode,
+    /// The op and request id of the bad frame, for the error reply (0 when
+    /// the header itself was unreadable).
+    pub op: u8,
+    pub request_id: u32,
+    pub skip: Skip,
+    pub message: String,
+}
+
+/// A cursor over a body. Every read checks the length first.
+struct Rd<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Rd<'a> {
+    fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
+        let end = self.pos.checked_add(n)?;
+        let s = self.buf.get(self.pos..end)?;
+        self.pos = end;
+        Some(s)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.bytes(1).map(|b| b[0])
+    }
+    fn u16(&mut self) -> Option<u16> {
+        self.bytes(2).map(LittleEndian::read_u16)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.bytes(4).map(LittleEndian::read_u32)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.bytes(8).map(LittleEndian::read_u64)
+    }
+    fn done(&self) -> bool {
+        self.pos == self.buf.len()
+    }
+}
+
+/// Why a body failed to parse, before it becomes a DecodeError.
+struct BodyError(ErrorCode, String);
+
+fn malformed(what: &str) -> BodyError {
+    BodyError(ErrorCode::Malformed, what.to_string())
+}
+
+/// Checks a topic name: 1..=max bytes (max + 4 for a `.dlq` name) of
+/// `[A-Za-z0-9._-]`. Shared by the decoder and the broker.
+pub fn check_topic_name(name: &[u8], name_bytes_max: u32) -> Result<&str, String> {
+    let max = name_bytes_max as usize + if name.ends_with(b".dlq") { 4 } else { 0 };
+    if name.is_empty() {
+        return Err("topic name is empty".into());
+    }
+    if name.len() > max {
+        return Err(format!("topic name is {} bytes, more than topic_name_bytes_max ({max})", name.len()));
+    }
+    if let Some(&b) = name.iter().find(|b| !(b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))) {
+        return Err(format!("topic name has byte 0x{b:02x}; allowed are A-Z a-z 0-9 . _ -"));
+    }
+    // Every byte is ASCII, so this cannot fail; the Err arm is unreachable.
+    std::str::from_utf8(name).map_err(|_| "topic name is not UTF-8".to_string())
+}
+
+fn topic<'a>(rd: &mut Rd<'a>, limits: &DecodeLimits, allow_empty: bool) -> Result<&'a str, BodyError> {
+    let len = rd.u16().ok_or_else(|| malformed("topic length missing"))?;
+    let name = rd.bytes(len as usize).ok_or_else(|| malformed("topic name runs past the frame"))?;
+    if allow_empty && name.is_empty() {
+        return Ok("");
+    }
+    check_topic_name(name, limits.topic_name_bytes_max).map_err(|e| BodyError(ErrorCode::BadTopic, e))
+}
+
+fn ids<'a>(rd: &mut Rd<'a>, limits: &DecodeLimits) -> Result<Ids<'a>, BodyError> {
+    let count = rd.u32().ok_or_else(|| malformed("id count missing"))?;
+    if count == 0 || count > limits.batch_messages_max {
+        return Err(BodyError(
+            ErrorCode::BatchTooLarge,
+            format!("{count} ids; a frame carries 1 to batch_messages_max ({})", limits.batch_messages_max),
+        ));
+    }
+    let bytes = rd.bytes(count as usize * 8).ok_or_else(|| malformed("ids run past the frame"))?;
+    Ok(Ids { bytes })
+}
+
+fn batch<'a>(rd: &mut Rd<'a>, limits: &DecodeLimits) -> Result<Batch<'a>, BodyError> {
+    let count = rd.u32().ok_or_else(|| malformed("message count missing"))?;
+    if count == 0 || count > limits.batch_messages_max {
+        return Err(BodyError(
+            ErrorCode::BatchTooLarge,
+            format!("{count} messages; a batch carries 1 to batch_messages_max ({})", limits.batch_messages_max),
+        ));
+    }
+    let start = rd.pos;
+    for i in 0..count {
+        let len = rd.u32().ok_or_else(|| malformed("message length missing"))?;
+        if len > limits.message_bytes_max {
+            return Err(BodyError(
+                ErrorCode::MessageTooLarge,
+                format!("message {i} is {len} bytes, more than message_bytes_max ({})", limits.message_bytes_max),
+            ));
+        }
+        rd.bytes(len as usize).ok_or_else(|| malformed("message runs past the frame"))?;
+    }
+    Ok(Batch { count, bytes: &rd.buf[start..rd.pos] })
+}
+
+fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits) -> Result<Request<'a>, BodyError> {
+    let short = || malformed("body too short");
+    let req = match op {
+        op::HELLO => {
+            let min_version = rd.u16().ok_or_else(short)?;
+            let max_version = rd.u16().ok_or_else(short)?;
+            let len = rd.u16().ok_or_else(short)?;
+            let token = rd.bytes(len as usize).ok_or_else(|| malformed("token runs past the frame"))?;
+            Request::Hello { min_version, max_version, token }
+        }
+        op::PING => Request::Ping,
+        op::PRODUCE => {
+            let topic = topic(rd, limits, false)?;
+            Request::Produce { topic, batch: batch(rd, limits)? }
+        }
+        op::FETCH => Request::Fetch {
+            topic: topic(rd, limits, false)?,
+            max_messages: rd.u32().ok_or_else(short)?,
+            max_bytes: rd.u32().ok_or_else(short)?,
+            wait_ms: rd.u32().ok_or_else(short)?,
+            ack_timeout_ms: rd.u32().ok_or_else(short)?,
+        },
+        op::ACK => {
+            let topic = topic(rd, limits, false)?;
+            Request::Ack { topic, ids: ids(rd, limits)? }
+        }
+        op::NACK => {
+            let topic = topic(rd, limits, false)?;
+            let delay_ms = rd.u32().ok_or_else(short)?;
+            let flags = rd.u8().ok_or_else(short)?;
+            if flags & !NACK_FLAG_DEAD_LETTER != 0 {
+                return Err(malformed("unknown NACK flag"));
+            }
+            Request::Nack { topic, delay_ms, flags, ids: ids(rd, limits)? }
+        }
+        op::TOUCH => {
+            let topic = topic(rd, limits, false)?;
+            let ack_timeout_ms = rd.u32().ok_or_else(short)?;
+            Request::Touch { topic, ack_timeout_ms, ids: ids(rd, limits)? }
+        }
+        op::STATS => Request::Stats { topic: topic(rd, limits, true)? },
+        op::CREATE_TOPIC => {
+            let topic = topic(rd, limits, false)?;
+            let ack_timeout_ms = rd.u32().ok_or_else(short)?;
+            let max_deliveries = rd.u16().ok_or_else(short)?;
+            Request::CreateTopic { topic, settings: TopicSettings { ack_timeout_ms, max_deliveries } }
+        }
+        op::DELETE_TOPIC => Request::DeleteTopic { topic: topic(rd, limits, false)? },
+        op::PURGE_TOPIC => Request::PurgeTopic { topic: topic(rd, limits, false)? },
+        op::LIST_TOPICS => Request::ListTopics,
+        op::REDRIVE => {
+            let topic = topic(rd, limits, false)?;
+            Request::Redrive { topic, max_messages: rd.u32().ok_or_else(short)? }
+        }
+        other => return Err(BodyError(ErrorCode::UnknownOp, format!("unknown opcode 0x{other:02x}"))),
+    };
+    if !rd.done() {
+        return Err(malformed("bytes left over after the body"));
+    }
+    Ok(req)
+}
+
+/// The fields of a frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Bytes in the whole frame, header included.
+    pub frame_bytes: usize,
+    pub op: u8,
+    pub status: u8,
+    pub flags: u16,
+    pub request_id: u32,
+}
+
+/// Reads a header, if 12 bytes are there. `Err` when `len` is below the
+/// minimum: the boundary is lost.
+pub fn read_header(buf: &[u8]) -> Result<Option<Header>, ()> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let len = LittleEndian::read_u32(buf);
+    if (len as usize) < HEADER_BYTES - 4 {
+        return Err(());
+    }
+    if buf.len() < HEADER_BYTES {
+        return Ok(None);
+    }
+    Ok(Some(Header {
+        frame_bytes: len as usize + 4,
+        op: buf[4],
+        status: buf[5],
+        flags: LittleEndian::read_u16(&buf[6..]),
+        request_id: LittleEndian::read_u32(&buf[8..]),
+    }))
+}
+
+/// Decodes the request at the start of `buf`.
+pub fn decode_request<'a>(buf: &'a [u8], limits: &DecodeLimits) -> Result<Decoded<Frame<'a>>, DecodeError> {
+    let header = match read_header(buf) {
+        Ok(Some(h)) => h,
+        Ok(None) => return Ok(Decoded::NeedMore),
+        Err(()) => {
+            return Err(DecodeError {
+                code: ErrorCode::Malformed,
+                op: 0,
+                request_id: 0,
+                skip: Skip::Close,
+                message: "frame length below the 8-byte minimum; frame boundary lost".into(),
+            });
+        }
+    };
+    let err = |code, skip, message: String| DecodeError { code, op: header.op, request_id: header.request_id, skip, message };
+    if header.frame_bytes > limits.frame_bytes_max as usize {
+        return Err(err(
+            ErrorCode::FrameTooLarge,
+            Skip::Bytes(header.frame_bytes),
+            format!("frame is {} bytes, more than frame_bytes_max ({})", header.frame_bytes, limits.frame_bytes_max),
+        ));
+    }
+    if buf.len() < header.frame_bytes {
+        return Ok(Decoded::NeedMore);
+    }
+    let skip = Skip::Bytes(header.frame_bytes);
+    if header.op & REPLY_BIT != 0 || header.status != 0 || header.flags != 0 {
+        return Err(err(ErrorCode::Malformed, skip, "a request must have the reply bit, status and flags all zero".into()));
+    }
+    let mut rd = Rd { buf: &buf[HEADER_BYTES..header.frame_bytes], pos: 0 };
+    match parse_body(header.op, &mut rd, limits) {
+        Ok(request) => Ok(Decoded::Frame(Frame { request_id: header.request_id, request }, header.frame_bytes)),
+        Err(BodyError(code, message)) => Err(err(code, skip, message)),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Encoding. Every encoder appends one whole frame to `out`.
+// ---------------------------------------------------------------------------
+
+/// Starts a frame; returns its start, for `end_frame`.
+pub fn begin_frame(out: &mut Vec<u8>, op: u8, status: u8, request_id: u32) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&[0, 0, 0, 0, op, status, 0, 0]);
+    out.extend_from_slice(&request_id.to_le_bytes());
+    start
+}
+
+/// Writes the length of the frame that began at `start`.
+pub fn end_frame(out: &mut [u8], start: usize) {
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+pub fn put_u16(out: &mut Vec<u8>, v: u16) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+pub fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+pub fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+/// A u16-length-prefixed string (topic names, error text). Longer input is
+/// cut at 65535 bytes.
+pub fn put_str(out: &mut Vec<u8>, s: &[u8]) {
+    let s = &s[..s.len().min(u16::MAX as usize)];
+    put_u16(out, s.len() as u16);
+    out.extend_from_slice(s);
+}
+
+fn put_ids(out: &mut Vec<u8>, ids: &[u64]) {
+    put_u32(out, ids.len() as u32);
+    for id in ids {
+        put_u64(out, *id);
+    }
+}
+
+/// Encodes a request from owned parts (the client side; also the tests).
+pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>) {
+    let start = begin_frame(out, req.op(), 0, request_id);
+    match *req {
+        Request::Hello { min_version, max_version, token } => {
+            put_u16(out, min_version);
+            put_u16(out, max_version);
+            put_str(out, token);
+        }
+        Request::Ping | Request::ListTopics => {}
+        Request::Produce { topic, batch } => {
+            put_str(out, topic.as_bytes());
+            put_u32(out, batch.count);
+            out.extend_from_slice(batch.bytes);
+        }
+        Request::Fetch { topic, max_messages, max_bytes, wait_ms, ack_timeout_ms } => {
+            put_str(out, topic.as_bytes());
+            put_u32(out, max_messages);
+            put_u32(out, max_bytes);
+            put_u32(out, wait_ms);
+            put_u32(out, ack_timeout_ms);
+        }
+        Request::Ack { topic, ids } => {
+            put_str(out, topic.as_bytes());
+            put_u32(out, ids.len() as u32);
+            out.extend_from_slice(ids.bytes);
+        }
+        Request::Nack { topic, delay_ms, flags, ids } => {
+            put_str(out, topic.as_bytes());
+            put_u32(out, delay_ms);
+            out.push(flags);
+            put_u32(out, ids.len() as u32);
+            out.extend_from_slice(ids.bytes);
+        }
+        Request::Touch { topic, ack_timeout_ms, ids } => {
+            put_str(out, topic.as_bytes());
+            put_u32(out, ack_timeout_ms);
+            put_u32(out, ids.len() as u32);
+            out.extend_from_slice(ids.bytes);
+        }
+        Request::Stats { topic } | Request::DeleteTopic { topic } | Request::PurgeTopic { topic } => {
+            put_str(out, topic.as_bytes())
+        }
+        Request::CreateTopic { topic, settings } => {
+            put_str(out, topic.as_bytes());
+            put_u32(out, settings.ack_timeout_ms);
+            put_u16(out, settings.max_deliveries);
+        }
+        Request::Redrive { topic, max_messages } => {
+            put_str(out, topic.as_bytes());
+            put_u32(out, max_messages);
+        }
+    }
+    end_frame(out, start);
+}
+
+/// Appends payloads as a PRODUCE batch body (for `Batch::bytes`).
+pub fn encode_batch<P: AsRef<[u8]>>(out: &mut Vec<u8>, payloads: &[P]) {
+    for p in payloads {
+        put_u32(out, p.as_ref().len() as u32);
+        out.extend_from_slice(p.as_ref());
+    }
+}
+
+/// Appends ids as an `Ids` body.
+pub fn encode_ids(out: &mut Vec<u8>, ids: &[u64]) {
+    for id in ids {
+        put_u64(out, *id);
+    }
+}
+
+/// Appends an error reply.
+pub fn encode_error(out: &mut Vec<u8>, op: u8, request_id: u32, code: ErrorCode, message: &str) {
+    let start = begin_frame(out, op | REPLY_BIT, code as u8, request_id);
+    put_str(out, message.as_bytes());
+    end_frame(out, start);
+}
+
+/// Appends the reply to HELLO.
+pub fn encode_hello_reply(out: &mut Vec<u8>, request_id: u32, version: u16, limits: &DecodeLimits) {
+    let start = begin_frame(out, op::HELLO | REPLY_BIT, 0, request_id);
+    put_u16(out, version);
+    put_u32(out, limits.frame_bytes_max);
+    put_u32(out, limits.message_bytes_max);
+    put_u32(out, limits.batch_messages_max);
+    put_u32(out, limits.topic_name_bytes_max);
+    end_frame(out, start);
+}
+
+/// Appends a reply with an empty body (PING).
+pub fn encode_empty_reply(out: &mut Vec<u8>, op: u8, request_id: u32) {
+    let start = begin_frame(out, op | REPLY_BIT, 0, request_id);
+    end_frame(out, start);
+}
+
+/// Appends the reply to PRODUCE: ids `first_id .. first_id + count`.
+pub fn encode_produce_reply(out: &mut Vec<u8>, request_id: u32, first_id: u64, count: u32) {
+    let start = begin_frame(out, op::PRODUCE | REPLY_BIT, 0, request_id);
+    put_u64(out, first_id);
+    put_u32(out, count);
+    end_frame(out, start);
+}
+
+/// Appends the reply to ACK, NACK or TOUCH: how many ids took effect and
+/// which did not.
+pub fn encode_ids_reply(out: &mut Vec<u8>, op: u8, request_id: u32, done: u32, failed: &[u64]) {
+    let start = begin_frame(out, op | REPLY_BIT, 0, request_id);
+    put_u32(out, done);
+    put_ids(out, failed);
+    end_frame(out, start);
+}
+
+/// Appends a reply whose body is one u64 (DELETE_TOPIC, PURGE_TOPIC,
+/// REDRIVE) or one u8 (CREATE_TOPIC).
+pub fn encode_u64_reply(out: &mut Vec<u8>, op: u8, request_id: u32, value: u64) {
+    let start = begin_frame(out, op | REPLY_BIT, 0, request_id);
+    if op == op::CREATE_TOPIC {
+        out.push(value as u8);
+    } else {
+        put_u64(out, value);
+    }
+    end_frame(out, start);
+}
+
+/// A message as delivered by FETCH.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Message<'a> {
+    pub id: u64,
+    pub born_ms: u64,
+    /// How many times it has been delivered, this delivery included.
+    pub delivery_count: u16,
+    /// Present for messages in a dead-letter topic.
+    pub dead: Option<DeadInfo>,
+    pub payload: &'a [u8],
+}
+
+/// Why and from where a message was dead-lettered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeadInfo {
+    /// Its id in the topic it came from.
+    pub origin_id: u64,
+    /// How many times it had been delivered there.
+    pub origin_deliveries: u16,
+    pub reason: DeadReason,
+}
+
+/// Why a message was dead-lettered. The numbers are part of the protocol
+/// and of the log format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum DeadReason {
+    /// Its last allowed delivery passed its ack deadline.
+    AckTimeout = 1,
+    /// Its last allowed delivery was NACKed.
+    Nacked = 2,
+    /// A NACK with the dead-letter flag sent it there at once.
+    Rejected = 3,
+    /// Its last allowed delivery went to a consumer that disconnected.
+    ConsumerLost = 4,
+}
+
+impl DeadReason {
+    pub fn from_u8(v: u8) -> Option<DeadReason> {
+        Some(match v {
+            1 => DeadReason::AckTimeout,
+            2 => DeadReason::Nacked,
+            3 => DeadReason::Rejected,
+            4 => DeadReason::ConsumerLost,
+            _ => return None,
+        })
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DeadReason::AckTimeout => "ack_timeout",
+            DeadReason::Nacked => "nacked",
+            DeadReason::Rejected => "rejected",
+            DeadReason::ConsumerLost => "consumer_lost",
+        }
+    }
+}
+
+/// Builds a FETCH reply in place: `begin`, `push` each message, `finish`.
+pub struct MessagesWriter {
+    start: usize,
+    count_at: usize,
+    count: u32,
+}
+
+impl MessagesWriter {
+    pub fn begin(out: &mut Vec<u8>, request_id: u32, topic: &str) -> MessagesWriter {
+        let start = begin_frame(out, op::FETCH | REPLY_BIT, 0, request_id);
+        put_str(out, topic.as_bytes());
+        let count_at = out.len();
+        put_u32(out, 0);
+        MessagesWriter { start, count_at, count: 0 }
+    }
+    pub fn push(&mut self, out: &mut Vec<u8>, m: &Message<'_>) {
+        put_u64(out, m.id);
+        put_u64(out, m.born_ms);
+        put_u16(out, m.delivery_count);
+        match m.dead {
+            None => out.push(0),
+            Some(d) => {
+                out.push(MSG_FLAG_DEAD);
+                put_u64(out, d.origin_id);
+                put_u16(out, d.origin_deliveries);
+                out.push(d.reason as u8);
+            }
+        }
+        put_u32(out, m.payload.len() as u32);
+        out.extend_from_slice(m.payload);
+        self.count += 1;
+    }
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+    pub fn finish(self, out: &mut [u8]) {
+        out[self.count_at..self.count_at + 4].copy_from_slice(&self.count.to_le_bytes());
+        end_frame(out, self.start);
+    }
+}
+
+/// Bytes one message takes in a FETCH reply.
+pub fn message_wire_bytes(payload_bytes: usize, dead: bool) -> usize {
+    8 + 8 + 2 + 1 + if dead { 11 } else { 0 } + 4 + payload_bytes
+}
+
+/// Builds a STATS reply: a broker section and a section per topic, each a
+/// list of (name, u64) pairs so clients can show keys they do not know.
+pub struct StatsWriter {
+    start: usize,
+    at: usize,
+    n: u32,
+}
+
+impl StatsWriter {
+    pub fn begin(out: &mut Vec<u8>, request_id: u32) -> StatsWriter {
+        let start = begin_frame(out, op::STATS | REPLY_BIT, 0, request_id);
+        StatsWriter { start, at: 0, n: 0 }
+    }
+    /// Starts a section (`name` empty for the broker section).
+    pub fn section(&mut self, out: &mut Vec<u8>, name: &str) {
+        put_str(out, name.as_bytes());
+        self.at = out.len();
+        self.n = 0;
+        put_u16(out, 0);
+    }
+    pub fn kv(&mut self, out: &mut Vec<u8>, key: &str, value: u64) {
+        out.push(key.len() as u8);
+        out.extend_from_slice(&key.as_bytes()[..key.len().min(255)]);
+        put_u64(out, value);
+        self.n += 1;
+        let n = self.n as u16;
+        out[self.at..self.at + 2].copy_from_slice(&n.to_le_bytes());
+    }
+    pub fn finish(self, out: &mut [u8]) {
+        end_frame(out, self.start);
+    }
+}
+
+/// Appends a LIST_TOPICS reply.
+pub fn encode_topics_reply(out: &mut Vec<u8>, request_id: u32, topics: &[(&str, TopicSettings)]) {
+    let start = begin_frame(out, op::LIST_TOPICS | REPLY_BIT, 0, request_id);
+    put_u32(out, topics.len() as u32);
+    for (name, s) in topics {
+        put_str(out, name.as_bytes());
+        put_u32(out, s.ack_timeout_ms);
+        put_u16(out, s.max_deliveries);
+    }
+    end_frame(out, start);
+}
+
+// ---------------------------------------------------------------------------
+// Replies, decoded (the client side).
+// ---------------------------------------------------------------------------
+
+/// A decoded reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply<'a> {
+    Hello { version: u16, limits: DecodeLimits },
+    Pong,
+    Produced { first_id: u64, count: u32 },
+    Messages { topic: &'a str, messages: Vec<Message<'a>> },
+    /// ACK, NACK and TOUCH.
+    Ids { done: u32, failed: Vec<u64> },
+    Stats(Vec<(&'a str, Vec<(&'a str, u64)>)>),
+    Created { created: bool },
+    /// DELETE_TOPIC, PURGE_TOPIC, REDRIVE: how many messages.
+    Count(u64),
+    Topics(Vec<(&'a str, TopicSettings)>),
+    Error { code: u8, message: &'a str },
+}
+
+/// A reply frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplyFrame<'a> {
+    pub op: u8,
+    pub request_id: u32,
+    pub reply: Reply<'a>,
+}
+
+fn str_field<'a>(rd: &mut Rd<'a>) -> Option<&'a str> {
+    let len = rd.u16()?;
+    std::str::from_utf8(rd.bytes(len as usize)?).ok()
+}
+
+fn parse_message<'a>(rd: &mut Rd<'a>) -> Option<Message<'a>> {
+    let id = rd.u64()?;
+    let born_ms = rd.u64()?;
+    let delivery_count = rd.u16()?;
+    let flags = rd.u8()?;
+    let dead = if flags & MSG_FLAG_DEAD != 0 {
+        Some(DeadInfo { origin_id: rd.u64()?, origin_deliveries: rd.u16()?, reason: DeadReason::from_u8(rd.u8()?)? })
+    } else {
+        None
+    };
+    let len = rd.u32()?;
+    Some(Message { id, born_ms, delivery_count, dead, payload: rd.bytes(len as usize)? })
+}
+
+fn parse_reply_body<'a>(op: u8, status: u8, rd: &mut Rd<'a>) -> Option<Reply<'a>> {
+    if status != 0 {
+        return Some(Reply::Error { code: status, message: str_field(rd)? });
+    }
+    let reply = match op {
+        op::HELLO => Reply::Hello {
+            version: rd.u16()?,
+            limits: DecodeLimits {
+                frame_bytes_max: rd.u32()?,
+                message_bytes_max: rd.u32()?,
+                batch_messages_max: rd.u32()?,
+                topic_name_bytes_max: rd.u32()?,
+            },
+        },
+        op::PING => Reply::Pong,
+        op::PRODUCE => Reply::Produced { first_id: rd.u64()?, count: rd.u32()? },
+        op::FETCH => {
+            let topic = str_field(rd)?;
+            let count = rd.u32()?;
+            // Each message takes at least 23 bytes: bound the allocation by
+            // what the frame can hold, not by what it claims.
+            let mut messages = Vec::with_capacity((count as usize).min(rd.buf.len() / 23));
+            for _ in 0..count {
+                messages.push(parse_message(rd)?);
+            }
+            Reply::Messages { topic, messages }
+        }
+        op::ACK | op::NACK | op::TOUCH => {
+            let done = rd.u32()?;
+            let n = rd.u32()? as usize;
+            let ids = rd.bytes(n.checked_mul(8)?)?;
+            Reply::Ids { done, failed: ids.chunks_exact(8).map(LittleEndian::read_u64).collect() }
+        }
+        op::STATS => {
+            let mut sections = Vec::new();
+            while !rd.done() {
+                let name = str_field(rd)?;
+                let n = rd.u16()?;
+                let mut kvs = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    let klen = rd.u8()?;
+                    let key = std::str::from_utf8(rd.bytes(klen as usize)?).ok()?;
+                    kvs.push((key, rd.u64()?));
+                }
+                sections.push((name, kvs));
+            }
+            Reply::Stats(sections)
+        }
+        op::CREATE_TOPIC => Reply::Created { created: rd.u8()? != 0 },
+        op::DELETE_TOPIC | op::PURGE_TOPIC | op::REDRIVE => Reply::Count(rd.u64()?),
+        op::LIST_TOPICS => {
+            let n = rd.u32()?;
+            let mut topics = Vec::with_capacity((n as usize).min(rd.buf.len() / 8));
+            for _ in 0..n {
+                let name = str_field(rd)?;
+                topics.push((name, TopicSettings { ack_timeout_ms: rd.u32()?, max_deliveries: rd.u16()? }));
+            }
+            Reply::Topics(topics)
+        }
+        _ => return None,
+    };
+    Some(reply)
+}
+
+/// Decodes the reply at the start of `buf`. `Err` carries a description of
+/// what is wrong; a client should close the connection on it.
+pub fn decode_reply(buf: &[u8], frame_bytes_max: usize) -> Result<Decoded<ReplyFrame<'_>>, String> {
+    let header = match read_header(buf) {
+        Ok(Some(h)) => h,
+        Ok(None) => return Ok(Decoded::NeedMore),
+        Err(()) => return Err("reply length below the minimum".into()),
+    };
+    if header.frame_bytes > frame_bytes_max {
+        return Err(format!("reply of {} bytes is over the client's limit", header.frame_bytes));
+    }
+    if buf.len() < header.frame_bytes {
+        return Ok(Decoded::NeedMore);
+    }
+    if header.op & REPLY_BIT == 0 {
+        return Err(format!("frame op 0x{:02x} is not a reply", header.op));
+    }
+    let op = header.op & !REPLY_BIT;
+    let mut rd = Rd { buf: &buf[HEADER_BYTES..header.frame_bytes], pos: 0 };
+    match parse_reply_body(op, header.status, &mut rd) {
+        Some(reply) if rd.done() => {
+            Ok(Decoded::Frame(ReplyFrame { op, request_id: header.request_id, reply }, header.frame_bytes))
+        }
+        _ => Err(format!("malformed reply to op 0x{op:02x}")),
+    }
+}
+
+
+#[cfg(test)]
+#[path = "codec_tests.rs"]
+mod tests;

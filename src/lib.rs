@@ -1,0 +1,15 @@
+//! runnel: a durable message broker that runs as one thread on one core.
+//!
+//! The library holds everything; the `runnel` binary, the tests and the
+//! bench share it. One file, one noun:
+//! - `limits`: every bound, with its default and reason;
+//! - `codec`: the wire frames (docs/protocol.md is the contract);
+//! - `wheel`: the hashed timing wheel for ack deadlines and delays;
+//! - `queue`: a topic's messages and its consumer state;
+//! - `broker`: applies requests to the queues and drives a turn;
+//! - `reactor`: the one mio loop, its connections and the clock;
+//! - `client`: a blocking client that speaks only the wire protocol.
+
+pub mod codec;
+pub mod limits;
+pub mod wheel;
