@@ -230,20 +230,57 @@ impl<'a> Ids<'a> {
 /// A decoded request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Request<'a> {
-    Hello { min_version: u16, max_version: u16, token: &'a [u8] },
+    Hello {
+        min_version: u16,
+        max_version: u16,
+        token: &'a [u8],
+    },
     Ping,
-    Produce { topic: &'a str, batch: Batch<'a> },
-    Fetch { topic: &'a str, max_messages: u32, max_bytes: u32, wait_ms: u32, ack_timeout_ms: u32 },
-    Ack { topic: &'a str, ids: Ids<'a> },
-    Nack { topic: &'a str, delay_ms: u32, flags: u8, ids: Ids<'a> },
-    Touch { topic: &'a str, ack_timeout_ms: u32, ids: Ids<'a> },
+    Produce {
+        topic: &'a str,
+        batch: Batch<'a>,
+    },
+    Fetch {
+        topic: &'a str,
+        max_messages: u32,
+        max_bytes: u32,
+        wait_ms: u32,
+        ack_timeout_ms: u32,
+    },
+    Ack {
+        topic: &'a str,
+        ids: Ids<'a>,
+    },
+    Nack {
+        topic: &'a str,
+        delay_ms: u32,
+        flags: u8,
+        ids: Ids<'a>,
+    },
+    Touch {
+        topic: &'a str,
+        ack_timeout_ms: u32,
+        ids: Ids<'a>,
+    },
     /// `topic` empty means every topic.
-    Stats { topic: &'a str },
-    CreateTopic { topic: &'a str, settings: TopicSettings },
-    DeleteTopic { topic: &'a str },
-    PurgeTopic { topic: &'a str },
+    Stats {
+        topic: &'a str,
+    },
+    CreateTopic {
+        topic: &'a str,
+        settings: TopicSettings,
+    },
+    DeleteTopic {
+        topic: &'a str,
+    },
+    PurgeTopic {
+        topic: &'a str,
+    },
     ListTopics,
-    Redrive { topic: &'a str, max_messages: u32 },
+    Redrive {
+        topic: &'a str,
+        max_messages: u32,
+    },
 }
 
 impl Request<'_> {
@@ -474,15 +511,19 @@ pub struct Header {
     pub request_id: u32,
 }
 
+/// A length field below the 8-byte minimum: the frame boundary is lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BoundaryLost;
+
 /// Reads a header, if 12 bytes are there. `Err` when `len` is below the
 /// minimum: the boundary is lost.
-pub fn read_header(buf: &[u8]) -> Result<Option<Header>, ()> {
+pub fn read_header(buf: &[u8]) -> Result<Option<Header>, BoundaryLost> {
     if buf.len() < 4 {
         return Ok(None);
     }
     let len = LittleEndian::read_u32(buf);
     if (len as usize) < HEADER_BYTES - 4 {
-        return Err(());
+        return Err(BoundaryLost);
     }
     if buf.len() < HEADER_BYTES {
         return Ok(None);
@@ -501,7 +542,7 @@ pub fn decode_request<'a>(buf: &'a [u8], limits: &DecodeLimits) -> Result<Decode
     let header = match read_header(buf) {
         Ok(Some(h)) => h,
         Ok(None) => return Ok(Decoded::NeedMore),
-        Err(()) => {
+        Err(BoundaryLost) => {
             return Err(DecodeError {
                 code: ErrorCode::Malformed,
                 op: 0,
@@ -511,7 +552,8 @@ pub fn decode_request<'a>(buf: &'a [u8], limits: &DecodeLimits) -> Result<Decode
             });
         }
     };
-    let err = |code, skip, message: String| DecodeError { code, op: header.op, request_id: header.request_id, skip, message };
+    let err =
+        |code, skip, message: String| DecodeError { code, op: header.op, request_id: header.request_id, skip, message };
     if header.frame_bytes > limits.frame_bytes_max as usize {
         return Err(err(
             ErrorCode::FrameTooLarge,
@@ -524,7 +566,11 @@ pub fn decode_request<'a>(buf: &'a [u8], limits: &DecodeLimits) -> Result<Decode
     }
     let skip = Skip::Bytes(header.frame_bytes);
     if header.op & REPLY_BIT != 0 || header.status != 0 || header.flags != 0 {
-        return Err(err(ErrorCode::Malformed, skip, "a request must have the reply bit, status and flags all zero".into()));
+        return Err(err(
+            ErrorCode::Malformed,
+            skip,
+            "a request must have the reply bit, status and flags all zero".into(),
+        ));
     }
     let mut rd = Rd { buf: &buf[HEADER_BYTES..header.frame_bytes], pos: 0 };
     match parse_body(header.op, &mut rd, limits) {
@@ -854,18 +900,35 @@ pub fn encode_topics_reply(out: &mut Vec<u8>, request_id: u32, topics: &[(&str, 
 /// A decoded reply.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reply<'a> {
-    Hello { version: u16, limits: DecodeLimits },
+    Hello {
+        version: u16,
+        limits: DecodeLimits,
+    },
     Pong,
-    Produced { first_id: u64, count: u32 },
-    Messages { topic: &'a str, messages: Vec<Message<'a>> },
+    Produced {
+        first_id: u64,
+        count: u32,
+    },
+    Messages {
+        topic: &'a str,
+        messages: Vec<Message<'a>>,
+    },
     /// ACK, NACK and TOUCH.
-    Ids { done: u32, failed: Vec<u64> },
+    Ids {
+        done: u32,
+        failed: Vec<u64>,
+    },
     Stats(Vec<(&'a str, Vec<(&'a str, u64)>)>),
-    Created { created: bool },
+    Created {
+        created: bool,
+    },
     /// DELETE_TOPIC, PURGE_TOPIC, REDRIVE: how many messages.
     Count(u64),
     Topics(Vec<(&'a str, TopicSettings)>),
-    Error { code: u8, message: &'a str },
+    Error {
+        code: u8,
+        message: &'a str,
+    },
 }
 
 /// A reply frame.
@@ -965,7 +1028,7 @@ pub fn decode_reply(buf: &[u8], frame_bytes_max: usize) -> Result<Decoded<ReplyF
     let header = match read_header(buf) {
         Ok(Some(h)) => h,
         Ok(None) => return Ok(Decoded::NeedMore),
-        Err(()) => return Err("reply length below the minimum".into()),
+        Err(BoundaryLost) => return Err("reply length below the minimum".into()),
     };
     if header.frame_bytes > frame_bytes_max {
         return Err(format!("reply of {} bytes is over the client's limit", header.frame_bytes));
@@ -985,7 +1048,6 @@ pub fn decode_reply(buf: &[u8], frame_bytes_max: usize) -> Result<Decoded<ReplyF
         _ => Err(format!("malformed reply to op 0x{op:02x}")),
     }
 }
-
 
 #[cfg(test)]
 #[path = "codec_tests.rs"]

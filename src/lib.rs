@@ -10,6 +10,11 @@
 //! - `reactor`: the one mio loop, its connections and the clock;
 //! - `client`: a blocking client that speaks only the wire protocol.
 
+pub mod broker;
+pub mod client;
 pub mod codec;
 pub mod limits;
+pub mod log;
+pub mod queue;
+pub mod reactor;
 pub mod wheel;

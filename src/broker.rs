@@ -1,0 +1,1240 @@
+//! The broker: applies requests to the topic queues, appends what changed to
+//! the commit log, and at the end of each turn commits the log and releases
+//! the replies that waited on it.
+//!
+//! It sits between the reactor and the plain data structures, as
+//! CONVENTIONS.md asks: the reactor owns sockets and the clock and calls in
+//! here with decoded frames and `now`; the queues, the wheel and the log
+//! never call back. Replies are written into per-connection output buffers
+//! that the reactor lends through `Outbox`.
+//!
+//! The durability rule lives here and in the reactor's loop order: a reply
+//! whose truth depends on the log (PRODUCE and the admin frames) is *held*
+//! — encoded into a scratch buffer, not into the connection's output — and
+//! only `commit`, after the log's write and `fdatasync`, moves it out (or
+//! replaces it with a STORAGE error). Produced messages stay invisible to
+//! consumers until then, so no consumer sees a message that could vanish.
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+use std::path::Path;
+
+use byteorder::{ByteOrder, LittleEndian};
+use slab::Slab;
+
+use crate::codec::{self, DeadInfo, DeadReason, DecodeLimits, ErrorCode, Frame, Message, Request, op};
+use crate::limits::Limits;
+use crate::log::{FsyncMode, Log, LogOptions, OpenError, ReadRecord, RecordKind, Recovery};
+use crate::queue::{ConsumerId, MsgId, Returned, Settings, Timers, Topic};
+use crate::wheel::{TimerKey, Wheel};
+
+/// A topic's number in the log: assigned at creation, never reused.
+pub type TopicId = u32;
+
+/// The broker's configuration (the limits, and the behaviour flags).
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub limits: Limits,
+    /// PRODUCE and FETCH create a missing topic (`--no-auto-create` clears).
+    pub auto_create: bool,
+    /// Settings of topics created without their own.
+    pub defaults: Settings,
+    /// When set, HELLO must carry this token.
+    pub auth_token: Option<Vec<u8>>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { limits: Limits::default(), auto_create: true, defaults: Settings::default(), auth_token: None }
+    }
+}
+
+/// The time, read once per turn by the reactor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Now {
+    /// Monotonic ms since the broker started: deadlines.
+    pub mono_ms: u64,
+    /// Wall clock ms since the Unix epoch: born times.
+    pub wall_ms: u64,
+}
+
+/// Failed HELLOs after which an unauthenticated connection is closed.
+const AUTH_FAILURES_MAX: u32 = 3;
+
+/// What the reactor should do with the connection after a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The reply is in the output buffer; go on.
+    Done,
+    /// The reply waits for this turn's commit. Only further held requests
+    /// may be read from this connection this turn, so replies stay in order.
+    Held,
+    /// A FETCH is parked: read nothing more until `Outbox::unblock`.
+    Parked,
+    /// Close the connection after flushing what is in its output.
+    Close,
+}
+
+/// Whether a request's reply waits for the commit.
+pub fn is_held(op: u8) -> bool {
+    matches!(op, op::PRODUCE | op::CREATE_TOPIC | op::DELETE_TOPIC | op::PURGE_TOPIC | op::REDRIVE)
+}
+
+/// Per-connection protocol state, owned by the reactor's connection.
+#[derive(Clone, Debug, Default)]
+pub struct Session {
+    /// Unique for the broker's life; owns in-flight messages.
+    pub consumer: ConsumerId,
+    /// HELLO succeeded.
+    pub hello: bool,
+    /// Failed authentications so far.
+    pub auth_failures: u32,
+}
+
+/// Output buffers the broker may write to outside `handle` (replies to
+/// parked FETCHes, held replies), lent by the reactor.
+pub trait Outbox {
+    /// The output buffer of `conn`, or None if it is closing.
+    fn out(&mut self, conn: usize) -> Option<&mut Vec<u8>>;
+    /// `conn`'s parked FETCH was answered: resume reading it.
+    fn unblock(&mut self, conn: usize);
+}
+
+/// What a timer in the wheel stands for.
+#[derive(Clone, Copy, Debug)]
+enum Timer {
+    /// An ack deadline or a NACK delay of a message.
+    Msg { topic: TopicId, id: MsgId },
+    /// The end of a parked FETCH's wait.
+    Wait { waiter: usize },
+}
+
+/// A parked FETCH.
+#[derive(Clone, Copy, Debug)]
+struct Waiter {
+    conn: usize,
+    consumer: ConsumerId,
+    request_id: u32,
+    topic: TopicId,
+    max_messages: u32,
+    max_bytes: u64,
+    ack_timeout_ms: u32,
+    timer: TimerKey,
+}
+
+/// A reply waiting for the commit.
+#[derive(Clone, Debug)]
+struct Held {
+    conn: usize,
+    op: u8,
+    request_id: u32,
+    /// The reply if the commit succeeds, in `held_bytes`.
+    range: Range<usize>,
+    /// Whether it depends on the commit (an error reply does not).
+    durable: bool,
+}
+
+/// A reply to a connection that is not the one being served, sent at
+/// commit (in request order with the held replies).
+#[derive(Clone, Debug)]
+enum PendingReply {
+    /// A parked FETCH whose topic was deleted.
+    Error { conn: usize, op: u8, request_id: u32, code: ErrorCode, message: String },
+}
+
+/// A topic and what waits on it.
+struct Entry {
+    topic: Topic,
+    id: TopicId,
+    /// Parked FETCHes, oldest first (keys into `waiters`).
+    waiters: VecDeque<usize>,
+    /// Already in this turn's `touched` list.
+    touched: bool,
+}
+
+/// The topic table.
+#[derive(Default)]
+struct Topics {
+    by_id: HashMap<TopicId, Entry>,
+    names: HashMap<Box<str>, TopicId>,
+    next_topic_id: TopicId,
+    /// First id of the next topic created: above every id any topic ever
+    /// had, so ids never repeat, even after delete and re-create.
+    id_floor: MsgId,
+    /// Topics that are not dead-letter topics (what topics_max counts).
+    user_topics: u32,
+}
+
+impl Topics {
+    fn id(&self, name: &str) -> Option<TopicId> {
+        self.names.get(name).copied()
+    }
+    fn insert(&mut self, id: TopicId, name: &str, settings: Settings, first_id: MsgId) {
+        let topic = Topic::new(name, settings, first_id.max(self.id_floor));
+        self.id_floor = self.id_floor.max(topic.seq.next_id());
+        if !topic.is_dlq() {
+            self.user_topics += 1;
+        }
+        self.names.insert(name.into(), id);
+        self.by_id.insert(id, Entry { topic, id, waiters: VecDeque::new(), touched: false });
+        self.next_topic_id = self.next_topic_id.max(id + 1);
+    }
+    fn remove(&mut self, id: TopicId) -> Option<Entry> {
+        let e = self.by_id.remove(&id)?;
+        self.names.remove(&*e.topic.name);
+        if !e.topic.is_dlq() {
+            self.user_topics -= 1;
+        }
+        self.id_floor = self.id_floor.max(e.topic.seq.next_id());
+        Some(e)
+    }
+
+    /// Applies one record during recovery.
+    fn replay(&mut self, r: &ReadRecord<'_>) -> Result<(), String> {
+        let mut rd = Body { b: r.body, pos: 0 };
+        let topic_id = rd.u32()?;
+        match r.kind {
+            RecordKind::Topic => {
+                let next_id = rd.u64()?;
+                let settings = Settings { ack_timeout_ms: rd.u32()?, max_deliveries: rd.u16()? };
+                let name = rd.str()?;
+                match self.by_id.get_mut(&topic_id) {
+                    Some(e) => {
+                        e.topic.settings = settings;
+                        e.topic.seq.bump_next_id(next_id);
+                    }
+                    None => self.insert(topic_id, name, settings, next_id),
+                }
+                self.id_floor = self.id_floor.max(next_id);
+            }
+            RecordKind::Delete => {
+                self.id_floor = self.id_floor.max(rd.u64()?);
+                self.remove(topic_id);
+            }
+            RecordKind::Purge => {
+                let below = rd.u64()?;
+                let e = self.entry(topic_id)?;
+                e.topic.purge(&mut NoTimers);
+                e.topic.seq.bump_next_id(below);
+            }
+            RecordKind::Produce => {
+                let count = rd.u32()?;
+                let e = self.entry(topic_id)?;
+                for _ in 0..count {
+                    let id = rd.u64()?;
+                    let born_ms = rd.u64()?;
+                    let deliveries = rd.u16()?;
+                    let flags = rd.u8()?;
+                    let dead = if flags & codec::MSG_FLAG_DEAD != 0 {
+                        Some(DeadInfo {
+                            origin_id: rd.u64()?,
+                            origin_deliveries: rd.u16()?,
+                            reason: DeadReason::from_u8(rd.u8()?).ok_or("unknown dead-letter reason")?,
+                        })
+                    } else {
+                        None
+                    };
+                    let len = rd.u32()? as usize;
+                    let payload = rd.bytes(len)?;
+                    if e.topic.seq.contains(id) {
+                        e.topic.restore_deliveries(id, deliveries);
+                    } else if id >= e.topic.seq.next_id() {
+                        e.topic.restore(id, born_ms, payload, deliveries, dead);
+                    } else {
+                        return Err(format!("message id {id} below the topic's next id {}", e.topic.seq.next_id()));
+                    }
+                }
+            }
+            RecordKind::Remove => {
+                let _reason = rd.u8()?;
+                let count = rd.u32()?;
+                let e = self.entry(topic_id)?;
+                for _ in 0..count {
+                    e.topic.release(rd.u64()?);
+                }
+            }
+            RecordKind::Requeue => {
+                let count = rd.u32()?;
+                let e = self.entry(topic_id)?;
+                for _ in 0..count {
+                    let id = rd.u64()?;
+                    e.topic.restore_deliveries(id, rd.u16()?);
+                }
+            }
+        }
+        if !rd.done() {
+            return Err("bytes left over after the record body".into());
+        }
+        Ok(())
+    }
+
+    fn entry(&mut self, id: TopicId) -> Result<&mut Entry, String> {
+        self.by_id.get_mut(&id).ok_or_else(|| format!("record for unknown topic id {id}"))
+    }
+}
+
+/// A cursor over a record body.
+struct Body<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Body<'a> {
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.b.len()).ok_or("record body too short")?;
+        let s = &self.b[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.bytes(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, String> {
+        self.bytes(2).map(LittleEndian::read_u16)
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        self.bytes(4).map(LittleEndian::read_u32)
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        self.bytes(8).map(LittleEndian::read_u64)
+    }
+    fn str(&mut self) -> Result<&'a str, String> {
+        let n = self.u16()? as usize;
+        std::str::from_utf8(self.bytes(n)?).map_err(|_| "topic name is not UTF-8".into())
+    }
+    fn done(&self) -> bool {
+        self.pos == self.b.len()
+    }
+}
+
+/// Timers that do nothing (recovery has no deadlines).
+struct NoTimers;
+impl Timers for NoTimers {
+    fn arm(&mut self, _: u64, _: MsgId) -> TimerKey {
+        unreachable!("recovery arms no timers")
+    }
+    fn disarm(&mut self, _: TimerKey) {}
+}
+
+/// A topic's view of the wheel.
+struct TopicTimers<'a> {
+    wheel: &'a mut Wheel<Timer>,
+    topic: TopicId,
+}
+
+impl Timers for TopicTimers<'_> {
+    fn arm(&mut self, deadline_ms: u64, id: MsgId) -> TimerKey {
+        self.wheel.insert(deadline_ms, Timer::Msg { topic: self.topic, id })
+    }
+    fn disarm(&mut self, key: TimerKey) {
+        self.wheel.cancel(key);
+    }
+}
+
+/// Broker-wide counters; the reactor fills in its own.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BrokerStats {
+    pub connections: u64,
+    pub turns: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub recovery_ms: u64,
+    pub started_mono_ms: u64,
+    /// Produce batches answered after a commit.
+    pub produces_committed: u64,
+    pub compactions: u64,
+}
+
+/// The broker.
+pub struct Broker {
+    config: Config,
+    decode_limits: DecodeLimits,
+    topics: Topics,
+    wheel: Wheel<Timer>,
+    waiters: Slab<Waiter>,
+    /// The parked FETCH of each connection (at most one).
+    parked: HashMap<usize, usize>,
+    log: Log,
+    /// Replies waiting for this turn's commit, in request order.
+    held: Vec<Held>,
+    /// The bytes of the held replies.
+    held_bytes: Vec<u8>,
+    /// Replies to parked connections decided during the turn.
+    pending_replies: Vec<PendingReply>,
+    /// Client produces of this turn: withdrawn if the commit fails.
+    produced: Vec<(TopicId, MsgId, u32)>,
+    /// Topics to publish and whose waiters to serve at commit.
+    touched: Vec<TopicId>,
+    /// Scratch lists, kept to avoid allocating per request.
+    done_ids: Vec<u64>,
+    failed_ids: Vec<u64>,
+    expired: Vec<(u64, Timer)>,
+    pub stats: BrokerStats,
+    /// What recovery found at start.
+    pub recovery: Recovery,
+}
+
+impl Broker {
+    /// Opens the data directory, recovers every topic from the log, and
+    /// returns a broker ready for its first turn.
+    pub fn open(config: Config, dir: &Path, log_options: LogOptions, now: Now) -> Result<Broker, OpenError> {
+        let mut topics = Topics::default();
+        let (log, recovery) = Log::open(dir, log_options, |r| topics.replay(r))?;
+        Ok(Broker::with_log(config, log, recovery, topics, now))
+    }
+
+    fn with_log(config: Config, log: Log, recovery: Recovery, mut topics: Topics, now: Now) -> Broker {
+        for e in topics.by_id.values_mut() {
+            e.topic.restore_done();
+        }
+        let decode_limits = DecodeLimits::from(&config.limits);
+        Broker {
+            config,
+            decode_limits,
+            topics,
+            wheel: Wheel::new(now.mono_ms),
+            waiters: Slab::new(),
+            parked: HashMap::new(),
+            log,
+            held: Vec::new(),
+            held_bytes: Vec::new(),
+            pending_replies: Vec::new(),
+            produced: Vec::new(),
+            touched: Vec::new(),
+            done_ids: Vec::new(),
+            failed_ids: Vec::new(),
+            expired: Vec::new(),
+            stats: BrokerStats { recovery_ms: recovery.millis, started_mono_ms: now.mono_ms, ..BrokerStats::default() },
+            recovery,
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+    pub fn decode_limits(&self) -> &DecodeLimits {
+        &self.decode_limits
+    }
+    pub fn log(&self) -> &Log {
+        &self.log
+    }
+    /// The earliest time a timer may fire, for the poll timeout.
+    pub fn next_deadline_ms(&self) -> Option<u64> {
+        self.wheel.next_deadline_ms()
+    }
+    /// Whether this turn has anything to commit or release.
+    pub fn commit_pending(&self) -> bool {
+        self.log.pending() || !self.held.is_empty() || !self.touched.is_empty()
+    }
+    /// Number of topics (dead-letter topics included).
+    pub fn topic_count(&self) -> usize {
+        self.topics.by_id.len()
+    }
+
+    // -----------------------------------------------------------------------
+    // Requests.
+    // -----------------------------------------------------------------------
+
+    /// Serves one request from connection `conn`. Its reply goes to `out`,
+    /// or, for a held request, waits for `commit`.
+    pub fn handle(
+        &mut self,
+        conn: usize,
+        session: &mut Session,
+        frame: &Frame<'_>,
+        now: Now,
+        out: &mut Vec<u8>,
+    ) -> Outcome {
+        let rid = frame.request_id;
+        let op = frame.request.op();
+        if !session.hello {
+            return self.before_hello(session, frame, out);
+        }
+        if is_held(op) {
+            let start = self.held_bytes.len();
+            let mut scratch = std::mem::take(&mut self.held_bytes);
+            let durable = match self.handle_held(&frame.request, rid, now, &mut scratch) {
+                Ok(()) => true,
+                Err((code, msg)) => {
+                    codec::encode_error(&mut scratch, op, rid, code, &msg);
+                    false
+                }
+            };
+            self.held_bytes = scratch;
+            self.held.push(Held { conn, op, request_id: rid, range: start..self.held_bytes.len(), durable });
+            return Outcome::Held;
+        }
+        match self.handle_now(conn, session, &frame.request, rid, now, out) {
+            Ok(outcome) => outcome,
+            Err((code, msg)) => {
+                codec::encode_error(out, op, rid, code, &msg);
+                Outcome::Done
+            }
+        }
+    }
+
+    fn before_hello(&mut self, session: &mut Session, frame: &Frame<'_>, out: &mut Vec<u8>) -> Outcome {
+        let rid = frame.request_id;
+        let Request::Hello { min_version, max_version, token } = frame.request else {
+            let code =
+                if self.config.auth_token.is_some() { ErrorCode::Unauthenticated } else { ErrorCode::HelloRequired };
+            codec::encode_error(out, frame.request.op(), rid, code, "send HELLO first");
+            if self.config.auth_token.is_some() {
+                session.auth_failures += 1;
+                if session.auth_failures >= AUTH_FAILURES_MAX {
+                    return Outcome::Close;
+                }
+            }
+            return Outcome::Done;
+        };
+        if let Some(expected) = &self.config.auth_token
+            && !constant_time_eq(expected, token) {
+                session.auth_failures += 1;
+                codec::encode_error(out, op::HELLO, rid, ErrorCode::Unauthenticated, "wrong or missing auth token");
+                return if session.auth_failures >= AUTH_FAILURES_MAX { Outcome::Close } else { Outcome::Done };
+            }
+        let version = max_version.min(codec::VERSION_MAX);
+        if version < min_version.max(codec::VERSION_MIN) {
+            let msg = format!("this broker speaks versions {}..={}", codec::VERSION_MIN, codec::VERSION_MAX);
+            codec::encode_error(out, op::HELLO, rid, ErrorCode::Version, &msg);
+            return Outcome::Done;
+        }
+        session.hello = true;
+        codec::encode_hello_reply(out, rid, version, &self.decode_limits);
+        Outcome::Done
+    }
+
+    fn handle_now(
+        &mut self,
+        conn: usize,
+        session: &mut Session,
+        req: &Request<'_>,
+        rid: u32,
+        now: Now,
+        out: &mut Vec<u8>,
+    ) -> Result<Outcome, (ErrorCode, String)> {
+        match *req {
+            Request::Hello { .. } => Ok(self.before_hello(
+                &mut Session { hello: false, ..session.clone() },
+                &Frame { request_id: rid, request: *req },
+                out,
+            )),
+            Request::Ping => {
+                codec::encode_empty_reply(out, op::PING, rid);
+                Ok(Outcome::Done)
+            }
+            Request::Fetch { topic, max_messages, max_bytes, wait_ms, ack_timeout_ms } => {
+                if max_messages == 0 {
+                    return Err((ErrorCode::BadArgument, "max_messages must be at least 1".into()));
+                }
+                let tid = self.topic_for(topic, self.config.auto_create, now)?;
+                let l = &self.config.limits;
+                let mut w = Waiter {
+                    conn,
+                    consumer: session.consumer,
+                    request_id: rid,
+                    topic: tid,
+                    max_messages: max_messages.min(l.batch_messages_max),
+                    max_bytes: u64::from(if max_bytes == 0 {
+                        l.fetch_bytes_max
+                    } else {
+                        max_bytes.min(l.fetch_bytes_max)
+                    }),
+                    ack_timeout_ms,
+                    timer: TimerKey::NONE,
+                };
+                let Some(e) = self.topics.by_id.get_mut(&tid) else { return Err(unknown(topic)) };
+                if wait_ms == 0 || e.topic.has_ready() {
+                    deliver(e, &mut self.wheel, &w, now, out);
+                    return Ok(Outcome::Done);
+                }
+                let wait_ms = wait_ms.min(l.fetch_wait_ms_max);
+                let slot = self.waiters.vacant_entry();
+                let key = slot.key();
+                w.timer = self.wheel.insert(now.mono_ms + u64::from(wait_ms), Timer::Wait { waiter: key });
+                slot.insert(w);
+                e.waiters.push_back(key);
+                self.parked.insert(conn, key);
+                Ok(Outcome::Parked)
+            }
+            Request::Ack { topic, ids } => {
+                let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
+                self.ids_op(tid, op::ACK, ids.iter(), rid, out, |t, id, timers, _| t.ack(id, timers));
+                Ok(Outcome::Done)
+            }
+            Request::Touch { topic, ack_timeout_ms, ids } => {
+                let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
+                self.ids_op(tid, op::TOUCH, ids.iter(), rid, out, |t, id, timers, now_ms| {
+                    let timeout = if ack_timeout_ms == 0 { t.settings.ack_timeout_ms } else { ack_timeout_ms };
+                    t.touch(id, now_ms + u64::from(timeout), timers)
+                });
+                Ok(Outcome::Done)
+            }
+            Request::Nack { topic, delay_ms, flags, ids } => {
+                let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
+                self.nack(tid, delay_ms, flags & codec::NACK_FLAG_DEAD_LETTER != 0, ids.iter(), rid, now, out);
+                Ok(Outcome::Done)
+            }
+            Request::Stats { topic } => {
+                if !topic.is_empty() && self.topics.id(topic).is_none() {
+                    return Err(unknown(topic));
+                }
+                self.write_stats(topic, rid, now, out);
+                Ok(Outcome::Done)
+            }
+            Request::ListTopics => {
+                let mut list: Vec<(&str, codec::TopicSettings)> = self
+                    .topics
+                    .by_id
+                    .values()
+                    .map(|e| {
+                        let s = e.topic.settings;
+                        (
+                            &*e.topic.name,
+                            codec::TopicSettings { ack_timeout_ms: s.ack_timeout_ms, max_deliveries: s.max_deliveries },
+                        )
+                    })
+                    .collect();
+                list.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                codec::encode_topics_reply(out, rid, &list);
+                Ok(Outcome::Done)
+            }
+            Request::Produce { .. }
+            | Request::CreateTopic { .. }
+            | Request::DeleteTopic { .. }
+            | Request::PurgeTopic { .. }
+            | Request::Redrive { .. } => unreachable!("held requests go through handle_held"),
+        }
+    }
+
+    /// Requests whose reply waits for the commit. Ok means the OK reply is
+    /// in `out`.
+    fn handle_held(
+        &mut self,
+        req: &Request<'_>,
+        rid: u32,
+        now: Now,
+        out: &mut Vec<u8>,
+    ) -> Result<(), (ErrorCode, String)> {
+        match *req {
+            Request::Produce { topic, batch } => {
+                let tid = self.topic_for(topic, self.config.auto_create, now)?;
+                let l = &self.config.limits;
+                let Some(e) = self.topics.by_id.get_mut(&tid) else { return Err(unknown(topic)) };
+                let t = &mut e.topic;
+                if t.seq.live() + u64::from(batch.count) > l.topic_messages_max
+                    || t.seq.live_bytes() + batch.payload_bytes() > l.topic_bytes_max
+                {
+                    return Err((
+                        ErrorCode::QueueFull,
+                        format!(
+                            "topic {topic} holds {} messages / {} bytes; limits are topic_messages_max {} and topic_bytes_max {}",
+                            t.seq.live(),
+                            t.seq.live_bytes(),
+                            l.topic_messages_max,
+                            l.topic_bytes_max
+                        ),
+                    ));
+                }
+                let first = t.seq.next_id();
+                let at = self.log.begin(RecordKind::Produce);
+                let b = self.log.body();
+                codec::put_u32(b, tid);
+                codec::put_u32(b, batch.count);
+                for payload in batch.iter() {
+                    let id = t.append(now.wall_ms, payload);
+                    let born = t.seq.get(id).map_or(now.wall_ms, |m| m.born_ms);
+                    put_message_record(b, id, born, 0, None, payload);
+                }
+                self.log.end(at);
+                self.produced.push((tid, first, batch.count));
+                touch(e, &mut self.touched);
+                codec::encode_produce_reply(out, rid, first, batch.count);
+                Ok(())
+            }
+            Request::CreateTopic { topic, settings } => {
+                let exists = self.topics.id(topic);
+                let tid = match exists {
+                    Some(tid) => tid,
+                    None => self.create_topic(topic)?,
+                };
+                let d = self.config.defaults;
+                let s = Settings {
+                    ack_timeout_ms: if settings.ack_timeout_ms == 0 {
+                        d.ack_timeout_ms
+                    } else {
+                        settings.ack_timeout_ms
+                    },
+                    max_deliveries: if settings.max_deliveries == 0 {
+                        d.max_deliveries
+                    } else {
+                        settings.max_deliveries
+                    },
+                };
+                if let Some(e) = self.topics.by_id.get_mut(&tid) {
+                    e.topic.settings = s;
+                }
+                self.log_topic(tid);
+                codec::encode_u64_reply(out, op::CREATE_TOPIC, rid, u64::from(exists.is_none()));
+                Ok(())
+            }
+            Request::DeleteTopic { topic } => {
+                let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
+                let removed = self.delete_topic(tid, now);
+                codec::encode_u64_reply(out, op::DELETE_TOPIC, rid, removed);
+                Ok(())
+            }
+            Request::PurgeTopic { topic } => {
+                let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
+                let Some(e) = self.topics.by_id.get_mut(&tid) else { return Err(unknown(topic)) };
+                let removed = e.topic.purge(&mut TopicTimers { wheel: &mut self.wheel, topic: tid });
+                let below = e.topic.seq.next_id();
+                let at = self.log.begin(RecordKind::Purge);
+                codec::put_u32(self.log.body(), tid);
+                codec::put_u64(self.log.body(), below);
+                self.log.end(at);
+                codec::encode_u64_reply(out, op::PURGE_TOPIC, rid, removed);
+                Ok(())
+            }
+            Request::Redrive { topic, max_messages } => {
+                let moved = self.redrive(topic, max_messages)?;
+                codec::encode_u64_reply(out, op::REDRIVE, rid, moved);
+                Ok(())
+            }
+            _ => unreachable!("only held requests come here"),
+        }
+    }
+
+    /// The topic named `name`, created with default settings if missing and
+    /// `create` allows.
+    fn topic_for(&mut self, name: &str, create: bool, _now: Now) -> Result<TopicId, (ErrorCode, String)> {
+        if let Some(tid) = self.topics.id(name) {
+            return Ok(tid);
+        }
+        if !create {
+            return Err(unknown(name));
+        }
+        let tid = self.create_topic(name)?;
+        self.log_topic(tid);
+        Ok(tid)
+    }
+
+    fn create_topic(&mut self, name: &str) -> Result<TopicId, (ErrorCode, String)> {
+        let is_dlq = name.ends_with(".dlq");
+        if !is_dlq && self.topics.user_topics >= self.config.limits.topics_max {
+            return Err((
+                ErrorCode::TooManyTopics,
+                format!("the broker holds topics_max ({}) topics", self.config.limits.topics_max),
+            ));
+        }
+        let tid = self.topics.next_topic_id;
+        let floor = self.topics.id_floor;
+        self.topics.insert(tid, name, self.config.defaults, floor);
+        Ok(tid)
+    }
+
+    /// Appends a Topic record stating `tid`'s name, settings and next id.
+    fn log_topic(&mut self, tid: TopicId) {
+        let Some(e) = self.topics.by_id.get(&tid) else { return };
+        let at = self.log.begin(RecordKind::Topic);
+        let b = self.log.body();
+        codec::put_u32(b, tid);
+        codec::put_u64(b, e.topic.seq.next_id());
+        codec::put_u32(b, e.topic.settings.ack_timeout_ms);
+        codec::put_u16(b, e.topic.settings.max_deliveries);
+        codec::put_str(b, e.topic.name.as_bytes());
+        self.log.end(at);
+    }
+
+    fn delete_topic(&mut self, tid: TopicId, now: Now) -> u64 {
+        let Some(mut e) = self.topics.remove(tid) else { return 0 };
+        let removed = e.topic.purge(&mut TopicTimers { wheel: &mut self.wheel, topic: tid });
+        let at = self.log.begin(RecordKind::Delete);
+        codec::put_u32(self.log.body(), tid);
+        codec::put_u64(self.log.body(), e.topic.seq.next_id());
+        self.log.end(at);
+        self.produced.retain(|p| p.0 != tid);
+        for key in e.waiters.drain(..) {
+            let w = self.waiters.remove(key);
+            self.wheel.cancel(w.timer);
+            self.parked.remove(&w.conn);
+            self.pending_replies.push(PendingReply::Error {
+                conn: w.conn,
+                op: op::FETCH,
+                request_id: w.request_id,
+                code: ErrorCode::UnknownTopic,
+                message: format!("topic {} was deleted", e.topic.name),
+            });
+        }
+        let _ = now;
+        removed
+    }
+
+    /// Applies ACK or TOUCH to each id and writes the ids reply.
+    fn ids_op(
+        &mut self,
+        tid: TopicId,
+        op: u8,
+        ids: impl Iterator<Item = u64>,
+        rid: u32,
+        out: &mut Vec<u8>,
+        mut f: impl FnMut(&mut Topic, MsgId, &mut TopicTimers<'_>, u64) -> bool,
+    ) {
+        let now_ms = self.wheel.now_ms();
+        self.done_ids.clear();
+        self.failed_ids.clear();
+        if let Some(e) = self.topics.by_id.get_mut(&tid) {
+            let mut timers = TopicTimers { wheel: &mut self.wheel, topic: tid };
+            for id in ids {
+                if f(&mut e.topic, id, &mut timers, now_ms) {
+                    self.done_ids.push(id);
+                } else {
+                    self.failed_ids.push(id);
+                }
+            }
+        }
+        if op == op::ACK && !self.done_ids.is_empty() {
+            self.log_ids(RecordKind::Remove, tid, REMOVE_ACKED);
+        }
+        codec::encode_ids_reply(out, op, rid, self.done_ids.len() as u32, &self.failed_ids);
+    }
+
+    /// Appends a Remove record for `done_ids`.
+    fn log_ids(&mut self, kind: RecordKind, tid: TopicId, reason: u8) {
+        let at = self.log.begin(kind);
+        let b = self.log.body();
+        codec::put_u32(b, tid);
+        b.push(reason);
+        codec::put_u32(b, self.done_ids.len() as u32);
+        for id in &self.done_ids {
+            codec::put_u64(b, *id);
+        }
+        self.log.end(at);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn nack(
+        &mut self,
+        tid: TopicId,
+        delay_ms: u32,
+        dead_letter: bool,
+        ids: impl Iterator<Item = u64>,
+        rid: u32,
+        now: Now,
+        out: &mut Vec<u8>,
+    ) {
+        self.done_ids.clear();
+        self.failed_ids.clear();
+        let mut dead = Vec::new();
+        let mut requeued = Vec::new();
+        let delay = (delay_ms > 0).then(|| now.mono_ms + u64::from(delay_ms));
+        if let Some(e) = self.topics.by_id.get_mut(&tid) {
+            let mut timers = TopicTimers { wheel: &mut self.wheel, topic: tid };
+            for id in ids {
+                match e.topic.nack(id, delay, dead_letter, &mut timers) {
+                    None => self.failed_ids.push(id),
+                    Some(Returned::Retry) => {
+                        self.done_ids.push(id);
+                        requeued.push((id, e.topic.deliveries(id)));
+                    }
+                    Some(Returned::Dead(info)) => {
+                        self.done_ids.push(id);
+                        dead.push((id, info));
+                    }
+                }
+            }
+            if delay.is_none() && !requeued.is_empty() {
+                touch(e, &mut self.touched);
+            }
+        }
+        codec::encode_ids_reply(out, op::NACK, rid, self.done_ids.len() as u32, &self.failed_ids);
+        self.log_requeue(tid, &requeued);
+        for (id, info) in dead {
+            self.dead_letter(tid, id, info, now);
+        }
+    }
+
+    fn log_requeue(&mut self, tid: TopicId, entries: &[(MsgId, u16)]) {
+        if entries.is_empty() {
+            return;
+        }
+        let at = self.log.begin(RecordKind::Requeue);
+        let b = self.log.body();
+        codec::put_u32(b, tid);
+        codec::put_u32(b, entries.len() as u32);
+        for (id, d) in entries {
+            codec::put_u64(b, *id);
+            codec::put_u16(b, *d);
+        }
+        self.log.end(at);
+    }
+
+    /// Moves message `id` of `tid` to `<topic>.dlq`. If the dead-letter
+    /// topic is full (or cannot be created), the message goes back to ready
+    /// instead: it is never dropped.
+    fn dead_letter(&mut self, tid: TopicId, id: MsgId, info: DeadInfo, now: Now) {
+        let Some(name) = self.topics.by_id.get(&tid).map(|e| format!("{}.dlq", e.topic.name)) else { return };
+        let dlq = match self.topics.id(&name) {
+            Some(d) => d,
+            None => match self.create_topic(&name) {
+                Ok(d) => {
+                    self.log_topic(d);
+                    d
+                }
+                Err((_, why)) => {
+                    log::warn!("cannot create dead-letter topic {name}: {why}; message {id} stays in its topic");
+                    self.requeue_undead(tid, id, info);
+                    return;
+                }
+            },
+        };
+        let l = &self.config.limits;
+        let [Some(src), Some(dst)] = self.topics.by_id.get_disjoint_mut([&tid, &dlq]) else { return };
+        let Some(m) = src.topic.seq.get(id) else { return };
+        if dst.topic.seq.live() + 1 > l.topic_messages_max
+            || dst.topic.seq.live_bytes() + m.payload.len() as u64 > l.topic_bytes_max
+        {
+            log::warn!("dead-letter topic {name} is full; message {id} stays in its topic");
+            self.requeue_undead(tid, id, info);
+            return;
+        }
+        let new_id = dst.topic.append_dead(m.born_ms, m.payload, info);
+        let at = self.log.begin(RecordKind::Produce);
+        let b = self.log.body();
+        codec::put_u32(b, dlq);
+        codec::put_u32(b, 1);
+        put_message_record(b, new_id, m.born_ms, 0, Some(info), m.payload);
+        self.log.end(at);
+        src.topic.release(id);
+        src.topic.counters.dead_lettered += 1;
+        touch(dst, &mut self.touched);
+        self.done_ids.clear();
+        self.done_ids.push(id);
+        self.log_ids(RecordKind::Remove, tid, REMOVE_DEAD);
+        let _ = now;
+    }
+
+    fn requeue_undead(&mut self, tid: TopicId, id: MsgId, info: DeadInfo) {
+        if let Some(e) = self.topics.by_id.get_mut(&tid) {
+            e.topic.requeue(id, info.origin_deliveries);
+            touch(e, &mut self.touched);
+        }
+    }
+
+    fn redrive(&mut self, topic: &str, max_messages: u32) -> Result<u64, (ErrorCode, String)> {
+        let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
+        let dlq_name = format!("{topic}.dlq");
+        let dlq = self.topics.id(&dlq_name).ok_or_else(|| unknown(&dlq_name))?;
+        let max = if max_messages == 0 { u64::MAX } else { u64::from(max_messages) };
+        let l = &self.config.limits;
+        let [Some(dst), Some(src)] = self.topics.by_id.get_disjoint_mut([&tid, &dlq]) else {
+            return Err(unknown(topic));
+        };
+        self.done_ids.clear();
+        let mut moved = Vec::new();
+        let log = &mut self.log;
+        let n = src.topic.drain_ready(max, |m, _| {
+            if dst.topic.seq.live() + 1 > l.topic_messages_max
+                || dst.topic.seq.live_bytes() + m.payload.len() as u64 > l.topic_bytes_max
+            {
+                return false;
+            }
+            let new_id = dst.topic.append(m.born_ms, m.payload);
+            moved.push((new_id, m.id));
+            let at = log.begin(RecordKind::Produce);
+            let b = log.body();
+            codec::put_u32(b, tid);
+            codec::put_u32(b, 1);
+            put_message_record(b, new_id, m.born_ms, 0, None, m.payload);
+            log.end(at);
+            true
+        });
+        if n > 0 {
+            touch(dst, &mut self.touched);
+            self.done_ids.extend(moved.iter().map(|m| m.1));
+            self.log_ids(RecordKind::Remove, dlq, REMOVE_REDRIVEN);
+        }
+        Ok(n)
+    }
+
+    // -----------------------------------------------------------------------
+    // The turn.
+    // -----------------------------------------------------------------------
+
+    /// Fires every timer due at `now`: ack deadlines, NACK delays, and ends
+    /// of long-poll waits.
+    pub fn advance(&mut self, now: Now, outbox: &mut impl Outbox) {
+        let mut expired = std::mem::take(&mut self.expired);
+        self.wheel.advance(now.mono_ms, &mut expired);
+        let mut requeued: Vec<(TopicId, MsgId, u16)> = Vec::new();
+        for (_, timer) in expired.drain(..) {
+            match timer {
+                Timer::Msg { topic, id } => {
+                    let Some(e) = self.topics.by_id.get_mut(&topic) else { continue };
+                    let mut timers = TopicTimers { wheel: &mut self.wheel, topic };
+                    match e.topic.timer_fired(id, &mut timers) {
+                        Some(Returned::Retry) => {
+                            requeued.push((topic, id, e.topic.deliveries(id)));
+                            touch(e, &mut self.touched);
+                        }
+                        Some(Returned::Dead(info)) => self.dead_letter(topic, id, info, now),
+                        None => {}
+                    }
+                }
+                Timer::Wait { waiter } => {
+                    let Some(w) = self.waiters.try_remove(waiter) else { continue };
+                    self.parked.remove(&w.conn);
+                    if let Some(e) = self.topics.by_id.get_mut(&w.topic) {
+                        e.waiters.retain(|k| *k != waiter);
+                        if let Some(out) = outbox.out(w.conn) {
+                            codec::MessagesWriter::begin(out, w.request_id, &e.topic.name).finish(out);
+                        }
+                    }
+                    outbox.unblock(w.conn);
+                }
+            }
+        }
+        self.expired = expired;
+        requeued.sort_unstable_by_key(|r| r.0);
+        for chunk in requeued.chunk_by(|a, b| a.0 == b.0) {
+            let entries: Vec<(MsgId, u16)> = chunk.iter().map(|r| (r.1, r.2)).collect();
+            self.log_requeue(chunk[0].0, &entries);
+        }
+    }
+
+    /// Ends a turn's work: commits the log (one write, one `fdatasync`),
+    /// then releases the held replies — or, if the commit failed, replaces
+    /// the durable ones with STORAGE errors and withdraws their messages —
+    /// then publishes this turn's messages and serves parked FETCHes.
+    pub fn commit(&mut self, now: Now, outbox: &mut impl Outbox) {
+        let ok = match self.log.commit() {
+            Ok(_) => true,
+            Err(e) => {
+                log::error!(
+                    "STORAGE: commit log write/fdatasync failed: {e}; {} held replies answered STORAGE, nothing acknowledged; will retry on later turns",
+                    self.held.iter().filter(|h| h.durable).count()
+                );
+                false
+            }
+        };
+        if !ok {
+            for (tid, first, count) in self.produced.drain(..) {
+                if let Some(e) = self.topics.by_id.get_mut(&tid) {
+                    e.topic.withdraw(first, count);
+                }
+            }
+        }
+        self.produced.clear();
+        for h in self.held.drain(..) {
+            let Some(out) = outbox.out(h.conn) else { continue };
+            if h.durable && !ok {
+                let msg = "the commit log could not write or sync; nothing was acknowledged, retry later";
+                codec::encode_error(out, h.op, h.request_id, ErrorCode::Storage, msg);
+            } else {
+                if h.op == op::PRODUCE && h.durable {
+                    self.stats.produces_committed += 1;
+                }
+                out.extend_from_slice(&self.held_bytes[h.range]);
+            }
+        }
+        self.held_bytes.clear();
+        for r in self.pending_replies.drain(..) {
+            match r {
+                PendingReply::Error { conn, op, request_id, code, message } => {
+                    if let Some(out) = outbox.out(conn) {
+                        codec::encode_error(out, op, request_id, code, &message);
+                    }
+                    outbox.unblock(conn);
+                }
+            }
+        }
+        let touched = std::mem::take(&mut self.touched);
+        for &tid in &touched {
+            let Some(e) = self.topics.by_id.get_mut(&tid) else { continue };
+            e.touched = false;
+            e.topic.publish();
+            while e.topic.has_ready() {
+                let Some(key) = e.waiters.pop_front() else { break };
+                let Some(w) = self.waiters.try_remove(key) else { continue };
+                self.wheel.cancel(w.timer);
+                self.parked.remove(&w.conn);
+                if let Some(out) = outbox.out(w.conn) {
+                    deliver(e, &mut self.wheel, &w, now, out);
+                }
+                outbox.unblock(w.conn);
+            }
+        }
+        self.touched = touched;
+        self.touched.clear();
+    }
+
+    /// A connection closed: drop its parked FETCH and return every message
+    /// in flight to it to ready (or to the dead-letter topic).
+    pub fn disconnect(&mut self, conn: usize, session: &Session, now: Now) {
+        if let Some(key) = self.parked.remove(&conn)
+            && let Some(w) = self.waiters.try_remove(key) {
+                self.wheel.cancel(w.timer);
+                if let Some(e) = self.topics.by_id.get_mut(&w.topic) {
+                    e.waiters.retain(|k| *k != key);
+                }
+            }
+        self.held.retain(|h| h.conn != conn);
+        let tids: Vec<TopicId> = self.topics.by_id.keys().copied().collect();
+        for tid in tids {
+            let Some(e) = self.topics.by_id.get_mut(&tid) else { continue };
+            let mut dead = Vec::new();
+            let mut timers = TopicTimers { wheel: &mut self.wheel, topic: tid };
+            let returned = e.topic.disconnect(session.consumer, &mut timers, |_, id, info| dead.push((id, info)));
+            if returned > 0 {
+                touch(e, &mut self.touched);
+            }
+            for (id, info) in dead {
+                self.dead_letter(tid, id, info, now);
+            }
+        }
+    }
+
+    /// Graceful stop: every parked FETCH is answered now, with what is
+    /// ready or with nothing.
+    pub fn shutdown(&mut self, now: Now, outbox: &mut impl Outbox) {
+        let keys: Vec<usize> = self.waiters.iter().map(|(k, _)| k).collect();
+        for key in keys {
+            let w = self.waiters.remove(key);
+            self.wheel.cancel(w.timer);
+            self.parked.remove(&w.conn);
+            if let Some(e) = self.topics.by_id.get_mut(&w.topic) {
+                e.waiters.retain(|k| *k != key);
+                if let Some(out) = outbox.out(w.conn) {
+                    deliver(e, &mut self.wheel, &w, now, out);
+                }
+            }
+            outbox.unblock(w.conn);
+        }
+    }
+
+    fn write_stats(&self, only: &str, rid: u32, now: Now, out: &mut Vec<u8>) {
+        let mut w = codec::StatsWriter::begin(out, rid);
+        let s = &self.stats;
+        let ls = &self.log.stats;
+        w.section(out, "");
+        for (k, v) in [
+            ("uptime_ms", now.mono_ms.saturating_sub(s.started_mono_ms)),
+            ("connections", s.connections),
+            ("turns", s.turns),
+            ("topics", self.topics.by_id.len() as u64),
+            ("bytes_in", s.bytes_in),
+            ("bytes_out", s.bytes_out),
+            ("log_bytes", self.log.bytes()),
+            ("log_segments", self.log.segments().len() as u64),
+            ("fsyncs", ls.fsyncs),
+            ("log_commits", ls.commits),
+            ("log_records", ls.records),
+            ("storage_failures", ls.failures),
+            ("produces_committed", s.produces_committed),
+            ("compactions", s.compactions),
+            ("recovery_ms", s.recovery_ms),
+            ("recovered_records", self.recovery.records),
+            ("fsync_turn", u64::from(self.log.fsync_mode() == FsyncMode::Turn)),
+        ] {
+            w.kv(out, k, v);
+        }
+        let mut names: Vec<&Entry> =
+            self.topics.by_id.values().filter(|e| only.is_empty() || *e.topic.name == *only).collect();
+        names.sort_unstable_by(|a, b| a.topic.name.cmp(&b.topic.name));
+        for e in names {
+            let t = &e.topic;
+            let c = &t.counters;
+            w.section(out, &t.name);
+            for (k, v) in [
+                ("ready", t.ready()),
+                ("inflight", t.inflight()),
+                ("delayed", t.delayed()),
+                ("produced", c.produced),
+                ("delivered", c.delivered),
+                ("redelivered", c.redelivered),
+                ("acked", c.acked),
+                ("nacked", c.nacked),
+                ("dead_lettered", c.dead_lettered),
+                ("expired", c.expired),
+                ("bytes", t.seq.live_bytes()),
+                ("next_id", t.seq.next_id()),
+                ("waiters", e.waiters.len() as u64),
+                ("id", u64::from(e.id)),
+            ] {
+                w.kv(out, k, v);
+            }
+        }
+        w.finish(out);
+    }
+}
+
+/// Reasons in a Remove record (part of the log format).
+const REMOVE_ACKED: u8 = 1;
+const REMOVE_DEAD: u8 = 2;
+const REMOVE_REDRIVEN: u8 = 3;
+
+fn unknown(name: &str) -> (ErrorCode, String) {
+    (ErrorCode::UnknownTopic, format!("no topic named {name}"))
+}
+
+fn touch(e: &mut Entry, touched: &mut Vec<TopicId>) {
+    if !e.touched {
+        e.touched = true;
+        touched.push(e.id);
+    }
+}
+
+/// Writes a FETCH reply for `w` from the ready messages of `e`.
+fn deliver(e: &mut Entry, wheel: &mut Wheel<Timer>, w: &Waiter, now: Now, out: &mut Vec<u8>) {
+    let timeout = if w.ack_timeout_ms == 0 { e.topic.settings.ack_timeout_ms } else { w.ack_timeout_ms };
+    let deadline = now.mono_ms + u64::from(timeout);
+    let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name);
+    let mut timers = TopicTimers { wheel, topic: e.id };
+    e.topic.fetch(w.consumer, w.max_messages, w.max_bytes, deadline, &mut timers, |t, d| {
+        if let Some(m) = t.seq.get(d.id) {
+            let msg = Message {
+                id: d.id,
+                born_ms: m.born_ms,
+                delivery_count: d.deliveries,
+                dead: t.dead_info(d.id),
+                payload: m.payload,
+            };
+            writer.push(out, &msg);
+        }
+    });
+    writer.finish(out);
+}
+
+/// Appends one message to a Produce record body.
+fn put_message_record(
+    b: &mut Vec<u8>,
+    id: MsgId,
+    born_ms: u64,
+    deliveries: u16,
+    dead: Option<DeadInfo>,
+    payload: &[u8],
+) {
+    codec::put_u64(b, id);
+    codec::put_u64(b, born_ms);
+    codec::put_u16(b, deliveries);
+    match dead {
+        None => b.push(0),
+        Some(d) => {
+            b.push(codec::MSG_FLAG_DEAD);
+            codec::put_u64(b, d.origin_id);
+            codec::put_u16(b, d.origin_deliveries);
+            b.push(d.reason as u8);
+        }
+    }
+    codec::put_u32(b, payload.len() as u32);
+    b.extend_from_slice(payload);
+}
+
+/// Compares secrets in time independent of where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u8 | u8::from(a.len() != b.len());
+    for i in 0..a.len().max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0xff);
+    }
+    diff == 0
+}

@@ -1,0 +1,590 @@
+//! The loop: one `mio::Poll` owns the listener and every connection, and one
+//! thread runs every turn. Nothing here blocks except `poll` itself.
+//!
+//! The order of a turn, written down once (see `Reactor::turn`):
+//!
+//! 1. **poll**, with a timeout of the next timer deadline (0 when a
+//!    connection still has input to serve from last turn, none when idle);
+//! 2. **read the clock** once: every deadline and born time of the turn
+//!    uses this `now`, so the turn is one instant;
+//! 3. **handle readiness**: accept until WouldBlock; read each readable
+//!    connection until WouldBlock (or its fair share), decode every complete
+//!    frame and hand it to the broker, whose replies go to the connection's
+//!    output buffer — except replies that must wait for the log, which the
+//!    broker holds;
+//! 4. **advance the timing wheel**: ack deadlines, NACK delays and long-poll
+//!    waits that passed;
+//! 5. **commit**: one write and one `fdatasync` of every record the turn
+//!    appended (group commit), then the held replies are released — after
+//!    the sync, never before, which is the durability promise;
+//! 6. **flush**: one write per connection with output; WRITABLE interest
+//!    only while output is left over;
+//! 7. **close** the connections that ended.
+//!
+//! Replies reach sockets only in step 6, after step 5's sync: a reply to a
+//! PRODUCE cannot leave before the sync that covers it, whatever the code in
+//! steps 3 and 4 does. That is Redis's `beforeSleep` rule.
+//!
+//! Readiness is a hint (mio's docs): sockets are edge-triggered, so each is
+//! drained until WouldBlock or remembered in `hot` to be served next turn.
+
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use slab::Slab;
+
+use crate::broker::{self, Broker, Config, Now, Outbox, Outcome, Session};
+use crate::codec::{self, Decoded, ErrorCode, Skip};
+use crate::log::{LogOptions, OpenError};
+
+const LISTENER: Token = Token(usize::MAX - 1);
+const WAKER: Token = Token(usize::MAX - 2);
+/// Bytes read per `read` call: large enough that a busy producer needs few
+/// syscalls, small enough to keep in cache.
+const READ_CHUNK_BYTES: usize = 64 << 10;
+/// Idle buffers larger than this are given back, so thousands of quiet
+/// connections cost little.
+const IDLE_BUFFER_BYTES_MAX: usize = 256 << 10;
+/// Readiness events taken per poll.
+const EVENTS_PER_POLL: usize = 1024;
+
+/// Everything `runnel serve` needs.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub broker: Config,
+    pub log: LogOptions,
+}
+
+/// Stops a running reactor from another thread (tests, signal handlers).
+#[derive(Clone)]
+pub struct Handle {
+    stop: Arc<AtomicBool>,
+    waker: Arc<Waker>,
+}
+
+impl Handle {
+    /// Asks the loop to finish its turn, answer parked FETCHes, flush and
+    /// return.
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // A failed wake only delays the stop to the next event.
+        let _ = self.waker.wake();
+    }
+}
+
+/// One client connection.
+struct Conn {
+    stream: TcpStream,
+    session: Session,
+    /// Received bytes not yet decoded (at most one partial frame, or the
+    /// frames after a parked or held request).
+    input: Vec<u8>,
+    /// Bytes of an oversized frame still to discard as they arrive
+    /// (beanstalkd's bit bucket): the frame is answered, never buffered.
+    discard_bytes: u64,
+    /// Replies not yet written; `out_pos` is how far writing got.
+    out: Vec<u8>,
+    out_pos: usize,
+    /// A FETCH is parked: read no more until the broker answers it.
+    parked: bool,
+    /// A held reply waits for this turn's commit: only held requests may
+    /// follow it this turn.
+    held: bool,
+    /// In `hot`: has input to serve next turn.
+    hot: bool,
+    /// In `dirty`: has output to flush this turn.
+    dirty: bool,
+    /// WRITABLE interest is registered.
+    writable: bool,
+    /// Ending: no more reading; closed after the flush.
+    closing: bool,
+}
+
+/// The lent output buffers (see `broker::Outbox`).
+struct Lent<'a> {
+    conns: &'a mut Slab<Conn>,
+    hot: &'a mut Vec<usize>,
+    dirty: &'a mut Vec<usize>,
+}
+
+impl Outbox for Lent<'_> {
+    fn out(&mut self, key: usize) -> Option<&mut Vec<u8>> {
+        let c = self.conns.get_mut(key).filter(|c| !c.closing)?;
+        if !c.dirty {
+            c.dirty = true;
+            self.dirty.push(key);
+        }
+        Some(&mut c.out)
+    }
+    fn unblock(&mut self, key: usize) {
+        if let Some(c) = self.conns.get_mut(key) {
+            c.parked = false;
+            if !c.hot && !c.closing {
+                c.hot = true;
+                self.hot.push(key);
+            }
+        }
+    }
+}
+
+/// The broker's event loop.
+pub struct Reactor {
+    poll: Poll,
+    listener: Option<TcpListener>,
+    local_addr: SocketAddr,
+    conns: Slab<Conn>,
+    broker: Broker,
+    /// Connections with undecoded input to serve next turn.
+    hot: Vec<usize>,
+    /// Connections with output to flush this turn.
+    dirty: Vec<usize>,
+    /// Connections to close at the end of the turn.
+    closing: Vec<usize>,
+    /// Where reads land before they are appended to a connection's input.
+    scratch: Vec<u8>,
+    started: Instant,
+    next_consumer: u64,
+    stop: Arc<AtomicBool>,
+    waker: Arc<Waker>,
+}
+
+impl Reactor {
+    /// Recovers the data directory and binds the listener.
+    pub fn bind(cfg: ServeConfig) -> Result<Reactor, String> {
+        cfg.broker.limits.check().map_err(|e| format!("bad limits: {e}"))?;
+        let started = Instant::now();
+        let now = now_at(started);
+        let broker = Broker::open(cfg.broker.clone(), &cfg.data_dir, cfg.log.clone(), now)
+            .map_err(|e: OpenError| e.to_string())?;
+        let r = &broker.recovery;
+        log::info!(
+            "recovered {} records, {} bytes in {} segments from {} in {} ms{}",
+            r.records,
+            r.bytes,
+            r.segments,
+            cfg.data_dir.display(),
+            r.millis,
+            if r.truncated_bytes > 0 {
+                format!(" (cut a torn tail of {} bytes)", r.truncated_bytes)
+            } else {
+                String::new()
+            }
+        );
+        let poll = Poll::new().map_err(|e| format!("epoll: {e}"))?;
+        let mut listener =
+            TcpListener::bind(cfg.listen).map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
+        let local_addr = listener.local_addr().map_err(|e| e.to_string())?;
+        poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(|e| e.to_string())?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(|e| e.to_string())?);
+        Ok(Reactor {
+            poll,
+            listener: Some(listener),
+            local_addr,
+            conns: Slab::new(),
+            broker,
+            hot: Vec::new(),
+            dirty: Vec::new(),
+            closing: Vec::new(),
+            scratch: vec![0; READ_CHUNK_BYTES],
+            started,
+            next_consumer: 1,
+            stop: Arc::new(AtomicBool::new(false)),
+            waker,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn handle(&self) -> Handle {
+        Handle { stop: self.stop.clone(), waker: self.waker.clone() }
+    }
+
+    /// Runs turns until `Handle::shutdown`.
+    pub fn run(&mut self) -> io::Result<()> {
+        let mut events = Events::with_capacity(EVENTS_PER_POLL);
+        loop {
+            self.turn(&mut events)?;
+            if self.stop.load(Ordering::SeqCst) {
+                self.finish();
+                return Ok(());
+            }
+        }
+    }
+
+    /// One turn, in the order written at the top of this file.
+    fn turn(&mut self, events: &mut Events) -> io::Result<()> {
+        // 1. poll
+        let timeout = self.poll_timeout();
+        match self.poll.poll(events, timeout) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        // 2. the clock, once
+        let now = now_at(self.started);
+        self.broker.stats.turns += 1;
+        // 3. readiness
+        let hot = std::mem::take(&mut self.hot);
+        for key in &hot {
+            if let Some(c) = self.conns.get_mut(*key) {
+                c.hot = false;
+            }
+        }
+        for event in events.iter() {
+            match event.token() {
+                LISTENER => self.accept(now),
+                WAKER => {}
+                Token(key) => {
+                    let parked = self.conns.get(key).is_some_and(|c| c.parked);
+                    if parked && (event.is_read_closed() || event.is_error()) {
+                        // A parked connection is not read, so EOF would go
+                        // unseen until its wait ends: end it now.
+                        self.end(key, now, "peer closed while its FETCH was parked");
+                        continue;
+                    }
+                    if event.is_writable() {
+                        self.mark_dirty(key);
+                    }
+                    if event.is_readable() || event.is_read_closed() || event.is_error() {
+                        self.serve(key, now);
+                    }
+                }
+            }
+        }
+        for key in hot {
+            self.serve(key, now);
+        }
+        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty };
+        // 4. timers
+        self.broker.advance(now, &mut lent);
+        // 5. commit, then release held replies
+        self.broker.commit(now, &mut lent);
+        for c in self.conns.iter_mut().map(|(_, c)| c).filter(|c| c.held) {
+            c.held = false;
+        }
+        // 6. flush
+        self.flush();
+        // 7. close
+        self.close_ended();
+        Ok(())
+    }
+
+    fn poll_timeout(&self) -> Option<Duration> {
+        if !self.hot.is_empty() || self.stop.load(Ordering::SeqCst) {
+            return Some(Duration::ZERO);
+        }
+        let deadline_ms = self.broker.next_deadline_ms()?;
+        let deadline = self.started + Duration::from_millis(deadline_ms);
+        Some(deadline.saturating_duration_since(Instant::now()))
+    }
+
+    fn accept(&mut self, _now: Now) {
+        let Some(listener) = self.listener.as_ref() else { return };
+        loop {
+            let (mut stream, peer) = match listener.accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    log::warn!("accept failed: {e}");
+                    return;
+                }
+            };
+            let limit = self.broker.config().limits.connections_max as usize;
+            if self.conns.len() >= limit {
+                let mut out = Vec::new();
+                let msg = format!("the broker is at connections_max ({limit}); try again later");
+                codec::encode_error(&mut out, 0, 0, ErrorCode::TooManyConnections, &msg);
+                // Best effort: the socket is new, so its buffer has room.
+                let _ = stream.write(&out);
+                log::warn!("refused {peer}: connections_max ({limit}) reached");
+                continue;
+            }
+            // Latency over packet count: replies go out in one write per turn.
+            let _ = stream.set_nodelay(true);
+            let entry = self.conns.vacant_entry();
+            let key = entry.key();
+            if let Err(e) = self.poll.registry().register(&mut stream, Token(key), Interest::READABLE) {
+                log::warn!("cannot register {peer}: {e}");
+                continue;
+            }
+            let consumer = self.next_consumer;
+            self.next_consumer += 1;
+            entry.insert(Conn {
+                stream,
+                session: Session { consumer, ..Session::default() },
+                input: Vec::new(),
+                discard_bytes: 0,
+                out: Vec::new(),
+                out_pos: 0,
+                parked: false,
+                held: false,
+                hot: false,
+                dirty: false,
+                writable: false,
+                closing: false,
+            });
+            self.broker.stats.connections = self.conns.len() as u64;
+            log::debug!("accepted {peer} as connection {key}");
+        }
+    }
+
+    fn mark_dirty(&mut self, key: usize) {
+        if let Some(c) = self.conns.get_mut(key)
+            && !c.dirty {
+                c.dirty = true;
+                self.dirty.push(key);
+            }
+    }
+
+    fn mark_hot(&mut self, key: usize) {
+        if let Some(c) = self.conns.get_mut(key)
+            && !c.hot {
+                c.hot = true;
+                self.hot.push(key);
+            }
+    }
+
+    /// Ends a connection: the broker forgets it now (its in-flight messages
+    /// return to ready); the socket closes after this turn's flush.
+    fn end(&mut self, key: usize, now: Now, why: &str) {
+        let Some(c) = self.conns.get_mut(key) else { return };
+        if c.closing {
+            return;
+        }
+        c.closing = true;
+        log::debug!("closing connection {key}: {why}");
+        self.broker.disconnect(key, &c.session, now);
+        self.closing.push(key);
+        self.mark_dirty(key);
+    }
+
+    /// Serves a connection: decodes buffered frames, reads more, repeats,
+    /// until WouldBlock, a stop (parked, held, closing), or its share of the
+    /// turn is used.
+    fn serve(&mut self, key: usize, now: Now) {
+        let budget = self.broker.config().limits.read_bytes_per_turn_max as usize;
+        let mut read = 0usize;
+        loop {
+            match self.decode_input(key, now) {
+                Step::Continue => {}
+                Step::Stop => return,
+                Step::Resume => {
+                    self.mark_hot(key);
+                    return;
+                }
+            }
+            if read >= budget {
+                self.mark_hot(key);
+                return;
+            }
+            let Some(c) = self.conns.get_mut(key) else { return };
+            match c.stream.read(&mut self.scratch) {
+                Ok(0) => {
+                    self.end(key, now, "peer closed");
+                    return;
+                }
+                Ok(n) => {
+                    read += n;
+                    self.broker.stats.bytes_in += n as u64;
+                    let mut chunk = &self.scratch[..n];
+                    if c.discard_bytes > 0 {
+                        let d = (c.discard_bytes as usize).min(n);
+                        c.discard_bytes -= d as u64;
+                        chunk = &chunk[d..];
+                    }
+                    c.input.extend_from_slice(chunk);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.end(key, now, &format!("read error: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Decodes and serves every complete frame in the connection's input.
+    fn decode_input(&mut self, key: usize, now: Now) -> Step {
+        let limits = *self.broker.decode_limits();
+        let out_max = self.broker.config().limits.output_bytes_max as usize;
+        let Some(c) = self.conns.get_mut(key) else { return Step::Stop };
+        let mut used = 0;
+        let mut step = Step::Continue;
+        let mut ended: Option<String> = None;
+        while !c.closing && !c.parked {
+            if c.out.len() - c.out_pos > out_max {
+                ended = Some(format!("pending output over output_bytes_max ({out_max}): the peer is not reading"));
+                break;
+            }
+            let input = &c.input[used..];
+            match codec::decode_request(input, &limits) {
+                Ok(Decoded::NeedMore) => break,
+                Ok(Decoded::Frame(frame, n)) => {
+                    if c.held && !broker::is_held(frame.request.op()) {
+                        step = Step::Resume;
+                        break;
+                    }
+                    let outcome = self.broker.handle(key, &mut c.session, &frame, now, &mut c.out);
+                    used += n;
+                    match outcome {
+                        Outcome::Done => {}
+                        Outcome::Held => c.held = true,
+                        Outcome::Parked => c.parked = true,
+                        Outcome::Close => ended = Some("too many failed authentications".into()),
+                    }
+                    if ended.is_some() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    if c.held {
+                        step = Step::Resume;
+                        break;
+                    }
+                    codec::encode_error(&mut c.out, e.op, e.request_id, e.code, &e.message);
+                    match e.skip {
+                        Skip::Close => {
+                            ended = Some(format!("frame boundary lost: {}", e.message));
+                            used = c.input.len();
+                        }
+                        Skip::Bytes(n) if n <= input.len() => used += n,
+                        Skip::Bytes(n) => {
+                            c.discard_bytes = (n - input.len()) as u64;
+                            used = c.input.len();
+                        }
+                    }
+                    if ended.is_some() {
+                        break;
+                    }
+                }
+            }
+        }
+        c.input.drain(..used);
+        if c.input.is_empty() && c.input.capacity() > IDLE_BUFFER_BYTES_MAX {
+            c.input = Vec::new();
+        }
+        let has_output = c.out.len() > c.out_pos;
+        if c.parked && matches!(step, Step::Continue) {
+            step = Step::Stop;
+        }
+        if has_output {
+            self.mark_dirty(key);
+        }
+        if let Some(why) = ended {
+            self.end(key, now, &why);
+            return Step::Stop;
+        }
+        step
+    }
+
+    /// Writes each dirty connection's output with one write.
+    fn flush(&mut self) {
+        let out_max = self.broker.config().limits.output_bytes_max as usize;
+        for key in std::mem::take(&mut self.dirty) {
+            let Some(c) = self.conns.get_mut(key) else { continue };
+            c.dirty = false;
+            let mut failed = None;
+            while c.out_pos < c.out.len() {
+                match c.stream.write(&c.out[c.out_pos..]) {
+                    Ok(n) => {
+                        c.out_pos += n;
+                        self.broker.stats.bytes_out += n as u64;
+                        break;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        failed = Some(format!("write error: {e}"));
+                        break;
+                    }
+                }
+            }
+            let pending = c.out.len() - c.out_pos;
+            if pending == 0 {
+                c.out.clear();
+                c.out_pos = 0;
+                if c.out.capacity() > IDLE_BUFFER_BYTES_MAX {
+                    c.out = Vec::new();
+                }
+            } else if pending > out_max && failed.is_none() {
+                failed = Some(format!(
+                    "pending output {pending} over output_bytes_max ({out_max}): the peer is not reading"
+                ));
+            }
+            let want_writable = pending > 0 && failed.is_none();
+            if want_writable != c.writable {
+                let interest = if want_writable { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
+                if let Err(e) = self.poll.registry().reregister(&mut c.stream, Token(key), interest) {
+                    failed = Some(format!("reregister: {e}"));
+                }
+                c.writable = want_writable;
+            }
+            if let Some(why) = failed {
+                if !c.closing {
+                    c.closing = true;
+                    log::debug!("closing connection {key}: {why}");
+                    let now = now_at(self.started);
+                    self.broker.disconnect(key, &c.session, now);
+                    self.closing.push(key);
+                }
+                c.out.clear();
+                c.out_pos = 0;
+            }
+        }
+    }
+
+    fn close_ended(&mut self) {
+        for key in std::mem::take(&mut self.closing) {
+            if self.conns.contains(key) {
+                let mut c = self.conns.remove(key);
+                let _ = self.poll.registry().deregister(&mut c.stream);
+            }
+        }
+        self.broker.stats.connections = self.conns.len() as u64;
+    }
+
+    /// After the last turn: stop accepting, then one more turn so parked
+    /// FETCHes are answered, the log committed and replies flushed.
+    fn finish(&mut self) {
+        if let Some(mut l) = self.listener.take() {
+            let _ = self.poll.registry().deregister(&mut l);
+        }
+        let now = now_at(self.started);
+        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty };
+        self.broker.shutdown(now, &mut lent);
+        self.broker.commit(now, &mut lent);
+        self.flush();
+        let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
+        for key in keys {
+            self.end(key, now, "shutdown");
+        }
+        self.close_ended();
+    }
+}
+
+/// What `decode_input` asks of its caller.
+enum Step {
+    /// Everything decodable was served; read more.
+    Continue,
+    /// Read no more now (parked, closing).
+    Stop,
+    /// Input is left that must wait for the next turn (after the commit).
+    Resume,
+}
+
+fn now_at(started: Instant) -> Now {
+    let wall_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    Now { mono_ms: started.elapsed().as_millis() as u64, wall_ms }
+}

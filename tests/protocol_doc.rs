@@ -1,0 +1,487 @@
+//! Keeps docs/protocol.md byte-exact with the codec.
+//!
+//! The doc is the contract clients are written from, so its examples must be
+//! what the broker really sends and accepts. This test reads the doc, decodes
+//! every tagged hex dump with the codec, checks that it is the frame expected
+//! for its tag, and re-encodes it to the same bytes. It also checks the doc's
+//! tables of opcodes, error codes, dead-letter reasons and limits against the
+//! code, so renumbering anything without updating the doc fails here.
+//!
+//! The dump format (docs/protocol.md, "Examples"): a fenced ```hex block
+//! right after a line `<!-- example: NAME -->`. Inside the block `#` starts
+//! a comment and every other token is one byte, two hex digits. A NAME
+//! ending in `-request` is decoded as a request, one ending in `-reply` as a
+//! reply. When an example is missing or wrong, the failure prints the bytes
+//! the codec produces for it, ready to be annotated and pasted into the doc.
+
+use runnel::codec::*;
+use runnel::limits::Limits;
+
+const DOC_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/protocol.md");
+
+/// The wall clock of the examples: 2026-01-01T00:00:00.123Z in ms.
+const BORN_MS: u64 = 1_767_225_600_123;
+
+fn doc() -> String {
+    std::fs::read_to_string(DOC_PATH).unwrap_or_else(|e| panic!("cannot read {DOC_PATH}: {e}"))
+}
+
+// ---------------------------------------------------------------------------
+// The frames each tagged example must hold.
+// ---------------------------------------------------------------------------
+
+enum Expect {
+    Request(Frame<'static>),
+    Reply(ReplyFrame<'static>),
+}
+
+fn ids(v: &[u64]) -> Ids<'static> {
+    let mut bytes = Vec::new();
+    encode_ids(&mut bytes, v);
+    Ids { bytes: bytes.leak() }
+}
+
+fn batch(payloads: &[&[u8]]) -> Batch<'static> {
+    let mut bytes = Vec::new();
+    encode_batch(&mut bytes, payloads);
+    Batch { count: payloads.len() as u32, bytes: bytes.leak() }
+}
+
+fn request(request_id: u32, request: Request<'static>) -> Expect {
+    Expect::Request(Frame { request_id, request })
+}
+
+fn reply(op: u8, request_id: u32, reply: Reply<'static>) -> Expect {
+    Expect::Reply(ReplyFrame { op, request_id, reply })
+}
+
+fn message(id: u64, delivery_count: u16, dead: Option<DeadInfo>, payload: &'static [u8]) -> Message<'static> {
+    Message { id, born_ms: BORN_MS, delivery_count, dead, payload }
+}
+
+/// Every example the doc must carry, in the order of the doc: one session
+/// on one connection, request ids counting up.
+fn expected() -> Vec<(&'static str, Expect)> {
+    let limits = DecodeLimits::from(&Limits::default());
+    let jobs = "jobs";
+    let stats = vec![(
+        jobs,
+        vec![
+            ("ready", 0),
+            ("inflight", 0),
+            ("delayed", 1),
+            ("produced", 2),
+            ("delivered", 2),
+            ("redelivered", 0),
+            ("acked", 1),
+            ("nacked", 1),
+            ("dead_lettered", 0),
+            ("expired", 0),
+            ("bytes", 5),
+        ],
+    )];
+    let dead = DeadInfo { origin_id: 2, origin_deliveries: 16, reason: DeadReason::Nacked };
+    let settings = |ack_timeout_ms, max_deliveries| TopicSettings { ack_timeout_ms, max_deliveries };
+    vec![
+        ("hello-request", request(1, Request::Hello { min_version: 1, max_version: 1, token: b"" })),
+        ("hello-reply", reply(op::HELLO, 1, Reply::Hello { version: 1, limits })),
+        ("ping-request", request(2, Request::Ping)),
+        ("ping-reply", reply(op::PING, 2, Reply::Pong)),
+        ("produce-request", request(3, Request::Produce { topic: jobs, batch: batch(&[b"hello", b"world"]) })),
+        ("produce-reply", reply(op::PRODUCE, 3, Reply::Produced { first_id: 1, count: 2 })),
+        (
+            "fetch-request",
+            request(
+                4,
+                Request::Fetch { topic: jobs, max_messages: 10, max_bytes: 0, wait_ms: 5000, ack_timeout_ms: 0 },
+            ),
+        ),
+        (
+            "fetch-reply",
+            reply(
+                op::FETCH,
+                4,
+                Reply::Messages {
+                    topic: jobs,
+                    messages: vec![message(1, 1, None, b"hello"), message(2, 1, None, b"world")],
+                },
+            ),
+        ),
+        ("ack-request", request(5, Request::Ack { topic: jobs, ids: ids(&[1, 7]) })),
+        ("ack-reply", reply(op::ACK, 5, Reply::Ids { done: 1, failed: vec![7] })),
+        ("touch-request", request(6, Request::Touch { topic: jobs, ack_timeout_ms: 60_000, ids: ids(&[2]) })),
+        ("touch-reply", reply(op::TOUCH, 6, Reply::Ids { done: 1, failed: vec![] })),
+        ("nack-request", request(7, Request::Nack { topic: jobs, delay_ms: 1000, flags: 0, ids: ids(&[2]) })),
+        ("nack-reply", reply(op::NACK, 7, Reply::Ids { done: 1, failed: vec![] })),
+        (
+            "produce-queue-full-reply",
+            reply(
+                op::PRODUCE,
+                8,
+                Reply::Error {
+                    code: ErrorCode::QueueFull as u8,
+                    message: "topic jobs is at topic_messages_max (10000000)",
+                },
+            ),
+        ),
+        (
+            "fetch-dlq-request",
+            request(
+                9,
+                Request::Fetch { topic: "jobs.dlq", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 },
+            ),
+        ),
+        (
+            "fetch-dlq-reply",
+            reply(
+                op::FETCH,
+                9,
+                Reply::Messages { topic: "jobs.dlq", messages: vec![message(1, 1, Some(dead), b"world")] },
+            ),
+        ),
+        ("stats-request", request(10, Request::Stats { topic: jobs })),
+        ("stats-reply", reply(op::STATS, 10, Reply::Stats(stats))),
+        ("create-topic-request", request(11, Request::CreateTopic { topic: "mail", settings: settings(60_000, 5) })),
+        ("create-topic-reply", reply(op::CREATE_TOPIC, 11, Reply::Created { created: true })),
+        ("list-topics-request", request(12, Request::ListTopics)),
+        (
+            "list-topics-reply",
+            reply(
+                op::LIST_TOPICS,
+                12,
+                Reply::Topics(vec![
+                    (jobs, settings(30_000, 16)),
+                    ("jobs.dlq", settings(30_000, 16)),
+                    ("mail", settings(60_000, 5)),
+                ]),
+            ),
+        ),
+        ("redrive-request", request(13, Request::Redrive { topic: jobs, max_messages: 0 })),
+        ("redrive-reply", reply(op::REDRIVE, 13, Reply::Count(1))),
+        ("purge-topic-request", request(14, Request::PurgeTopic { topic: jobs })),
+        ("purge-topic-reply", reply(op::PURGE_TOPIC, 14, Reply::Count(2))),
+        ("delete-topic-request", request(15, Request::DeleteTopic { topic: "mail" })),
+        ("delete-topic-reply", reply(op::DELETE_TOPIC, 15, Reply::Count(0))),
+        (
+            "too-many-connections-reply",
+            reply(
+                0,
+                0,
+                Reply::Error {
+                    code: ErrorCode::TooManyConnections as u8,
+                    message: "broker is at connections_max (10000)",
+                },
+            ),
+        ),
+    ]
+}
+
+// ---------------------------------------------------------------------------
+// Encoding a decoded reply again, with the encoders the broker uses.
+// ---------------------------------------------------------------------------
+
+fn encode_reply(out: &mut Vec<u8>, frame: &ReplyFrame<'_>) {
+    let (op, id) = (frame.op, frame.request_id);
+    match &frame.reply {
+        Reply::Hello { version, limits } => encode_hello_reply(out, id, *version, limits),
+        Reply::Pong => encode_empty_reply(out, op, id),
+        Reply::Produced { first_id, count } => encode_produce_reply(out, id, *first_id, *count),
+        Reply::Messages { topic, messages } => {
+            let mut w = MessagesWriter::begin(out, id, topic);
+            for m in messages {
+                w.push(out, m);
+            }
+            w.finish(out);
+        }
+        Reply::Ids { done, failed } => encode_ids_reply(out, op, id, *done, failed),
+        Reply::Stats(sections) => {
+            let mut w = StatsWriter::begin(out, id);
+            for (name, kvs) in sections {
+                w.section(out, name);
+                for (key, value) in kvs {
+                    w.kv(out, key, *value);
+                }
+            }
+            w.finish(out);
+        }
+        Reply::Created { created } => encode_u64_reply(out, op, id, u64::from(*created)),
+        Reply::Count(n) => encode_u64_reply(out, op, id, *n),
+        Reply::Topics(topics) => encode_topics_reply(out, id, topics),
+        Reply::Error { code, message } => {
+            let code = ErrorCode::from_u8(*code).unwrap_or_else(|| panic!("error code {code} is not an ErrorCode"));
+            encode_error(out, op, id, code, message);
+        }
+    }
+}
+
+fn encode(expect: &Expect) -> Vec<u8> {
+    let mut out = Vec::new();
+    match expect {
+        Expect::Request(f) => encode_request(&mut out, f.request_id, &f.request),
+        Expect::Reply(f) => encode_reply(&mut out, f),
+    }
+    out
+}
+
+/// Bytes as the doc shows them, 16 to a line, for a failure message.
+fn hex_block(bytes: &[u8]) -> String {
+    let lines: Vec<String> =
+        bytes.chunks(16).map(|c| c.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")).collect();
+    format!("```hex\n{}\n```", lines.join("\n"))
+}
+
+/// Decodes `bytes` as the tag says, checks it against `expect`, and
+/// re-encodes it. Returns what is wrong, if anything.
+fn check_example(tag: &str, bytes: &[u8], expect: &Expect) -> Result<(), String> {
+    let limits = DecodeLimits::from(&Limits::default());
+    let mut again = Vec::new();
+    match expect {
+        Expect::Request(want) => {
+            if !tag.ends_with("-request") {
+                return Err("holds a request, so its tag must end in -request".into());
+            }
+            let (got, used) = match decode_request(bytes, &limits) {
+                Ok(Decoded::Frame(f, used)) => (f, used),
+                other => return Err(format!("decode_request gave {other:?}")),
+            };
+            if used != bytes.len() {
+                return Err(format!("decoding used {used} of {} bytes", bytes.len()));
+            }
+            if got != *want {
+                return Err(format!("decoded {got:?}, expected {want:?}"));
+            }
+            encode_request(&mut again, got.request_id, &got.request);
+        }
+        Expect::Reply(want) => {
+            if !tag.ends_with("-reply") {
+                return Err("holds a reply, so its tag must end in -reply".into());
+            }
+            let (got, used) = match decode_reply(bytes, usize::MAX) {
+                Ok(Decoded::Frame(f, used)) => (f, used),
+                other => return Err(format!("decode_reply gave {other:?}")),
+            };
+            if used != bytes.len() {
+                return Err(format!("decoding used {used} of {} bytes", bytes.len()));
+            }
+            if got != *want {
+                return Err(format!("decoded {got:?}, expected {want:?}"));
+            }
+            encode_reply(&mut again, &got);
+        }
+    }
+    if again != bytes {
+        return Err(format!("re-encoding gave other bytes:\n{}", hex_block(&again)));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Reading the doc.
+// ---------------------------------------------------------------------------
+
+/// A tagged hex dump found in the doc.
+struct Example {
+    tag: String,
+    /// 1-based line of the tag, for messages.
+    line: usize,
+    bytes: Vec<u8>,
+}
+
+fn parse_tag(line: &str) -> Option<&str> {
+    line.trim().strip_prefix("<!-- example:")?.strip_suffix("-->").map(str::trim)
+}
+
+fn parse_hex_line(line: &str, out: &mut Vec<u8>) -> Result<(), String> {
+    let data = line.split('#').next().unwrap_or("");
+    for token in data.split_whitespace() {
+        if token.len() != 2 {
+            return Err(format!("`{token}` is not one byte as two hex digits"));
+        }
+        out.push(u8::from_str_radix(token, 16).map_err(|_| format!("`{token}` is not hex"))?);
+    }
+    Ok(())
+}
+
+/// Every tagged hex block of the doc. A hex block without a tag, a tag
+/// without a hex block, or a tag used twice is an error.
+fn examples(doc: &str) -> Result<Vec<Example>, String> {
+    let lines: Vec<&str> = doc.lines().collect();
+    let mut found: Vec<Example> = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        if let Some(tag) = parse_tag(lines[i]) {
+            if lines.get(i + 1).map(|l| l.trim()) != Some("```hex") {
+                return Err(format!("line {}: example tag `{tag}` is not followed by a ```hex line", i + 1));
+            }
+            if found.iter().any(|e| e.tag == tag) {
+                return Err(format!("line {}: example tag `{tag}` is used twice", i + 1));
+            }
+            let mut bytes = Vec::new();
+            let mut j = i + 2;
+            loop {
+                let line = lines.get(j).ok_or_else(|| format!("line {}: hex block never ends", i + 2))?;
+                if line.trim() == "```" {
+                    break;
+                }
+                parse_hex_line(line, &mut bytes).map_err(|e| format!("line {}: {e}", j + 1))?;
+                j += 1;
+            }
+            found.push(Example { tag: tag.to_string(), line: i + 1, bytes });
+            i = j;
+        } else if lines[i].trim() == "```hex" {
+            return Err(format!("line {}: hex block without a `<!-- example: NAME -->` line before it", i + 1));
+        }
+        i += 1;
+    }
+    Ok(found)
+}
+
+/// The cells of the table rows under the heading `heading` (up to the next
+/// heading of the same or a higher level), backticks removed.
+fn table_rows(doc: &str, heading: &str) -> Vec<Vec<String>> {
+    let level = heading.chars().take_while(|&c| c == '#').count();
+    let mut rows = Vec::new();
+    let mut inside = false;
+    for line in doc.lines() {
+        let hashes = line.chars().take_while(|&c| c == '#').count();
+        if hashes > 0 {
+            if inside && hashes <= level {
+                break;
+            }
+            inside = inside || line.trim() == heading;
+            continue;
+        }
+        if inside && line.trim_start().starts_with('|') {
+            let cells = line.trim().trim_matches('|').split('|').map(|c| c.trim().replace('`', "")).collect();
+            rows.push(cells);
+        }
+    }
+    assert!(!rows.is_empty(), "docs/protocol.md has no table under `{heading}`");
+    rows
+}
+
+/// Asserts that the table under `heading` has a row whose first cells are
+/// `first` and `second`.
+fn assert_row(rows: &[Vec<String>], heading: &str, first: &str, second: &str) {
+    assert!(
+        rows.iter().any(|r| r.len() >= 2 && r[0] == first && r[1] == second),
+        "the table under `{heading}` in docs/protocol.md needs a row `| {first} | {second} | ...`"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The tests.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn every_example_decodes_to_its_frame_and_encodes_back() {
+    let doc = doc();
+    let found = examples(&doc).unwrap_or_else(|e| panic!("docs/protocol.md: {e}"));
+    let expected = expected();
+    let mut failures = Vec::new();
+    for ex in &found {
+        if !expected.iter().any(|(tag, _)| *tag == ex.tag) {
+            failures.push(format!(
+                "line {}: example `{}` is not one this test knows; add it to expected()",
+                ex.line, ex.tag
+            ));
+        }
+    }
+    for (tag, expect) in &expected {
+        let want = encode(expect);
+        let Some(ex) = found.iter().find(|e| e.tag == *tag) else {
+            failures.push(format!("example `{tag}` is missing; the codec encodes it as\n{}", hex_block(&want)));
+            continue;
+        };
+        if let Err(e) = check_example(tag, &ex.bytes, expect) {
+            failures.push(format!(
+                "line {}: example `{tag}`: {e}\nthe codec encodes it as\n{}",
+                ex.line,
+                hex_block(&want)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "docs/protocol.md is out of date:\n\n{}", failures.join("\n\n"));
+}
+
+#[test]
+fn error_table_names_every_code() {
+    let doc = doc();
+    let heading = "## Error codes";
+    let rows = table_rows(&doc, heading);
+    for n in 1..=16u8 {
+        let code = ErrorCode::from_u8(n).unwrap_or_else(|| panic!("ErrorCode::from_u8({n}) is None"));
+        assert_eq!(code as u8, n);
+        assert_row(&rows, heading, &n.to_string(), code.name());
+    }
+    // The table lists exactly the codes there are.
+    assert_eq!(ErrorCode::from_u8(0), None);
+    assert_eq!(ErrorCode::from_u8(17), None);
+    let numbered = rows.iter().filter(|r| r[0].parse::<u8>().is_ok()).count();
+    assert_eq!(numbered, 16, "the error table has rows for codes that do not exist");
+}
+
+#[test]
+fn opcode_and_reason_tables_match_the_codec() {
+    let doc = doc();
+    let heading = "## Opcodes";
+    let rows = table_rows(&doc, heading);
+    let ops = [
+        (op::HELLO, "HELLO"),
+        (op::PING, "PING"),
+        (op::PRODUCE, "PRODUCE"),
+        (op::FETCH, "FETCH"),
+        (op::ACK, "ACK"),
+        (op::NACK, "NACK"),
+        (op::TOUCH, "TOUCH"),
+        (op::STATS, "STATS"),
+        (op::CREATE_TOPIC, "CREATE_TOPIC"),
+        (op::DELETE_TOPIC, "DELETE_TOPIC"),
+        (op::PURGE_TOPIC, "PURGE_TOPIC"),
+        (op::LIST_TOPICS, "LIST_TOPICS"),
+        (op::REDRIVE, "REDRIVE"),
+    ];
+    for (code, name) in ops {
+        assert_row(&rows, heading, &format!("0x{code:02x}"), name);
+    }
+    let heading = "#### Dead-letter reasons";
+    let rows = table_rows(&doc, heading);
+    for n in 1..=4u8 {
+        let reason = DeadReason::from_u8(n).unwrap_or_else(|| panic!("DeadReason::from_u8({n}) is None"));
+        assert_row(&rows, heading, &n.to_string(), reason.name());
+    }
+    assert_eq!(DeadReason::from_u8(5), None);
+}
+
+#[test]
+fn limits_table_matches_the_defaults() {
+    let doc = doc();
+    let heading = "## Limits";
+    let rows = table_rows(&doc, heading);
+    let d = Limits::default();
+    let limits: [(&str, u64); 12] = [
+        ("frame_bytes_max", d.frame_bytes_max.into()),
+        ("message_bytes_max", d.message_bytes_max.into()),
+        ("batch_messages_max", d.batch_messages_max.into()),
+        ("topic_name_bytes_max", d.topic_name_bytes_max.into()),
+        ("topics_max", d.topics_max.into()),
+        ("topic_messages_max", d.topic_messages_max),
+        ("topic_bytes_max", d.topic_bytes_max),
+        ("connections_max", d.connections_max.into()),
+        ("output_bytes_max", d.output_bytes_max.into()),
+        ("fetch_bytes_max", d.fetch_bytes_max.into()),
+        ("fetch_wait_ms_max", d.fetch_wait_ms_max.into()),
+        ("read_bytes_per_turn_max", d.read_bytes_per_turn_max.into()),
+    ];
+    for (name, default) in limits {
+        let row = rows
+            .iter()
+            .find(|r| r[0] == name)
+            .unwrap_or_else(|| panic!("the limits table in docs/protocol.md has no row for {name}"));
+        let digits: String =
+            row.get(1).map(|c| c.chars().take_while(char::is_ascii_digit).collect()).unwrap_or_default();
+        assert_eq!(digits, default.to_string(), "default of {name} in the limits table");
+        let flag = format!("--{}", name.replace('_', "-"));
+        assert_eq!(row.get(2), Some(&flag), "flag of {name} in the limits table");
+    }
+}
