@@ -609,9 +609,23 @@ pub fn put_u64(out: &mut Vec<u8>, v: u64) {
 /// A u16-length-prefixed string (topic names, error text). Longer input is
 /// cut at 65535 bytes.
 pub fn put_str(out: &mut Vec<u8>, s: &[u8]) {
-    let s = &s[..s.len().min(u16::MAX as usize)];
+    let s = &s[..utf8_prefix(s, u16::MAX as usize)];
     put_u16(out, s.len() as u16);
     out.extend_from_slice(s);
+}
+
+/// The length of the longest prefix of `s` of at most `max` bytes that does
+/// not end inside a UTF-8 character.
+fn utf8_prefix(s: &[u8], max: usize) -> usize {
+    if s.len() <= max {
+        return s.len();
+    }
+    let mut n = max;
+    // Continuation bytes are 0b10xx_xxxx: back up to a character start.
+    while n > 0 && s[n] & 0xC0 == 0x80 {
+        n -= 1;
+    }
+    n
 }
 
 fn put_ids(out: &mut Vec<u8>, ids: &[u64]) {
@@ -738,7 +752,7 @@ pub fn encode_ids_reply(out: &mut Vec<u8>, op: u8, request_id: u32, done: u32, f
 pub fn encode_u64_reply(out: &mut Vec<u8>, op: u8, request_id: u32, value: u64) {
     let start = begin_frame(out, op | REPLY_BIT, 0, request_id);
     if op == op::CREATE_TOPIC {
-        out.push(value as u8);
+        out.push(u8::from(value != 0));
     } else {
         put_u64(out, value);
     }
@@ -869,8 +883,11 @@ impl StatsWriter {
         put_u16(out, 0);
     }
     pub fn kv(&mut self, out: &mut Vec<u8>, key: &str, value: u64) {
+        assert!(self.at >= self.start + HEADER_BYTES, "StatsWriter::kv before section");
+        assert!(self.n < u32::from(u16::MAX), "too many keys in one STATS section");
+        let key = &key.as_bytes()[..utf8_prefix(key.as_bytes(), 255)];
         out.push(key.len() as u8);
-        out.extend_from_slice(&key.as_bytes()[..key.len().min(255)]);
+        out.extend_from_slice(key);
         put_u64(out, value);
         self.n += 1;
         let n = self.n as u16;
@@ -996,7 +1013,8 @@ fn parse_reply_body<'a>(op: u8, status: u8, rd: &mut Rd<'a>) -> Option<Reply<'a>
             while !rd.done() {
                 let name = str_field(rd)?;
                 let n = rd.u16()?;
-                let mut kvs = Vec::with_capacity(n as usize);
+                // Each pair takes at least 9 bytes: bound by what is there.
+                let mut kvs = Vec::with_capacity((n as usize).min(rd.buf.len() / 9));
                 for _ in 0..n {
                     let klen = rd.u8()?;
                     let key = std::str::from_utf8(rd.bytes(klen as usize)?).ok()?;

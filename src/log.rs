@@ -98,7 +98,7 @@ impl Default for LogOptions {
 
 /// The file operations the log needs from a segment. A trait so that tests
 /// can inject a failing write or sync without filling a disk.
-pub trait SegmentFile {
+pub trait SegmentFile: Send {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()>;
     fn sync_data(&mut self) -> io::Result<()>;
     fn set_len(&mut self, len: u64) -> io::Result<()>;
@@ -117,7 +117,7 @@ impl SegmentFile for File {
 }
 
 /// Opens a segment file for appending; swapped in tests.
-pub type Opener = Box<dyn FnMut(&Path) -> io::Result<Box<dyn SegmentFile>>>;
+pub type Opener = Box<dyn FnMut(&Path) -> io::Result<Box<dyn SegmentFile>> + Send>;
 
 fn open_file(path: &Path) -> io::Result<Box<dyn SegmentFile>> {
     let f = OpenOptions::new().create(true).append(true).open(path)?;

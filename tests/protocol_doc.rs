@@ -64,22 +64,40 @@ fn message(id: u64, delivery_count: u16, dead: Option<DeadInfo>, payload: &'stat
 fn expected() -> Vec<(&'static str, Expect)> {
     let limits = DecodeLimits::from(&Limits::default());
     let jobs = "jobs";
-    let stats = vec![(
-        jobs,
-        vec![
-            ("ready", 0),
-            ("inflight", 0),
-            ("delayed", 1),
-            ("produced", 2),
-            ("delivered", 2),
-            ("redelivered", 0),
-            ("acked", 1),
-            ("nacked", 1),
-            ("dead_lettered", 0),
-            ("expired", 0),
-            ("bytes", 5),
-        ],
-    )];
+    let stats = vec![
+        (
+            "",
+            vec![
+                ("uptime_ms", 3_600_000),
+                ("connections", 2),
+                ("turns", 51_234),
+                ("topics", 2),
+                ("bytes_in", 4096),
+                ("bytes_out", 8192),
+                ("log_bytes", 1_048_576),
+                ("log_segments", 1),
+                ("fsyncs", 120),
+                ("compactions", 0),
+                ("recovery_ms", 12),
+            ],
+        ),
+        (
+            jobs,
+            vec![
+                ("ready", 0),
+                ("inflight", 0),
+                ("delayed", 1),
+                ("produced", 2),
+                ("delivered", 2),
+                ("redelivered", 0),
+                ("acked", 1),
+                ("nacked", 1),
+                ("dead_lettered", 0),
+                ("expired", 0),
+                ("bytes", 5),
+            ],
+        ),
+    ];
     let dead = DeadInfo { origin_id: 2, origin_deliveries: 16, reason: DeadReason::Nacked };
     let settings = |ack_timeout_ms, max_deliveries| TopicSettings { ack_timeout_ms, max_deliveries };
     vec![

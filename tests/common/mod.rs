@@ -1,0 +1,107 @@
+//! Shared test support: a broker on port 0 in a thread of the test process,
+//! on its own temporary data directory.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use runnel::broker::Config;
+use runnel::client::Client;
+use runnel::log::LogOptions;
+use runnel::reactor::{Handle, Reactor, ServeConfig};
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let n = N.fetch_add(1, Ordering::SeqCst);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let p = std::env::temp_dir().join(format!("runnel-test-{tag}-{}-{n}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A broker running in a thread; shut down and joined on drop.
+pub struct Server {
+    pub addr: SocketAddr,
+    handle: Handle,
+    thread: Option<JoinHandle<()>>,
+    pub dir: PathBuf,
+}
+
+impl Server {
+    pub fn start(config: Config) -> (Server, TempDir) {
+        let dir = TempDir::new("srv");
+        let s = Server::start_in(config, LogOptions::default(), dir.path());
+        (s, dir)
+    }
+
+    pub fn start_in(config: Config, log: LogOptions, dir: &Path) -> Server {
+        let cfg = ServeConfig { listen: "127.0.0.1:0".parse().expect("addr"), data_dir: dir.to_path_buf(), broker: config, log };
+        let mut reactor = Reactor::bind(cfg).expect("bind broker");
+        let addr = reactor.local_addr();
+        let handle = reactor.handle();
+        let thread = std::thread::spawn(move || reactor.run().expect("reactor run"));
+        Server { addr, handle, thread: Some(thread), dir: dir.to_path_buf() }
+    }
+
+    pub fn client(&self) -> Client {
+        let mut c = Client::connect(self.addr).expect("connect");
+        c.set_timeout(Some(Duration::from_secs(20))).expect("timeout");
+        c
+    }
+
+    /// Stops the broker gracefully and waits for its thread.
+    pub fn stop(mut self) {
+        self.stop_inner();
+    }
+
+    fn stop_inner(&mut self) {
+        self.handle.shutdown();
+        if let Some(t) = self.thread.take() {
+            t.join().expect("reactor thread panicked");
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop_inner();
+    }
+}
+
+/// A small seeded PRNG (splitmix64) for randomized tests.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+}
+
+/// The seed for a randomized test: RUNNEL_SEED if set, else `default`.
+pub fn seed(default: u64) -> u64 {
+    std::env::var("RUNNEL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
