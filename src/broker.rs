@@ -514,11 +514,12 @@ impl Broker {
         out: &mut Vec<u8>,
     ) -> Result<Outcome, (ErrorCode, String)> {
         match *req {
-            Request::Hello { .. } => Ok(self.before_hello(
-                &mut Session { hello: false, ..session.clone() },
-                &Frame { request_id: rid, request: *req },
-                out,
-            )),
+            // A repeated HELLO negotiates afresh: if it fails, the connection
+            // is back to "HELLO required".
+            Request::Hello { .. } => Ok({
+                session.hello = false;
+                self.before_hello(session, &Frame { request_id: rid, request: *req }, out)
+            }),
             Request::Ping => {
                 codec::encode_empty_reply(out, op::PING, rid);
                 Ok(Outcome::Done)

@@ -966,6 +966,11 @@ fn parse_message<'a>(rd: &mut Rd<'a>) -> Option<Message<'a>> {
     let born_ms = rd.u64()?;
     let delivery_count = rd.u16()?;
     let flags = rd.u8()?;
+    if flags & !MSG_FLAG_DEAD != 0 {
+        // A flag this version does not know may announce fields it cannot
+        // skip: refuse rather than misread.
+        return None;
+    }
     let dead = if flags & MSG_FLAG_DEAD != 0 {
         Some(DeadInfo { origin_id: rd.u64()?, origin_deliveries: rd.u16()?, reason: DeadReason::from_u8(rd.u8()?)? })
     } else {
