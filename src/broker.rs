@@ -15,7 +15,7 @@
 //! replaces it with a STORAGE error). Produced messages stay invisible to
 //! consumers until then, so no consumer sees a message that could vanish.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Range;
 use std::path::Path;
 
@@ -24,9 +24,13 @@ use slab::Slab;
 
 use crate::codec::{self, DeadInfo, DeadReason, DecodeLimits, ErrorCode, Frame, Message, Request, op};
 use crate::limits::Limits;
-use crate::log::{FsyncMode, Log, LogOptions, OpenError, ReadRecord, RecordKind, Recovery};
+use crate::log::{FsyncMode, Log, LogOptions, OpenError, Opener, ReadRecord, RecordKind, Recovery};
 use crate::queue::{ConsumerId, MsgId, Returned, Settings, Timers, Topic};
 use crate::wheel::{TimerKey, Wheel};
+
+#[path = "compactor.rs"]
+mod compactor;
+use compactor::Compactor;
 
 /// A topic's number in the log: assigned at creation, never reused.
 pub type TopicId = u32;
@@ -163,6 +167,17 @@ struct Topics {
     id_floor: MsgId,
     /// Topics that are not dead-letter topics (what topics_max counts).
     user_topics: u32,
+    /// Recovery only: messages met in the log below their topic's highest
+    /// id so far (compaction copied them forward), merged in at the end.
+    strays: HashMap<TopicId, BTreeMap<MsgId, Stray>>,
+}
+
+/// A message recovered out of id order.
+struct Stray {
+    born_ms: u64,
+    deliveries: u16,
+    dead: Option<DeadInfo>,
+    payload: Vec<u8>,
 }
 
 impl Topics {
@@ -172,25 +187,37 @@ impl Topics {
     fn insert(&mut self, id: TopicId, name: &str, settings: Settings, first_id: MsgId) {
         let topic = Topic::new(name, settings, first_id.max(self.id_floor));
         self.id_floor = self.id_floor.max(topic.seq.next_id());
-        if !topic.is_dlq() {
+        self.by_id.insert(id, Entry { topic, id, waiters: VecDeque::new(), touched: false });
+        self.name(id, name);
+        self.next_topic_id = self.next_topic_id.max(id + 1);
+    }
+    /// Gives topic `id` its name (at creation, or when recovery meets the
+    /// Topic record of a topic whose messages came first).
+    fn name(&mut self, id: TopicId, name: &str) {
+        let Some(e) = self.by_id.get_mut(&id) else { return };
+        e.topic.set_name(name);
+        self.names.insert(name.into(), id);
+        if !e.topic.is_dlq() {
             self.user_topics += 1;
         }
-        self.names.insert(name.into(), id);
-        self.by_id.insert(id, Entry { topic, id, waiters: VecDeque::new(), touched: false });
-        self.next_topic_id = self.next_topic_id.max(id + 1);
     }
     fn remove(&mut self, id: TopicId) -> Option<Entry> {
         let e = self.by_id.remove(&id)?;
-        self.names.remove(&*e.topic.name);
-        if !e.topic.is_dlq() {
-            self.user_topics -= 1;
+        if !e.topic.name.is_empty() {
+            self.names.remove(&*e.topic.name);
+            if !e.topic.is_dlq() {
+                self.user_topics -= 1;
+            }
         }
         self.id_floor = self.id_floor.max(e.topic.seq.next_id());
         Some(e)
     }
 
-    /// Applies one record during recovery.
-    fn replay(&mut self, r: &ReadRecord<'_>) -> Result<(), String> {
+    /// Applies one record during recovery. Compaction re-appends a topic's
+    /// Topic record and its live messages at the head of the log, so a
+    /// topic's messages may come before its Topic record (it is created
+    /// nameless and named when the record comes) and in any id order.
+    fn replay(&mut self, r: &ReadRecord<'_>, notes: &mut Compactor) -> Result<(), String> {
         let mut rd = Body { b: r.body, pos: 0 };
         let topic_id = rd.u32()?;
         match r.kind {
@@ -202,24 +229,32 @@ impl Topics {
                     Some(e) => {
                         e.topic.settings = settings;
                         e.topic.seq.bump_next_id(next_id);
+                        if e.topic.name.is_empty() {
+                            self.name(topic_id, name);
+                        }
                     }
                     None => self.insert(topic_id, name, settings, next_id),
                 }
                 self.id_floor = self.id_floor.max(next_id);
+                notes.replayed_topic(r.segment, topic_id);
             }
             RecordKind::Delete => {
                 self.id_floor = self.id_floor.max(rd.u64()?);
                 self.remove(topic_id);
+                self.strays.remove(&topic_id);
+                notes.replayed_delete(r.segment);
             }
             RecordKind::Purge => {
                 let below = rd.u64()?;
-                let e = self.entry(topic_id)?;
+                let e = self.entry(topic_id);
                 e.topic.purge(&mut NoTimers);
                 e.topic.seq.bump_next_id(below);
+                if let Some(strays) = self.strays.get_mut(&topic_id) {
+                    strays.retain(|id, _| *id >= below);
+                }
             }
             RecordKind::Produce => {
                 let count = rd.u32()?;
-                let e = self.entry(topic_id)?;
                 for _ in 0..count {
                     let id = rd.u64()?;
                     let born_ms = rd.u64()?;
@@ -236,29 +271,44 @@ impl Topics {
                     };
                     let len = rd.u32()? as usize;
                     let payload = rd.bytes(len)?;
-                    if e.topic.seq.contains(id) {
-                        e.topic.restore_deliveries(id, deliveries);
-                    } else if id >= e.topic.seq.next_id() {
-                        e.topic.restore(id, born_ms, payload, deliveries, dead);
+                    notes.replayed_produce(r.segment, topic_id, id);
+                    let t = &mut self.entry(topic_id).topic;
+                    if t.seq.contains(id) {
+                        t.restore_deliveries(id, deliveries);
+                    } else if id >= t.seq.next_id() {
+                        t.restore(id, born_ms, payload, deliveries, dead);
                     } else {
-                        return Err(format!("message id {id} below the topic's next id {}", e.topic.seq.next_id()));
+                        let strays = self.strays.entry(topic_id).or_default();
+                        let stray = strays.entry(id).or_insert_with(|| Stray {
+                            born_ms,
+                            deliveries,
+                            dead,
+                            payload: payload.to_vec(),
+                        });
+                        stray.deliveries = deliveries;
                     }
                 }
             }
             RecordKind::Remove => {
                 let _reason = rd.u8()?;
                 let count = rd.u32()?;
-                let e = self.entry(topic_id)?;
                 for _ in 0..count {
-                    e.topic.release(rd.u64()?);
+                    let id = rd.u64()?;
+                    self.entry(topic_id).topic.release(id);
+                    if let Some(strays) = self.strays.get_mut(&topic_id) {
+                        strays.remove(&id);
+                    }
                 }
             }
             RecordKind::Requeue => {
                 let count = rd.u32()?;
-                let e = self.entry(topic_id)?;
                 for _ in 0..count {
                     let id = rd.u64()?;
-                    e.topic.restore_deliveries(id, rd.u16()?);
+                    let deliveries = rd.u16()?;
+                    self.entry(topic_id).topic.restore_deliveries(id, deliveries);
+                    if let Some(s) = self.strays.get_mut(&topic_id).and_then(|m| m.get_mut(&id)) {
+                        s.deliveries = deliveries;
+                    }
                 }
             }
         }
@@ -268,8 +318,40 @@ impl Topics {
         Ok(())
     }
 
-    fn entry(&mut self, id: TopicId) -> Result<&mut Entry, String> {
-        self.by_id.get_mut(&id).ok_or_else(|| format!("record for unknown topic id {id}"))
+    /// The topic `id`, created nameless if recovery has not met its Topic
+    /// record yet.
+    fn entry(&mut self, id: TopicId) -> &mut Entry {
+        self.next_topic_id = self.next_topic_id.max(id + 1);
+        self.by_id.entry(id).or_insert_with(|| Entry {
+            topic: Topic::new("", Settings::default(), 1),
+            id,
+            waiters: VecDeque::new(),
+            touched: false,
+        })
+    }
+
+    /// Ends recovery: merges strays, drops topics whose Topic record never
+    /// came (their records belonged to a deleted topic), and makes every
+    /// remaining message ready in id order.
+    fn finish_recovery(&mut self) {
+        for (tid, strays) in std::mem::take(&mut self.strays) {
+            if let Some(e) = self.by_id.get_mut(&tid) {
+                e.topic.merge(strays.into_iter().map(|(id, s)| (id, s.born_ms, s.payload, s.deliveries, s.dead)));
+            }
+        }
+        let nameless: Vec<TopicId> = self.by_id.values().filter(|e| e.topic.name.is_empty()).map(|e| e.id).collect();
+        for tid in nameless {
+            if let Some(e) = self.remove(tid) {
+                log::warn!(
+                    "recovery: dropped {} messages of topic id {tid}, whose topic record is missing from the log",
+                    e.topic.seq.live()
+                );
+            }
+        }
+        for e in self.by_id.values_mut() {
+            e.topic.restore_done();
+            self.id_floor = self.id_floor.max(e.topic.seq.next_id());
+        }
     }
 }
 
@@ -342,7 +424,6 @@ pub struct BrokerStats {
     pub started_mono_ms: u64,
     /// Produce batches answered after a commit.
     pub produces_committed: u64,
-    pub compactions: u64,
 }
 
 /// The broker.
@@ -369,6 +450,8 @@ pub struct Broker {
     done_ids: Vec<u64>,
     failed_ids: Vec<u64>,
     expired: Vec<(u64, Timer)>,
+    /// Cleans the log's oldest segments.
+    compactor: Compactor,
     pub stats: BrokerStats,
     /// What recovery found at start.
     pub recovery: Recovery,
@@ -378,15 +461,32 @@ impl Broker {
     /// Opens the data directory, recovers every topic from the log, and
     /// returns a broker ready for its first turn.
     pub fn open(config: Config, dir: &Path, log_options: LogOptions, now: Now) -> Result<Broker, OpenError> {
-        let mut topics = Topics::default();
-        let (log, recovery) = Log::open(dir, log_options, |r| topics.replay(r))?;
-        Ok(Broker::with_log(config, log, recovery, topics, now))
+        Broker::open_with(config, dir, log_options, Box::new(crate::log::open_file), now)
     }
 
-    fn with_log(config: Config, log: Log, recovery: Recovery, mut topics: Topics, now: Now) -> Broker {
-        for e in topics.by_id.values_mut() {
-            e.topic.restore_done();
-        }
+    /// `open` with a custom segment opener (tests inject storage failures).
+    pub fn open_with(
+        config: Config,
+        dir: &Path,
+        log_options: LogOptions,
+        opener: Opener,
+        now: Now,
+    ) -> Result<Broker, OpenError> {
+        let mut topics = Topics::default();
+        let mut compactor = Compactor::default();
+        let (log, recovery) = Log::open_with(dir, log_options, opener, |r| topics.replay(r, &mut compactor))?;
+        topics.finish_recovery();
+        Ok(Broker::with_log(config, log, recovery, topics, compactor, now))
+    }
+
+    fn with_log(
+        config: Config,
+        log: Log,
+        recovery: Recovery,
+        topics: Topics,
+        compactor: Compactor,
+        now: Now,
+    ) -> Broker {
         let decode_limits = DecodeLimits::from(&config.limits);
         Broker {
             config,
@@ -404,6 +504,7 @@ impl Broker {
             done_ids: Vec::new(),
             failed_ids: Vec::new(),
             expired: Vec::new(),
+            compactor,
             stats: BrokerStats { recovery_ms: recovery.millis, started_mono_ms: now.mono_ms, ..BrokerStats::default() },
             recovery,
         }
@@ -423,6 +524,10 @@ impl Broker {
         self.wheel.next_deadline_ms()
     }
     /// Whether this turn has anything to commit or release.
+    /// Whether background work (compaction) wants another turn soon.
+    pub fn busy(&self) -> bool {
+        self.compactor.busy()
+    }
     pub fn commit_pending(&self) -> bool {
         self.log.pending() || !self.held.is_empty() || !self.touched.is_empty()
     }
@@ -488,11 +593,12 @@ impl Broker {
             return Outcome::Done;
         };
         if let Some(expected) = &self.config.auth_token
-            && !constant_time_eq(expected, token) {
-                session.auth_failures += 1;
-                codec::encode_error(out, op::HELLO, rid, ErrorCode::Unauthenticated, "wrong or missing auth token");
-                return if session.auth_failures >= AUTH_FAILURES_MAX { Outcome::Close } else { Outcome::Done };
-            }
+            && !constant_time_eq(expected, token)
+        {
+            session.auth_failures += 1;
+            codec::encode_error(out, op::HELLO, rid, ErrorCode::Unauthenticated, "wrong or missing auth token");
+            return if session.auth_failures >= AUTH_FAILURES_MAX { Outcome::Close } else { Outcome::Done };
+        }
         let version = max_version.min(codec::VERSION_MAX);
         if version < min_version.max(codec::VERSION_MIN) {
             let msg = format!("this broker speaks versions {}..={}", codec::VERSION_MIN, codec::VERSION_MAX);
@@ -646,6 +752,7 @@ impl Broker {
                     let id = t.append(now.wall_ms, payload);
                     let born = t.seq.get(id).map_or(now.wall_ms, |m| m.born_ms);
                     put_message_record(b, id, born, 0, None, payload);
+                    self.compactor.note_produce(tid, id);
                 }
                 self.log.end(at);
                 self.produced.push((tid, first, batch.count));
@@ -745,6 +852,7 @@ impl Broker {
         codec::put_u16(b, e.topic.settings.max_deliveries);
         codec::put_str(b, e.topic.name.as_bytes());
         self.log.end(at);
+        self.compactor.note_topic(tid);
     }
 
     fn delete_topic(&mut self, tid: TopicId, now: Now) -> u64 {
@@ -754,6 +862,8 @@ impl Broker {
         codec::put_u32(self.log.body(), tid);
         codec::put_u64(self.log.body(), e.topic.seq.next_id());
         self.log.end(at);
+        self.compactor.note_delete();
+        self.compactor.forget_topic(tid);
         self.produced.retain(|p| p.0 != tid);
         for key in e.waiters.drain(..) {
             let w = self.waiters.remove(key);
@@ -906,6 +1016,7 @@ impl Broker {
         codec::put_u32(b, 1);
         put_message_record(b, new_id, m.born_ms, 0, Some(info), m.payload);
         self.log.end(at);
+        self.compactor.note_produce(dlq, new_id);
         src.topic.release(id);
         src.topic.counters.dead_lettered += 1;
         touch(dst, &mut self.touched);
@@ -934,6 +1045,7 @@ impl Broker {
         self.done_ids.clear();
         let mut moved = Vec::new();
         let log = &mut self.log;
+        let compactor = &mut self.compactor;
         let n = src.topic.drain_ready(max, |m, _| {
             if dst.topic.seq.live() + 1 > l.topic_messages_max
                 || dst.topic.seq.live_bytes() + m.payload.len() as u64 > l.topic_bytes_max
@@ -948,6 +1060,7 @@ impl Broker {
             codec::put_u32(b, 1);
             put_message_record(b, new_id, m.born_ms, 0, None, m.payload);
             log.end(at);
+            compactor.note_produce(tid, new_id);
             true
         });
         if n > 0 {
@@ -1008,9 +1121,20 @@ impl Broker {
     /// the durable ones with STORAGE errors and withdraws their messages —
     /// then publishes this turn's messages and serves parked FETCHes.
     pub fn commit(&mut self, now: Now, outbox: &mut impl Outbox) {
+        self.compact_step();
         let ok = match self.log.commit() {
-            Ok(_) => true,
+            Ok(_) => {
+                let last = self.log.segments().last().map_or(0, |s| s.base);
+                if let Some(base) = self.compactor.committed(last) {
+                    match self.log.remove_oldest(base) {
+                        Ok(()) => log::debug!("compaction removed segment {base}"),
+                        Err(e) => log::warn!("compaction could not remove segment {base}: {e}"),
+                    }
+                }
+                true
+            }
             Err(e) => {
+                self.compactor.failed();
                 log::error!(
                     "STORAGE: commit log write/fdatasync failed: {e}; {} held replies answered STORAGE, nothing acknowledged; will retry on later turns",
                     self.held.iter().filter(|h| h.durable).count()
@@ -1073,12 +1197,13 @@ impl Broker {
     /// in flight to it to ready (or to the dead-letter topic).
     pub fn disconnect(&mut self, conn: usize, session: &Session, now: Now) {
         if let Some(key) = self.parked.remove(&conn)
-            && let Some(w) = self.waiters.try_remove(key) {
-                self.wheel.cancel(w.timer);
-                if let Some(e) = self.topics.by_id.get_mut(&w.topic) {
-                    e.waiters.retain(|k| *k != key);
-                }
+            && let Some(w) = self.waiters.try_remove(key)
+        {
+            self.wheel.cancel(w.timer);
+            if let Some(e) = self.topics.by_id.get_mut(&w.topic) {
+                e.waiters.retain(|k| *k != key);
             }
+        }
         self.held.retain(|h| h.conn != conn);
         let tids: Vec<TopicId> = self.topics.by_id.keys().copied().collect();
         for tid in tids {
@@ -1132,7 +1257,7 @@ impl Broker {
             ("log_records", ls.records),
             ("storage_failures", ls.failures),
             ("produces_committed", s.produces_committed),
-            ("compactions", s.compactions),
+            ("compactions", self.compactor.compactions),
             ("recovery_ms", s.recovery_ms),
             ("recovered_records", self.recovery.records),
             ("fsync_turn", u64::from(self.log.fsync_mode() == FsyncMode::Turn)),

@@ -119,7 +119,8 @@ impl SegmentFile for File {
 /// Opens a segment file for appending; swapped in tests.
 pub type Opener = Box<dyn FnMut(&Path) -> io::Result<Box<dyn SegmentFile>> + Send>;
 
-fn open_file(path: &Path) -> io::Result<Box<dyn SegmentFile>> {
+/// The real opener: a file opened for appending.
+pub fn open_file(path: &Path) -> io::Result<Box<dyn SegmentFile>> {
     let f = OpenOptions::new().create(true).append(true).open(path)?;
     Ok(Box::new(f))
 }
@@ -203,6 +204,8 @@ pub struct ReadRecord<'a> {
     pub body: &'a [u8],
     /// Log offset of the record.
     pub offset: u64,
+    /// Base offset (file name) of the segment it is in.
+    pub segment: u64,
 }
 
 /// Why recovery stopped.
@@ -300,9 +303,10 @@ impl Log {
             let name = entry.file_name();
             let Some(name) = name.to_str() else { continue };
             if let Some(stem) = name.strip_suffix(".log")
-                && let Ok(base) = stem.parse::<u64>() {
-                    bases.push(base);
-                }
+                && let Ok(base) = stem.parse::<u64>()
+            {
+                bases.push(base);
+            }
         }
         bases.sort_unstable();
         let mut rec = Recovery::default();
@@ -319,7 +323,7 @@ impl Log {
             while pos < data.len() {
                 match parse_record(&data[pos..]) {
                     Ok((kind, version, body, used)) => {
-                        let r = ReadRecord { kind, version, body, offset: base + pos as u64 };
+                        let r = ReadRecord { kind, version, body, offset: base + pos as u64, segment: base };
                         apply(&r).map_err(|why| OpenError::Apply { file: path.clone(), offset: pos as u64, why })?;
                         rec.records += 1;
                         pos += used;
@@ -401,6 +405,9 @@ impl Log {
     /// The log offset the next committed record will have (if no roll).
     pub fn head(&self) -> u64 {
         self.segments.last().map_or(0, Segment::end)
+    }
+    pub fn segment_bytes_max(&self) -> u64 {
+        self.options.segment_bytes_max
     }
     pub fn fsync_mode(&self) -> FsyncMode {
         self.options.fsync
@@ -526,13 +533,13 @@ impl Log {
         Ok(())
     }
 
-    /// Removes the oldest segment (compaction has copied forward whatever
-    /// in it was still live). Never the active one.
-    pub fn remove_oldest(&mut self) -> io::Result<()> {
-        if self.segments.len() < 2 {
-            return Ok(());
+    /// Removes segment `base`, which must be the oldest and not the one
+    /// appended to (compaction has copied forward whatever in it was live).
+    pub fn remove_oldest(&mut self, base: u64) -> io::Result<()> {
+        if self.segments.len() < 2 || self.segments[0].base != base {
+            return Err(io::Error::other(format!("segment {base} is not the oldest closed segment")));
         }
-        let path = self.dir.join(segment_name(self.segments[0].base));
+        let path = self.dir.join(segment_name(base));
         fs::remove_file(&path)?;
         self.segments.remove(0);
         self.stats.segments_removed += 1;
@@ -549,7 +556,7 @@ impl Log {
         while pos < data.len() {
             match parse_record(&data[pos..]) {
                 Ok((kind, version, body, used)) => {
-                    each(&ReadRecord { kind, version, body, offset: base + pos as u64 });
+                    each(&ReadRecord { kind, version, body, offset: base + pos as u64, segment: base });
                     pos += used;
                 }
                 Err(why) => return Err(io::Error::new(io::ErrorKind::InvalidData, why)),

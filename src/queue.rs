@@ -498,6 +498,50 @@ impl Topic {
         self.is_dlq
     }
 
+    /// Names the topic (recovery meets some topics' names late).
+    pub fn set_name(&mut self, name: &str) {
+        self.name = name.into();
+        self.is_dlq = name.ends_with(".dlq");
+    }
+
+    /// Recovery: adds messages met out of id order (compaction copied them
+    /// forward in the log), rebuilding the sequence in id order. Each item is
+    /// (id, born_ms, payload, deliveries so far, dead-letter info).
+    pub fn merge(&mut self, strays: impl Iterator<Item = (MsgId, u64, Vec<u8>, u16, Option<DeadInfo>)>) {
+        let old = std::mem::take(&mut self.seq);
+        let mut seq = Seq::new(1);
+        let mut strays = strays.peekable();
+        for m in old.iter_live() {
+            while let Some((id, born_ms, payload, deliveries, dead)) = strays.next_if(|s| s.0 < m.id) {
+                self.restore_into(&mut seq, id, born_ms, &payload, deliveries, dead);
+            }
+            seq.insert(m.id, m.born_ms, m.payload);
+        }
+        for (id, born_ms, payload, deliveries, dead) in strays {
+            self.restore_into(&mut seq, id, born_ms, &payload, deliveries, dead);
+        }
+        seq.bump_next_id(old.next_id());
+        self.seq = seq;
+    }
+
+    fn restore_into(
+        &mut self,
+        seq: &mut Seq,
+        id: MsgId,
+        born_ms: u64,
+        payload: &[u8],
+        deliveries: u16,
+        dead: Option<DeadInfo>,
+    ) {
+        seq.insert(id, born_ms, payload);
+        if deliveries > 0 {
+            self.group.carried.insert(id, deliveries);
+        }
+        if let Some(d) = dead {
+            self.dead_info.insert(id, d);
+        }
+    }
+
     /// Appends a message not yet visible to consumers (until `publish`).
     pub fn append(&mut self, born_ms: u64, payload: &[u8]) -> MsgId {
         self.counters.produced += 1;

@@ -280,7 +280,7 @@ impl Reactor {
     }
 
     fn poll_timeout(&self) -> Option<Duration> {
-        if !self.hot.is_empty() || self.stop.load(Ordering::SeqCst) {
+        if !self.hot.is_empty() || self.broker.busy() || self.stop.load(Ordering::SeqCst) {
             return Some(Duration::ZERO);
         }
         let deadline_ms = self.broker.next_deadline_ms()?;
@@ -341,18 +341,20 @@ impl Reactor {
 
     fn mark_dirty(&mut self, key: usize) {
         if let Some(c) = self.conns.get_mut(key)
-            && !c.dirty {
-                c.dirty = true;
-                self.dirty.push(key);
-            }
+            && !c.dirty
+        {
+            c.dirty = true;
+            self.dirty.push(key);
+        }
     }
 
     fn mark_hot(&mut self, key: usize) {
         if let Some(c) = self.conns.get_mut(key)
-            && !c.hot {
-                c.hot = true;
-                self.hot.push(key);
-            }
+            && !c.hot
+        {
+            c.hot = true;
+            self.hot.push(key);
+        }
     }
 
     /// Ends a connection: the broker forgets it now (its in-flight messages

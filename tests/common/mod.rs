@@ -52,7 +52,12 @@ impl Server {
     }
 
     pub fn start_in(config: Config, log: LogOptions, dir: &Path) -> Server {
-        let cfg = ServeConfig { listen: "127.0.0.1:0".parse().expect("addr"), data_dir: dir.to_path_buf(), broker: config, log };
+        let cfg = ServeConfig {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            data_dir: dir.to_path_buf(),
+            broker: config,
+            log,
+        };
         let mut reactor = Reactor::bind(cfg).expect("bind broker");
         let addr = reactor.local_addr();
         let handle = reactor.handle();

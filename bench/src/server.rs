@@ -1,0 +1,344 @@
+//! Starting and stopping the brokers under test: each on a private
+//! loopback port and a temporary directory, optionally pinned to one core,
+//! with its durability set so that like is compared with like.
+//!
+//! | durability  | runnel          | Redis                                                 | beanstalkd   |
+//! |-------------|-----------------|-------------------------------------------------------|--------------|
+//! | durable     | `--fsync turn`  | `--appendonly yes --appendfsync always --save ""`     | `-b DIR -f 0`|
+//! | non-durable | `--fsync never` | `--appendonly no --save ""`                           | no `-b`      |
+//!
+//! In each durable row a produce is acknowledged only after an fsync that
+//! covers it; in each non-durable row it survives at best a crash of the
+//! process, never one of the machine.
+
+use std::fs::{self, File};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::sys;
+
+/// Which broker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Runnel,
+    Redis,
+    Beanstalkd,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Runnel, Kind::Redis, Kind::Beanstalkd];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Runnel => "runnel",
+            Kind::Redis => "redis",
+            Kind::Beanstalkd => "beanstalkd",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// The program run for this broker (runnel's comes from `--runnel`).
+    fn program(self) -> &'static str {
+        match self {
+            Kind::Runnel => "runnel",
+            Kind::Redis => "redis-server",
+            Kind::Beanstalkd => "beanstalkd",
+        }
+    }
+}
+
+/// Whether an acknowledged produce has been synced to disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Durability {
+    Durable,
+    Volatile,
+}
+
+impl Durability {
+    pub const ALL: [Durability; 2] = [Durability::Durable, Durability::Volatile];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Durability::Durable => "durable",
+            Durability::Volatile => "non-durable",
+        }
+    }
+}
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub kind: Kind,
+    pub durability: Durability,
+    /// The program to run.
+    pub program: PathBuf,
+    /// Cores the server may use: the `--server-core`, or every core the
+    /// bench had at start (so a pinned bench does not pin its server too).
+    pub cores: Vec<usize>,
+    /// Extra arguments (runnel's raised depth limits for W5).
+    pub extra_args: Vec<String>,
+}
+
+/// A running broker.
+pub struct Server {
+    pub kind: Kind,
+    pub durability: Durability,
+    pub port: u16,
+    pub pid: u32,
+    /// The command line, for the report.
+    pub command: String,
+    /// The cores the kernel says it may run on (Cpus_allowed_list).
+    pub cores: String,
+    /// Temporary directory: data files and the server's own log.
+    pub dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// How long a server may take to accept its first connection.
+const START_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a server may take to exit after SIGTERM before SIGKILL.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
+
+/// A new empty directory under the system's temporary directory.
+pub fn temp_dir(what: &str) -> Result<PathBuf, String> {
+    let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("runnel-bench-{}-{what}-{n}", std::process::id()));
+    if dir.exists() {
+        fs::remove_dir_all(&dir).map_err(|e| format!("cannot clear {}: {e}", dir.display()))?;
+    }
+    fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Finds `name` on PATH.
+pub fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// The program for `kind`: `runnel` from `--runnel` (default: beside the
+/// bench's executable), the peers from PATH. Err says what is missing.
+pub fn locate(kind: Kind, runnel: Option<&Path>) -> Result<PathBuf, String> {
+    match kind {
+        Kind::Runnel => {
+            let p = match runnel {
+                Some(p) => p.to_path_buf(),
+                None => std::env::current_exe()
+                    .map_err(|e| format!("cannot find the bench's own executable: {e}"))?
+                    .with_file_name("runnel"),
+            };
+            if p.is_file() {
+                Ok(p)
+            } else {
+                Err(format!(
+                    "runnel binary not found at {}; build it with `cargo build --release` or pass --runnel PATH",
+                    p.display()
+                ))
+            }
+        }
+        _ => find_on_path(kind.program()).ok_or_else(|| {
+            format!("{} not found on PATH (install: apt-get install -y redis-server beanstalkd)", kind.program())
+        }),
+    }
+}
+
+/// A free loopback port (the listener is closed at once; a race with another
+/// process taking it in between is possible but harmless: start fails).
+fn free_port() -> Result<u16, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot find a free port: {e}"))?;
+    l.local_addr().map(|a| a.port()).map_err(|e| format!("cannot find a free port: {e}"))
+}
+
+impl Server {
+    pub fn start(spec: &Spec) -> Result<Server, String> {
+        let dir = temp_dir(spec.kind.name())?;
+        let data = dir.join("data");
+        fs::create_dir_all(&data).map_err(|e| format!("cannot create {}: {e}", data.display()))?;
+        let port = free_port()?;
+        let mut cmd = Command::new(&spec.program);
+        let args = server_args(spec, port, &data);
+        cmd.args(&args);
+        if spec.kind == Kind::Runnel {
+            cmd.env("RUST_LOG", "warn");
+        }
+        let log_path = dir.join("server.log");
+        let log = File::create(&log_path).map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
+        let log2 = log.try_clone().map_err(|e| format!("cannot clone a file handle: {e}"))?;
+        cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
+        let set = sys::checked_cpu_set(&spec.cores).map_err(|e| format!("--server-core: {e}"))?;
+        // SAFETY: the closure runs in the child between fork and exec and
+        // only makes one system call (sched_setaffinity), which is
+        // async-signal-safe; it allocates nothing (the set was built before
+        // the fork and is copied into the closure).
+        unsafe {
+            cmd.pre_exec(move || sys::set_affinity(&set));
+        }
+        let command = format!("{} {}", spec.program.display(), args.iter().map(|a| shell_word(a)).collect::<Vec<_>>().join(" "));
+        let child = cmd.spawn().map_err(|e| format!("cannot start {command}: {e}"))?;
+        let pid = child.id();
+        let mut server = Server {
+            kind: spec.kind,
+            durability: spec.durability,
+            port,
+            pid,
+            command,
+            cores: String::new(),
+            dir,
+            child: Some(child),
+        };
+        server.wait_ready()?;
+        server.cores = sys::allowed_cores(pid);
+        Ok(server)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let started = Instant::now();
+        loop {
+            if TcpStream::connect_timeout(&self.addr(), Duration::from_millis(200)).is_ok() {
+                return Ok(());
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                return Err(format!("{} exited at start ({status}): {}", self.command, self.log_tail()));
+            }
+            if started.elapsed() > START_TIMEOUT {
+                return Err(format!("{} did not listen within {START_TIMEOUT:?}: {}", self.command, self.log_tail()));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The end of the server's own log, for error messages.
+    pub fn log_tail(&self) -> String {
+        let text = fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(8).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    }
+
+    /// CPU seconds the server has used so far.
+    pub fn cpu_seconds(&self) -> Result<f64, String> {
+        sys::cpu_seconds(self.pid).map_err(|e| format!("reading the CPU time of {}: {e}", self.kind.name()))
+    }
+
+    /// Resident set size now and its peak, in bytes (VmRSS, VmHWM).
+    pub fn rss(&self) -> Result<(u64, u64), String> {
+        let e = |e: std::io::Error| format!("reading the memory of {}: {e}", self.kind.name());
+        Ok((sys::vm_bytes(self.pid, "VmRSS").map_err(e)?, sys::vm_bytes(self.pid, "VmHWM").map_err(e)?))
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Stops the server (SIGTERM, then SIGKILL) and removes its directory.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signalling our own child by its pid, which stays ours
+            // until we reap it below.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let started = Instant::now();
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if started.elapsed() > STOP_TIMEOUT => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn server_args(spec: &Spec, port: u16, data: &Path) -> Vec<String> {
+    let data = data.display().to_string();
+    let mut a: Vec<String> = match (spec.kind, spec.durability) {
+        (Kind::Runnel, d) => vec![
+            "serve".into(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--data".into(),
+            data,
+            "--fsync".into(),
+            if d == Durability::Durable { "turn" } else { "never" }.into(),
+        ],
+        (Kind::Redis, d) => {
+            let mut a: Vec<String> = [
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                &data,
+                "--save",
+                "",
+                "--daemonize",
+                "no",
+                "--logfile",
+                "",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            if d == Durability::Durable {
+                // No automatic AOF rewrite: its fork would land in a random
+                // run. This favours Redis and is said in the README.
+                a.extend(
+                    ["--appendonly", "yes", "--appendfsync", "always", "--auto-aof-rewrite-percentage", "0"]
+                        .map(String::from),
+                );
+            } else {
+                a.extend(["--appendonly", "no"].map(String::from));
+            }
+            a
+        }
+        (Kind::Beanstalkd, d) => {
+            let mut a: Vec<String> = vec!["-l".into(), "127.0.0.1".into(), "-p".into(), port.to_string()];
+            if d == Durability::Durable {
+                a.extend(["-b".into(), data, "-f".into(), "0".into()]);
+            }
+            a
+        }
+    };
+    a.extend(spec.extra_args.iter().cloned());
+    a
+}
+
+/// Quotes a word for a shell command line in the report.
+fn shell_word(s: &str) -> String {
+    if s.is_empty() {
+        "\"\"".into()
+    } else if s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./:=".contains(&b)) {
+        s.into()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}

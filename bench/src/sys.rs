@@ -1,0 +1,230 @@
+//! The few Linux calls the bench needs that std does not offer: CPU
+//! affinity, a nanosecond-timeout wait on one socket, epoll over many,
+//! timer slack, and reading a process's CPU time and memory from /proc.
+//!
+//! Everything unsafe in the bench is here, each block with the reason it is
+//! sound; the rest of the bench calls plain functions.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// A CPU set of the given cores.
+pub fn cpu_set(cores: &[usize]) -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t is a plain bit array; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cores {
+        // SAFETY: CPU_SET only writes inside `set` for c < CPU_SETSIZE, which
+        // `checked_cpu_set` checks and the other callers pass.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    set
+}
+
+/// The cores the calling thread may run on.
+pub fn current_affinity() -> io::Result<Vec<usize>> {
+    // SAFETY: as above, all zeroes is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the size passed is the size of `set`, which the kernel fills.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: CPU_ISSET reads inside `set` for every index below CPU_SETSIZE.
+    Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
+}
+
+/// Cores the machine has online (not only those this thread may use).
+pub fn online_cores() -> usize {
+    // SAFETY: sysconf reads a constant.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n > 0 { n as usize } else { 1 }
+}
+
+/// A CPU set of `cores`, after checking each is a core this machine has.
+pub fn checked_cpu_set(cores: &[usize]) -> io::Result<libc::cpu_set_t> {
+    let online = online_cores();
+    if cores.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "no core given"));
+    }
+    if let Some(&c) = cores.iter().find(|&&c| c >= online.max(1) || c >= libc::CPU_SETSIZE as usize) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("core {c} does not exist (this machine has cores 0..{})", online - 1),
+        ));
+    }
+    Ok(cpu_set(cores))
+}
+
+/// Restricts the calling thread (and the threads and processes it starts
+/// later) to the cores in `set`. Makes one system call and allocates
+/// nothing, so it may run between fork and exec.
+pub fn set_affinity(set: &libc::cpu_set_t) -> io::Result<()> {
+    // SAFETY: `set` lives across the call and its size is passed with it.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Restricts the calling thread (and the threads it starts later) to
+/// `cores`.
+pub fn pin_current_thread(cores: &[usize]) -> io::Result<()> {
+    set_affinity(&checked_cpu_set(cores)?)
+}
+
+/// Lets sleeps of the calling thread end within `ns` of their deadline
+/// (the default slack is 50 µs, too coarse for a 10 µs send schedule).
+pub fn set_timer_slack_ns(ns: u64) {
+    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and touches no
+    // memory of ours. A failure only leaves the default slack.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, ns as libc::c_ulong, 0, 0, 0) };
+}
+
+/// Waits until `fd` is readable or `timeout` passes; true if readable.
+pub fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
+    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
+    // SAFETY: one pollfd and one timespec, both live across the call.
+    let r = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+    match r {
+        -1 => {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted { Ok(false) } else { Err(e) }
+        }
+        0 => Ok(false),
+        _ => Ok(true),
+    }
+}
+
+/// A level-triggered epoll set: one token per socket.
+pub struct Epoll {
+    fd: RawFd,
+    events: Vec<libc::epoll_event>,
+}
+
+impl Epoll {
+    pub fn new(capacity: usize) -> io::Result<Epoll> {
+        // SAFETY: no pointers are passed.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Epoll { fd, events: vec![libc::epoll_event { events: 0, u64: 0 }; capacity.max(1)] })
+    }
+
+    /// Watches `fd` for input, reporting `token`.
+    pub fn add(&mut self, fd: RawFd, token: u64) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: token };
+        // SAFETY: `ev` lives across the call.
+        let r = unsafe { libc::epoll_ctl(self.fd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout_ms` and returns the tokens of readable sockets.
+    pub fn wait(&mut self, timeout_ms: i32, tokens: &mut Vec<u64>) -> io::Result<()> {
+        tokens.clear();
+        // SAFETY: the buffer holds `events.len()` entries and outlives the call.
+        let n = unsafe { libc::epoll_wait(self.fd, self.events.as_mut_ptr(), self.events.len() as i32, timeout_ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted { Ok(()) } else { Err(e) };
+        }
+        tokens.extend(self.events[..n as usize].iter().map(|e| e.u64));
+        Ok(())
+    }
+}
+
+impl Drop for Epoll {
+    fn drop(&mut self) {
+        // SAFETY: we own the descriptor and close it once.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
+/// Clock ticks per second, the unit of /proc/PID/stat's CPU times.
+pub fn clock_ticks_per_sec() -> u64 {
+    // SAFETY: sysconf reads a constant.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as u64 } else { 100 }
+}
+
+/// CPU seconds (user + system, every thread) a process has used so far,
+/// from fields 14 and 15 of /proc/PID/stat.
+pub fn cpu_seconds(pid: u32) -> io::Result<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name (field 2) may hold spaces; fields resume after ')'.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| -> io::Result<u64> {
+        fields.get(i).and_then(|f| f.parse().ok()).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("/proc/{pid}/stat: no field {}", i + 3))
+        })
+    };
+    // After ')' the first field is field 3 (state): utime is 14, stime 15.
+    let ticks = field(14 - 3)? + field(15 - 3)?;
+    Ok(ticks as f64 / clock_ticks_per_sec() as f64)
+}
+
+/// A `Vm*` line of /proc/PID/status (VmRSS, VmHWM), in bytes.
+pub fn vm_bytes(pid: u32, key: &str) -> io::Result<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    for line in status.lines() {
+        if let Some(v) = line.strip_prefix(key).and_then(|r| r.strip_prefix(':')) {
+            let kib: u64 = v.trim().trim_end_matches("kB").trim().parse().map_err(|_| {
+                io::Error::new(io::ErrorKind::InvalidData, format!("/proc/{pid}/status: bad {key} line {line:?}"))
+            })?;
+            return Ok(kib * 1024);
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::NotFound, format!("/proc/{pid}/status has no {key}")))
+}
+
+/// The `Cpus_allowed_list` of a process: which cores it may run on.
+pub fn allowed_cores(pid: u32) -> String {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:").map(|v| v.trim().to_string())))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// Times `count` appends of 4 KiB, each followed by `fdatasync`, to a new
+/// file in `dir` (stopping early after `time_max`). Returns each sync's
+/// latency in nanoseconds (write included, as a broker's commit does both).
+pub fn fdatasync_probe(dir: &Path, count: usize, time_max: Duration) -> io::Result<Vec<u64>> {
+    let path = dir.join("fdatasync-probe");
+    let file: File = OpenOptions::new().create(true).truncate(true).write(true).open(&path)?;
+    let block = [0x5au8; 4096];
+    let mut samples = Vec::with_capacity(count);
+    let started = Instant::now();
+    for i in 0..count {
+        let t = Instant::now();
+        file.write_all_at(&block, (i * block.len()) as u64)?;
+        file.sync_data()?;
+        samples.push(t.elapsed().as_nanos() as u64);
+        if started.elapsed() > time_max {
+            break;
+        }
+    }
+    drop(file);
+    fs::remove_file(&path)?;
+    Ok(samples)
+}
+
+/// The raw descriptor of anything that has one (for epoll and ppoll).
+pub fn raw_fd(s: &impl AsRawFd) -> RawFd {
+    s.as_raw_fd()
+}
+
+/// Prints to stderr without failing the bench if stderr is gone.
+pub fn progress(line: &str) {
+    let mut e = io::stderr().lock();
+    let _ = writeln!(e, "{line}");
+}
