@@ -336,7 +336,10 @@ impl Log {
             }
             if let Some(why) = damage {
                 let dropped = (data.len() - pos) as u64;
-                if n == last {
+                // A whole, CRC-valid record this build cannot read was written
+                // by a newer build: never mistake it for a torn tail.
+                let newer = why.starts_with(NEWER);
+                if n == last && !newer {
                     log::warn!(
                         "commit log: cut a torn tail of {dropped} bytes from {} at byte {pos} ({why}); a crash interrupted its last write",
                         path.display()
@@ -578,6 +581,10 @@ fn record_crc(rec: &[u8]) -> u32 {
     h.finalize()
 }
 
+/// How `parse_record` begins the reason for a record that is whole and
+/// valid but from a newer format.
+const NEWER: &str = "written by a newer runnel";
+
 /// Parses the record at the start of `buf`: (kind, version, body, bytes).
 fn parse_record(buf: &[u8]) -> Result<(RecordKind, u8, &[u8], usize), String> {
     if buf.len() < RECORD_HEADER_BYTES {
@@ -594,10 +601,11 @@ fn parse_record(buf: &[u8]) -> Result<(RecordKind, u8, &[u8], usize), String> {
     if crc != record_crc(buf) {
         return Err("CRC mismatch".into());
     }
-    let kind = RecordKind::from_u8(buf[8]).ok_or_else(|| format!("unknown record kind {}", buf[8]))?;
+    let kind = RecordKind::from_u8(buf[8])
+        .ok_or_else(|| format!("{NEWER}: record kind {} is unknown to this build; run a newer runnel", buf[8]))?;
     let version = buf[9];
     if version == 0 || version > RECORD_VERSION {
-        return Err(format!("record version {version}; this build reads 1..={RECORD_VERSION}"));
+        return Err(format!("{NEWER}: record version {version}; this build reads 1..={RECORD_VERSION}; run a newer runnel"));
     }
     Ok((kind, version, &buf[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + len], RECORD_HEADER_BYTES + len))
 }

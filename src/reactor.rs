@@ -14,9 +14,11 @@
 //!    broker holds;
 //! 4. **advance the timing wheel**: ack deadlines, NACK delays and long-poll
 //!    waits that passed;
-//! 5. **commit**: one write and one `fdatasync` of every record the turn
-//!    appended (group commit), then the held replies are released — after
-//!    the sync, never before, which is the durability promise;
+//! 5. **commit**: a slice of compaction appends its copies (at most 1 MiB),
+//!    then one write and one `fdatasync` of every record the turn appended
+//!    (group commit), then the held replies are released — after the sync,
+//!    never before, which is the durability promise — and the turn's new
+//!    messages become visible to consumers and parked FETCHes;
 //! 6. **flush**: one write per connection with output; WRITABLE interest
 //!    only while output is left over;
 //! 7. **close** the connections that ended.

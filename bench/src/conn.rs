@@ -1,0 +1,120 @@
+//! What a workload asks of a broker connection, whichever broker it is:
+//! a `Producer` that pipelines produce requests, and a `Consumer` that
+//! fetches, hands each payload over, and acknowledges what it fetched.
+//!
+//! Each broker speaks its own protocol: runnel through `runnel::client`,
+//! Redis Streams through RESP (XADD; XREADGROUP + XACK) and beanstalkd
+//! through its text protocol (put; reserve-with-timeout + delete). The
+//! workloads are written once against these two traits, so every broker
+//! gets the same load from the same loop.
+
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+use crate::server::Kind;
+use crate::{beanstalk_conn, redis_conn, runnel_conn};
+
+/// How long any blocking read may wait before the bench gives up on a
+/// broker (a stuck broker must fail the run, never hang it).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One producing connection. Requests are queued, written by `flush`, and
+/// answered in order.
+pub trait Producer: Send {
+    /// Queues one message as its own produce request.
+    fn queue(&mut self, payload: &[u8]);
+    /// Queues a batch as one request. Only runnel has batched produce;
+    /// the others queue one request per message (`batch_native` says which).
+    fn queue_batch(&mut self, payloads: &[&[u8]]) {
+        for p in payloads {
+            self.queue(p);
+        }
+    }
+    /// Whether `queue_batch` is one request.
+    fn batch_native(&self) -> bool {
+        false
+    }
+    /// Writes every queued request.
+    fn flush(&mut self) -> Result<(), String>;
+    /// Waits for the next reply; returns how many messages it acknowledged.
+    fn recv(&mut self) -> Result<u32, String>;
+    /// The next reply if it has already arrived, without waiting.
+    fn try_recv(&mut self) -> Result<Option<u32>, String>;
+    /// Requests sent and not yet answered.
+    fn in_flight(&self) -> usize;
+    /// The socket, to wait on many producers at once.
+    fn fd(&self) -> RawFd;
+}
+
+/// One consuming connection.
+pub trait Consumer: Send {
+    /// Acknowledges every message the previous call delivered, then fetches
+    /// up to `max` messages, waiting up to `wait_ms` for the first. Calls
+    /// `on_msg` with each payload and returns how many there were.
+    fn next(&mut self, max: u32, wait_ms: u32, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize, String>;
+    /// Acknowledges what the last `next` delivered.
+    fn ack_pending(&mut self) -> Result<(), String>;
+}
+
+/// A running broker to connect to.
+#[derive(Clone, Copy, Debug)]
+pub struct Target {
+    pub kind: Kind,
+    pub addr: SocketAddr,
+}
+
+/// The broker's own count of log syncs and of produce requests answered
+/// after one (runnel's STATS `fsyncs` and `produces_committed`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SyncCounters {
+    pub fsyncs: u64,
+    pub produces_committed: u64,
+}
+
+impl Target {
+    pub fn producer(&self, topic: &str) -> Result<Box<dyn Producer>, String> {
+        Ok(match self.kind {
+            Kind::Runnel => Box::new(runnel_conn::RunnelProducer::connect(self.addr, topic)?),
+            Kind::Redis => Box::new(redis_conn::RedisProducer::connect(self.addr, topic)?),
+            Kind::Beanstalkd => Box::new(beanstalk_conn::BeanstalkProducer::connect(self.addr, topic)?),
+        })
+    }
+
+    /// A consumer; `name` tells consumers of one group apart (Redis).
+    pub fn consumer(&self, topic: &str, name: &str) -> Result<Box<dyn Consumer>, String> {
+        Ok(match self.kind {
+            Kind::Runnel => Box::new(runnel_conn::RunnelConsumer::connect(self.addr, topic)?),
+            Kind::Redis => Box::new(redis_conn::RedisConsumer::connect(self.addr, topic, name)?),
+            Kind::Beanstalkd => Box::new(beanstalk_conn::BeanstalkConsumer::connect(self.addr, topic)?),
+        })
+    }
+
+    /// Makes `topic` ready before the first produce (Redis: the stream and
+    /// its consumer group; runnel and beanstalkd create topics and tubes on
+    /// first use).
+    pub fn prepare(&self, topic: &str) -> Result<(), String> {
+        match self.kind {
+            Kind::Redis => redis_conn::create_group(self.addr, topic),
+            Kind::Runnel | Kind::Beanstalkd => Ok(()),
+        }
+    }
+
+    /// Frees what `topic` still holds after a run (Redis keeps acknowledged
+    /// entries in the stream until they are deleted).
+    pub fn cleanup(&self, topic: &str) -> Result<(), String> {
+        match self.kind {
+            Kind::Redis => redis_conn::delete_key(self.addr, topic),
+            Kind::Runnel => runnel_conn::delete_topic(self.addr, topic),
+            Kind::Beanstalkd => Ok(()),
+        }
+    }
+
+    /// The broker's sync counters, where it reports them (runnel only).
+    pub fn sync_counters(&self) -> Result<Option<SyncCounters>, String> {
+        match self.kind {
+            Kind::Runnel => runnel_conn::sync_counters(self.addr).map(Some),
+            Kind::Redis | Kind::Beanstalkd => Ok(None),
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! runnel through its own client library, `runnel::client::Client`: the
+//! same code a user would write. Pipelining is `send`/`send_produce`, one
+//! `flush`, then `recv` in order.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+
+use runnel::client::{Client, Error, OwnedReply};
+use runnel::codec::{self, Ids, Request};
+
+use crate::conn::{Consumer, Producer, READ_TIMEOUT, SyncCounters};
+
+fn connect(addr: SocketAddr) -> Result<Client, String> {
+    let mut c = Client::connect(addr).map_err(|e| format!("runnel at {addr}: {e}"))?;
+    c.set_timeout(Some(READ_TIMEOUT)).map_err(|e| format!("runnel at {addr}: {e}"))?;
+    Ok(c)
+}
+
+pub struct RunnelProducer {
+    client: Client,
+    topic: String,
+}
+
+impl RunnelProducer {
+    pub fn connect(addr: SocketAddr, topic: &str) -> Result<RunnelProducer, String> {
+        Ok(RunnelProducer { client: connect(addr)?, topic: topic.to_string() })
+    }
+}
+
+fn produced(r: Result<OwnedReply, Error>) -> Result<u32, String> {
+    match r {
+        Ok(OwnedReply::Produced { count, .. }) => Ok(count),
+        Ok(other) => Err(format!("runnel: unexpected reply to PRODUCE: {other:?}")),
+        Err(e) => Err(format!("runnel PRODUCE: {e}")),
+    }
+}
+
+impl Producer for RunnelProducer {
+    fn queue(&mut self, payload: &[u8]) {
+        self.client.send_produce(&self.topic, &[payload]);
+    }
+    fn queue_batch(&mut self, payloads: &[&[u8]]) {
+        self.client.send_produce(&self.topic, payloads);
+    }
+    fn batch_native(&self) -> bool {
+        true
+    }
+    fn flush(&mut self) -> Result<(), String> {
+        self.client.flush().map_err(|e| format!("runnel: {e}"))
+    }
+    fn recv(&mut self) -> Result<u32, String> {
+        produced(self.client.recv())
+    }
+    fn try_recv(&mut self) -> Result<Option<u32>, String> {
+        if self.client.in_flight() == 0 {
+            return Ok(None);
+        }
+        // The client reads blocking; for one look at what has arrived the
+        // socket is made non-blocking around one `recv`. A WouldBlock leaves
+        // the client's buffers as they were (it fails before consuming).
+        let s = self.client.stream();
+        s.set_nonblocking(true).map_err(|e| format!("runnel: {e}"))?;
+        let r = self.client.recv();
+        self.client.stream().set_nonblocking(false).map_err(|e| format!("runnel: {e}"))?;
+        match r {
+            Err(Error::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            r => produced(r).map(Some),
+        }
+    }
+    fn in_flight(&self) -> usize {
+        self.client.in_flight()
+    }
+    fn fd(&self) -> RawFd {
+        self.client.stream().as_raw_fd()
+    }
+}
+
+pub struct RunnelConsumer {
+    client: Client,
+    topic: String,
+    /// Ids delivered by the last `next`, acknowledged by the following one.
+    pending: Vec<u64>,
+    /// Scratch for the ACK body.
+    body: Vec<u8>,
+}
+
+impl RunnelConsumer {
+    pub fn connect(addr: SocketAddr, topic: &str) -> Result<RunnelConsumer, String> {
+        Ok(RunnelConsumer { client: connect(addr)?, topic: topic.to_string(), pending: Vec::new(), body: Vec::new() })
+    }
+
+    /// Queues an ACK of the pending ids; true if one was queued.
+    fn send_ack(&mut self) -> bool {
+        if self.pending.is_empty() {
+            return false;
+        }
+        self.body.clear();
+        codec::encode_ids(&mut self.body, &self.pending);
+        self.client.send(&Request::Ack { topic: &self.topic, ids: Ids { bytes: &self.body } });
+        true
+    }
+
+    fn recv_ack(&mut self) -> Result<(), String> {
+        match self.client.recv() {
+            Ok(OwnedReply::Ids(r)) if r.failed.is_empty() => {
+                self.pending.clear();
+                Ok(())
+            }
+            Ok(OwnedReply::Ids(r)) => Err(format!("runnel ACK: {} ids failed, first {:?}", r.failed.len(), r.failed[0])),
+            Ok(other) => Err(format!("runnel: unexpected reply to ACK: {other:?}")),
+            Err(e) => Err(format!("runnel ACK: {e}")),
+        }
+    }
+}
+
+impl Consumer for RunnelConsumer {
+    fn next(&mut self, max: u32, wait_ms: u32, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize, String> {
+        // ACK and FETCH go out in one write; the ACK is answered first.
+        let acked = self.send_ack();
+        self.client.send(&Request::Fetch {
+            topic: &self.topic,
+            max_messages: max,
+            max_bytes: 0,
+            wait_ms,
+            ack_timeout_ms: 0,
+        });
+        self.client.flush().map_err(|e| format!("runnel: {e}"))?;
+        if acked {
+            self.recv_ack()?;
+        }
+        match self.client.recv() {
+            Ok(OwnedReply::Messages { messages, .. }) => {
+                for m in &messages {
+                    on_msg(&m.payload);
+                    self.pending.push(m.id);
+                }
+                Ok(messages.len())
+            }
+            Ok(other) => Err(format!("runnel: unexpected reply to FETCH: {other:?}")),
+            Err(e) => Err(format!("runnel FETCH: {e}")),
+        }
+    }
+
+    fn ack_pending(&mut self) -> Result<(), String> {
+        if self.send_ack() {
+            self.client.flush().map_err(|e| format!("runnel: {e}"))?;
+            self.recv_ack()?;
+        }
+        Ok(())
+    }
+}
+
+pub fn delete_topic(addr: SocketAddr, topic: &str) -> Result<(), String> {
+    let mut c = connect(addr)?;
+    c.delete_topic(topic).map(|_| ()).map_err(|e| format!("runnel DELETE_TOPIC {topic}: {e}"))
+}
+
+pub fn sync_counters(addr: SocketAddr) -> Result<SyncCounters, String> {
+    let mut c = connect(addr)?;
+    let stats = c.stats(None).map_err(|e| format!("runnel STATS: {e}"))?;
+    let broker = stats.iter().find(|s| s.0.is_empty()).ok_or("runnel STATS: no broker section")?;
+    let get = |k: &str| broker.1.iter().find(|kv| kv.0 == k).map(|kv| kv.1);
+    Ok(SyncCounters {
+        fsyncs: get("fsyncs").ok_or("runnel STATS: no fsyncs key")?,
+        produces_committed: get("produces_committed").ok_or("runnel STATS: no produces_committed key")?,
+    })
+}
