@@ -426,6 +426,30 @@ pub struct BrokerStats {
     pub produces_committed: u64,
 }
 
+/// One topic's numbers, for metrics.
+#[derive(Clone, Debug)]
+pub struct TopicMetrics {
+    pub name: String,
+    pub ready: u64,
+    pub inflight: u64,
+    pub delayed: u64,
+    /// Live messages in `<name>.dlq`.
+    pub dead_letter: u64,
+    pub bytes: u64,
+    pub counters: crate::queue::Counters,
+    /// Age of the oldest unacknowledged message, 0 when none.
+    pub oldest_age_ms: u64,
+}
+
+/// What a turn's commit did, for the reactor's latency metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TurnReport {
+    /// PRODUCE replies released (acknowledged) this turn.
+    pub produces_acked: u64,
+    /// Nanoseconds the write and fdatasync took, if the turn synced.
+    pub sync_nanos: Option<u64>,
+}
+
 /// The broker.
 pub struct Broker {
     config: Config,
@@ -524,6 +548,36 @@ impl Broker {
         self.wheel.next_deadline_ms()
     }
     /// Whether this turn has anything to commit or release.
+    /// Segments removed by compaction.
+    pub fn compactions(&self) -> u64 {
+        self.compactor.compactions
+    }
+
+    /// Per-topic numbers for metrics, sorted by name.
+    pub fn topic_metrics(&self, now: Now) -> Vec<TopicMetrics> {
+        let mut v: Vec<TopicMetrics> = self
+            .topics
+            .by_id
+            .values()
+            .map(|e| {
+                let t = &e.topic;
+                let dlq = self.topics.id(&format!("{}.dlq", t.name)).and_then(|d| self.topics.by_id.get(&d));
+                TopicMetrics {
+                    name: t.name.to_string(),
+                    ready: t.ready(),
+                    inflight: t.inflight(),
+                    delayed: t.delayed(),
+                    dead_letter: dlq.map_or(0, |d| d.topic.seq.live()),
+                    bytes: t.seq.live_bytes(),
+                    counters: t.counters,
+                    oldest_age_ms: t.seq.oldest_born_ms().map_or(0, |b| now.wall_ms.saturating_sub(b)),
+                }
+            })
+            .collect();
+        v.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
     /// Whether background work (compaction) wants another turn soon.
     pub fn busy(&self) -> bool {
         self.compactor.busy()
@@ -1120,10 +1174,12 @@ impl Broker {
     /// then releases the held replies — or, if the commit failed, replaces
     /// the durable ones with STORAGE errors and withdraws their messages —
     /// then publishes this turn's messages and serves parked FETCHes.
-    pub fn commit(&mut self, now: Now, outbox: &mut impl Outbox) {
+    pub fn commit(&mut self, now: Now, outbox: &mut impl Outbox) -> TurnReport {
         self.compact_step();
+        let mut report = TurnReport::default();
         let ok = match self.log.commit() {
-            Ok(_) => {
+            Ok(c) => {
+                report.sync_nanos = c.synced.then_some(c.nanos);
                 let last = self.log.segments().last().map_or(0, |s| s.base);
                 if let Some(base) = self.compactor.committed(last) {
                     match self.log.remove_oldest(base) {
@@ -1158,6 +1214,7 @@ impl Broker {
             } else {
                 if h.op == op::PRODUCE && h.durable {
                     self.stats.produces_committed += 1;
+                    report.produces_acked += 1;
                 }
                 out.extend_from_slice(&self.held_bytes[h.range]);
             }
@@ -1191,6 +1248,7 @@ impl Broker {
         }
         self.touched = touched;
         self.touched.clear();
+        report
     }
 
     /// A connection closed: drop its parked FETCH and return every message

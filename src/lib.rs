@@ -15,6 +15,7 @@ pub mod client;
 pub mod codec;
 pub mod limits;
 pub mod log;
+pub mod metrics;
 pub mod queue;
 pub mod reactor;
 pub mod wheel;

@@ -45,6 +45,15 @@ pub struct Limits {
     /// moves on to the others: fairness, so one fast producer cannot starve
     /// every other connection.
     pub read_bytes_per_turn_max: u32,
+    /// Time a new connection has to complete HELLO. Bounds how long a
+    /// connection that never speaks the protocol holds a slot.
+    pub handshake_timeout_ms: u32,
+    /// Time a connection may stay silent (no request, no parked FETCH)
+    /// before it is closed; 0 never. Reclaims slots of vanished peers.
+    pub idle_timeout_ms: u32,
+    /// Time a frame may stay incomplete (slowloris): a peer that trickles a
+    /// frame slower than this is closed.
+    pub frame_timeout_ms: u32,
 }
 
 impl Default for Limits {
@@ -62,6 +71,9 @@ impl Default for Limits {
             fetch_bytes_max: 8 << 20,
             fetch_wait_ms_max: 300_000,
             read_bytes_per_turn_max: 1 << 20,
+            handshake_timeout_ms: 10_000,
+            idle_timeout_ms: 600_000,
+            frame_timeout_ms: 30_000,
         }
     }
 }
@@ -119,6 +131,9 @@ impl Limits {
                 "topic-bytes-max ({}) must hold one message of message-bytes-max ({})",
                 self.topic_bytes_max, self.message_bytes_max
             ));
+        }
+        if self.handshake_timeout_ms == 0 || self.frame_timeout_ms == 0 {
+            return Err("handshake-timeout-ms and frame-timeout-ms must be at least 1".into());
         }
         if self.read_bytes_per_turn_max < 4096 {
             return Err("read-bytes-per-turn-max must be at least 4096".into());

@@ -5,12 +5,13 @@ use std::io::{self, BufRead, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
-use runnel::broker::Config;
 use runnel::client::{Client, Fetch};
 use runnel::codec::TopicSettings;
 use runnel::limits::Limits;
-use runnel::log::{FsyncMode, LogOptions};
+use runnel::log::FsyncMode;
 use runnel::reactor::{Reactor, ServeConfig};
 
 /// Where `runnel serve` listens and clients connect by default.
@@ -22,9 +23,10 @@ const USAGE: &str = "\
 runnel: a durable message broker on one thread
 
 usage:
-  runnel serve   [--listen ADDR] [--data DIR] [--fsync turn|never] [--no-auto-create]
-                 [--segment-bytes-max N] [--repair] [--ack-timeout-ms N] [--max-deliveries N]
-                 [--auth-token TOKEN] [--<limit> N ...]
+  runnel serve   [--config FILE] [--print-config] [--listen ADDR] [--data DIR]
+                 [--fsync turn|never] [--no-auto-create] [--segment-bytes-max N] [--repair]
+                 [--ack-timeout-ms N] [--max-deliveries N] [--auth-token TOKEN]
+                 [--metrics ADDR] [--pin-core N] [--spin-us N] [--<limit> N ...]
   runnel produce [--addr ADDR] [--batch N] TOPIC        each stdin line becomes one message
   runnel consume [--addr ADDR] [--count N] [--wait-ms MS] TOPIC
   runnel stats   [--addr ADDR] [--json] [TOPIC]
@@ -38,6 +40,7 @@ limits (runnel serve; defaults in docs/protocol.md and README.md):
   --frame-bytes-max --message-bytes-max --batch-messages-max --topic-name-bytes-max
   --topics-max --topic-messages-max --topic-bytes-max --connections-max
   --output-bytes-max --fetch-bytes-max --fetch-wait-ms-max --read-bytes-per-turn-max
+  --handshake-timeout-ms --idle-timeout-ms --frame-timeout-ms
 
 defaults: --listen/--addr 127.0.0.1:7700, --data ./runnel-data, --fsync turn.
 RUST_LOG sets the log level (default info).";
@@ -77,7 +80,7 @@ struct Args {
 }
 
 /// Flags that take no value.
-const SWITCHES: &[&str] = &["--json", "--repair", "--no-auto-create"];
+const SWITCHES: &[&str] = &["--json", "--repair", "--no-auto-create", "--print-config"];
 
 impl Args {
     fn parse(args: &[String]) -> Result<Args, String> {
@@ -98,18 +101,22 @@ impl Args {
         }
         Ok(Args { flags, words })
     }
+    /// The value of the last `name` (a later flag overrides an earlier
+    /// one, and the command line a config file's).
     fn take(&mut self, name: &str) -> Option<String> {
-        let i = self.flags.iter().position(|f| f.0 == name)?;
-        self.flags.remove(i).1
+        let i = self.flags.iter().rposition(|f| f.0 == name)?;
+        let v = self.flags.remove(i).1;
+        self.flags.retain(|f| f.0 != name);
+        // `key =` with nothing after it (as --print-config writes an unset
+        // option) means unset.
+        v.filter(|v| !v.is_empty())
     }
+    /// A switch: present, or `name=true`; `name=false` turns it off.
     fn switch(&mut self, name: &str) -> bool {
-        match self.flags.iter().position(|f| f.0 == name) {
-            Some(i) => {
-                self.flags.remove(i);
-                true
-            }
-            None => false,
-        }
+        let i = self.flags.iter().rposition(|f| f.0 == name);
+        let on = i.is_some_and(|i| !matches!(self.flags[i].1.as_deref(), Some("false" | "0" | "no")));
+        self.flags.retain(|f| f.0 != name);
+        on
     }
     fn num<T: std::str::FromStr>(&mut self, name: &str) -> Result<Option<T>, String> {
         match self.take(name) {
@@ -155,48 +162,225 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), String> {
         output_bytes_max,
         fetch_bytes_max,
         fetch_wait_ms_max,
-        read_bytes_per_turn_max
+        read_bytes_per_turn_max,
+        handshake_timeout_ms,
+        idle_timeout_ms,
+        frame_timeout_ms
     );
     Ok(())
 }
 
-fn serve(raw: &[String]) -> Result<(), String> {
-    let mut a = Args::parse(raw)?;
+/// Reads a config file of `key = value` lines (`#` starts a comment); the
+/// keys are the `runnel serve` flags without their dashes. Returns them as
+/// flags, to be parsed before the command line's (which override them).
+fn config_file(path: &str) -> Result<Vec<String>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--config {path}: {e}"))?;
+    let mut args = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let Some((k, v)) = line.split_once('=') else {
+            return Err(format!("{path}:{}: want `key = value`, got {line:?}", n + 1));
+        };
+        let (k, v) = (k.trim(), v.trim().trim_matches('"'));
+        if k.is_empty() || k == "config" {
+            return Err(format!("{path}:{}: bad key {k:?}", n + 1));
+        }
+        args.push(format!("--{k}={v}"));
+    }
+    Ok(args)
+}
+
+/// Everything `runnel serve` was asked for.
+struct Serve {
+    cfg: ServeConfig,
+    pin_core: Option<usize>,
+    print_config: bool,
+}
+
+fn parse_serve(raw: &[String]) -> Result<Serve, String> {
+    let mut all = Vec::new();
+    if let Some(i) = raw.iter().position(|a| a == "--config" || a.starts_with("--config=")) {
+        let path = match raw[i].split_once('=') {
+            Some((_, p)) => p.to_string(),
+            None => raw.get(i + 1).cloned().ok_or("--config needs a file")?,
+        };
+        all.extend(config_file(&path)?);
+    }
+    let mut it = raw.iter();
+    while let Some(a) = it.next() {
+        if a == "--config" {
+            it.next();
+        } else if !a.starts_with("--config=") {
+            all.push(a.clone());
+        }
+    }
+    let mut a = Args::parse(&all)?;
     let listen: SocketAddr = a
         .take("--listen")
         .unwrap_or_else(|| DEFAULT_ADDR.into())
         .parse()
         .map_err(|e| format!("--listen: {e} (want IP:PORT)"))?;
     let data_dir = PathBuf::from(a.take("--data").unwrap_or_else(|| DEFAULT_DATA.into()));
-    let mut config = Config::default();
+    let mut cfg = ServeConfig::new(listen, data_dir);
+    let config = &mut cfg.broker;
     set_limit(&mut config.limits, &mut a)?;
-    if a.switch("--no-auto-create") {
-        config.auto_create = false;
-    }
+    config.auto_create = !a.switch("--no-auto-create");
     if let Some(v) = a.num("--ack-timeout-ms")? {
         config.defaults.ack_timeout_ms = v;
     }
     if let Some(v) = a.num("--max-deliveries")? {
         config.defaults.max_deliveries = v;
     }
-    config.auth_token =
-        a.take("--auth-token").or_else(|| std::env::var("RUNNEL_AUTH_TOKEN").ok()).map(String::into_bytes);
-    let mut log = LogOptions::default();
+    config.auth_token = a
+        .take("--auth-token")
+        .or_else(|| std::env::var("RUNNEL_AUTH_TOKEN").ok())
+        .filter(|t| !t.is_empty())
+        .map(String::into_bytes);
     if let Some(v) = a.num("--segment-bytes-max")? {
-        log.segment_bytes_max = v;
+        cfg.log.segment_bytes_max = v;
     }
-    log.repair = a.switch("--repair");
-    log.fsync = match a.take("--fsync").as_deref() {
+    cfg.log.repair = a.switch("--repair");
+    cfg.log.fsync = match a.take("--fsync").as_deref() {
         None | Some("turn") => FsyncMode::Turn,
         Some("never") => FsyncMode::Never,
         Some(other) => return Err(format!("--fsync {other:?}: want turn or never")),
     };
+    cfg.metrics = match a.take("--metrics") {
+        Some(m) => Some(m.parse().map_err(|e| format!("--metrics: {e} (want IP:PORT)"))?),
+        None => None,
+    };
+    cfg.spin_us = a.num("--spin-us")?.unwrap_or(0);
+    let pin_core = a.num("--pin-core")?;
+    let print_config = a.switch("--print-config");
     a.done()?;
     if !a.words.is_empty() {
         return Err(format!("unexpected {:?}", a.words));
     }
-    let fsync = log.fsync;
-    let mut reactor = Reactor::bind(ServeConfig { listen, data_dir: data_dir.clone(), broker: config, log })?;
+    Ok(Serve { cfg, pin_core, print_config })
+}
+
+/// The effective configuration, in the config file's format.
+fn config_text(s: &Serve) -> String {
+    let c = &s.cfg;
+    let l = &c.broker.limits;
+    let mut lines = vec![
+        format!("listen = {}", c.listen),
+        format!("data = {}", c.data_dir.display()),
+        format!("fsync = {}", if c.log.fsync == FsyncMode::Turn { "turn" } else { "never" }),
+        format!("segment-bytes-max = {}", c.log.segment_bytes_max),
+        format!("repair = {}", c.log.repair),
+        format!("no-auto-create = {}", !c.broker.auto_create),
+        format!("ack-timeout-ms = {}", c.broker.defaults.ack_timeout_ms),
+        format!("max-deliveries = {}", c.broker.defaults.max_deliveries),
+        format!("# auth-token is {} (never printed)", if c.broker.auth_token.is_some() { "set" } else { "not set" }),
+        format!("metrics = {}", c.metrics.map(|m| m.to_string()).unwrap_or_default()),
+        format!("spin-us = {}", c.spin_us),
+        format!("pin-core = {}", s.pin_core.map(|p| p.to_string()).unwrap_or_default()),
+    ];
+    for (k, v) in [
+        ("frame-bytes-max", u64::from(l.frame_bytes_max)),
+        ("message-bytes-max", l.message_bytes_max.into()),
+        ("batch-messages-max", l.batch_messages_max.into()),
+        ("topic-name-bytes-max", l.topic_name_bytes_max.into()),
+        ("topics-max", l.topics_max.into()),
+        ("topic-messages-max", l.topic_messages_max),
+        ("topic-bytes-max", l.topic_bytes_max),
+        ("connections-max", l.connections_max.into()),
+        ("output-bytes-max", l.output_bytes_max.into()),
+        ("fetch-bytes-max", l.fetch_bytes_max.into()),
+        ("fetch-wait-ms-max", l.fetch_wait_ms_max.into()),
+        ("read-bytes-per-turn-max", l.read_bytes_per_turn_max.into()),
+        ("handshake-timeout-ms", l.handshake_timeout_ms.into()),
+        ("idle-timeout-ms", l.idle_timeout_ms.into()),
+        ("frame-timeout-ms", l.frame_timeout_ms.into()),
+    ] {
+        lines.push(format!("{k} = {v}"));
+    }
+    lines.join("\n") + "\n"
+}
+
+/// Pins the calling thread (the loop) to one CPU.
+fn pin_to_core(core: usize) -> Result<(), String> {
+    if core >= libc::CPU_SETSIZE as usize {
+        return Err(format!("--pin-core {core}: beyond the CPU set size"));
+    }
+    // SAFETY: cpu_set_t is plain data, zeroed is its empty set; CPU_SET
+    // writes inside it (core is below CPU_SETSIZE); sched_setaffinity reads
+    // exactly size_of::<cpu_set_t>() bytes from it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(core, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        return Err(format!("--pin-core {core}: {}", io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Raises the open-file limit to its hard limit: every connection is a
+/// file descriptor. Returns the limit in force.
+fn raise_fd_limit() -> Option<u64> {
+    // SAFETY: getrlimit and setrlimit read and write one rlimit struct that
+    // lives on this stack frame.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return None;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim = raised;
+            }
+        }
+        Some(lim.rlim_cur as u64)
+    }
+}
+
+/// SIGTERM and SIGINT: the first starts a graceful shutdown (the handler
+/// writes a byte the loop sees), the second exits at once.
+fn handle_signals(reactor: &mut Reactor) -> Result<(), String> {
+    let (read, write) = std::os::unix::net::UnixStream::pair().map_err(|e| format!("signal pipe: {e}"))?;
+    let seen = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        let e = |e: io::Error| format!("signal handler: {e}");
+        // Registered first, so it sees the flag as the previous signal left it.
+        signal_hook::flag::register_conditional_shutdown(sig, 1, seen.clone()).map_err(e)?;
+        signal_hook::flag::register(sig, seen.clone()).map_err(e)?;
+        signal_hook::low_level::pipe::register(sig, write.try_clone().map_err(e)?).map_err(e)?;
+    }
+    reactor.watch_signals(read).map_err(|e| format!("signal pipe: {e}"))
+}
+
+fn serve(raw: &[String]) -> Result<(), String> {
+    let s = parse_serve(raw)?;
+    if s.print_config {
+        print!("{}", config_text(&s));
+        return Ok(());
+    }
+    if let Some(core) = s.pin_core {
+        pin_to_core(core)?;
+        log::info!("pinned the event loop to CPU {core}");
+    }
+    if let Some(fds) = raise_fd_limit() {
+        let need = u64::from(s.cfg.broker.limits.connections_max) + 64;
+        if fds < need {
+            log::warn!(
+                "the open-file limit ({fds}) is below connections-max + 64 ({need}); accepts will fail before connections-max is reached"
+            );
+        }
+    }
+    let fsync = s.cfg.log.fsync;
+    let data_dir = s.cfg.data_dir.clone();
+    let mut reactor = Reactor::bind(s.cfg)?;
+    handle_signals(&mut reactor)?;
+    if let Some(m) = reactor.metrics_addr() {
+        log::info!("metrics on http://{m}/metrics");
+    }
     log::info!(
         "runnel serving on {} (data {}, fsync {})",
         reactor.local_addr(),
@@ -206,7 +390,9 @@ fn serve(raw: &[String]) -> Result<(), String> {
             FsyncMode::Never => "never: page cache only; a machine crash can lose acknowledged messages",
         }
     );
-    reactor.run().map_err(|e| format!("event loop: {e}"))
+    reactor.run().map_err(|e| format!("event loop: {e}"))?;
+    log::info!("stopped cleanly");
+    Ok(())
 }
 
 fn connect(a: &mut Args) -> Result<Client, String> {

@@ -320,6 +320,12 @@ impl Seq {
         None
     }
 
+    /// The born time of the oldest live message.
+    pub fn oldest_born_ms(&self) -> Option<u64> {
+        let id = self.next_live(0, self.next_id)?;
+        self.get(id).map(|m| m.born_ms)
+    }
+
     /// Every live message in id order (recovery checks, compaction, tests).
     pub fn iter_live(&self) -> impl Iterator<Item = Stored<'_>> + '_ {
         self.blocks.iter().flat_map(|b| {

@@ -43,10 +43,18 @@ use slab::Slab;
 
 use crate::broker::{self, Broker, Config, Now, Outbox, Outcome, Session};
 use crate::codec::{self, Decoded, ErrorCode, Skip};
+use crate::limits::Limits;
 use crate::log::{LogOptions, OpenError};
+use crate::metrics::{self, HttpRequest, LoopMetrics};
+use crate::wheel::{TimerKey, Wheel};
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const WAKER: Token = Token(usize::MAX - 2);
+const SIGNALS: Token = Token(usize::MAX - 3);
+const METRICS: Token = Token(usize::MAX - 4);
+/// Tokens of metrics (HTTP) connections start here; client connections
+/// use their slab key as their token, below it.
+const HTTP_BASE: usize = 1 << 40;
 /// Bytes read per `read` call: large enough that a busy producer needs few
 /// syscalls, small enough to keep in cache.
 const READ_CHUNK_BYTES: usize = 64 << 10;
@@ -63,6 +71,25 @@ pub struct ServeConfig {
     pub data_dir: PathBuf,
     pub broker: Config,
     pub log: LogOptions,
+    /// Where to serve Prometheus metrics over HTTP (`--metrics`).
+    pub metrics: Option<SocketAddr>,
+    /// Poll without blocking for up to this long before sleeping in
+    /// `epoll_wait` (`--spin-us`): trades a busy core for wake-up latency.
+    pub spin_us: u32,
+}
+
+impl ServeConfig {
+    /// A configuration with every default, listening on `listen`.
+    pub fn new(listen: SocketAddr, data_dir: PathBuf) -> ServeConfig {
+        ServeConfig {
+            listen,
+            data_dir,
+            broker: Config::default(),
+            log: LogOptions::default(),
+            metrics: None,
+            spin_us: 0,
+        }
+    }
 }
 
 /// Stops a running reactor from another thread (tests, signal handlers).
@@ -108,6 +135,26 @@ struct Conn {
     writable: bool,
     /// Ending: no more reading; closed after the flush.
     closing: bool,
+    /// Reactor time it was accepted, ms.
+    accepted_ms: u64,
+    /// Reactor time of its last whole request, ms (idle timeout).
+    last_active_ms: u64,
+    /// Since when a frame has been incomplete, ms (frame timeout).
+    partial_since_ms: Option<u64>,
+    /// Its timeout timer and that timer's deadline, ms.
+    timer: Option<(TimerKey, u64)>,
+}
+
+/// A connection to the metrics listener: one request, one response.
+struct HttpConn {
+    stream: TcpStream,
+    /// The request head so far (at most `HTTP_REQUEST_BYTES_MAX`).
+    request: Vec<u8>,
+    /// The response; `out_pos` is how far writing got.
+    out: Vec<u8>,
+    out_pos: usize,
+    /// The handshake timeout: a request must arrive whole before it.
+    timer: TimerKey,
 }
 
 /// The lent output buffers (see `broker::Outbox`).
@@ -156,6 +203,20 @@ pub struct Reactor {
     next_consumer: u64,
     stop: Arc<AtomicBool>,
     waker: Arc<Waker>,
+    /// Connection timeouts (handshake, idle, frame), by token.
+    timers: Wheel<usize>,
+    expired: Vec<(u64, usize)>,
+    /// Connections with a held reply this turn.
+    held: Vec<usize>,
+    /// The metrics listener and its connections.
+    metrics_listener: Option<TcpListener>,
+    metrics_addr: Option<SocketAddr>,
+    http: Slab<HttpConn>,
+    /// The read end of the signal self-pipe.
+    signals: Option<mio::net::UnixStream>,
+    spin: Duration,
+    loop_metrics: LoopMetrics,
+    limits: Limits,
 }
 
 impl Reactor {
@@ -186,6 +247,15 @@ impl Reactor {
         let local_addr = listener.local_addr().map_err(|e| e.to_string())?;
         poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(|e| e.to_string())?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(|e| e.to_string())?);
+        let (metrics_listener, metrics_addr) = match cfg.metrics {
+            Some(addr) => {
+                let mut l = TcpListener::bind(addr).map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
+                poll.registry().register(&mut l, METRICS, Interest::READABLE).map_err(|e| e.to_string())?;
+                let bound = l.local_addr().map_err(|e| e.to_string())?;
+                (Some(l), Some(bound))
+            }
+            None => (None, None),
+        };
         Ok(Reactor {
             poll,
             listener: Some(listener),
@@ -200,7 +270,32 @@ impl Reactor {
             next_consumer: 1,
             stop: Arc::new(AtomicBool::new(false)),
             waker,
+            timers: Wheel::new(now.mono_ms),
+            expired: Vec::new(),
+            held: Vec::new(),
+            metrics_listener,
+            metrics_addr,
+            http: Slab::new(),
+            signals: None,
+            spin: Duration::from_micros(u64::from(cfg.spin_us)),
+            loop_metrics: LoopMetrics::default(),
+            limits: cfg.broker.limits.clone(),
         })
+    }
+
+    /// The metrics listener's address, if `--metrics` was given.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// Watches the read end of a signal self-pipe: any byte on it starts a
+    /// graceful shutdown (the signal handler only writes the byte).
+    pub fn watch_signals(&mut self, pipe: std::os::unix::net::UnixStream) -> io::Result<()> {
+        pipe.set_nonblocking(true)?;
+        let mut pipe = mio::net::UnixStream::from_std(pipe);
+        self.poll.registry().register(&mut pipe, SIGNALS, Interest::READABLE)?;
+        self.signals = Some(pipe);
+        Ok(())
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -227,12 +322,9 @@ impl Reactor {
     fn turn(&mut self, events: &mut Events) -> io::Result<()> {
         // 1. poll
         let timeout = self.poll_timeout();
-        match self.poll.poll(events, timeout) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
+        self.poll_events(events, timeout)?;
         // 2. the clock, once
+        let turn_started = Instant::now();
         let now = now_at(self.started);
         self.broker.stats.turns += 1;
         // 3. readiness
@@ -246,6 +338,9 @@ impl Reactor {
             match event.token() {
                 LISTENER => self.accept(now),
                 WAKER => {}
+                SIGNALS => self.drain_signals(),
+                METRICS => self.accept_http(now),
+                Token(t) if t >= HTTP_BASE => self.serve_http(t - HTTP_BASE, now),
                 Token(key) => {
                     let parked = self.conns.get(key).is_some_and(|c| c.parked);
                     if parked && (event.is_read_closed() || event.is_error()) {
@@ -266,13 +361,25 @@ impl Reactor {
         for key in hot {
             self.serve(key, now);
         }
+        // 4. timers: the broker's (deadlines, delays, waits), then the
+        // connections' (handshake, idle, frame timeouts)
         let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty };
-        // 4. timers
         self.broker.advance(now, &mut lent);
+        self.expire_connections(now);
         // 5. commit, then release held replies
-        self.broker.commit(now, &mut lent);
-        for c in self.conns.iter_mut().map(|(_, c)| c).filter(|c| c.held) {
-            c.held = false;
+        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty };
+        let report = self.broker.commit(now, &mut lent);
+        for key in self.held.drain(..) {
+            if let Some(c) = self.conns.get_mut(key) {
+                c.held = false;
+            }
+        }
+        if let Some(ns) = report.sync_nanos {
+            self.loop_metrics.fsync.observe(ns, 1);
+        }
+        if report.produces_acked > 0 {
+            let ns = turn_started.elapsed().as_nanos() as u64;
+            self.loop_metrics.produce_ack.observe(ns, report.produces_acked);
         }
         // 6. flush
         self.flush();
@@ -285,12 +392,56 @@ impl Reactor {
         if !self.hot.is_empty() || self.broker.busy() || self.stop.load(Ordering::SeqCst) {
             return Some(Duration::ZERO);
         }
-        let deadline_ms = self.broker.next_deadline_ms()?;
-        let deadline = self.started + Duration::from_millis(deadline_ms);
+        let deadline_ms = match (self.broker.next_deadline_ms(), self.timers.next_deadline_ms()) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        // The wheel has 1 ms slots: wake at the end of the deadline's ms.
+        let deadline = self.started + Duration::from_millis(deadline_ms + 1);
         Some(deadline.saturating_duration_since(Instant::now()))
     }
 
-    fn accept(&mut self, _now: Now) {
+    /// Polls, first spinning without blocking for up to `spin` when asked.
+    fn poll_events(&mut self, events: &mut Events, timeout: Option<Duration>) -> io::Result<()> {
+        let mut timeout = timeout;
+        if !self.spin.is_zero() && timeout != Some(Duration::ZERO) {
+            let spun = Instant::now();
+            loop {
+                self.poll_once(events, Some(Duration::ZERO))?;
+                if !events.is_empty() || spun.elapsed() >= self.spin {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            if !events.is_empty() {
+                return Ok(());
+            }
+            timeout = timeout.map(|t| t.saturating_sub(spun.elapsed()));
+        }
+        self.poll_once(events, timeout)
+    }
+
+    fn poll_once(&mut self, events: &mut Events, timeout: Option<Duration>) -> io::Result<()> {
+        match self.poll.poll(events, timeout) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                events.clear();
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A signal arrived: drain the pipe and stop after this turn.
+    fn drain_signals(&mut self) {
+        let Some(pipe) = self.signals.as_mut() else { return };
+        let mut buf = [0u8; 64];
+        while matches!(pipe.read(&mut buf), Ok(n) if n > 0) {}
+        log::info!("signal received: shutting down gracefully (a second signal exits at once)");
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    fn accept(&mut self, now: Now) {
         let Some(listener) = self.listener.as_ref() else { return };
         loop {
             let (mut stream, peer) = match listener.accept() {
@@ -322,6 +473,8 @@ impl Reactor {
             }
             let consumer = self.next_consumer;
             self.next_consumer += 1;
+            let deadline = now.mono_ms + u64::from(self.limits.handshake_timeout_ms);
+            let timer = Some((self.timers.insert(deadline, key), deadline));
             entry.insert(Conn {
                 stream,
                 session: Session { consumer, ..Session::default() },
@@ -335,6 +488,10 @@ impl Reactor {
                 dirty: false,
                 writable: false,
                 closing: false,
+                accepted_ms: now.mono_ms,
+                last_active_ms: now.mono_ms,
+                partial_since_ms: None,
+                timer,
             });
             self.broker.stats.connections = self.conns.len() as u64;
             log::debug!("accepted {peer} as connection {key}");
@@ -369,6 +526,9 @@ impl Reactor {
         c.closing = true;
         log::debug!("closing connection {key}: {why}");
         self.broker.disconnect(key, &c.session, now);
+        if let Some((t, _)) = c.timer.take() {
+            self.timers.cancel(t);
+        }
         self.closing.push(key);
         self.mark_dirty(key);
     }
@@ -377,6 +537,11 @@ impl Reactor {
     /// until WouldBlock, a stop (parked, held, closing), or its share of the
     /// turn is used.
     fn serve(&mut self, key: usize, now: Now) {
+        self.serve_conn(key, now);
+        self.arm(key, now);
+    }
+
+    fn serve_conn(&mut self, key: usize, now: Now) {
         let budget = self.broker.config().limits.read_bytes_per_turn_max as usize;
         let mut read = 0usize;
         loop {
@@ -442,9 +607,15 @@ impl Reactor {
                     }
                     let outcome = self.broker.handle(key, &mut c.session, &frame, now, &mut c.out);
                     used += n;
+                    c.last_active_ms = now.mono_ms;
                     match outcome {
                         Outcome::Done => {}
-                        Outcome::Held => c.held = true,
+                        Outcome::Held => {
+                            if !c.held {
+                                c.held = true;
+                                self.held.push(key);
+                            }
+                        }
                         Outcome::Parked => c.parked = true,
                         Outcome::Close => ended = Some("too many failed authentications".into()),
                     }
@@ -479,6 +650,10 @@ impl Reactor {
         if c.input.is_empty() && c.input.capacity() > IDLE_BUFFER_BYTES_MAX {
             c.input = Vec::new();
         }
+        // A frame that is still arriving (not one we chose to leave for
+        // later) starts the frame timeout.
+        let partial = matches!(step, Step::Continue) && !c.parked && (!c.input.is_empty() || c.discard_bytes > 0);
+        c.partial_since_ms = if partial { Some(c.partial_since_ms.unwrap_or(now.mono_ms)) } else { None };
         let has_output = c.out.len() > c.out_pos;
         if c.parked && matches!(step, Step::Continue) {
             step = Step::Stop;
@@ -541,11 +716,187 @@ impl Reactor {
                     log::debug!("closing connection {key}: {why}");
                     let now = now_at(self.started);
                     self.broker.disconnect(key, &c.session, now);
+                    if let Some((t, _)) = c.timer.take() {
+                        self.timers.cancel(t);
+                    }
                     self.closing.push(key);
                 }
                 c.out.clear();
                 c.out_pos = 0;
             }
+        }
+    }
+
+    /// The earliest timeout of a connection, ms: HELLO not yet done, a frame
+    /// still arriving, or silence.
+    fn deadline(c: &Conn, l: &Limits) -> Option<u64> {
+        let mut d: Option<u64> = None;
+        let mut at = |t: u64| d = Some(d.map_or(t, |d| d.min(t)));
+        if !c.session.hello {
+            at(c.accepted_ms + u64::from(l.handshake_timeout_ms));
+        }
+        if let Some(since) = c.partial_since_ms {
+            at(since + u64::from(l.frame_timeout_ms));
+        }
+        if l.idle_timeout_ms > 0 && !c.parked {
+            at(c.last_active_ms + u64::from(l.idle_timeout_ms));
+        }
+        d
+    }
+
+    /// Makes sure a timer fires no later than the connection's deadline.
+    /// Timers are re-armed lazily: one that fires early is re-armed then,
+    /// so a busy connection costs no wheel work per request.
+    fn arm(&mut self, key: usize, _now: Now) {
+        let Some(c) = self.conns.get_mut(key).filter(|c| !c.closing) else { return };
+        let Some(deadline) = Self::deadline(c, &self.limits) else { return };
+        match c.timer {
+            Some((_, at)) if at <= deadline => {}
+            Some((t, _)) => {
+                self.timers.cancel(t);
+                c.timer = Some((self.timers.insert(deadline, key), deadline));
+            }
+            None => c.timer = Some((self.timers.insert(deadline, key), deadline)),
+        }
+    }
+
+    /// Closes the connections whose timeouts passed; re-arms the others.
+    fn expire_connections(&mut self, now: Now) {
+        let mut expired = std::mem::take(&mut self.expired);
+        self.timers.advance(now.mono_ms, &mut expired);
+        for (_, token) in expired.drain(..) {
+            if token >= HTTP_BASE {
+                self.http_timeout(token - HTTP_BASE);
+                continue;
+            }
+            let Some(c) = self.conns.get_mut(token) else { continue };
+            c.timer = None;
+            let l = &self.limits;
+            let why = if !c.session.hello && now.mono_ms >= c.accepted_ms + u64::from(l.handshake_timeout_ms) {
+                Some("no HELLO within handshake_timeout_ms")
+            } else if c.partial_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
+                Some("a frame stayed incomplete past frame_timeout_ms")
+            } else if l.idle_timeout_ms > 0
+                && !c.parked
+                && now.mono_ms >= c.last_active_ms + u64::from(l.idle_timeout_ms)
+            {
+                Some("idle past idle_timeout_ms")
+            } else {
+                None
+            };
+            match why {
+                Some(why) => self.end(token, now, why),
+                None => self.arm(token, now),
+            }
+        }
+        self.expired = expired;
+    }
+
+    // -----------------------------------------------------------------------
+    // The metrics listener: GET /metrics and GET /healthz, one request per
+    // connection, on this same loop.
+    // -----------------------------------------------------------------------
+
+    fn accept_http(&mut self, now: Now) {
+        let Some(listener) = self.metrics_listener.as_ref() else { return };
+        loop {
+            let mut stream = match listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    log::warn!("metrics accept failed: {e}");
+                    return;
+                }
+            };
+            // Metrics connections are few and short; a flood is refused at
+            // the connection limit like any other.
+            if self.http.len() >= self.limits.connections_max as usize {
+                continue;
+            }
+            let entry = self.http.vacant_entry();
+            let key = entry.key();
+            let token = Token(HTTP_BASE + key);
+            if self.poll.registry().register(&mut stream, token, Interest::READABLE | Interest::WRITABLE).is_err() {
+                continue;
+            }
+            let deadline = now.mono_ms + u64::from(self.limits.handshake_timeout_ms);
+            let timer = self.timers.insert(deadline, HTTP_BASE + key);
+            entry.insert(HttpConn { stream, request: Vec::new(), out: Vec::new(), out_pos: 0, timer });
+        }
+    }
+
+    fn serve_http(&mut self, key: usize, now: Now) {
+        let Some(h) = self.http.get_mut(key) else { return };
+        if h.out.is_empty() {
+            let mut buf = [0u8; 2048];
+            loop {
+                match h.stream.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        let room = metrics::HTTP_REQUEST_BYTES_MAX.saturating_sub(h.request.len());
+                        h.request.extend_from_slice(&buf[..n.min(room)]);
+                        if room <= n {
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            let reply = match metrics::parse_request(&h.request) {
+                None => return,
+                Some(HttpRequest::Metrics) => {
+                    let body = metrics::render(&self.broker, &self.loop_metrics, now);
+                    metrics::response(200, "text/plain; version=0.0.4; charset=utf-8", &body)
+                }
+                Some(HttpRequest::Health) => metrics::response(200, "text/plain; charset=utf-8", "ok\n"),
+                Some(HttpRequest::Refused(status)) => {
+                    metrics::response(status, "text/plain; charset=utf-8", "refused\n")
+                }
+            };
+            h.out = reply;
+        }
+        self.write_http(key);
+    }
+
+    /// Writes what a metrics connection has left; closes it when done.
+    fn write_http(&mut self, key: usize) {
+        let Some(h) = self.http.get_mut(key) else { return };
+        let done = loop {
+            if h.out_pos >= h.out.len() {
+                break true;
+            }
+            match h.stream.write(&h.out[h.out_pos..]) {
+                Ok(n) => h.out_pos += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break true,
+            }
+        };
+        if done {
+            self.close_http(key);
+        }
+    }
+
+    fn http_timeout(&mut self, key: usize) {
+        let Some(h) = self.http.get_mut(key) else { return };
+        if h.out.is_empty() {
+            h.out = metrics::response(408, "text/plain; charset=utf-8", "request timeout\n");
+            let deadline = self.timers.now_ms() + u64::from(self.limits.handshake_timeout_ms);
+            h.timer = self.timers.insert(deadline, HTTP_BASE + key);
+            self.write_http(key);
+        } else {
+            // The peer is not reading its response either.
+            self.close_http(key);
+        }
+    }
+
+    fn close_http(&mut self, key: usize) {
+        if self.http.contains(key) {
+            let mut h = self.http.remove(key);
+            self.timers.cancel(h.timer);
+            let _ = self.poll.registry().deregister(&mut h.stream);
         }
     }
 
@@ -575,6 +926,10 @@ impl Reactor {
             self.end(key, now, "shutdown");
         }
         self.close_ended();
+        let keys: Vec<usize> = self.http.iter().map(|(k, _)| k).collect();
+        for key in keys {
+            self.close_http(key);
+        }
     }
 }
 

@@ -477,7 +477,7 @@ fn limits_table_matches_the_defaults() {
     let heading = "## Limits";
     let rows = table_rows(&doc, heading);
     let d = Limits::default();
-    let limits: [(&str, u64); 12] = [
+    let limits: [(&str, u64); 15] = [
         ("frame_bytes_max", d.frame_bytes_max.into()),
         ("message_bytes_max", d.message_bytes_max.into()),
         ("batch_messages_max", d.batch_messages_max.into()),
@@ -490,6 +490,9 @@ fn limits_table_matches_the_defaults() {
         ("fetch_bytes_max", d.fetch_bytes_max.into()),
         ("fetch_wait_ms_max", d.fetch_wait_ms_max.into()),
         ("read_bytes_per_turn_max", d.read_bytes_per_turn_max.into()),
+        ("handshake_timeout_ms", d.handshake_timeout_ms.into()),
+        ("idle_timeout_ms", d.idle_timeout_ms.into()),
+        ("frame_timeout_ms", d.frame_timeout_ms.into()),
     ];
     for (name, default) in limits {
         let row = rows

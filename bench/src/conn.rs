@@ -18,6 +18,9 @@ use crate::{beanstalk_conn, redis_conn, runnel_conn};
 /// How long any blocking read may wait before the bench gives up on a
 /// broker (a stuck broker must fail the run, never hang it).
 pub const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a write may block (a broker that stops reading must not hang
+/// an open-loop sender).
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One producing connection. Requests are queued, written by `flush`, and
 /// answered in order.
@@ -39,8 +42,9 @@ pub trait Producer: Send {
     fn flush(&mut self) -> Result<(), String>;
     /// Waits for the next reply; returns how many messages it acknowledged.
     fn recv(&mut self) -> Result<u32, String>;
-    /// The next reply if it has already arrived, without waiting.
-    fn try_recv(&mut self) -> Result<Option<u32>, String>;
+    /// Takes every reply that has already arrived, without waiting, and
+    /// calls `on_reply` with each one's acknowledged message count.
+    fn recv_ready(&mut self, on_reply: &mut dyn FnMut(u32)) -> Result<(), String>;
     /// Requests sent and not yet answered.
     fn in_flight(&self) -> usize;
     /// The socket, to wait on many producers at once.
@@ -64,11 +68,15 @@ pub struct Target {
     pub addr: SocketAddr,
 }
 
-/// The broker's own count of log syncs and of produce requests answered
-/// after one (runnel's STATS `fsyncs` and `produces_committed`).
+/// The broker's own counters of its commit log (runnel's STATS `fsyncs`,
+/// `log_commits` and `produces_committed`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SyncCounters {
+    /// fdatasyncs of the log.
     pub fsyncs: u64,
+    /// Turns whose records were written (one write each, synced or not).
+    pub log_commits: u64,
+    /// PRODUCE requests answered after their commit.
     pub produces_committed: u64,
 }
 

@@ -9,11 +9,12 @@ use std::os::fd::{AsRawFd, RawFd};
 use runnel::client::{Client, Error, OwnedReply};
 use runnel::codec::{self, Ids, Request};
 
-use crate::conn::{Consumer, Producer, READ_TIMEOUT, SyncCounters};
+use crate::conn::{Consumer, Producer, READ_TIMEOUT, SyncCounters, WRITE_TIMEOUT};
 
 fn connect(addr: SocketAddr) -> Result<Client, String> {
     let mut c = Client::connect(addr).map_err(|e| format!("runnel at {addr}: {e}"))?;
     c.set_timeout(Some(READ_TIMEOUT)).map_err(|e| format!("runnel at {addr}: {e}"))?;
+    c.stream().set_write_timeout(Some(WRITE_TIMEOUT)).map_err(|e| format!("runnel at {addr}: {e}"))?;
     Ok(c)
 }
 
@@ -52,21 +53,29 @@ impl Producer for RunnelProducer {
     fn recv(&mut self) -> Result<u32, String> {
         produced(self.client.recv())
     }
-    fn try_recv(&mut self) -> Result<Option<u32>, String> {
+    fn recv_ready(&mut self, on_reply: &mut dyn FnMut(u32)) -> Result<(), String> {
         if self.client.in_flight() == 0 {
-            return Ok(None);
+            return Ok(());
         }
-        // The client reads blocking; for one look at what has arrived the
-        // socket is made non-blocking around one `recv`. A WouldBlock leaves
-        // the client's buffers as they were (it fails before consuming).
-        let s = self.client.stream();
-        s.set_nonblocking(true).map_err(|e| format!("runnel: {e}"))?;
-        let r = self.client.recv();
+        // The client reads blocking; to take only what has arrived, the
+        // socket is non-blocking around the `recv`s. A WouldBlock leaves the
+        // client's buffers as they were (its read fails before consuming).
+        self.client.stream().set_nonblocking(true).map_err(|e| format!("runnel: {e}"))?;
+        let mut result = Ok(());
+        while self.client.in_flight() > 0 {
+            match self.client.recv() {
+                Err(Error::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => break,
+                r => match produced(r) {
+                    Ok(n) => on_reply(n),
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                },
+            }
+        }
         self.client.stream().set_nonblocking(false).map_err(|e| format!("runnel: {e}"))?;
-        match r {
-            Err(Error::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-            r => produced(r).map(Some),
-        }
+        result
     }
     fn in_flight(&self) -> usize {
         self.client.in_flight()
@@ -163,6 +172,7 @@ pub fn sync_counters(addr: SocketAddr) -> Result<SyncCounters, String> {
     let get = |k: &str| broker.1.iter().find(|kv| kv.0 == k).map(|kv| kv.1);
     Ok(SyncCounters {
         fsyncs: get("fsyncs").ok_or("runnel STATS: no fsyncs key")?,
+        log_commits: get("log_commits").ok_or("runnel STATS: no log_commits key")?,
         produces_committed: get("produces_committed").ok_or("runnel STATS: no produces_committed key")?,
     })
 }

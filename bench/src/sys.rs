@@ -7,7 +7,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -216,11 +216,6 @@ pub fn fdatasync_probe(dir: &Path, count: usize, time_max: Duration) -> io::Resu
     drop(file);
     fs::remove_file(&path)?;
     Ok(samples)
-}
-
-/// The raw descriptor of anything that has one (for epoll and ppoll).
-pub fn raw_fd(s: &impl AsRawFd) -> RawFd {
-    s.as_raw_fd()
 }
 
 /// Prints to stderr without failing the bench if stderr is gone.

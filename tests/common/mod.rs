@@ -52,17 +52,20 @@ impl Server {
     }
 
     pub fn start_in(config: Config, log: LogOptions, dir: &Path) -> Server {
-        let cfg = ServeConfig {
-            listen: "127.0.0.1:0".parse().expect("addr"),
-            data_dir: dir.to_path_buf(),
-            broker: config,
-            log,
-        };
+        let mut cfg = ServeConfig::new("127.0.0.1:0".parse().expect("addr"), dir.to_path_buf());
+        cfg.broker = config;
+        cfg.log = log;
+        Server::start_with(cfg)
+    }
+
+    /// Starts a broker with a whole `ServeConfig` (listen is used as given).
+    pub fn start_with(cfg: ServeConfig) -> Server {
+        let dir = cfg.data_dir.clone();
         let mut reactor = Reactor::bind(cfg).expect("bind broker");
         let addr = reactor.local_addr();
         let handle = reactor.handle();
         let thread = std::thread::spawn(move || reactor.run().expect("reactor run"));
-        Server { addr, handle, thread: Some(thread), dir: dir.to_path_buf() }
+        Server { addr, handle, thread: Some(thread), dir }
     }
 
     pub fn client(&self) -> Client {

@@ -1,0 +1,357 @@
+//! runnel-bench: the same workloads against runnel, Redis Streams and
+//! beanstalkd, each started here on a private port and a temporary
+//! directory, durable against durable and non-durable against
+//! non-durable, with every runnel message checked for delivery.
+//!
+//! See bench/README.md for the workloads, the durability pairing and the
+//! results of a full run.
+
+mod beanstalk_conn;
+mod conn;
+mod latency;
+mod redis_conn;
+mod report;
+mod runnel_conn;
+mod server;
+mod sys;
+mod tracker;
+mod wire;
+mod workload;
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use crate::conn::Target;
+use crate::report::{Failure, Meta, Report};
+use crate::server::{Kind, Server, Spec};
+use crate::workload::{Config, Ctx, Scale};
+
+const USAGE: &str = "\
+runnel-bench: runnel side by side with Redis Streams and beanstalkd
+
+usage:
+  runnel-bench [--quick] [--only runnel|redis|beanstalkd,...] [--workloads W1,...]
+               [--server-core N] [--client-core N] [--out DIR] [--runnel PATH]
+
+  --quick          a small version of every workload (well under a minute)
+  --only           brokers to run (default: all three; a peer missing from
+                   PATH is skipped with a note)
+  --workloads      W1 produce throughput, W2 fan-in, W3 open-loop latency,
+                   W4 work queue, W5 backlog (default: all)
+  --server-core N  pin every server to core N (sched_setaffinity)
+  --client-core N  pin the bench's own threads to core N
+  --out DIR        where results.md, results.json and the SVGs go
+                   (default: bench/results)
+  --runnel PATH    the runnel binary (default: `runnel` beside this one)
+
+Peers: apt-get install -y redis-server beanstalkd";
+
+/// Parsed command line.
+struct Options {
+    quick: bool,
+    brokers: Vec<Kind>,
+    workloads: Vec<&'static str>,
+    server_core: Option<usize>,
+    client_core: Option<usize>,
+    out: PathBuf,
+    runnel: Option<PathBuf>,
+}
+
+fn parse_args(args: &[String]) -> Result<Options, String> {
+    let mut o = Options {
+        quick: false,
+        brokers: Kind::ALL.to_vec(),
+        workloads: vec!["W1", "W2", "W3", "W4", "W5"],
+        server_core: None,
+        client_core: None,
+        out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"),
+        runnel: None,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (a.as_str(), None),
+        };
+        let mut value = || inline.clone().or_else(|| it.next().cloned()).ok_or_else(|| format!("{flag} needs a value"));
+        match flag {
+            "--quick" => o.quick = true,
+            "--only" => {
+                o.brokers = value()?
+                    .split(',')
+                    .map(|b| Kind::parse(b).ok_or_else(|| format!("--only: unknown broker {b:?}")))
+                    .collect::<Result<_, _>>()?;
+            }
+            "--workloads" => {
+                o.workloads = value()?
+                    .split(',')
+                    .map(|w| {
+                        let w = w.trim().to_ascii_uppercase();
+                        let w = if w.starts_with('W') { w } else { format!("W{w}") };
+                        ["W1", "W2", "W3", "W4", "W5"]
+                            .into_iter()
+                            .find(|k| *k == w)
+                            .ok_or_else(|| format!("--workloads: unknown workload {w:?} (W1..W5)"))
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            "--server-core" => o.server_core = Some(value()?.parse().map_err(|_| "--server-core: not a number")?),
+            "--client-core" => o.client_core = Some(value()?.parse().map_err(|_| "--client-core: not a number")?),
+            "--out" => o.out = PathBuf::from(value()?),
+            "--runnel" => o.runnel = Some(PathBuf::from(value()?)),
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(o)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opts = match parse_args(&args) {
+        Ok(o) => o,
+        Err(e) if e.is_empty() => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("runnel-bench: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&opts, &args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("runnel-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the bench; Ok(false) when runnel failed a run or lost a message.
+fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
+    let started = Instant::now();
+    latency::now_ns();
+    // The server gets the `--server-core`, or every core the bench had
+    // before it pinned itself.
+    let all_cores = sys::current_affinity().map_err(|e| format!("sched_getaffinity: {e}"))?;
+    let server_cores = match opts.server_core {
+        Some(c) => {
+            sys::checked_cpu_set(&[c]).map_err(|e| format!("--server-core: {e}"))?;
+            vec![c]
+        }
+        None => all_cores.clone(),
+    };
+    if let Some(c) = opts.client_core {
+        sys::pin_current_thread(&[c]).map_err(|e| format!("--client-core: {e}"))?;
+    }
+    let scale = Scale::new(opts.quick);
+    let mut report = Report {
+        meta: Meta {
+            command: std::iter::once("runnel-bench".to_string()).chain(args.iter().cloned()).collect::<Vec<_>>().join(" "),
+            quick: opts.quick,
+            machine: machine(),
+            client_cores: match opts.client_core {
+                Some(c) => format!("{c} (pinned)"),
+                None => format!("{} (unpinned)", core_list(&all_cores)),
+            },
+            server_cores: match opts.server_core {
+                Some(c) => format!("{c} (pinned)"),
+                None => format!("{} (unpinned)", core_list(&all_cores)),
+            },
+            versions: Vec::new(),
+            started_unix_s: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            elapsed_s: 0.0,
+        },
+        ..Report::default()
+    };
+    let mut programs = Vec::new();
+    for &kind in &opts.brokers {
+        match server::locate(kind, opts.runnel.as_deref()) {
+            Ok(p) => {
+                report.meta.versions.push((kind.name().to_string(), version(kind, &p)));
+                programs.push((kind, p));
+            }
+            Err(e) if kind == Kind::Runnel => return Err(e),
+            Err(e) => {
+                sys::progress(&format!("skipping {}: {e}", kind.name()));
+                report.skipped.push(format!("{}: {e}", kind.name()));
+            }
+        }
+    }
+    if opts.workloads.contains(&"W2") {
+        match workload::fsync_probe(&scale) {
+            Ok(l) => {
+                sys::progress(&format!(
+                    "disk: 4 KiB write + fdatasync p50 {} p99 {}",
+                    report::fmt_ns(l.p50_ns),
+                    report::fmt_ns(l.p99_ns)
+                ));
+                report.disk = Some(l);
+            }
+            Err(e) => sys::progress(&format!("disk probe failed: {e}")),
+        }
+    }
+    let mut runnel_ok = true;
+    for &w in &opts.workloads {
+        for (kind, program) in &programs {
+            for (order, config) in Config::all(w, *kind).into_iter().enumerate() {
+                for &durability in config.durabilities() {
+                    let spec = Spec {
+                        kind: *kind,
+                        durability,
+                        program: program.clone(),
+                        cores: server_cores.clone(),
+                        extra_args: config.server_args(*kind, &scale),
+                    };
+                    let fail = |message: String| Failure {
+                        workload: w.to_string(),
+                        broker: *kind,
+                        durability,
+                        config: config.label(),
+                        message,
+                    };
+                    let outcome = Server::start(&spec).and_then(|mut server| {
+                        let ctx = Ctx {
+                            server: &server,
+                            target: Target { kind: *kind, addr: server.addr() },
+                            config,
+                            order,
+                            scale: &scale,
+                        };
+                        let r = workload::run(&ctx);
+                        if r.is_ok() && !server.alive() {
+                            return Err(format!("the server died: {}", server.log_tail()));
+                        }
+                        let r = r.map_err(|e| format!("{e} (server log: {})", server.log_tail()));
+                        server.stop();
+                        r
+                    });
+                    match outcome {
+                        Ok(results) => {
+                            for r in results {
+                                sys::progress(&progress_line(&r));
+                                if *kind == Kind::Runnel && r.verify.as_ref().is_some_and(|v| !v.ok()) {
+                                    runnel_ok = false;
+                                }
+                                report.results.push(r);
+                            }
+                        }
+                        Err(e) => {
+                            sys::progress(&format!(
+                                "{w} {} {} {}: FAILED: {e}",
+                                kind.name(),
+                                durability.name(),
+                                config.label()
+                            ));
+                            if *kind == Kind::Runnel {
+                                runnel_ok = false;
+                            }
+                            report.failures.push(fail(e));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    report.meta.elapsed_s = started.elapsed().as_secs_f64();
+    let md = report::write(&opts.out, &report)?;
+    println!("{md}");
+    println!("results, JSON and plots written to {}", opts.out.display());
+    for r in report.results.iter().filter(|r| r.broker == Kind::Runnel) {
+        if let Some(v) = r.verify.as_ref().filter(|v| !v.ok()) {
+            eprintln!(
+                "runnel lost messages in {} {} {}: {} of {} never delivered; first missing (producer, index): {:?}",
+                r.config.workload(),
+                r.durability.name(),
+                r.config.label(),
+                v.missing,
+                v.expected,
+                v.first_missing
+            );
+        }
+    }
+    if !runnel_ok {
+        eprintln!("runnel-bench: FAILED: runnel failed a run or did not deliver every message (see above)");
+    }
+    Ok(runnel_ok)
+}
+
+fn progress_line(r: &workload::RunResult) -> String {
+    let lat = r.latency.as_ref().map_or(String::new(), |l| {
+        format!(", p50 {} p99 {}", report::fmt_ns(l.p50_ns), report::fmt_ns(l.p99_ns))
+    });
+    let v = match &r.verify {
+        Some(v) if v.ok() => format!(", {} delivered", v.expected),
+        Some(v) => format!(", {} of {} MISSING", v.missing, v.expected),
+        None => String::new(),
+    };
+    format!(
+        "{} {} {} {}{}: {:.0} msgs/s{lat}{v}{}",
+        r.config.workload(),
+        r.broker.name(),
+        r.durability.name(),
+        r.config.label(),
+        if r.phase.is_empty() { String::new() } else { format!(" [{}]", r.phase) },
+        r.msgs_per_s(),
+        if r.notes.is_empty() { String::new() } else { format!(" ({})", r.notes.join("; ")) }
+    )
+}
+
+fn core_list(cores: &[usize]) -> String {
+    cores.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",")
+}
+
+/// Cores, CPU model, memory and kernel, for the report.
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string()))
+        .unwrap_or_else(|| "unknown CPU".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines().find_map(|l| l.strip_prefix("MemTotal:").map(|v| v.trim().trim_end_matches("kB").trim().to_string()))
+        })
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or("? GiB".into(), |kb| format!("{:.0} GiB", kb as f64 / (1 << 20) as f64));
+    format!("{} cores ({model}), {mem} RAM, Linux {}", sys::online_cores(), kernel.trim())
+}
+
+/// The version a broker reports, best effort.
+fn version(kind: Kind, program: &std::path::Path) -> String {
+    let arg = match kind {
+        Kind::Runnel => return runnel_version(program),
+        Kind::Redis => "--version",
+        Kind::Beanstalkd => "-v",
+    };
+    Command::new(program)
+        .arg(arg)
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(if o.stdout.is_empty() { &o.stderr } else { &o.stdout }).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// runnel has no --version: name the binary and the source commit.
+fn runnel_version(program: &std::path::Path) -> String {
+    let commit = Command::new("git")
+        .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let dirty = Command::new("git")
+        .args(["-C", env!("CARGO_MANIFEST_DIR"), "status", "--porcelain", "--", "../src"])
+        .output()
+        .ok()
+        .is_some_and(|o| !o.stdout.is_empty());
+    match commit {
+        Some(c) => format!("{} (source at {c}{})", program.display(), if dirty { " with uncommitted changes in src/" } else { "" }),
+        None => program.display().to_string(),
+    }
+}

@@ -1,0 +1,378 @@
+//! Redis Streams over RESP2, hand-written: XADD to produce; XREADGROUP
+//! (consumer group `g`, BLOCK for the long poll) to fetch; XACK to
+//! acknowledge. Every message is one stream entry with one field, `d`.
+//!
+//! The parser is specific to the replies these commands have, so it needs
+//! no general (recursive) RESP value type: a cursor walks the known shape
+//! and says "incomplete" when the reply has not all arrived.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::os::fd::RawFd;
+
+use crate::conn::{Consumer, Producer};
+use crate::wire::Wire;
+
+/// The consumer group every bench consumer joins.
+const GROUP: &[u8] = b"g";
+/// The one field of each entry.
+const FIELD: &[u8] = b"d";
+
+/// Appends one command in RESP's array-of-bulk-strings form.
+fn command(out: &mut Vec<u8>, args: &[&[u8]]) {
+    // Writing to a Vec cannot fail.
+    let _ = write!(out, "*{}\r\n", args.len());
+    for a in args {
+        let _ = write!(out, "${}\r\n", a.len());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// A cursor over received bytes. Each read returns Ok(None) when the
+/// reply is not complete yet, and Err for an error reply or bad bytes.
+struct Cur<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+/// Returns Ok(None) from the enclosing function when input is incomplete.
+macro_rules! need {
+    ($e:expr) => {
+        match $e? {
+            Some(v) => v,
+            None => return Ok(None),
+        }
+    };
+}
+
+impl<'a> Cur<'a> {
+    /// One header line: its type byte and the rest, CRLF excluded.
+    fn header(&mut self) -> Result<Option<(u8, &'a [u8])>, String> {
+        let rest = &self.b[self.pos..];
+        let Some(nl) = rest.iter().position(|&c| c == b'\n') else { return Ok(None) };
+        if nl < 2 || rest[nl - 1] != b'\r' {
+            return Err(format!("redis: bad reply line {:?}", String::from_utf8_lossy(&rest[..nl])));
+        }
+        self.pos += nl + 1;
+        let line = &rest[1..nl - 1];
+        if rest[0] == b'-' {
+            return Err(format!("redis: {}", String::from_utf8_lossy(line)));
+        }
+        Ok(Some((rest[0], line)))
+    }
+
+    fn number(line: &[u8]) -> Result<i64, String> {
+        std::str::from_utf8(line)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("redis: bad number {:?}", String::from_utf8_lossy(line)))
+    }
+
+    /// An array header: its length, -1 for a null array.
+    fn array(&mut self) -> Result<Option<i64>, String> {
+        let (t, line) = need!(self.header());
+        if t != b'*' {
+            return Err(format!("redis: expected an array, got {:?}", t as char));
+        }
+        Self::number(line).map(Some)
+    }
+
+    /// A bulk string as a range of the buffer (None inside for a null).
+    fn bulk(&mut self) -> Result<Option<Option<Range<usize>>>, String> {
+        let (t, line) = need!(self.header());
+        if t != b'$' {
+            return Err(format!("redis: expected a bulk string, got {:?}", t as char));
+        }
+        let n = Self::number(line)?;
+        if n < 0 {
+            return Ok(Some(None));
+        }
+        let n = n as usize;
+        if self.b.len() - self.pos < n + 2 {
+            return Ok(None);
+        }
+        let r = self.pos..self.pos + n;
+        self.pos += n + 2;
+        Ok(Some(Some(r)))
+    }
+
+    /// An integer reply.
+    fn int(&mut self) -> Result<Option<i64>, String> {
+        let (t, line) = need!(self.header());
+        if t != b':' {
+            return Err(format!("redis: expected an integer, got {:?}", t as char));
+        }
+        Self::number(line).map(Some)
+    }
+
+    /// A status reply (`+OK`).
+    fn status(&mut self) -> Result<Option<&'a [u8]>, String> {
+        let (t, line) = need!(self.header());
+        if t != b'+' {
+            return Err(format!("redis: expected a status, got {:?}", t as char));
+        }
+        Ok(Some(line))
+    }
+}
+
+/// Parses one XREADGROUP reply: Ok(Some(consumed)) with each entry's id
+/// and payload ranges in `entries`, or Ok(None) if incomplete.
+fn parse_read(b: &[u8], entries: &mut Vec<(Range<usize>, Range<usize>)>) -> Result<Option<usize>, String> {
+    entries.clear();
+    let mut c = Cur { b, pos: 0 };
+    let streams = need!(c.array());
+    for _ in 0..streams.max(0) {
+        if need!(c.array()) != 2 {
+            return Err("redis: a stream in XREADGROUP's reply is not [name, entries]".into());
+        }
+        need!(c.bulk());
+        let n = need!(c.array());
+        for _ in 0..n.max(0) {
+            if need!(c.array()) != 2 {
+                return Err("redis: an entry is not [id, fields]".into());
+            }
+            let id = need!(c.bulk()).ok_or("redis: an entry has a null id")?;
+            let fields = need!(c.array());
+            let mut payload = None;
+            for i in 0..fields.max(0) {
+                let v = need!(c.bulk());
+                if i == 1 {
+                    payload = v;
+                }
+            }
+            entries.push((id, payload.ok_or("redis: an entry has no payload (deleted?)")?));
+        }
+    }
+    Ok(Some(c.pos))
+}
+
+/// Runs `f` on the input until it finds a whole reply, reading as needed.
+fn reply<T>(w: &mut Wire, mut f: impl FnMut(&mut Cur<'_>) -> Result<Option<T>, String>) -> Result<T, String> {
+    loop {
+        let mut c = Cur { b: w.input(), pos: 0 };
+        if let Some(v) = f(&mut c)? {
+            let n = c.pos;
+            w.consume(n);
+            return Ok(v);
+        }
+        w.fill()?;
+    }
+}
+
+pub struct RedisProducer {
+    wire: Wire,
+    topic: Vec<u8>,
+    in_flight: usize,
+}
+
+impl RedisProducer {
+    pub fn connect(addr: SocketAddr, topic: &str) -> Result<RedisProducer, String> {
+        Ok(RedisProducer { wire: Wire::connect(addr, "redis")?, topic: topic.as_bytes().to_vec(), in_flight: 0 })
+    }
+
+    /// One XADD reply from the buffered input, if it is all there.
+    fn parse_one(&mut self) -> Result<Option<u32>, String> {
+        let mut c = Cur { b: self.wire.input(), pos: 0 };
+        match c.bulk()? {
+            None => Ok(None),
+            Some(None) => Err("redis: XADD returned null".into()),
+            Some(Some(_)) => {
+                let n = c.pos;
+                self.wire.consume(n);
+                self.in_flight -= 1;
+                Ok(Some(1))
+            }
+        }
+    }
+}
+
+impl Producer for RedisProducer {
+    fn queue(&mut self, payload: &[u8]) {
+        command(&mut self.wire.out, &[b"XADD", &self.topic, b"*", FIELD, payload]);
+        self.in_flight += 1;
+    }
+    fn flush(&mut self) -> Result<(), String> {
+        self.wire.flush()
+    }
+    fn recv(&mut self) -> Result<u32, String> {
+        loop {
+            if let Some(n) = self.parse_one()? {
+                return Ok(n);
+            }
+            self.wire.fill()?;
+        }
+    }
+    fn recv_ready(&mut self, on_reply: &mut dyn FnMut(u32)) -> Result<(), String> {
+        while self.in_flight > 0 {
+            match self.parse_one()? {
+                Some(n) => on_reply(n),
+                None if self.wire.fill_now()? => {}
+                None => break,
+            }
+        }
+        Ok(())
+    }
+    fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+    fn fd(&self) -> RawFd {
+        self.wire.fd()
+    }
+}
+
+pub struct RedisConsumer {
+    wire: Wire,
+    topic: Vec<u8>,
+    name: Vec<u8>,
+    /// Ids delivered by the last `next`, back to back; `ends` splits them.
+    ids: Vec<u8>,
+    ends: Vec<usize>,
+    entries: Vec<(Range<usize>, Range<usize>)>,
+}
+
+impl RedisConsumer {
+    pub fn connect(addr: SocketAddr, topic: &str, name: &str) -> Result<RedisConsumer, String> {
+        Ok(RedisConsumer {
+            wire: Wire::connect(addr, "redis")?,
+            topic: topic.as_bytes().to_vec(),
+            name: name.as_bytes().to_vec(),
+            ids: Vec::new(),
+            ends: Vec::new(),
+            entries: Vec::new(),
+        })
+    }
+
+    /// Queues an XACK of the pending ids; returns how many.
+    fn send_ack(&mut self) -> usize {
+        let n = self.ends.len();
+        if n == 0 {
+            return 0;
+        }
+        let mut args: Vec<&[u8]> = Vec::with_capacity(3 + n);
+        args.extend([b"XACK".as_slice(), &self.topic, GROUP]);
+        let mut start = 0;
+        for &end in &self.ends {
+            args.push(&self.ids[start..end]);
+            start = end;
+        }
+        command(&mut self.wire.out, &args);
+        n
+    }
+
+    fn recv_ack(&mut self, sent: usize) -> Result<(), String> {
+        let acked = reply(&mut self.wire, |c| c.int())?;
+        if acked != sent as i64 {
+            return Err(format!("redis XACK acknowledged {acked} of {sent} ids"));
+        }
+        self.ids.clear();
+        self.ends.clear();
+        Ok(())
+    }
+}
+
+impl Consumer for RedisConsumer {
+    fn next(&mut self, max: u32, wait_ms: u32, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize, String> {
+        let acks = self.send_ack();
+        let count = max.to_string();
+        let block = wait_ms.to_string();
+        let mut args: Vec<&[u8]> = vec![b"XREADGROUP", b"GROUP", GROUP, &self.name, b"COUNT", count.as_bytes()];
+        if wait_ms > 0 {
+            args.extend([b"BLOCK".as_slice(), block.as_bytes()]);
+        }
+        args.extend([b"STREAMS".as_slice(), &self.topic, b">"]);
+        command(&mut self.wire.out, &args);
+        self.wire.flush()?;
+        if acks > 0 {
+            self.recv_ack(acks)?;
+        }
+        loop {
+            if let Some(n) = parse_read(self.wire.input(), &mut self.entries)? {
+                let input = self.wire.input();
+                for (id, payload) in &self.entries {
+                    on_msg(&input[payload.clone()]);
+                    self.ids.extend_from_slice(&input[id.clone()]);
+                    self.ends.push(self.ids.len());
+                }
+                let got = self.entries.len();
+                self.wire.consume(n);
+                return Ok(got);
+            }
+            self.wire.fill()?;
+        }
+    }
+
+    fn ack_pending(&mut self) -> Result<(), String> {
+        let n = self.send_ack();
+        if n > 0 {
+            self.wire.flush()?;
+            self.recv_ack(n)?;
+        }
+        Ok(())
+    }
+}
+
+/// Creates `topic` and its consumer group, reading from the beginning.
+pub fn create_group(addr: SocketAddr, topic: &str) -> Result<(), String> {
+    let mut w = Wire::connect(addr, "redis")?;
+    command(&mut w.out, &[b"XGROUP", b"CREATE", topic.as_bytes(), GROUP, b"0", b"MKSTREAM"]);
+    w.flush()?;
+    match reply(&mut w, |c| c.status().map(|s| s.map(|_| ()))) {
+        Ok(_) => Ok(()),
+        Err(e) if e.contains("BUSYGROUP") => Ok(()),
+        Err(e) => Err(format!("XGROUP CREATE {topic}: {e}")),
+    }
+}
+
+/// Deletes the stream `topic` (acknowledged entries stay in a stream
+/// until deleted).
+pub fn delete_key(addr: SocketAddr, topic: &str) -> Result<(), String> {
+    let mut w = Wire::connect(addr, "redis")?;
+    command(&mut w.out, &[b"DEL", topic.as_bytes()]);
+    w.flush()?;
+    reply(&mut w, |c| c.int()).map(|_| ()).map_err(|e| format!("DEL {topic}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_reply(entries: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut b = format!("*1\r\n*2\r\n$1\r\ns\r\n*{}\r\n", entries.len()).into_bytes();
+        for (id, p) in entries {
+            b.extend(format!("*2\r\n${}\r\n{id}\r\n*2\r\n$1\r\nd\r\n${}\r\n", id.len(), p.len()).as_bytes());
+            b.extend_from_slice(p);
+            b.extend_from_slice(b"\r\n");
+        }
+        b
+    }
+
+    #[test]
+    fn xreadgroup_reply_parses_whole_and_is_incomplete_at_every_prefix() {
+        let b = read_reply(&[("1-0", b"hello"), ("1-1", b"")]);
+        let mut e = Vec::new();
+        assert_eq!(parse_read(&b, &mut e), Ok(Some(b.len())));
+        assert_eq!(&b[e[0].0.clone()], b"1-0");
+        assert_eq!(&b[e[0].1.clone()], b"hello");
+        assert_eq!(&b[e[1].1.clone()], b"");
+        for cut in 0..b.len() {
+            assert_eq!(parse_read(&b[..cut], &mut e), Ok(None), "prefix {cut}");
+        }
+    }
+
+    #[test]
+    fn null_array_is_an_empty_read_and_errors_are_errors() {
+        let mut e = Vec::new();
+        assert_eq!(parse_read(b"*-1\r\n", &mut e), Ok(Some(5)));
+        assert!(e.is_empty());
+        assert!(parse_read(b"-NOGROUP no such group\r\n", &mut e).unwrap_err().contains("NOGROUP"));
+    }
+
+    #[test]
+    fn commands_are_arrays_of_bulk_strings() {
+        let mut out = Vec::new();
+        command(&mut out, &[b"XADD", b"t", b"*", b"d", b"ab"]);
+        assert_eq!(out, b"*5\r\n$4\r\nXADD\r\n$1\r\nt\r\n$1\r\n*\r\n$1\r\nd\r\n$2\r\nab\r\n");
+    }
+}

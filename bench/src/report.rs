@@ -1,0 +1,548 @@
+//! What a run leaves behind: `results.md` (the tables), `results.json`
+//! (every number), and one SVG latency-percentile plot per workload, all
+//! written by hand (no serialization or plotting crates).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+
+use crate::latency::Latency;
+use crate::server::{Durability, Kind};
+use crate::tracker::Verify;
+use crate::workload::RunResult;
+
+/// Facts about the run as a whole.
+#[derive(Clone, Debug, Default)]
+pub struct Meta {
+    pub command: String,
+    pub quick: bool,
+    pub machine: String,
+    /// Where the clients ran (the `--client-core`, or unpinned).
+    pub client_cores: String,
+    /// Where the servers ran, as the bench set it.
+    pub server_cores: String,
+    pub versions: Vec<(String, String)>,
+    pub started_unix_s: u64,
+    pub elapsed_s: f64,
+}
+
+/// A configuration that could not run.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub workload: String,
+    pub broker: Kind,
+    pub durability: Durability,
+    pub config: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub meta: Meta,
+    pub disk: Option<Latency>,
+    pub results: Vec<RunResult>,
+    pub failures: Vec<Failure>,
+    /// Brokers not run, with the reason.
+    pub skipped: Vec<String>,
+}
+
+const WORKLOADS: [(&str, &str); 5] = [
+    ("W1", "W1: produce throughput (1 connection, closed loop)"),
+    ("W2", "W2: fan-in (many connections, depth 1)"),
+    ("W3", "W3: end-to-end latency, open loop"),
+    ("W4", "W4: work queue"),
+    ("W5", "W5: backlog fill and drain"),
+];
+
+/// Writes results.md, results.json and the SVG plots into `dir`; returns
+/// the Markdown.
+pub fn write(dir: &Path, report: &Report) -> Result<String, String> {
+    fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let md = markdown(report);
+    let put = |name: &str, text: &str| {
+        let p = dir.join(name);
+        fs::write(&p, text).map_err(|e| format!("cannot write {}: {e}", p.display()))
+    };
+    put("results.md", &md)?;
+    put("results.json", &json(report))?;
+    for (key, (title, lines)) in plots(report) {
+        put(&format!("{key}.svg"), &svg(&title, &lines))?;
+    }
+    Ok(md)
+}
+
+// ---------------------------------------------------------------------------
+// Markdown.
+// ---------------------------------------------------------------------------
+
+pub fn fmt_ns(ns: u64) -> String {
+    let v = ns as f64;
+    if v < 1e3 {
+        format!("{ns} ns")
+    } else if v < 1e6 {
+        format!("{:.0} µs", v / 1e3)
+    } else if v < 1e9 {
+        format!("{:.2} ms", v / 1e6)
+    } else {
+        format!("{:.2} s", v / 1e9)
+    }
+}
+
+fn fmt_count(v: f64) -> String {
+    let n = v.round() as u64;
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn fmt_bytes(b: f64) -> String {
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else {
+        format!("{:.0} MiB", b / (1u64 << 20) as f64)
+    }
+}
+
+fn verify_note(v: &Verify) -> String {
+    let mut s = if v.ok() {
+        format!("all {} delivered", fmt_count(v.expected as f64))
+    } else {
+        format!("**{} of {} MISSING**", fmt_count(v.missing as f64), fmt_count(v.expected as f64))
+    };
+    if v.duplicates > 0 {
+        let _ = write!(s, ", {} redelivered", fmt_count(v.duplicates as f64));
+    }
+    s
+}
+
+fn notes(r: &RunResult) -> String {
+    let mut n: Vec<String> = Vec::new();
+    match r.config.workload() {
+        "W2" => {
+            if let Some(f) = r.extra("fsyncs_per_s").filter(|&f| f > 0.0) {
+                let per = r.extra("produces_per_fsync").unwrap_or(0.0);
+                n.push(format!("{} fsyncs/s, {per:.1} produces/fsync", fmt_count(f)));
+            } else if let Some(w) = r.extra("log_writes_per_s") {
+                let per = r.extra("produces_per_log_write").unwrap_or(0.0);
+                n.push(format!("no fsync; {} log writes/s, {per:.1} produces/write", fmt_count(w)));
+            }
+        }
+        "W3" => {
+            if let (Some(a), Some(b)) = (r.extra("produce_ack_p50_us"), r.extra("produce_ack_p99_us")) {
+                n.push(format!("produce acked p50 {} / p99 {}", fmt_ns((a * 1e3) as u64), fmt_ns((b * 1e3) as u64)));
+            }
+        }
+        "W4" => {
+            if let Some(p) = r.extra("produced_msgs_per_s") {
+                n.push(format!("produced {} msgs/s", fmt_count(p)));
+            }
+        }
+        "W5" if r.phase == "fill" => {
+            if let (Some(per), Some(peak)) = (r.extra("rss_per_queued_msg_bytes"), r.extra("peak_rss_bytes")) {
+                n.push(format!("**{per:.0} B RSS per queued msg**, peak RSS {}", fmt_bytes(peak)));
+            }
+        }
+        _ => {}
+    }
+    n.extend(r.notes.iter().cloned());
+    if let Some(v) = &r.verify {
+        n.push(verify_note(v));
+    }
+    n.join("; ")
+}
+
+fn sorted(results: &[RunResult], workload: &str) -> Vec<RunResult> {
+    let mut rows: Vec<RunResult> = results.iter().filter(|r| r.config.workload() == workload).cloned().collect();
+    rows.sort_by(|a, b| {
+        (config_key(a), a.durability, a.broker, a.phase).cmp(&(config_key(b), b.durability, b.broker, b.phase))
+    });
+    rows
+}
+
+/// Orders rows by configuration (runnel's extra batch row sorts with its
+/// size), so the brokers of one configuration sit together.
+fn config_key(r: &RunResult) -> (u64, u64) {
+    use crate::workload::{Config, Produce};
+    match r.config {
+        Config::W1 { size, produce: Produce::Depth(d) } => (size as u64, d as u64),
+        Config::W1 { size, produce: Produce::Batch(_) } => (size as u64, u64::MAX),
+        Config::W2 { conns } => (conns as u64, 0),
+        Config::W3 { rate } => (rate, 0),
+        _ => (r.order as u64, 0),
+    }
+}
+
+pub fn markdown(report: &Report) -> String {
+    let m = &report.meta;
+    let mut s = String::new();
+    let _ = writeln!(s, "# runnel-bench results{}\n", if m.quick { " (--quick: small runs, not for comparison)" } else { "" });
+    let _ = writeln!(s, "- command: `{}`", m.command);
+    let _ = writeln!(s, "- machine: {}", m.machine);
+    let _ = writeln!(s, "- servers on cores: {}; clients on cores: {}", m.server_cores, m.client_cores);
+    for (k, v) in &m.versions {
+        let _ = writeln!(s, "- {k}: {v}");
+    }
+    let _ = writeln!(s, "- run took {:.0} s", m.elapsed_s);
+    if let Some(d) = &report.disk {
+        let _ = writeln!(
+            s,
+            "- disk, {} ({} rounds, same filesystem as the servers' data): p50 {}, p99 {}, max {}",
+            d.what,
+            d.count,
+            fmt_ns(d.p50_ns),
+            fmt_ns(d.p99_ns),
+            fmt_ns(d.max_ns)
+        );
+    }
+    for sk in &report.skipped {
+        let _ = writeln!(s, "- skipped: {sk}");
+    }
+    for (w, title) in WORKLOADS {
+        let rows = sorted(&report.results, w);
+        let fails: Vec<&Failure> = report.failures.iter().filter(|f| f.workload == w).collect();
+        if rows.is_empty() && fails.is_empty() {
+            continue;
+        }
+        let _ = writeln!(s, "\n## {title}\n");
+        if let Some(l) = rows.iter().find_map(|r| r.latency.as_ref()) {
+            let _ = writeln!(s, "Latency: {}.\n", l.what);
+        }
+        let _ = writeln!(
+            s,
+            "| broker | durability | config | msgs/s | MB/s | p50 | p99 | p99.9 | max | server CPU s / 1M msgs | notes |"
+        );
+        let _ = writeln!(s, "|---|---|---|--:|--:|--:|--:|--:|--:|--:|---|");
+        for r in &rows {
+            let lat = |f: fn(&Latency) -> u64| r.latency.as_ref().map_or("—".into(), |l| fmt_ns(f(l)));
+            let config = if r.phase.is_empty() { r.config.label() } else { format!("{} {}", r.phase, r.config.label()) };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} |",
+                r.broker.name(),
+                r.durability.name(),
+                config,
+                fmt_count(r.msgs_per_s()),
+                r.mb_per_s(),
+                lat(|l| l.p50_ns),
+                lat(|l| l.p99_ns),
+                lat(|l| l.p999_ns),
+                lat(|l| l.max_ns),
+                r.cpu_s_per_million().map_or("—".into(), |c| format!("{c:.2}")),
+                notes(r)
+            );
+        }
+        for f in fails {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | FAILED | | | | | | | {} |",
+                f.broker.name(),
+                f.durability.name(),
+                f.config,
+                f.message.replace('|', "/")
+            );
+        }
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------
+// JSON.
+// ---------------------------------------------------------------------------
+
+fn jstr(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            '\n' => o.push_str("\\n"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+fn jnum(v: f64) -> String {
+    if v.is_finite() { format!("{v}") } else { "null".into() }
+}
+
+fn jopt(v: Option<f64>) -> String {
+    v.map_or("null".into(), jnum)
+}
+
+fn jlatency(l: &Option<Latency>) -> String {
+    let Some(l) = l else { return "null".into() };
+    let curve: Vec<String> = l.curve.iter().map(|(x, ns)| format!("[{},{ns}]", jnum(*x))).collect();
+    format!(
+        "{{\"what\":{},\"count\":{},\"p50_ns\":{},\"p90_ns\":{},\"p99_ns\":{},\"p999_ns\":{},\"max_ns\":{},\"mean_ns\":{},\"curve_nines_ns\":[{}]}}",
+        jstr(&l.what),
+        l.count,
+        l.p50_ns,
+        l.p90_ns,
+        l.p99_ns,
+        l.p999_ns,
+        l.max_ns,
+        l.mean_ns,
+        curve.join(",")
+    )
+}
+
+fn jverify(v: &Option<Verify>) -> String {
+    let Some(v) = v else { return "null".into() };
+    let first: Vec<String> = v.first_missing.iter().map(|(p, i)| format!("[{p},{i}]")).collect();
+    format!(
+        "{{\"ok\":{},\"expected\":{},\"delivered\":{},\"missing\":{},\"duplicates\":{},\"unacknowledged\":{},\"first_missing\":[{}]}}",
+        v.ok(),
+        v.expected,
+        v.delivered,
+        v.missing,
+        v.duplicates,
+        v.unacknowledged,
+        first.join(",")
+    )
+}
+
+pub fn json(report: &Report) -> String {
+    let m = &report.meta;
+    let versions: Vec<String> = m.versions.iter().map(|(k, v)| format!("{}:{}", jstr(k), jstr(v))).collect();
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "{{\"meta\":{{\"command\":{},\"quick\":{},\"machine\":{},\"client_cores\":{},\"server_cores\":{},\"versions\":{{{}}},\"started_unix_s\":{},\"elapsed_s\":{}}},\"disk_fdatasync\":{},\"skipped\":[{}],\"results\":[",
+        jstr(&m.command),
+        m.quick,
+        jstr(&m.machine),
+        jstr(&m.client_cores),
+        jstr(&m.server_cores),
+        versions.join(","),
+        m.started_unix_s,
+        jnum(m.elapsed_s),
+        jlatency(&report.disk),
+        report.skipped.iter().map(|x| jstr(x)).collect::<Vec<_>>().join(",")
+    );
+    for (i, r) in report.results.iter().enumerate() {
+        let extra: Vec<String> = r.extra.iter().map(|(k, v)| format!("{}:{}", jstr(k), jnum(*v))).collect();
+        let notes: Vec<String> = r.notes.iter().map(|n| jstr(n)).collect();
+        let _ = write!(
+            s,
+            "{}\n{{\"workload\":{},\"phase\":{},\"broker\":{},\"durability\":{},\"config\":{},\"server_cores\":{},\"messages\":{},\"message_bytes\":{},\"seconds\":{},\"msgs_per_s\":{},\"mb_per_s\":{},\"server_cpu_s\":{},\"server_cpu_s_per_million\":{},\"latency\":{},\"extra\":{{{}}},\"notes\":[{}],\"verify\":{}}}",
+            if i > 0 { "," } else { "" },
+            jstr(r.config.workload()),
+            jstr(r.phase),
+            jstr(r.broker.name()),
+            jstr(r.durability.name()),
+            jstr(&r.config.label()),
+            jstr(&r.server_cores),
+            r.messages,
+            r.size,
+            jnum(r.seconds),
+            jnum(r.msgs_per_s()),
+            jnum(r.mb_per_s()),
+            jopt(r.cpu_seconds),
+            jopt(r.cpu_s_per_million()),
+            jlatency(&r.latency),
+            extra.join(","),
+            notes.join(","),
+            jverify(&r.verify)
+        );
+    }
+    s.push_str("\n],\"failures\":[");
+    for (i, f) in report.failures.iter().enumerate() {
+        let _ = write!(
+            s,
+            "{}{{\"workload\":{},\"broker\":{},\"durability\":{},\"config\":{},\"message\":{}}}",
+            if i > 0 { "," } else { "" },
+            jstr(&f.workload),
+            jstr(f.broker.name()),
+            jstr(f.durability.name()),
+            jstr(&f.config),
+            jstr(&f.message)
+        );
+    }
+    s.push_str("]}\n");
+    s
+}
+
+// ---------------------------------------------------------------------------
+// SVG.
+// ---------------------------------------------------------------------------
+
+/// One line of a plot.
+pub struct Line {
+    pub label: String,
+    pub kind: Kind,
+    pub durability: Durability,
+    pub curve: Vec<(f64, u64)>,
+}
+
+/// The plots, by file name: title and lines.
+fn plots(report: &Report) -> BTreeMap<String, (String, Vec<Line>)> {
+    let mut out: BTreeMap<String, (String, Vec<Line>)> = BTreeMap::new();
+    let mut rows: Vec<&RunResult> = report.results.iter().collect();
+    rows.sort_by_key(|r| (r.broker, r.durability));
+    for r in rows {
+        let (Some((key, title)), Some(l)) = (r.config.plot(), r.latency.as_ref()) else { continue };
+        if r.phase == "drain" {
+            continue;
+        }
+        out.entry(key).or_insert_with(|| (title, Vec::new())).1.push(Line {
+            label: format!("{} {}", r.broker.name(), r.durability.name()),
+            kind: r.broker,
+            durability: r.durability,
+            curve: l.curve.clone(),
+        });
+    }
+    out
+}
+
+fn color(k: Kind) -> &'static str {
+    match k {
+        Kind::Runnel => "#1f6fd1",
+        Kind::Redis => "#d1331f",
+        Kind::Beanstalkd => "#2a9d3c",
+    }
+}
+
+const NINES_LABELS: [&str; 7] = ["0%", "90%", "99%", "99.9%", "99.99%", "99.999%", "99.9999%"];
+
+/// A percentile plot: x = nines (log of 1/(1-p)), y = latency on a log
+/// scale. Durable lines are solid, non-durable dashed.
+pub fn svg(title: &str, lines: &[Line]) -> String {
+    let (w, h) = (860.0, 500.0);
+    let (left, right, top, bottom) = (80.0, 220.0, 50.0, 60.0);
+    let pw = w - left - right;
+    let ph = h - top - bottom;
+    let all = || lines.iter().flat_map(|l| l.curve.iter());
+    let x_max = all().map(|p| p.0).fold(1.0f64, f64::max).ceil().clamp(1.0, 6.0);
+    let lo = all().map(|p| p.1.max(1)).min().unwrap_or(1) as f64;
+    let hi = all().map(|p| p.1.max(1)).max().unwrap_or(1000) as f64;
+    let y0 = lo.log10().floor();
+    let y1 = hi.log10().ceil().max(y0 + 1.0);
+    let px = |x: f64| left + x.min(x_max) / x_max * pw;
+    let py = |ns: u64| top + ph - ((ns.max(1) as f64).log10() - y0) / (y1 - y0) * ph;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(s, r#"<text x="{}" y="28" font-size="15" font-weight="bold">{}</text>"#, left, esc(title));
+    // Horizontal grid: one line per decade of latency.
+    let mut d = y0 as i32;
+    while d as f64 <= y1 {
+        let ns = 10f64.powi(d) as u64;
+        let y = py(ns);
+        let _ = writeln!(s, r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/>"##, left + pw);
+        let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#, left - 6.0, y + 4.0, decade(d));
+        d += 1;
+    }
+    // Vertical grid: one line per nine.
+    for i in 0..=(x_max as usize) {
+        let x = px(i as f64);
+        let _ = writeln!(s, r##"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{:.1}" stroke="#ddd"/>"##, top + ph);
+        let _ = writeln!(
+            s,
+            r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            top + ph + 18.0,
+            NINES_LABELS.get(i).copied().unwrap_or("")
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">percentile (log scale of nines; each line ends at its maximum)</text>"#,
+        left + pw / 2.0,
+        h - 14.0
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="18" y="{:.1}" text-anchor="middle" transform="rotate(-90 18 {:.1})">latency</text>"#,
+        top + ph / 2.0,
+        top + ph / 2.0
+    );
+    let _ = writeln!(s, r##"<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>"##);
+    for (i, l) in lines.iter().enumerate() {
+        let pts: Vec<String> = l.curve.iter().map(|&(x, ns)| format!("{:.1},{:.1}", px(x), py(ns))).collect();
+        let dash = if l.durability == Durability::Durable { "" } else { r#" stroke-dasharray="6 4""# };
+        let _ = writeln!(
+            s,
+            r#"<polyline fill="none" stroke="{}" stroke-width="2"{dash} points="{}"/>"#,
+            color(l.kind),
+            pts.join(" ")
+        );
+        let ly = top + 10.0 + i as f64 * 20.0;
+        let lx = left + pw + 16.0;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{}" stroke-width="2"{dash}/>"#,
+            lx + 28.0,
+            color(l.kind)
+        );
+        let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, lx + 34.0, ly + 4.0, esc(&l.label));
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn decade(d: i32) -> &'static str {
+    match d {
+        0 => "1 ns",
+        1 => "10 ns",
+        2 => "100 ns",
+        3 => "1 µs",
+        4 => "10 µs",
+        5 => "100 µs",
+        6 => "1 ms",
+        7 => "10 ms",
+        8 => "100 ms",
+        9 => "1 s",
+        10 => "10 s",
+        _ => "",
+    }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_get_thousands_separators() {
+        assert_eq!(fmt_count(1234567.4), "1,234,567");
+        assert_eq!(fmt_count(999.0), "999");
+        assert_eq!(fmt_count(1000.0), "1,000");
+    }
+
+    #[test]
+    fn json_strings_are_escaped() {
+        assert_eq!(jstr("a\"b\\c\n\u{1}"), r#""a\"b\\c\n\u0001""#);
+        assert_eq!(jnum(f64::NAN), "null");
+    }
+
+    #[test]
+    fn svg_has_one_polyline_per_line() {
+        let line = |k| Line {
+            label: "x".into(),
+            kind: k,
+            durability: Durability::Durable,
+            curve: vec![(0.0, 1000), (1.0, 5000), (2.5, 90_000)],
+        };
+        let s = svg("t <1>", &[line(Kind::Runnel), line(Kind::Redis)]);
+        assert_eq!(s.matches("<polyline").count(), 2);
+        assert!(s.contains("t &lt;1&gt;") && s.ends_with("</svg>\n"));
+    }
+}

@@ -1,0 +1,860 @@
+//! The five workloads. Each configuration runs against a fresh server (so
+//! one run's leftovers, backlog or memory cannot colour the next) and ends
+//! by draining its topic, checking that every acknowledged produce was
+//! consumed at least once.
+//!
+//! - W1 produce throughput: one connection, pipeline depth 1/16/256 (and
+//!   runnel's batched PRODUCE), 16 B to 16 KiB messages, closed loop.
+//! - W2 fan-in: 1/16/256 connections at depth 1, driven by one epoll loop.
+//! - W3 end-to-end latency, open loop at fixed rates, measured from each
+//!   message's intended send time (no coordinated omission).
+//! - W4 work queue: producers and consumers on one topic at once.
+//! - W5 backlog: fill a topic with small messages, then drain it.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::conn::{Consumer, Producer, Target};
+use crate::latency::{Latency, Samples, now_ns};
+use crate::server::{Durability, Kind, Server};
+use crate::sys;
+use crate::tracker::{self, Seen, Verify};
+
+/// How big each workload is: the full comparison, or `--quick`.
+#[derive(Clone, Debug)]
+pub struct Scale {
+    /// W1: time per configuration, and caps on messages and payload bytes
+    /// (so a fast broker does not fill memory with 16 KiB messages).
+    pub w1_time: Duration,
+    pub w1_msgs_max: u64,
+    pub w1_bytes_max: u64,
+    pub w2_time: Duration,
+    /// W3: time per rate, and the start of each run left out of the
+    /// percentiles (connection set-up, topic creation).
+    pub w3_time: Duration,
+    pub w3_warmup: Duration,
+    pub w4_time: Duration,
+    pub w5_msgs: u64,
+    /// 4 KiB write + fdatasync rounds of the disk probe.
+    pub fsync_probe_rounds: usize,
+    /// A drain gives up after this long with nothing delivered.
+    pub drain_idle: Duration,
+}
+
+impl Scale {
+    pub fn new(quick: bool) -> Scale {
+        if quick {
+            Scale {
+                w1_time: Duration::from_millis(50),
+                w1_msgs_max: 50_000,
+                w1_bytes_max: 8 << 20,
+                w2_time: Duration::from_millis(100),
+                w3_time: Duration::from_millis(200),
+                w3_warmup: Duration::from_millis(20),
+                w4_time: Duration::from_millis(150),
+                w5_msgs: 100_000,
+                fsync_probe_rounds: 50,
+                drain_idle: Duration::from_secs(3),
+            }
+        } else {
+            Scale {
+                w1_time: Duration::from_secs(1),
+                w1_msgs_max: 3_000_000,
+                w1_bytes_max: 512 << 20,
+                w2_time: Duration::from_secs(2),
+                w3_time: Duration::from_secs(3),
+                w3_warmup: Duration::from_millis(300),
+                w4_time: Duration::from_secs(2),
+                w5_msgs: 10_000_000,
+                fsync_probe_rounds: 2000,
+                drain_idle: Duration::from_secs(5),
+            }
+        }
+    }
+}
+
+/// W1's ways of producing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Produce {
+    /// One message per request, up to this many requests in flight.
+    Depth(usize),
+    /// runnel's batched PRODUCE: this many messages per request (fewer for
+    /// large messages, see `batch_len`), 4 requests in flight.
+    Batch(usize),
+}
+
+/// One configuration of one workload.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Config {
+    W1 { size: usize, produce: Produce },
+    W2 { conns: usize },
+    W3 { rate: u64 },
+    W4 { producers: usize, consumers: usize },
+    W5,
+}
+
+/// Message size of W2, W3 and W4.
+const SIZE: usize = 128;
+/// Message size of W5 (the "small 100-byte messages").
+const W5_SIZE: usize = 100;
+/// W1 batched PRODUCE: messages per batch, bytes per batch, batches in
+/// flight.
+const BATCH_MSGS: usize = 4096;
+const BATCH_BYTES: usize = 1 << 20;
+const BATCH_DEPTH: usize = 4;
+/// W3: a broker more than this far behind the send schedule cannot
+/// sustain the rate; the run stops there and says so.
+const W3_LAG_MAX: Duration = Duration::from_secs(1);
+/// W3: how long to wait for the last acknowledgements of a saturated run.
+const W3_TAIL_MAX: Duration = Duration::from_secs(3);
+/// Consumers: most messages per fetch, and the long-poll wait.
+const FETCH_MAX: u32 = 256;
+const DRAIN_FETCH_MAX: u32 = 1000;
+const WAIT_MS: u32 = 100;
+
+impl Config {
+    pub fn workload(&self) -> &'static str {
+        match self {
+            Config::W1 { .. } => "W1",
+            Config::W2 { .. } => "W2",
+            Config::W3 { .. } => "W3",
+            Config::W4 { .. } => "W4",
+            Config::W5 => "W5",
+        }
+    }
+
+    /// The configurations of `workload` for `kind` (batched produce is
+    /// runnel's alone).
+    pub fn all(workload: &str, kind: Kind) -> Vec<Config> {
+        match workload {
+            "W1" => {
+                let mut v = Vec::new();
+                for size in [16, 128, 1024, 16 << 10] {
+                    for d in [1, 16, 256] {
+                        v.push(Config::W1 { size, produce: Produce::Depth(d) });
+                    }
+                    if kind == Kind::Runnel {
+                        v.push(Config::W1 { size, produce: Produce::Batch(batch_len(size)) });
+                    }
+                }
+                v
+            }
+            "W2" => [1, 16, 256].map(|conns| Config::W2 { conns }).to_vec(),
+            "W3" => [1_000, 10_000, 100_000].map(|rate| Config::W3 { rate }).to_vec(),
+            "W4" => vec![Config::W4 { producers: 4, consumers: 4 }],
+            "W5" => vec![Config::W5],
+            _ => Vec::new(),
+        }
+    }
+
+    /// W5 compares memory and drain rate, not durability: it runs
+    /// non-durable only (a durable beanstalkd does one fsync per put, so
+    /// 10M puts would take hours).
+    pub fn durabilities(&self) -> &'static [Durability] {
+        match self {
+            Config::W5 => &[Durability::Volatile],
+            _ => &Durability::ALL,
+        }
+    }
+
+    /// Extra server flags this configuration needs.
+    pub fn server_args(&self, kind: Kind, scale: &Scale) -> Vec<String> {
+        match (self, kind) {
+            // The backlog is larger than runnel's default depth limits.
+            (Config::W5, Kind::Runnel) => vec![
+                "--topic-messages-max".into(),
+                (scale.w5_msgs * 2).to_string(),
+                "--topic-bytes-max".into(),
+                (scale.w5_msgs * W5_SIZE as u64 * 2).max(1 << 30).to_string(),
+            ],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Words for the table's config column.
+    pub fn label(&self) -> String {
+        match *self {
+            Config::W1 { size, produce: Produce::Depth(d) } => format!("{} B, depth {d}", size_label(size)),
+            Config::W1 { size, produce: Produce::Batch(b) } => {
+                format!("{} B, batch {b} x{BATCH_DEPTH}", size_label(size))
+            }
+            Config::W2 { conns } => format!("{conns} conn{}, depth 1, {SIZE} B", if conns == 1 { "" } else { "s" }),
+            Config::W3 { rate } => format!("{} msgs/s open loop, {SIZE} B", rate_label(rate)),
+            Config::W4 { producers, consumers } => {
+                format!("{producers} producers (depth 16) + {consumers} consumers, {SIZE} B")
+            }
+            Config::W5 => format!("{W5_SIZE} B"),
+        }
+    }
+
+    /// Which plot this configuration's latency curve goes to, if any.
+    pub fn plot(&self) -> Option<(String, String)> {
+        match *self {
+            Config::W1 { size: 128, produce: Produce::Depth(1) } => {
+                Some(("w1".into(), "W1: produce round trip, 128 B, 1 connection, depth 1".into()))
+            }
+            Config::W2 { conns: 256 } => {
+                Some(("w2".into(), "W2: produce round trip, 256 connections at depth 1, 128 B".into()))
+            }
+            Config::W3 { rate } => Some((
+                format!("w3-{}", rate_label(rate)),
+                format!("W3: end to end from intended send, {} msgs/s open loop", rate_label(rate)),
+            )),
+            Config::W4 { .. } => Some(("w4".into(), "W4: work queue, end to end from send".into())),
+            Config::W5 => Some(("w5".into(), "W5: produce round trip while filling the backlog (depth 256)".into())),
+            _ => None,
+        }
+    }
+}
+
+fn size_label(size: usize) -> String {
+    if size >= 1024 { format!("{} Ki", size / 1024) } else { size.to_string() }
+}
+
+fn rate_label(rate: u64) -> String {
+    if rate >= 1000 { format!("{}k", rate / 1000) } else { rate.to_string() }
+}
+
+/// Messages per batched PRODUCE for `size`-byte messages.
+fn batch_len(size: usize) -> usize {
+    (BATCH_BYTES / size).clamp(1, BATCH_MSGS)
+}
+
+/// One row of the report.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    pub config: Config,
+    /// Position of the configuration in its workload, for ordering rows.
+    pub order: usize,
+    pub broker: Kind,
+    pub durability: Durability,
+    /// The cores the server could run on.
+    pub server_cores: String,
+    /// Messages the measured rate counts.
+    pub messages: u64,
+    /// Payload bytes of each message.
+    pub size: usize,
+    pub seconds: f64,
+    /// Server CPU seconds (user + system) over `seconds`, if readable.
+    pub cpu_seconds: Option<f64>,
+    pub latency: Option<Latency>,
+    /// Named figures particular to the workload (fsyncs per second, RSS).
+    pub extra: Vec<(String, f64)>,
+    pub notes: Vec<String>,
+    pub verify: Option<Verify>,
+    /// The phase, for workloads with more than one row (W5 fill, drain).
+    pub phase: &'static str,
+}
+
+impl RunResult {
+    fn new(ctx: &Ctx<'_>, size: usize, phase: &'static str) -> RunResult {
+        RunResult {
+            config: ctx.config,
+            order: ctx.order,
+            broker: ctx.server.kind,
+            durability: ctx.server.durability,
+            server_cores: ctx.server.cores.clone(),
+            messages: 0,
+            size,
+            seconds: 0.0,
+            cpu_seconds: None,
+            latency: None,
+            extra: Vec::new(),
+            notes: Vec::new(),
+            verify: None,
+            phase,
+        }
+    }
+
+    pub fn msgs_per_s(&self) -> f64 {
+        if self.seconds > 0.0 { self.messages as f64 / self.seconds } else { 0.0 }
+    }
+    pub fn mb_per_s(&self) -> f64 {
+        self.msgs_per_s() * self.size as f64 / 1e6
+    }
+    pub fn cpu_s_per_million(&self) -> Option<f64> {
+        let cpu = self.cpu_seconds?;
+        (self.messages > 0).then(|| cpu * 1e6 / self.messages as f64)
+    }
+    pub fn extra(&self, key: &str) -> Option<f64> {
+        self.extra.iter().find(|e| e.0 == key).map(|e| e.1)
+    }
+}
+
+/// What a configuration runs against.
+pub struct Ctx<'a> {
+    pub server: &'a Server,
+    pub target: Target,
+    pub config: Config,
+    pub order: usize,
+    pub scale: &'a Scale,
+}
+
+/// Runs one configuration.
+pub fn run(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
+    match ctx.config {
+        Config::W1 { size, produce } => w1(ctx, size, produce).map(|r| vec![r]),
+        Config::W2 { conns } => w2(ctx, conns).map(|r| vec![r]),
+        Config::W3 { rate } => w3(ctx, rate).map(|r| vec![r]),
+        Config::W4 { producers, consumers } => w4(ctx, producers, consumers).map(|r| vec![r]),
+        Config::W5 => w5(ctx),
+    }
+}
+
+/// Server CPU seconds between `start` and a later reading.
+struct CpuMeter<'a> {
+    server: &'a Server,
+    start: Option<f64>,
+}
+
+impl<'a> CpuMeter<'a> {
+    fn start(server: &'a Server) -> CpuMeter<'a> {
+        CpuMeter { server, start: server.cpu_seconds().ok() }
+    }
+    fn read(&self) -> Option<f64> {
+        Some(self.server.cpu_seconds().ok()? - self.start?)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Producing in a closed loop (W1, W4, W5).
+// ---------------------------------------------------------------------------
+
+/// A closed-loop producer's parameters.
+struct Closed {
+    /// Producer number in sequence numbers.
+    producer: u32,
+    size: usize,
+    /// Most requests in flight; more are sent once half are answered.
+    depth: usize,
+    /// Messages per request (more than 1 only with batched produce).
+    batch: usize,
+    deadline: Instant,
+    msgs_max: u64,
+}
+
+/// Produces until the deadline or the message cap, keeping between
+/// depth/2 and depth requests in flight (one write per refill), and waits
+/// for every reply. Records each request's round trip; returns the
+/// messages acknowledged.
+fn closed_loop(p: &mut dyn Producer, c: &Closed, lat: &mut Samples) -> Result<u64, String> {
+    assert!(c.batch == 1 || p.batch_native(), "batched produce on a broker without it");
+    assert!(c.size >= tracker::HEADER_BYTES && c.depth >= 1);
+    let mut buf = vec![b'x'; c.size * c.batch];
+    let mut sent_at: VecDeque<u64> = VecDeque::with_capacity(c.depth);
+    let (mut sent, mut acked) = (0u64, 0u64);
+    let low_water = c.depth / 2;
+    loop {
+        let more = sent < c.msgs_max && Instant::now() < c.deadline;
+        if more {
+            while p.in_flight() < c.depth && sent < c.msgs_max {
+                let n = (c.batch as u64).min(c.msgs_max - sent) as usize;
+                let now = now_ns();
+                if c.batch == 1 {
+                    tracker::stamp(&mut buf, tracker::seq(c.producer, sent), now);
+                    p.queue(&buf[..c.size]);
+                } else {
+                    for (j, m) in buf.chunks_mut(c.size).take(n).enumerate() {
+                        tracker::stamp(m, tracker::seq(c.producer, sent + j as u64), now);
+                    }
+                    let msgs: Vec<&[u8]> = buf.chunks(c.size).take(n).collect();
+                    p.queue_batch(&msgs);
+                }
+                sent_at.push_back(now);
+                sent += n as u64;
+            }
+            p.flush()?;
+        } else if p.in_flight() == 0 {
+            return Ok(acked);
+        }
+        let target = if more { low_water } else { 0 };
+        while p.in_flight() > target {
+            acked += u64::from(p.recv()?);
+            let t = sent_at.pop_front().unwrap_or(0);
+            lat.push(now_ns().saturating_sub(t));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Consuming and checking delivery.
+// ---------------------------------------------------------------------------
+
+/// Consumes `topic` until every expected message in `seen` was delivered,
+/// or nothing came for `idle`. Returns (deliveries, seconds).
+fn drain(target: &Target, topic: &str, seen: &mut Seen, idle: Duration) -> Result<(u64, f64), String> {
+    let started = Instant::now();
+    let mut c = target.consumer(topic, "drain")?;
+    let mut last = Instant::now();
+    let mut got = 0u64;
+    while !seen.complete() {
+        let n = c.next(DRAIN_FETCH_MAX, WAIT_MS, &mut |payload| {
+            if let Some((seq, _)) = tracker::read(payload) {
+                seen.add(seq);
+            }
+        })?;
+        got += n as u64;
+        if n > 0 {
+            last = Instant::now();
+        } else if last.elapsed() > idle {
+            break;
+        }
+    }
+    c.ack_pending()?;
+    Ok((got, started.elapsed().as_secs_f64()))
+}
+
+/// Drains whatever the run left and returns the delivery check.
+fn finish(ctx: &Ctx<'_>, topic: &str, mut seen: Seen) -> Result<Verify, String> {
+    if !seen.complete() {
+        drain(&ctx.target, topic, &mut seen, ctx.scale.drain_idle)?;
+    }
+    ctx.target.cleanup(topic)?;
+    Ok(seen.verify())
+}
+
+/// A consumer thread's loop: consume until told the producers are done
+/// and `expected` deliveries arrived (or nothing came for `idle` after
+/// that). Each delivery's latency from the time in its header is recorded
+/// if that time is at or after `from_ns`; `window_end_ns` bounds the
+/// deliveries counted as "in the window".
+struct ConsumerRun {
+    done: Arc<AtomicBool>,
+    expected: Arc<AtomicU64>,
+    delivered: Arc<AtomicU64>,
+    from_ns: u64,
+    window_end_ns: Arc<AtomicU64>,
+    idle: Duration,
+}
+
+/// What a consumer thread brings back.
+#[derive(Default)]
+struct Consumed {
+    lat: Samples,
+    seqs: Vec<u64>,
+    in_window: u64,
+}
+
+impl ConsumerRun {
+    fn run(self, mut c: Box<dyn Consumer>) -> Result<Consumed, String> {
+        let mut out = Consumed::default();
+        let mut last = Instant::now();
+        loop {
+            let window_end = self.window_end_ns.load(Ordering::Relaxed);
+            let n = c.next(FETCH_MAX, WAIT_MS, &mut |payload| {
+                let now = now_ns();
+                if let Some((seq, t)) = tracker::read(payload) {
+                    out.seqs.push(seq);
+                    if t >= self.from_ns {
+                        out.lat.push(now.saturating_sub(t));
+                    }
+                }
+                if now <= window_end {
+                    out.in_window += 1;
+                }
+            })?;
+            let total = self.delivered.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+            if n > 0 {
+                last = Instant::now();
+            }
+            if self.done.load(Ordering::Acquire) {
+                if total >= self.expected.load(Ordering::Acquire) {
+                    break;
+                }
+                if n == 0 && last.elapsed() > self.idle {
+                    break;
+                }
+            }
+        }
+        c.ack_pending()?;
+        Ok(out)
+    }
+}
+
+fn join<T>(h: thread::JoinHandle<Result<T, String>>, what: &str) -> Result<T, String> {
+    h.join().map_err(|_| format!("the {what} thread panicked"))?
+}
+
+// ---------------------------------------------------------------------------
+// The workloads.
+// ---------------------------------------------------------------------------
+
+fn w1(ctx: &Ctx<'_>, size: usize, produce: Produce) -> Result<RunResult, String> {
+    let s = ctx.scale;
+    let topic = format!("w1-{size}");
+    ctx.target.prepare(&topic)?;
+    let mut p = ctx.target.producer(&topic)?;
+    let (depth, batch) = match produce {
+        Produce::Depth(d) => (d, 1),
+        Produce::Batch(b) => (BATCH_DEPTH, b),
+    };
+    let closed = Closed {
+        producer: 0,
+        size,
+        depth,
+        batch,
+        deadline: Instant::now() + s.w1_time,
+        msgs_max: s.w1_msgs_max.min(s.w1_bytes_max / size as u64),
+    };
+    let mut lat = Samples::default();
+    let cpu = CpuMeter::start(ctx.server);
+    let t0 = Instant::now();
+    let acked = closed_loop(p.as_mut(), &closed, &mut lat)?;
+    let mut r = RunResult::new(ctx, size, "");
+    r.seconds = t0.elapsed().as_secs_f64();
+    r.cpu_seconds = cpu.read();
+    r.messages = acked;
+    r.latency = lat.summarize(if batch > 1 { "batch request round trip" } else { "request round trip" });
+    drop(p);
+    r.verify = Some(finish(ctx, &topic, Seen::new(&[acked]))?);
+    Ok(r)
+}
+
+fn w2(ctx: &Ctx<'_>, conns: usize) -> Result<RunResult, String> {
+    let topic = format!("w2-{conns}");
+    ctx.target.prepare(&topic)?;
+    let mut prods: Vec<Box<dyn Producer>> = Vec::with_capacity(conns);
+    let mut epoll = sys::Epoll::new(conns).map_err(|e| format!("epoll: {e}"))?;
+    for i in 0..conns {
+        let p = ctx.target.producer(&topic)?;
+        epoll.add(p.fd(), i as u64).map_err(|e| format!("epoll: {e}"))?;
+        prods.push(p);
+    }
+    let mut buf = vec![b'x'; SIZE];
+    let mut sent = vec![0u64; conns];
+    let mut acked = vec![0u64; conns];
+    let mut sent_at = vec![0u64; conns];
+    let mut lat = Samples::default();
+    let counters0 = ctx.target.sync_counters()?;
+    let cpu = CpuMeter::start(ctx.server);
+    let t0 = Instant::now();
+    let deadline = t0 + ctx.scale.w2_time;
+    let mut in_flight = 0usize;
+    let mut send = |i: usize, p: &mut dyn Producer, sent: &mut [u64], sent_at: &mut [u64]| -> Result<(), String> {
+        let now = now_ns();
+        tracker::stamp(&mut buf, tracker::seq(i as u32, sent[i]), now);
+        p.queue(&buf);
+        p.flush()?;
+        sent[i] += 1;
+        sent_at[i] = now;
+        Ok(())
+    };
+    for (i, p) in prods.iter_mut().enumerate() {
+        send(i, p.as_mut(), &mut sent, &mut sent_at)?;
+        in_flight += 1;
+    }
+    let mut ready = Vec::with_capacity(conns);
+    while in_flight > 0 {
+        epoll.wait(1000, &mut ready).map_err(|e| format!("epoll: {e}"))?;
+        for &token in &ready {
+            let i = token as usize;
+            let p = prods[i].as_mut();
+            if p.in_flight() == 0 {
+                continue;
+            }
+            acked[i] += u64::from(p.recv()?);
+            in_flight -= 1;
+            lat.push(now_ns().saturating_sub(sent_at[i]));
+            if Instant::now() < deadline {
+                send(i, p, &mut sent, &mut sent_at)?;
+                in_flight += 1;
+            }
+        }
+    }
+    let mut r = RunResult::new(ctx, SIZE, "");
+    r.seconds = t0.elapsed().as_secs_f64();
+    r.cpu_seconds = cpu.read();
+    r.messages = acked.iter().sum();
+    r.latency = lat.summarize("request round trip");
+    if let (Some(a), Some(b)) = (counters0, ctx.target.sync_counters()?) {
+        let fsyncs = (b.fsyncs - a.fsyncs) as f64;
+        let commits = (b.log_commits - a.log_commits) as f64;
+        let produces = (b.produces_committed - a.produces_committed) as f64;
+        r.extra.push(("fsyncs_per_s".into(), fsyncs / r.seconds));
+        r.extra.push(("log_writes_per_s".into(), commits / r.seconds));
+        if fsyncs > 0.0 {
+            r.extra.push(("produces_per_fsync".into(), produces / fsyncs));
+        }
+        if commits > 0.0 {
+            r.extra.push(("produces_per_log_write".into(), produces / commits));
+        }
+    }
+    drop(prods);
+    r.verify = Some(finish(ctx, &topic, Seen::new(&acked))?);
+    Ok(r)
+}
+
+fn w3(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
+    let s = ctx.scale;
+    let topic = format!("w3-{rate}");
+    ctx.target.prepare(&topic)?;
+    let mut p = ctx.target.producer(&topic)?;
+    let consumer = ctx.target.consumer(&topic, "c0")?;
+    let interval_ns = 1_000_000_000 / rate;
+    // Start a little ahead so set-up is not charged to the first message.
+    let start_ns = now_ns() + 5_000_000;
+    let warm_ns = start_ns + s.w3_warmup.as_nanos() as u64;
+    let end_ns = start_ns + s.w3_time.as_nanos() as u64;
+    let done = Arc::new(AtomicBool::new(false));
+    let expected = Arc::new(AtomicU64::new(u64::MAX));
+    let run = ConsumerRun {
+        done: done.clone(),
+        expected: expected.clone(),
+        delivered: Arc::new(AtomicU64::new(0)),
+        from_ns: warm_ns,
+        window_end_ns: Arc::new(AtomicU64::new(u64::MAX)),
+        idle: s.drain_idle,
+    };
+    let consumer = thread::Builder::new()
+        .name("w3-consumer".into())
+        .spawn(move || run.run(consumer))
+        .map_err(|e| format!("cannot start a thread: {e}"))?;
+    sys::set_timer_slack_ns(1_000);
+    let cpu = CpuMeter::start(ctx.server);
+    let mut buf = vec![b'x'; SIZE];
+    let mut intended: VecDeque<u64> = VecDeque::new();
+    let mut ack_lat = Samples::default();
+    let (mut next, mut acked) = (0u64, 0u64);
+    let mut saturated: Option<String> = None;
+    let mut take = |n: u32, intended: &mut VecDeque<u64>, acked: &mut u64| {
+        *acked += u64::from(n);
+        if let Some(t) = intended.pop_front()
+            && t >= warm_ns
+        {
+            ack_lat.push(now_ns().saturating_sub(t));
+        }
+    };
+    let producing: Result<(), String> = (|| {
+        loop {
+            let now = now_ns();
+            if now >= end_ns {
+                return Ok(());
+            }
+            let mut queued = false;
+            while start_ns + next * interval_ns <= now && start_ns + next * interval_ns < end_ns {
+                let t = start_ns + next * interval_ns;
+                tracker::stamp(&mut buf, tracker::seq(0, next), t);
+                p.queue(&buf);
+                intended.push_back(t);
+                next += 1;
+                queued = true;
+            }
+            if queued {
+                p.flush()?;
+            }
+            p.recv_ready(&mut |n| take(n, &mut intended, &mut acked))?;
+            if let Some(&oldest) = intended.front() {
+                let lag = now_ns().saturating_sub(oldest);
+                if lag > W3_LAG_MAX.as_nanos() as u64 {
+                    saturated = Some(format!(
+                        "saturated: {}s after the start the oldest unacknowledged produce was {:.1} s old; stopped sending",
+                        (now_ns() - start_ns) / 1_000_000_000,
+                        lag as f64 / 1e9
+                    ));
+                    return Ok(());
+                }
+            }
+            let due = start_ns + next * interval_ns;
+            let wait = due.saturating_sub(now_ns());
+            if wait > 0 {
+                sys::wait_readable(p.fd(), Duration::from_nanos(wait)).map_err(|e| format!("ppoll: {e}"))?;
+            }
+        }
+    })();
+    let sent_secs = (now_ns().min(end_ns).saturating_sub(start_ns)) as f64 / 1e9;
+    // The tail: the last acknowledgements (a saturated broker gets a bound).
+    let tail_end = Instant::now() + if saturated.is_some() { W3_TAIL_MAX } else { Duration::from_secs(30) };
+    let mut tail: Result<(), String> = producing;
+    while tail.is_ok() && p.in_flight() > 0 && Instant::now() < tail_end {
+        tail = sys::wait_readable(p.fd(), Duration::from_millis(100))
+            .map_err(|e| format!("ppoll: {e}"))
+            .and_then(|_| p.recv_ready(&mut |n| take(n, &mut intended, &mut acked)));
+    }
+    let abandoned = p.in_flight();
+    drop(p);
+    expected.store(acked, Ordering::Release);
+    done.store(true, Ordering::Release);
+    let consumed = join(consumer, "consumer");
+    tail?;
+    let consumed = consumed?;
+    let mut r = RunResult::new(ctx, SIZE, "");
+    r.cpu_seconds = cpu.read();
+    r.seconds = sent_secs;
+    r.messages = acked;
+    r.latency = consumed.lat.summarize("end to end from intended send time (open loop)");
+    if let Some(a) = ack_lat.summarize("produce acknowledged, from intended send time") {
+        r.extra.push(("produce_ack_p50_us".into(), a.p50_ns as f64 / 1e3));
+        r.extra.push(("produce_ack_p99_us".into(), a.p99_ns as f64 / 1e3));
+    }
+    r.extra.push(("offered_msgs_per_s".into(), rate as f64));
+    if let Some(sat) = saturated {
+        r.notes.push(sat);
+    }
+    if abandoned > 0 {
+        r.notes.push(format!("{abandoned} produces still unacknowledged when the run was cut; not counted"));
+    }
+    let mut seen = Seen::new(&[acked]);
+    for q in &consumed.seqs {
+        seen.add(*q);
+    }
+    r.verify = Some(finish(ctx, &topic, seen)?);
+    Ok(r)
+}
+
+fn w4(ctx: &Ctx<'_>, producers: usize, consumers: usize) -> Result<RunResult, String> {
+    let topic = "w4".to_string();
+    ctx.target.prepare(&topic)?;
+    let done = Arc::new(AtomicBool::new(false));
+    let expected = Arc::new(AtomicU64::new(u64::MAX));
+    let delivered = Arc::new(AtomicU64::new(0));
+    let window_end_ns = Arc::new(AtomicU64::new(u64::MAX));
+    let mut chandles = Vec::new();
+    for i in 0..consumers {
+        let c = ctx.target.consumer(&topic, &format!("c{i}"))?;
+        let run = ConsumerRun {
+            done: done.clone(),
+            expected: expected.clone(),
+            delivered: delivered.clone(),
+            from_ns: 0,
+            window_end_ns: window_end_ns.clone(),
+            idle: ctx.scale.drain_idle,
+        };
+        chandles.push(
+            thread::Builder::new()
+                .name(format!("w4-consumer-{i}"))
+                .spawn(move || run.run(c))
+                .map_err(|e| format!("cannot start a thread: {e}"))?,
+        );
+    }
+    let mut prods = Vec::new();
+    for _ in 0..producers {
+        prods.push(ctx.target.producer(&topic)?);
+    }
+    let cpu = CpuMeter::start(ctx.server);
+    let t0 = Instant::now();
+    let deadline = t0 + ctx.scale.w4_time;
+    window_end_ns.store(now_ns() + ctx.scale.w4_time.as_nanos() as u64, Ordering::Relaxed);
+    let mut phandles = Vec::new();
+    for (i, mut p) in prods.into_iter().enumerate() {
+        let closed = Closed { producer: i as u32, size: SIZE, depth: 16, batch: 1, deadline, msgs_max: u64::MAX };
+        phandles.push(
+            thread::Builder::new()
+                .name(format!("w4-producer-{i}"))
+                .spawn(move || {
+                    let mut lat = Samples::default();
+                    closed_loop(p.as_mut(), &closed, &mut lat)
+                })
+                .map_err(|e| format!("cannot start a thread: {e}"))?,
+        );
+    }
+    let mut acked = Vec::new();
+    let mut first_err = None;
+    for h in phandles {
+        match join(h, "producer") {
+            Ok(n) => acked.push(n),
+            Err(e) => {
+                acked.push(0);
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    let window = t0.elapsed().as_secs_f64();
+    expected.store(acked.iter().sum(), Ordering::Release);
+    done.store(true, Ordering::Release);
+    let mut lat = Samples::default();
+    let mut seen = Seen::new(&acked);
+    let mut in_window = 0;
+    for h in chandles {
+        match join(h, "consumer") {
+            Ok(mut c) => {
+                lat.append(&mut c.lat);
+                in_window += c.in_window;
+                for q in c.seqs {
+                    seen.add(q);
+                }
+            }
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let mut r = RunResult::new(ctx, SIZE, "");
+    r.cpu_seconds = cpu.read();
+    let total: u64 = acked.iter().sum();
+    let all_secs = t0.elapsed().as_secs_f64();
+    // The rate is what the consumers finished within the produce window;
+    // CPU is per message over the whole run, the catch-up included.
+    r.seconds = window;
+    r.messages = in_window;
+    r.cpu_seconds = r.cpu_seconds.map(|c| c * in_window as f64 / total.max(1) as f64);
+    r.latency = lat.summarize("end to end from send (closed loop)");
+    r.extra.push(("produced_msgs_per_s".into(), total as f64 / window));
+    r.extra.push(("catch_up_s".into(), all_secs - window));
+    r.verify = Some(finish(ctx, &topic, seen)?);
+    Ok(r)
+}
+
+fn w5(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
+    let n = ctx.scale.w5_msgs;
+    let topic = "w5".to_string();
+    ctx.target.prepare(&topic)?;
+    let (rss_before, _) = ctx.server.rss()?;
+    let mut p = ctx.target.producer(&topic)?;
+    let closed = Closed {
+        producer: 0,
+        size: W5_SIZE,
+        depth: 256,
+        batch: 1,
+        deadline: Instant::now() + Duration::from_secs(3600),
+        msgs_max: n,
+    };
+    let mut lat = Samples::default();
+    let cpu = CpuMeter::start(ctx.server);
+    let t0 = Instant::now();
+    let acked = closed_loop(p.as_mut(), &closed, &mut lat)?;
+    drop(p);
+    let mut fill = RunResult::new(ctx, W5_SIZE, "fill");
+    fill.seconds = t0.elapsed().as_secs_f64();
+    fill.cpu_seconds = cpu.read();
+    fill.messages = acked;
+    fill.latency = lat.summarize("request round trip while filling (depth 256)");
+    let (rss_full, _) = ctx.server.rss()?;
+    let cpu = CpuMeter::start(ctx.server);
+    let mut seen = Seen::new(&[acked]);
+    let (got, secs) = drain(&ctx.target, &topic, &mut seen, ctx.scale.drain_idle)?;
+    let mut drained = RunResult::new(ctx, W5_SIZE, "drain");
+    drained.seconds = secs;
+    drained.cpu_seconds = cpu.read();
+    drained.messages = got;
+    let (rss_end, peak) = ctx.server.rss()?;
+    ctx.target.cleanup(&topic)?;
+    drained.verify = Some(seen.verify());
+    for r in [&mut fill, &mut drained] {
+        r.extra.push(("rss_before_bytes".into(), rss_before as f64));
+        r.extra.push(("rss_full_bytes".into(), rss_full as f64));
+        r.extra.push(("rss_after_drain_bytes".into(), rss_end as f64));
+        r.extra.push(("peak_rss_bytes".into(), peak as f64));
+        r.extra.push(("rss_per_queued_msg_bytes".into(), rss_full.saturating_sub(rss_before) as f64 / acked.max(1) as f64));
+    }
+    Ok(vec![fill, drained])
+}
+
+/// The disk's own fdatasync latency, measured in the same directory the
+/// servers use: what a durable produce cannot beat.
+pub fn fsync_probe(scale: &Scale) -> Result<Latency, String> {
+    let dir = crate::server::temp_dir("fdatasync")?;
+    let samples = sys::fdatasync_probe(&dir, scale.fsync_probe_rounds, Duration::from_secs(10))
+        .map_err(|e| format!("fdatasync probe in {}: {e}", dir.display()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut s = Samples::default();
+    for v in samples? {
+        s.push(v);
+    }
+    s.summarize("4 KiB write + fdatasync").ok_or_else(|| "fdatasync probe took no samples".into())
+}

@@ -1,0 +1,192 @@
+//! Properties of `codec::decode_request` and `codec::decode_reply` on any
+//! bytes, shared (through `#[path]`) by the `decode` fuzz target and by
+//! `tests/stream_props.rs`. Not only "no panic":
+//!
+//! - a frame takes at least a header and at most the input, exactly what
+//!   its length field says, and decoding only those bytes gives the same;
+//! - `decode(encode(f)) == f`: re-encoding a decoded request gives back the
+//!   consumed bytes (the decoder takes only canonical requests); a decoded
+//!   reply, re-encoded with the broker's encoders, decodes to the same
+//!   reply in the same number of bytes;
+//! - every strict prefix of a decoded frame is "need more", and "need more"
+//!   is said only of a frame that has not all arrived;
+//! - an error that skips says `Skip::Bytes(n)` with n >= 12, the frame's
+//!   length, and the header's op and request id; only a length below the
+//!   minimum loses the boundary.
+#![allow(dead_code)]
+
+use runnel::codec::{
+    self, DecodeLimits, Decoded, ErrorCode, HEADER_BYTES, REPLY_BIT, Reply, ReplyFrame, Skip, op,
+};
+
+/// The limits a decode input is checked under, picked by its first byte.
+pub const LIMIT_SETS: [DecodeLimits; 4] = [
+    // The simulation's (fuzz/sim.rs small_limits).
+    DecodeLimits { frame_bytes_max: 2048, message_bytes_max: 64, batch_messages_max: 8, topic_name_bytes_max: 16 },
+    // The broker's defaults.
+    DecodeLimits {
+        frame_bytes_max: 8 << 20,
+        message_bytes_max: 1 << 20,
+        batch_messages_max: 8192,
+        topic_name_bytes_max: 200,
+    },
+    DecodeLimits::CLIENT,
+    // Tiny: every bound is a few bytes away.
+    DecodeLimits { frame_bytes_max: 40, message_bytes_max: 3, batch_messages_max: 2, topic_name_bytes_max: 2 },
+];
+
+/// Strict prefixes checked in full up to this frame size; larger frames get
+/// a sample, so one input stays cheap.
+const PREFIXES_ALL_MAX: usize = 256;
+
+/// What a header's length field says the frame takes (`buf.len() >= 4`).
+fn claimed(buf: &[u8]) -> usize {
+    u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize + 4
+}
+
+/// Strict prefix lengths of a frame of `n` bytes worth checking.
+fn prefixes(n: usize) -> Vec<usize> {
+    if n <= PREFIXES_ALL_MAX {
+        return (0..n).collect();
+    }
+    let mut v: Vec<usize> = (0..=HEADER_BYTES + 8).collect();
+    v.extend([n / 2, n - 2, n - 1]);
+    v
+}
+
+/// Checks `decode_request(buf)` against the bytes, under `limits`.
+pub fn check_request(buf: &[u8], limits: &DecodeLimits, ctx: &str) {
+    let result = codec::decode_request(buf, limits);
+    assert_eq!(codec::decode_request(buf, limits), result, "{ctx}: not deterministic");
+    let max = limits.frame_bytes_max as usize;
+    match &result {
+        Ok(Decoded::Frame(frame, n)) => {
+            let n = *n;
+            assert!((HEADER_BYTES..=buf.len()).contains(&n), "{ctx}: consumed {n} of {} bytes", buf.len());
+            assert_eq!(n, claimed(buf), "{ctx}: consumed other than the length field says");
+            assert!(n <= max, "{ctx}: took a frame over frame_bytes_max");
+            let mut again = Vec::with_capacity(n);
+            codec::encode_request(&mut again, frame.request_id, &frame.request);
+            assert!(again == buf[..n], "{ctx}: encode(decode(bytes)) != bytes for {frame:?}");
+            assert_eq!(codec::decode_request(&again, limits), result, "{ctx}: decode(encode(f)) != f");
+            for p in prefixes(n) {
+                let r = codec::decode_request(&buf[..p], limits);
+                assert_eq!(r, Ok(Decoded::NeedMore), "{ctx}: a {p}-byte prefix of a {n}-byte frame");
+            }
+        }
+        Ok(Decoded::NeedMore) => {
+            let incomplete = buf.len() < 4
+                || (claimed(buf) >= HEADER_BYTES
+                    && (buf.len() < HEADER_BYTES || (claimed(buf) <= max && buf.len() < claimed(buf))));
+            assert!(incomplete, "{ctx}: need more, but the frame (or its refusal) is all there");
+        }
+        Err(e) => {
+            assert!(!e.message.is_empty(), "{ctx}: an error without a message");
+            match e.skip {
+                Skip::Close => {
+                    assert_eq!((e.code, e.op, e.request_id), (ErrorCode::Malformed, 0, 0), "{ctx}");
+                    assert!(buf.len() >= 4 && claimed(buf) < HEADER_BYTES, "{ctx}: lost the boundary of a good length");
+                }
+                Skip::Bytes(n) => {
+                    assert!(n >= HEADER_BYTES, "{ctx}: Skip::Bytes({n}) is shorter than a header");
+                    assert!(buf.len() >= HEADER_BYTES, "{ctx}: refused a frame before its header came");
+                    assert_eq!(n, claimed(buf), "{ctx}: skips other than the length field says");
+                    assert_eq!((e.op, e.request_id), (buf[4], u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]])), "{ctx}");
+                    if e.code == ErrorCode::FrameTooLarge {
+                        assert!(n > max, "{ctx}: {n} bytes is not over frame_bytes_max {max}");
+                    } else {
+                        assert!(n <= buf.len(), "{ctx}: refused a {n}-byte frame before it all came");
+                        assert!(n <= max, "{ctx}: a frame over frame_bytes_max refused as {:?}", e.code);
+                        let alone = codec::decode_request(&buf[..n], limits);
+                        assert_eq!(alone, result, "{ctx}: the refusal depends on bytes after the frame");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Encodes `f` with the broker's reply encoders.
+pub fn encode_reply(f: &ReplyFrame<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    let rid = f.request_id;
+    match &f.reply {
+        Reply::Error { code, message } => {
+            let start = codec::begin_frame(&mut out, f.op | REPLY_BIT, *code, rid);
+            codec::put_str(&mut out, message.as_bytes());
+            codec::end_frame(&mut out, start);
+        }
+        Reply::Hello { version, limits } => codec::encode_hello_reply(&mut out, rid, *version, limits),
+        Reply::Pong => codec::encode_empty_reply(&mut out, f.op, rid),
+        Reply::Produced { first_id, count } => codec::encode_produce_reply(&mut out, rid, *first_id, *count),
+        Reply::Messages { topic, messages } => {
+            let mut w = codec::MessagesWriter::begin(&mut out, rid, topic);
+            for m in messages {
+                w.push(&mut out, m);
+            }
+            w.finish(&mut out);
+        }
+        Reply::Ids { done, failed } => codec::encode_ids_reply(&mut out, f.op, rid, *done, failed),
+        Reply::Stats(sections) => {
+            let mut w = codec::StatsWriter::begin(&mut out, rid);
+            for (name, kvs) in sections {
+                w.section(&mut out, name);
+                for (k, v) in kvs {
+                    w.kv(&mut out, k, *v);
+                }
+            }
+            w.finish(&mut out);
+        }
+        Reply::Created { created } => codec::encode_u64_reply(&mut out, op::CREATE_TOPIC, rid, u64::from(*created)),
+        Reply::Count(n) => codec::encode_u64_reply(&mut out, f.op, rid, *n),
+        Reply::Topics(topics) => codec::encode_topics_reply(&mut out, rid, topics),
+    }
+    out
+}
+
+/// Checks `decode_reply(buf, frame_bytes_max)` against the bytes.
+pub fn check_reply(buf: &[u8], frame_bytes_max: usize, ctx: &str) {
+    let result = codec::decode_reply(buf, frame_bytes_max);
+    assert_eq!(codec::decode_reply(buf, frame_bytes_max), result, "{ctx}: not deterministic");
+    match &result {
+        Ok(Decoded::Frame(f, n)) => {
+            let n = *n;
+            assert!((HEADER_BYTES..=buf.len()).contains(&n), "{ctx}: consumed {n} of {} bytes", buf.len());
+            assert!(n <= frame_bytes_max, "{ctx}: took a reply over the client's limit");
+            assert_eq!(n, claimed(buf), "{ctx}: consumed other than the length field says");
+            assert!(buf[4] & REPLY_BIT != 0, "{ctx}: took a request for a reply");
+            assert_eq!((f.op, f.request_id), (buf[4] & !REPLY_BIT, u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]])), "{ctx}");
+            assert_eq!(codec::decode_reply(&buf[..n], frame_bytes_max), result, "{ctx}: looked past the frame");
+            let again = encode_reply(f);
+            assert_eq!(again.len(), n, "{ctx}: {f:?} re-encodes to another length");
+            match codec::decode_reply(&again, usize::MAX) {
+                Ok(Decoded::Frame(g, m)) => {
+                    assert_eq!((&g, m), (f, n), "{ctx}: decode(encode(reply)) != reply")
+                }
+                other => panic!("{ctx}: {f:?} re-encoded does not decode: {other:?}"),
+            }
+            for p in prefixes(n) {
+                let r = codec::decode_reply(&buf[..p], frame_bytes_max);
+                assert_eq!(r, Ok(Decoded::NeedMore), "{ctx}: a {p}-byte prefix of a {n}-byte reply");
+            }
+        }
+        Ok(Decoded::NeedMore) => {
+            let incomplete = buf.len() < HEADER_BYTES || buf.len() < claimed(buf);
+            assert!(incomplete, "{ctx}: need more, but the reply is all there");
+        }
+        Err(e) => assert!(!e.is_empty(), "{ctx}: an error without a message"),
+    }
+}
+
+/// The decode fuzz target's whole check: the first byte picks the limits,
+/// the rest is the buffer, decoded as a request and as a reply.
+pub fn check_decode(data: &[u8], ctx: &str) {
+    let (pick, buf) = match data.split_first() {
+        Some((p, rest)) => (*p, rest),
+        None => (0, data),
+    };
+    let limits = &LIMIT_SETS[pick as usize % LIMIT_SETS.len()];
+    check_request(buf, limits, ctx);
+    let reply_max = if pick & 0x80 != 0 { 64 } else { usize::MAX };
+    check_reply(buf, reply_max, ctx);
+}

@@ -1,0 +1,799 @@
+//! A broker and its connections without sockets: the input side of
+//! `reactor.rs` (`serve`, `decode_input`, the bit bucket, the held and
+//! parked stops) and its turn order (serve, advance, commit, flush), driven
+//! by byte chunks instead of reads, and a clock that moves only when a
+//! parked FETCH needs it to.
+//!
+//! Shared, through `#[path]`, by the `stream` fuzz target and by
+//! `tests/stream_props.rs`, so that the fuzzer and `cargo test` check the
+//! same properties (`check_stream`):
+//!
+//! - the replies are byte-identical whether the stream comes whole or split
+//!   at any points (the chunks are the reads of one turn, as when they are
+//!   all in the socket);
+//! - arriving one chunk per turn, the stream decodes to the same frames and
+//!   errors and gets replies with the same ops and request ids in the same
+//!   order (the bytes may differ: STATS counts turns, and a message becomes
+//!   visible at a commit);
+//! - every request gets one reply, in request order; decode errors get the
+//!   error the decoder named;
+//! - the decoder consumes at least a header and at most what it was given,
+//!   re-encoding each frame gives back the consumed bytes, and every byte of
+//!   the stream is accounted for (framed, skipped, discarded, dropped at a
+//!   lost boundary, or still buffered);
+//! - afterwards a fresh session can HELLO, PRODUCE and FETCH, and the data
+//!   directory reopens with the same topics and messages (ids never go
+//!   back).
+//!
+//! What it leaves out, on purpose: the read budget per turn
+//! (`read_bytes_per_turn_max`) — it moves turn boundaries, which legitimately
+//! changes STATS replies — and the `bytes_in`/`bytes_out` counters, which
+//! depend on read sizes.
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use runnel::broker::{self, Broker, Config, Now, Outbox, Outcome, Session};
+use runnel::codec::{self, Batch, Decoded, ErrorCode, HEADER_BYTES, Reply, Request, Skip, TopicSettings};
+use runnel::limits::Limits;
+use runnel::log::{FsyncMode, LogOptions};
+use runnel::queue::Settings;
+
+/// Turns one connection may take to go quiet before the simulation calls
+/// it stuck (a parked FETCH that is never answered, input never served).
+const TURNS_MAX: usize = 100_000;
+/// The auth token of configurations with auth.
+pub const TOKEN: &[u8] = b"s3cret";
+/// The topic the after-stream check produces to.
+const CHECK_TOPIC: &str = "zz-check";
+
+// ---------------------------------------------------------------------------
+// Configuration.
+// ---------------------------------------------------------------------------
+
+/// Limits small enough that random streams reach every bound.
+pub fn small_limits() -> Limits {
+    Limits {
+        frame_bytes_max: 2048,
+        message_bytes_max: 64,
+        batch_messages_max: 8,
+        topic_name_bytes_max: 16,
+        // Far more topics than a stream can create (each takes >= 21
+        // bytes), so the after-stream check can always create its own.
+        topics_max: 10_000,
+        topic_messages_max: 40,
+        topic_bytes_max: 1024,
+        connections_max: 16,
+        output_bytes_max: 1 << 20,
+        fetch_bytes_max: 256,
+        fetch_wait_ms_max: 50,
+        read_bytes_per_turn_max: 4096,
+    }
+}
+
+/// A broker configuration and log options, chosen by the bits of `flags`:
+/// 1 auth token, 2 no auto-create, 4 small output limit, 8 small segments
+/// (rolls and compaction), 16 one delivery and a short ack timeout (dead
+/// letters).
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub broker: Config,
+    pub log: LogOptions,
+}
+
+impl SimConfig {
+    pub fn from_flags(flags: u8) -> SimConfig {
+        let mut limits = small_limits();
+        if flags & 4 != 0 {
+            // The least Limits::check allows with these limits.
+            limits.output_bytes_max = 1024;
+        }
+        let defaults = if flags & 16 != 0 {
+            Settings { ack_timeout_ms: 10, max_deliveries: 1 }
+        } else {
+            Settings { ack_timeout_ms: 1000, max_deliveries: 3 }
+        };
+        let broker = Config {
+            limits,
+            auto_create: flags & 2 == 0,
+            defaults,
+            auth_token: (flags & 1 != 0).then(|| TOKEN.to_vec()),
+        };
+        assert_eq!(broker.limits.check(), Ok(()), "the simulation's limits must be valid");
+        let segment_bytes_max = if flags & 8 != 0 { 512 } else { 64 << 10 };
+        SimConfig { broker, log: LogOptions { segment_bytes_max, fsync: FsyncMode::Never, repair: false } }
+    }
+}
+
+/// A fresh directory under `std::env::temp_dir()`, removed on drop.
+pub struct SimDir(PathBuf);
+
+impl SimDir {
+    pub fn new() -> SimDir {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("runnel-sim-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create the simulation's data directory");
+        SimDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Default for SimDir {
+    fn default() -> Self {
+        SimDir::new()
+    }
+}
+
+impl Drop for SimDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Connections.
+// ---------------------------------------------------------------------------
+
+/// What the input side of a connection did, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A frame of `bytes` bytes was decoded and handed to the broker.
+    Frame { op: u8, request_id: u32, bytes: usize },
+    /// The decoder refused a frame; its error reply was written.
+    Error { code: ErrorCode, op: u8, request_id: u32, skip: Skip },
+    /// The connection ended, and why.
+    End(String),
+}
+
+/// How the bytes of a stream reach the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// Every chunk is in the socket before the first turn: the chunks are
+    /// the reads of one turn.
+    AllAtOnce,
+    /// One chunk arrives per turn.
+    OnePerTurn,
+}
+
+/// One connection: `reactor::Conn` without the socket, plus what a test
+/// wants to see of it.
+#[derive(Default)]
+pub struct Conn {
+    pub session: Session,
+    /// Received bytes not yet decoded.
+    input: Vec<u8>,
+    /// Bytes of an oversized frame still to drop as they arrive.
+    discard_bytes: u64,
+    /// Replies not yet flushed.
+    out: Vec<u8>,
+    parked: bool,
+    held: bool,
+    /// Has input to serve next turn.
+    hot: bool,
+    closing: bool,
+    /// Chunks arrived in the socket, not yet read.
+    socket: VecDeque<Vec<u8>>,
+    /// The peer closed its side: read returns 0 once `socket` is empty.
+    eof: bool,
+    /// Every reply flushed, in order.
+    pub replies: Vec<u8>,
+    pub events: Vec<Event>,
+    /// Byte accounting: read from the socket, dropped by the bit bucket
+    /// while reading, dropped at a lost boundary.
+    pub read_bytes: usize,
+    pub discarded_bytes: usize,
+    pub dropped_bytes: usize,
+    /// The connection ended because its output passed output_bytes_max.
+    pub ended_for_output: bool,
+}
+
+impl Conn {
+    pub fn closing(&self) -> bool {
+        self.closing
+    }
+    pub fn parked(&self) -> bool {
+        self.parked
+    }
+    /// Bytes buffered, and bytes of a skipped frame still to come.
+    pub fn leftover(&self) -> (usize, u64) {
+        (self.input.len(), self.discard_bytes)
+    }
+}
+
+/// The connections, lent to the broker as its `Outbox`.
+#[derive(Default)]
+pub struct Conns(pub Vec<Conn>);
+
+impl Outbox for Conns {
+    fn out(&mut self, conn: usize) -> Option<&mut Vec<u8>> {
+        self.0.get_mut(conn).filter(|c| !c.closing).map(|c| &mut c.out)
+    }
+    fn unblock(&mut self, conn: usize) {
+        if let Some(c) = self.0.get_mut(conn) {
+            c.parked = false;
+            if !c.closing {
+                c.hot = true;
+            }
+        }
+    }
+}
+
+/// What `decode_input` asks of `serve` (as in the reactor).
+enum Step {
+    Continue,
+    Stop,
+    Resume,
+}
+
+// ---------------------------------------------------------------------------
+// The simulated reactor.
+// ---------------------------------------------------------------------------
+
+/// A broker on a data directory and its connections.
+pub struct Sim {
+    pub broker: Broker,
+    pub conns: Conns,
+    pub now: Now,
+    cfg: SimConfig,
+    dir: PathBuf,
+    next_consumer: u64,
+    /// Names the case in every assertion (a seed, or "fuzz input").
+    pub ctx: String,
+}
+
+impl Sim {
+    pub fn open(cfg: &SimConfig, dir: &Path, ctx: &str) -> Sim {
+        let now = Now { mono_ms: 1_000, wall_ms: 1_700_000_000_000 };
+        Sim::open_at(cfg, dir, ctx, now)
+    }
+
+    fn open_at(cfg: &SimConfig, dir: &Path, ctx: &str, now: Now) -> Sim {
+        let broker = Broker::open(cfg.broker.clone(), dir, cfg.log.clone(), now)
+            .unwrap_or_else(|e| panic!("{ctx}: the broker cannot open {}: {e}", dir.display()));
+        Sim {
+            broker,
+            conns: Conns::default(),
+            now,
+            cfg: cfg.clone(),
+            dir: dir.to_path_buf(),
+            next_consumer: 1,
+            ctx: ctx.to_string(),
+        }
+    }
+
+    /// Drops the broker (a clean stop: everything was committed) and
+    /// recovers it from its directory. Time goes on from where it was.
+    pub fn reopen(self) -> Sim {
+        let Sim { broker, cfg, dir, ctx, now, .. } = self;
+        drop(broker);
+        Sim::open_at(&cfg, &dir, &ctx, Now { mono_ms: now.mono_ms + 1, wall_ms: now.wall_ms + 1 })
+    }
+
+    /// Accepts a connection; returns its key.
+    pub fn connect(&mut self) -> usize {
+        let consumer = self.next_consumer;
+        self.next_consumer += 1;
+        self.conns.0.push(Conn { session: Session { consumer, ..Session::default() }, ..Conn::default() });
+        self.conns.0.len() - 1
+    }
+
+    pub fn conn(&self, key: usize) -> &Conn {
+        &self.conns.0[key]
+    }
+
+    /// Feeds `chunks` to connection `key` as `arrival` says and runs turns
+    /// until the connection is quiet: everything arrived is read and served,
+    /// nothing is parked or waiting for a commit (or it ended).
+    pub fn feed(&mut self, key: usize, chunks: &[&[u8]], arrival: Arrival) {
+        let mut pending = chunks.iter().filter(|c| !c.is_empty());
+        if arrival == Arrival::AllAtOnce {
+            self.conns.0[key].socket.extend(pending.by_ref().map(|c| c.to_vec()));
+        }
+        for _ in 0..TURNS_MAX {
+            if arrival == Arrival::OnePerTurn
+                && let Some(chunk) = pending.next()
+            {
+                self.conns.0[key].socket.push_back(chunk.to_vec());
+            }
+            self.turn();
+            let c = &self.conns.0[key];
+            if c.closing {
+                return;
+            }
+            if c.parked {
+                self.wait_for_a_timer();
+                continue;
+            }
+            if !c.hot && c.socket.is_empty() && pending.len() == 0 {
+                return;
+            }
+        }
+        panic!("{}: connection {key} did not go quiet in {TURNS_MAX} turns", self.ctx);
+    }
+
+    /// The peer closes connection `key`: one turn reads the EOF and ends it.
+    pub fn hang_up(&mut self, key: usize) {
+        self.conns.0[key].eof = true;
+        self.turn();
+        assert!(self.conns.0[key].closing, "{}: connection {key} did not end at EOF", self.ctx);
+    }
+
+    /// Moves the clock to the next timer deadline (a parked FETCH's wait
+    /// always has one).
+    fn wait_for_a_timer(&mut self) {
+        let Some(deadline_ms) = self.broker.next_deadline_ms() else {
+            panic!("{}: a FETCH is parked but no timer is armed to end its wait", self.ctx);
+        };
+        let to = deadline_ms.max(self.now.mono_ms + 1);
+        self.now.wall_ms += to - self.now.mono_ms;
+        self.now.mono_ms = to;
+    }
+
+    /// One turn, in the reactor's order: serve the connections with input,
+    /// advance the timers, commit (which releases held replies), flush.
+    pub fn turn(&mut self) {
+        self.broker.stats.turns += 1;
+        for key in 0..self.conns.0.len() {
+            let c = &mut self.conns.0[key];
+            let ready = !c.socket.is_empty() || c.eof;
+            if c.closing || !(c.hot || ready) {
+                continue;
+            }
+            c.hot = false;
+            self.serve(key);
+        }
+        self.broker.advance(self.now, &mut self.conns);
+        self.broker.commit(self.now, &mut self.conns);
+        for c in &mut self.conns.0 {
+            c.held = false;
+            // A flush that always writes everything: the peer reads.
+            let out = std::mem::take(&mut c.out);
+            c.replies.extend_from_slice(&out);
+        }
+    }
+
+    /// `Reactor::serve`: decode what is buffered, read more, repeat.
+    fn serve(&mut self, key: usize) {
+        loop {
+            match self.decode_input(key) {
+                Step::Continue => {}
+                Step::Stop => return,
+                Step::Resume => {
+                    self.conns.0[key].hot = true;
+                    return;
+                }
+            }
+            let c = &mut self.conns.0[key];
+            let Some(chunk) = c.socket.pop_front() else {
+                if c.eof {
+                    self.end(key, "peer closed".into());
+                }
+                return;
+            };
+            c.read_bytes += chunk.len();
+            let mut chunk = &chunk[..];
+            if c.discard_bytes > 0 {
+                let d = (c.discard_bytes as usize).min(chunk.len());
+                c.discard_bytes -= d as u64;
+                c.discarded_bytes += d;
+                chunk = &chunk[d..];
+            }
+            c.input.extend_from_slice(chunk);
+        }
+    }
+
+    /// `Reactor::decode_input`, plus the checks of what the decoder returns.
+    fn decode_input(&mut self, key: usize) -> Step {
+        let limits = *self.broker.decode_limits();
+        let out_max = self.broker.config().limits.output_bytes_max as usize;
+        let ctx = &self.ctx;
+        let c = &mut self.conns.0[key];
+        let mut used = 0;
+        let mut step = Step::Continue;
+        let mut ended: Option<String> = None;
+        while !c.closing && !c.parked {
+            if c.out.len() > out_max {
+                c.ended_for_output = true;
+                ended = Some(format!("pending output over output_bytes_max ({out_max})"));
+                break;
+            }
+            let input = &c.input[used..];
+            match codec::decode_request(input, &limits) {
+                Ok(Decoded::NeedMore) => break,
+                Ok(Decoded::Frame(frame, n)) => {
+                    assert!(
+                        (HEADER_BYTES..=input.len()).contains(&n),
+                        "{ctx}: the decoder consumed {n} bytes of {}",
+                        input.len()
+                    );
+                    let mut again = Vec::with_capacity(n);
+                    codec::encode_request(&mut again, frame.request_id, &frame.request);
+                    assert!(again == input[..n], "{ctx}: re-encoding {frame:?} does not give the consumed bytes");
+                    if c.held && !broker::is_held(frame.request.op()) {
+                        step = Step::Resume;
+                        break;
+                    }
+                    let outcome = self.broker.handle(key, &mut c.session, &frame, self.now, &mut c.out);
+                    c.events.push(Event::Frame { op: frame.request.op(), request_id: frame.request_id, bytes: n });
+                    used += n;
+                    match outcome {
+                        Outcome::Done => {}
+                        Outcome::Held => c.held = true,
+                        Outcome::Parked => c.parked = true,
+                        Outcome::Close => ended = Some("too many failed authentications".into()),
+                    }
+                    if ended.is_some() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    if let Skip::Bytes(n) = e.skip {
+                        assert!(n >= HEADER_BYTES, "{ctx}: Skip::Bytes({n}) is shorter than a header ({e:?})");
+                    }
+                    if c.held {
+                        step = Step::Resume;
+                        break;
+                    }
+                    codec::encode_error(&mut c.out, e.op, e.request_id, e.code, &e.message);
+                    c.events.push(Event::Error { code: e.code, op: e.op, request_id: e.request_id, skip: e.skip });
+                    match e.skip {
+                        Skip::Close => {
+                            ended = Some(format!("frame boundary lost: {}", e.message));
+                            c.dropped_bytes += input.len();
+                            used = c.input.len();
+                        }
+                        Skip::Bytes(n) if n <= input.len() => used += n,
+                        Skip::Bytes(n) => {
+                            c.discard_bytes = (n - input.len()) as u64;
+                            used = c.input.len();
+                        }
+                    }
+                    if ended.is_some() {
+                        break;
+                    }
+                }
+            }
+        }
+        c.input.drain(..used);
+        if c.parked && matches!(step, Step::Continue) {
+            step = Step::Stop;
+        }
+        if let Some(why) = ended {
+            self.end(key, why);
+            return Step::Stop;
+        }
+        step
+    }
+
+    /// `Reactor::end`: the broker forgets the connection now.
+    fn end(&mut self, key: usize, why: String) {
+        let c = &mut self.conns.0[key];
+        if c.closing {
+            return;
+        }
+        c.closing = true;
+        c.events.push(Event::End(why));
+        self.broker.disconnect(key, &c.session, self.now);
+    }
+
+    /// Opens a connection, sends `frames` (HELLO first, with the token when
+    /// the configuration has one), hangs up, and returns its replies' bytes
+    /// (decode them with `decode_replies`), checked to be a HELLO reply and
+    /// then one reply per frame, in order.
+    pub fn session(&mut self, frames: &[Request<'_>]) -> Vec<u8> {
+        let mut stream = Vec::new();
+        let token = self.cfg.broker.auth_token.clone().unwrap_or_default();
+        let hello = Request::Hello { min_version: 1, max_version: 1, token: &token };
+        codec::encode_request(&mut stream, 1, &hello);
+        for (i, req) in frames.iter().enumerate() {
+            codec::encode_request(&mut stream, i as u32 + 2, req);
+        }
+        let key = self.connect();
+        self.feed(key, &[&stream], Arrival::AllAtOnce);
+        self.hang_up(key);
+        let bytes = std::mem::take(&mut self.conns.0[key].replies);
+        let replies = decode_replies(&bytes, &self.ctx);
+        assert_eq!(replies.len(), frames.len() + 1, "{}: a fresh session got {replies:?}", self.ctx);
+        let (_, hello) = &replies[0];
+        assert!(matches!(hello, Reply::Hello { version: 1, .. }), "{}: HELLO of a fresh session: {hello:?}", self.ctx);
+        for (i, (rid, _)) in replies.iter().enumerate() {
+            assert_eq!(*rid, i as u32 + 1, "{}: replies of a fresh session out of order", self.ctx);
+        }
+        bytes
+    }
+
+    /// A fresh session creates its own topic, produces one message and
+    /// fetches it back: whatever came before, the broker still serves.
+    pub fn check_fresh_session(&mut self) {
+        let payload = b"after the stream";
+        let mut batch = Vec::new();
+        codec::encode_batch(&mut batch, &[payload]);
+        let bytes = self.session(&[
+            Request::DeleteTopic { topic: CHECK_TOPIC },
+            Request::CreateTopic { topic: CHECK_TOPIC, settings: TopicSettings::default() },
+            Request::Produce { topic: CHECK_TOPIC, batch: Batch { count: 1, bytes: &batch } },
+            Request::Fetch { topic: CHECK_TOPIC, max_messages: 10, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 },
+        ]);
+        let ctx = &self.ctx;
+        let replies = decode_replies(&bytes, ctx);
+        let r = &replies[1].1;
+        let unknown = ErrorCode::UnknownTopic as u8;
+        assert!(matches!(r, Reply::Count(_) | Reply::Error { code, .. } if *code == unknown), "{ctx}: DELETE: {r:?}");
+        assert!(matches!(replies[2].1, Reply::Created { created: true }), "{ctx}: CREATE: {:?}", replies[2].1);
+        let Reply::Produced { first_id, count: 1 } = replies[3].1 else {
+            panic!("{ctx}: PRODUCE after the stream: {:?}", replies[3].1);
+        };
+        match &replies[4].1 {
+            Reply::Messages { messages, .. }
+                if messages.len() == 1 && messages[0].id == first_id && messages[0].payload == payload => {}
+            other => panic!("{ctx}: FETCH after the stream: {other:?}"),
+        }
+    }
+
+    /// Per topic: its settings, the messages it holds (ready, in flight or
+    /// delayed) and its next id, from a fresh session's LIST_TOPICS and
+    /// STATS.
+    pub fn snapshot(&mut self) -> Vec<TopicState> {
+        let bytes = self.session(&[Request::ListTopics, Request::Stats { topic: "" }]);
+        let ctx = &self.ctx;
+        let replies = decode_replies(&bytes, ctx);
+        let Reply::Topics(topics) = &replies[1].1 else { panic!("{ctx}: LIST_TOPICS: {:?}", replies[1].1) };
+        let Reply::Stats(sections) = &replies[2].1 else { panic!("{ctx}: STATS: {:?}", replies[2].1) };
+        let mut states: Vec<TopicState> = topics
+            .iter()
+            .map(|(name, settings)| {
+                let Some((_, kvs)) = sections.iter().find(|(n, _)| n == name) else {
+                    panic!("{ctx}: LIST_TOPICS names {name}, STATS has no section for it");
+                };
+                let get = |k: &str| kvs.iter().find(|kv| kv.0 == k).map_or(0, |kv| kv.1);
+                TopicState {
+                    name: name.to_string(),
+                    settings: *settings,
+                    messages: get("ready") + get("inflight") + get("delayed"),
+                    next_id: get("next_id"),
+                }
+            })
+            .collect();
+        assert_eq!(states.len() + 1, sections.len(), "{ctx}: STATS has other topics than LIST_TOPICS: {sections:?}");
+        states.sort_by(|a, b| a.name.cmp(&b.name));
+        states
+    }
+}
+
+/// What a topic holds, for comparing a broker before and after a restart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicState {
+    pub name: String,
+    pub settings: TopicSettings,
+    pub messages: u64,
+    pub next_id: u64,
+}
+
+/// Decodes a connection's replies; every byte must belong to one.
+pub fn decode_replies<'a>(mut buf: &'a [u8], ctx: &str) -> Vec<(u32, Reply<'a>)> {
+    let mut replies = Vec::new();
+    while !buf.is_empty() {
+        match codec::decode_reply(buf, usize::MAX) {
+            Ok(Decoded::Frame(f, n)) => {
+                replies.push((f.request_id, f.reply));
+                buf = &buf[n..];
+            }
+            other => panic!("{ctx}: the broker wrote a reply that does not decode: {other:?}"),
+        }
+    }
+    replies
+}
+
+// ---------------------------------------------------------------------------
+// The properties.
+// ---------------------------------------------------------------------------
+
+/// (op, request id, status) of each reply in `buf`, in order.
+pub fn reply_heads(mut buf: &[u8], ctx: &str) -> Vec<(u8, u32, u8)> {
+    let mut heads = Vec::new();
+    while !buf.is_empty() {
+        match codec::decode_reply(buf, usize::MAX) {
+            Ok(Decoded::Frame(f, n)) => {
+                heads.push((f.op, f.request_id, buf[5]));
+                if buf[5] != 0 {
+                    assert!(ErrorCode::from_u8(buf[5]).is_some(), "{ctx}: reply with unknown status {}", buf[5]);
+                }
+                buf = &buf[n..];
+            }
+            other => panic!("{ctx}: the broker wrote a reply that does not decode: {other:?}"),
+        }
+    }
+    heads
+}
+
+/// Checks that the replies answer the events one for one, in order.
+fn check_replies_follow_requests(c: &Conn, ctx: &str) {
+    let heads = reply_heads(&c.replies, ctx);
+    let mut want = Vec::new();
+    for e in &c.events {
+        match *e {
+            Event::Frame { op, request_id, .. } => want.push((op, request_id, None)),
+            Event::Error { code, op, request_id, .. } => {
+                want.push((op & !codec::REPLY_BIT, request_id, Some(code as u8)))
+            }
+            Event::End(_) => {}
+        }
+    }
+    // A connection ended for its output drops the replies it held.
+    let complete = !c.ended_for_output;
+    assert!(
+        heads.len() == want.len() || (!complete && heads.len() < want.len()),
+        "{ctx}: {} replies to {} requests\nreplies:  {heads:?}\nrequests: {want:?}",
+        heads.len(),
+        want.len()
+    );
+    for (i, (got, want)) in heads.iter().zip(&want).enumerate() {
+        let same = got.0 == want.0 && got.1 == want.1 && want.2.is_none_or(|code| code == got.2);
+        assert!(same, "{ctx}: reply {i} is {got:?}, the request was {want:?}\nevents: {:?}", c.events);
+    }
+}
+
+/// Checks that every byte of a stream of `len` bytes is accounted for.
+fn check_accounting(c: &Conn, len: usize, limits: &codec::DecodeLimits, ctx: &str) {
+    let mut claimed = 0usize;
+    for e in &c.events {
+        match *e {
+            Event::Frame { bytes, .. } => claimed += bytes,
+            Event::Error { skip: Skip::Bytes(n), .. } => claimed += n,
+            _ => {}
+        }
+    }
+    let unread: usize = c.socket.iter().map(Vec::len).sum();
+    assert_eq!(c.read_bytes + unread, len, "{ctx}: bytes read + unread");
+    let (buffered, to_discard) = c.leftover();
+    assert_eq!(
+        claimed + c.dropped_bytes + buffered,
+        c.read_bytes + to_discard as usize,
+        "{ctx}: frames and skips ({claimed}) + dropped ({}) + buffered ({buffered}) != read ({}) + still to discard ({to_discard})\nevents: {:?}",
+        c.dropped_bytes,
+        c.read_bytes,
+        c.events
+    );
+    assert!(c.discarded_bytes <= claimed, "{ctx}: discarded more than the skipped frames held");
+    if !c.closing() {
+        // A connection that did not end consumed every whole frame.
+        let rest = &c.input;
+        assert!(
+            to_discard == 0 || rest.is_empty(),
+            "{ctx}: bytes buffered while a skipped frame is still being discarded"
+        );
+        if to_discard == 0 && !rest.is_empty() {
+            let r = codec::decode_request(rest, limits);
+            assert!(matches!(r, Ok(Decoded::NeedMore)), "{ctx}: a decodable frame was left buffered: {r:?}");
+        }
+    }
+}
+
+/// Runs `stream` on a fresh broker, cut into `cuts`-separated chunks
+/// arriving as `arrival` says; returns the broker and the connection's key.
+pub fn run_stream(cfg: &SimConfig, dir: &Path, stream: &[u8], cuts: &[usize], arrival: Arrival, ctx: &str) -> Sim {
+    let mut sim = Sim::open(cfg, dir, ctx);
+    let chunks = split_at(stream, cuts);
+    let key = sim.connect();
+    assert_eq!(key, 0);
+    sim.feed(key, &chunks, arrival);
+    let c = sim.conn(key);
+    check_accounting(c, stream.len(), sim.broker.decode_limits(), ctx);
+    sim
+}
+
+/// The pieces of `stream` between the cut points (any order, any value;
+/// out-of-range cuts are ignored).
+pub fn split_at<'a>(stream: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
+    let mut cuts: Vec<usize> = cuts.iter().copied().filter(|&c| c > 0 && c < stream.len()).collect();
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut pieces = Vec::with_capacity(cuts.len() + 1);
+    let mut at = 0;
+    for cut in cuts {
+        pieces.push(&stream[at..cut]);
+        at = cut;
+    }
+    pieces.push(&stream[at..]);
+    pieces
+}
+
+/// Every property of one stream: see the top of this file.
+pub fn check_stream(cfg: &SimConfig, stream: &[u8], cuts: &[usize], ctx: &str) {
+    let (dir_whole, dir_split, dir_trickle) = (SimDir::new(), SimDir::new(), SimDir::new());
+    let mut whole = run_stream(cfg, dir_whole.path(), stream, &[], Arrival::AllAtOnce, &format!("{ctx} (whole)"));
+    let split = run_stream(cfg, dir_split.path(), stream, cuts, Arrival::AllAtOnce, &format!("{ctx} (split)"));
+    let trickle = run_stream(cfg, dir_trickle.path(), stream, cuts, Arrival::OnePerTurn, &format!("{ctx} (trickle)"));
+    let (w, s, t) = (whole.conn(0), split.conn(0), trickle.conn(0));
+
+    check_replies_follow_requests(w, &whole.ctx);
+    assert_eq!(s.events, w.events, "{ctx}: split at {cuts:?}, the stream decodes to other frames");
+    assert_eq!(s.leftover(), w.leftover(), "{ctx}: split at {cuts:?}, other bytes are left over");
+    if s.replies != w.replies {
+        let at = s.replies.iter().zip(&w.replies).position(|(a, b)| a != b).unwrap_or(0);
+        panic!(
+            "{ctx}: split at {cuts:?}, the replies differ from byte {at}\nwhole: {:?}\nsplit: {:?}",
+            reply_heads(&w.replies, ctx),
+            reply_heads(&s.replies, ctx)
+        );
+    }
+    // Arriving over many turns, the same frames get the same kind of reply.
+    if !t.ended_for_output && !w.ended_for_output {
+        assert_eq!(t.events, w.events, "{ctx}: one chunk per turn, the stream decodes to other frames");
+        let heads = |buf: &[u8]| -> Vec<(u8, u32)> { reply_heads(buf, ctx).iter().map(|h| (h.0, h.1)).collect() };
+        assert_eq!(heads(&t.replies), heads(&w.replies), "{ctx}: one chunk per turn, other replies");
+    }
+    check_replies_follow_requests(t, &trickle.ctx);
+    drop((split, trickle));
+
+    // Afterwards: the peer hangs up (its messages in flight return), a
+    // fresh session still works, and a restart finds what was there.
+    if !whole.conn(0).closing() {
+        whole.hang_up(0);
+    }
+    whole.check_fresh_session();
+    let before = whole.snapshot();
+    let mut again = whole.reopen();
+    let after = again.snapshot();
+    assert_eq!(
+        after.iter().map(|t| (&t.name, t.settings, t.messages)).collect::<Vec<_>>(),
+        before.iter().map(|t| (&t.name, t.settings, t.messages)).collect::<Vec<_>>(),
+        "{ctx}: a restart changed the topics or what they hold"
+    );
+    for (b, a) in before.iter().zip(&after) {
+        assert!(a.next_id >= b.next_id, "{ctx}: after a restart topic {} would reuse ids: {b:?} -> {a:?}", b.name);
+    }
+    again.check_fresh_session();
+}
+
+// ---------------------------------------------------------------------------
+// The stream fuzz target's input format.
+// ---------------------------------------------------------------------------
+
+/// Most cut points one input carries.
+pub const CUTS_MAX: usize = 32;
+
+/// A stream fuzz input: `[flags u8][n u8][n cut points, u16 LE][stream]`.
+/// `flags` picks the configuration (`SimConfig::from_flags`); each cut is
+/// taken modulo the stream length plus one; n is taken modulo CUTS_MAX + 1.
+/// Any bytes parse: what is missing counts as zero.
+pub struct FuzzInput<'a> {
+    pub flags: u8,
+    pub cuts: Vec<usize>,
+    pub stream: &'a [u8],
+}
+
+impl<'a> FuzzInput<'a> {
+    pub fn parse(data: &'a [u8]) -> FuzzInput<'a> {
+        let flags = data.first().copied().unwrap_or(0);
+        let n = data.get(1).map_or(0, |&n| n as usize % (CUTS_MAX + 1));
+        let header = (2 + 2 * n).min(data.len());
+        let raw: Vec<u16> =
+            data.get(2..header).unwrap_or(&[]).chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+        let stream = &data[header..];
+        let cuts = raw.iter().map(|&c| c as usize % (stream.len() + 1)).collect();
+        FuzzInput { flags, cuts, stream }
+    }
+
+    /// The bytes that parse back to `flags`, `cuts` and `stream`.
+    pub fn encode(flags: u8, cuts: &[usize], stream: &[u8]) -> Vec<u8> {
+        let cuts = &cuts[..cuts.len().min(CUTS_MAX)];
+        let mut out = vec![flags, cuts.len() as u8];
+        for &c in cuts {
+            out.extend_from_slice(&(c.min(u16::MAX as usize) as u16).to_le_bytes());
+        }
+        out.extend_from_slice(stream);
+        out
+    }
+
+    /// Runs every property of the stream (`check_stream`).
+    pub fn check(&self, ctx: &str) {
+        check_stream(&SimConfig::from_flags(self.flags), self.stream, &self.cuts, ctx);
+    }
+}
