@@ -137,6 +137,18 @@ impl Block {
         self.bytes = Vec::new();
         self.closed = true;
     }
+    /// A closed block gives back what its released messages held: all of
+    /// it when none is live, or the dead payloads once the live ones fill
+    /// less than 1/`BLOCK_SHRINK_RATIO` of the buffer.
+    fn tidy(&mut self) {
+        debug_assert!(self.closed);
+        if self.live == 0 {
+            self.free();
+        } else if self.bytes.len() >= 64 << 10 && (self.live_bytes as usize) * BLOCK_SHRINK_RATIO < self.bytes.len() {
+            self.shrink();
+        }
+    }
+
     /// Rewrites `bytes` with only the live payloads.
     fn shrink(&mut self) {
         let mut bytes = Vec::with_capacity(self.live_bytes as usize);
@@ -218,6 +230,8 @@ impl Seq {
         if need_new {
             if let Some(b) = self.blocks.back_mut() {
                 b.close();
+                // Releases while it was open did not free or shrink it.
+                b.tidy();
             }
             self.blocks.push_back(Block::new(id, born_ms));
         }
@@ -277,11 +291,8 @@ impl Seq {
         b.live_bytes -= len;
         self.live -= 1;
         self.live_bytes -= len;
-        if b.live == 0 && b.closed {
-            b.free();
-        } else if b.closed && b.bytes.len() >= 64 << 10 && (b.live_bytes as usize) * BLOCK_SHRINK_RATIO < b.bytes.len()
-        {
-            b.shrink();
+        if b.closed {
+            b.tidy();
         }
         while self.blocks.front().is_some_and(|b| b.live == 0 && b.closed) {
             self.blocks.pop_front();
@@ -475,6 +486,8 @@ pub struct Topic {
     dead_info: IdMap<DeadInfo>,
     /// Whether the name ends in `.dlq`: such topics never dead-letter.
     is_dlq: bool,
+    /// Unpublished messages withdrawn since the last `publish`.
+    withdrawn: u64,
 }
 
 /// A message handed out by `Topic::fetch`.
@@ -497,6 +510,7 @@ impl Topic {
             counters: Counters::default(),
             dead_info: IdMap::default(),
             is_dlq: name.ends_with(".dlq"),
+            withdrawn: 0,
         }
     }
 
@@ -565,7 +579,7 @@ impl Topic {
     pub fn publish(&mut self) -> u64 {
         let before = self.visible_id;
         self.visible_id = self.seq.next_id();
-        self.visible_id - before
+        self.visible_id - before - std::mem::take(&mut self.withdrawn)
     }
 
     /// Withdraws the unpublished messages with ids in `first..first+count`
@@ -574,6 +588,7 @@ impl Topic {
         for id in first..first + u64::from(count) {
             if self.seq.release(id).is_some() {
                 self.counters.produced -= 1;
+                self.withdrawn += 1;
                 self.dead_info.remove(&id);
             }
         }
