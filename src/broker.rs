@@ -1318,6 +1318,8 @@ impl Broker {
             ("compactions", self.compactor.compactions),
             ("recovery_ms", s.recovery_ms),
             ("recovered_records", self.recovery.records),
+            ("recovery_truncated_bytes", self.recovery.truncated_bytes),
+            ("recovery_repaired_bytes", self.recovery.repaired_bytes),
             ("fsync_turn", u64::from(self.log.fsync_mode() == FsyncMode::Turn)),
         ] {
             w.kv(out, k, v);

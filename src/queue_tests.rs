@@ -393,8 +393,10 @@ fn seq_iter_live_is_in_id_order_across_blocks() {
         id += 1;
     }
     assert!(seq.blocks.len() > 100, "large gaps made many blocks: {}", seq.blocks.len());
-    let expected: Vec<(MsgId, u64)> = expected.into_iter().enumerate().filter(|(i, _)| i % 3 != 2).map(|e| e.1).collect();
-    let released: Vec<MsgId> = seq.iter_live().map(|m| m.id).filter(|id| !expected.iter().any(|e| e.0 == *id)).collect();
+    let expected: Vec<(MsgId, u64)> =
+        expected.into_iter().enumerate().filter(|(i, _)| i % 3 != 2).map(|e| e.1).collect();
+    let released: Vec<MsgId> =
+        seq.iter_live().map(|m| m.id).filter(|id| !expected.iter().any(|e| e.0 == *id)).collect();
     for id in released {
         seq.release(id);
     }
@@ -446,8 +448,9 @@ fn seq_memory_per_message_is_within_target() {
     assert!(heap <= N * (PAYLOAD_BYTES + 24), "{per_message:.2} bytes per message");
 }
 
+/// Regression: a block emptied while it was still the open one used to
+/// keep its whole buffer after closing, behind any live front message.
 #[test]
-#[ignore = "queue bug: a block emptied while it was the open block is not freed when it closes (pins up to 1 MiB behind any live front message)"]
 fn seq_block_emptied_while_open_is_freed_when_it_closes() {
     let n = BLOCK_MESSAGES_MAX as u64;
     let mut seq = Seq::new(1);
@@ -471,8 +474,9 @@ fn seq_block_emptied_while_open_is_freed_when_it_closes() {
     assert!(seq.heap_bytes() < 128 << 10, "heap {} bytes for 2 live messages of 200 bytes", seq.heap_bytes());
 }
 
+/// Regression: a block mostly released while open used to keep its whole
+/// buffer after closing, so one slow message pinned 1 MiB.
 #[test]
-#[ignore = "queue bug: a block mostly released while open is not shrunk when it closes (one live message pins 1 MiB)"]
 fn seq_block_mostly_released_while_open_is_shrunk_when_it_closes() {
     let n = BLOCK_MESSAGES_MAX as u64;
     let mut seq = Seq::new(1);
@@ -554,13 +558,35 @@ fn topic_withdrawn_messages_never_become_visible_and_ids_are_not_reused() {
 }
 
 #[test]
-#[ignore = "queue bug (minor): publish() counts withdrawn ids as having become ready"]
 fn topic_publish_returns_how_many_became_ready() {
     let mut t = Topic::new("t", Settings::default(), 1);
     t.append(0, b"a");
     let b = t.append(0, b"b");
     t.withdraw(b, 1);
     assert_eq!(t.publish(), 1, "only a became ready");
+    assert_eq!(t.ready(), 1);
+    t.append(0, b"c");
+    assert_eq!(t.publish(), 1, "the withdrawal was counted once");
+}
+
+#[test]
+#[ignore = "queue bug (minor): publish() counts an unpublished message removed by purge as having become ready"]
+fn topic_publish_after_purge_counts_only_ready_messages() {
+    let mut t = Topic::new("t", Settings::default(), 1);
+    let mut timers = FakeTimers::new(0);
+    t.append(0, b"a");
+    t.purge(&mut timers);
+    assert_eq!(t.publish(), 0, "the purged message never becomes ready");
+    assert_eq!(t.ready(), 0);
+}
+
+#[test]
+#[ignore = "queue bug (minor): publish() counts the ids skipped by bump_next_id as having become ready"]
+fn topic_publish_after_id_bump_counts_only_ready_messages() {
+    let mut t = Topic::new("t", Settings::default(), 1);
+    t.seq.bump_next_id(100);
+    t.append(0, b"b");
+    assert_eq!(t.publish(), 1, "ids skipped by bump_next_id are not messages");
     assert_eq!(t.ready(), 1);
 }
 
@@ -574,7 +600,7 @@ fn topic_fetch_serves_retries_before_fresh_messages() {
     assert_eq!(t.nack(3, None, false, &mut timers), Some(Returned::Retry));
     assert_eq!(t.nack(1, None, false, &mut timers), Some(Returned::Retry));
     assert_eq!(t.nack(4, Some(50), false, &mut timers), Some(Returned::Retry));
-    assert_eq!(t.ack(2, &mut timers), true);
+    assert!(t.ack(2, &mut timers));
     // 5 passes its deadline and comes back after 3 and 1; 4's delay ends
     // at the same time, after 5 (it was armed later).
     assert_eq!(fire(&mut t, &mut timers, 100), [(4, Returned::Retry), (5, Returned::Retry)]);
@@ -968,12 +994,23 @@ enum State {
     Unpublished,
     /// Published and not delivered since the start; `carried` deliveries
     /// came over a restart.
-    Fresh { carried: u16 },
+    Fresh {
+        carried: u16,
+    },
     /// Ready again after a failed delivery; its turn is its place in
     /// `Model::retry`.
-    Retry { deliveries: u16 },
-    Inflight { owner: ConsumerId, deadline_ms: u64, deliveries: u16 },
-    Delayed { until_ms: u64, deliveries: u16 },
+    Retry {
+        deliveries: u16,
+    },
+    Inflight {
+        owner: ConsumerId,
+        deadline_ms: u64,
+        deliveries: u16,
+    },
+    Delayed {
+        until_ms: u64,
+        deliveries: u16,
+    },
     /// Out of deliveries; settled (released or requeued) before the
     /// operation ends.
     Dead,
@@ -1205,10 +1242,6 @@ impl Model {
             }
         }
     }
-
-    fn count(&self, f: impl Fn(State) -> bool) -> u64 {
-        self.msgs.values().filter(|m| f(m.state)).count() as u64
-    }
 }
 
 /// Names the failing seed, step and operation in every assertion.
@@ -1226,18 +1259,26 @@ impl fmt::Display for Ctx {
 
 /// Compares everything observable (and the group's tables) with the model.
 /// Every message is looked up by id and the live count compared, which
-/// pins down the live set; `full` also walks the whole sequence with
-/// `iter_live` (a walk over every slot of every block, so not every step).
+/// pins down the live set. `full` adds what costs more in a debug build:
+/// every message's deliveries and dead info, and a walk of the whole
+/// sequence with `iter_live` (which visits every slot of every block).
 fn check(t: &Topic, timers: &FakeTimers, m: &Model, ctx: &Ctx, full: bool) {
     assert_eq!(t.seq.next_id(), m.next_id, "{ctx}: next id");
     let (mut ready, mut inflight, mut delayed, mut unpublished, mut live_bytes) = (0, 0, 0, 0, 0);
     for (&id, mm) in &m.msgs {
         let Some(s) = t.seq.get(id) else { panic!("{ctx}: message {id} ({:?}) is not live", mm.state) };
         assert_eq!(s.born_ms, mm.born_ms, "{ctx}: born_ms of {id}");
-        assert!(s.payload == &mm.payload[..], "{ctx}: payload of {id} ({} vs {} bytes)", s.payload.len(), mm.payload.len());
+        assert!(
+            s.payload == &mm.payload[..],
+            "{ctx}: payload of {id} ({} vs {} bytes)",
+            s.payload.len(),
+            mm.payload.len()
+        );
         live_bytes += s.payload.len() as u64;
-        assert_eq!(t.deliveries(id), m.deliveries(mm.state), "{ctx}: deliveries of {id} ({:?})", mm.state);
-        assert_eq!(t.dead_info(id), mm.dead, "{ctx}: dead info of {id}");
+        if full {
+            assert_eq!(t.deliveries(id), m.deliveries(mm.state), "{ctx}: deliveries of {id} ({:?})", mm.state);
+            assert_eq!(t.dead_info(id), mm.dead, "{ctx}: dead info of {id}");
+        }
         match mm.state {
             State::Unpublished => unpublished += 1,
             State::Fresh { .. } | State::Retry { .. } => ready += 1,
@@ -1265,6 +1306,7 @@ fn check(t: &Topic, timers: &FakeTimers, m: &Model, ctx: &Ctx, full: bool) {
             assert!(s.payload == &mm.payload[..], "{ctx}: iter_live payload of {id}");
         }
         assert!(model.next().is_none(), "{ctx}: iter_live ended early");
+        check_blocks(&t.seq, ctx);
     }
     assert_eq!(t.ready(), ready, "{ctx}: ready");
     assert_eq!(t.inflight(), inflight, "{ctx}: inflight");
@@ -1274,6 +1316,32 @@ fn check(t: &Topic, timers: &FakeTimers, m: &Model, ctx: &Ctx, full: bool) {
     assert_eq!(t.counters, m.counters, "{ctx}: counters");
     assert_eq!(timers.wheel.len() as u64, inflight + delayed, "{ctx}: one timer per in-flight or delayed message");
     assert_eq!(timers.stale_disarms, 0, "{ctx}: disarmed a timer that was not pending");
+}
+
+/// The block invariants the module documentation states: blocks in id
+/// order without overlap, only the last one open, and a closed block holds
+/// nothing once empty and no more than 4x its live payload once large.
+fn check_blocks(seq: &Seq, ctx: &Ctx) {
+    let n = seq.blocks.len();
+    for (i, b) in seq.blocks.iter().enumerate() {
+        assert!(b.ends.len() <= BLOCK_MESSAGES_MAX, "{ctx}: block {i} has {} messages", b.ends.len());
+        assert_eq!(b.closed, i + 1 < n, "{ctx}: only the last block is open");
+        if let Some(next) = seq.blocks.get(i + 1) {
+            assert!(b.end_id() <= next.first_id, "{ctx}: block {i} overlaps the next");
+        }
+        assert_eq!(b.ends.last().map_or(0, |&e| e as usize), b.bytes.len(), "{ctx}: block {i} ends");
+        if b.closed && b.live == 0 {
+            assert_eq!(b.bytes.capacity() + b.ends.capacity(), 0, "{ctx}: empty closed block {i} not freed");
+        }
+        if b.closed && b.bytes.len() >= 64 << 10 {
+            assert!(
+                b.bytes.len() as u64 <= 4 * b.live_bytes,
+                "{ctx}: closed block {i} holds {} bytes for {} live",
+                b.bytes.len(),
+                b.live_bytes
+            );
+        }
+    }
 }
 
 /// Payload lengths: mostly small, some empty, a few large enough to close
@@ -1295,7 +1363,8 @@ fn random_payload(rng: &mut Rng) -> Vec<u8> {
 }
 
 fn random_dead_info(rng: &mut Rng) -> DeadInfo {
-    let reason = rng.pick(&[DeadReason::AckTimeout, DeadReason::Nacked, DeadReason::Rejected, DeadReason::ConsumerLost]);
+    let reason =
+        rng.pick(&[DeadReason::AckTimeout, DeadReason::Nacked, DeadReason::Rejected, DeadReason::ConsumerLost]);
     DeadInfo { origin_id: rng.range(1, 1 << 40), origin_deliveries: rng.below(20) as u16, reason }
 }
 
@@ -1549,6 +1618,7 @@ fn run_model(seed: u64, steps: usize) {
         }
         check(&t, &timers, &m, &ctx, step % 16 == 0);
     }
+    check(&t, &timers, &m, &ctx, true);
     ctx.step += 1;
     ctx.op = "final purge".to_string();
     assert_eq!(t.purge(&mut timers), m.purge(), "{ctx}: purged count");

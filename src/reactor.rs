@@ -831,14 +831,17 @@ impl Reactor {
         if h.out.is_empty() {
             let mut buf = [0u8; 2048];
             loop {
+                if h.request.len() >= metrics::HTTP_REQUEST_BYTES_MAX && metrics::parse_request(&h.request).is_some() {
+                    break;
+                }
                 match h.stream.read(&mut buf) {
                     Ok(0) => break,
                     Ok(n) => {
+                        // Past the limit the rest is read and dropped, so
+                        // closing does not reset the connection under the
+                        // peer before it reads the 431.
                         let room = metrics::HTTP_REQUEST_BYTES_MAX.saturating_sub(h.request.len());
                         h.request.extend_from_slice(&buf[..n.min(room)]);
-                        if room <= n {
-                            break;
-                        }
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(_) => break,
@@ -875,6 +878,15 @@ impl Reactor {
             }
         };
         if done {
+            // FIN first, and drop what the peer still sends, so the close
+            // does not turn into a reset that eats the response.
+            let _ = h.stream.shutdown(std::net::Shutdown::Write);
+            let mut sink = [0u8; 4096];
+            for _ in 0..16 {
+                if !matches!(h.stream.read(&mut sink), Ok(n) if n > 0) {
+                    break;
+                }
+            }
             self.close_http(key);
         }
     }

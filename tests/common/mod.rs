@@ -39,6 +39,8 @@ impl Drop for TempDir {
 /// A broker running in a thread; shut down and joined on drop.
 pub struct Server {
     pub addr: SocketAddr,
+    /// The metrics listener, when the config asked for one.
+    pub metrics: Option<SocketAddr>,
     handle: Handle,
     thread: Option<JoinHandle<()>>,
     pub dir: PathBuf,
@@ -63,9 +65,10 @@ impl Server {
         let dir = cfg.data_dir.clone();
         let mut reactor = Reactor::bind(cfg).expect("bind broker");
         let addr = reactor.local_addr();
+        let metrics = reactor.metrics_addr();
         let handle = reactor.handle();
         let thread = std::thread::spawn(move || reactor.run().expect("reactor run"));
-        Server { addr, handle, thread: Some(thread), dir }
+        Server { addr, metrics, handle, thread: Some(thread), dir }
     }
 
     pub fn client(&self) -> Client {
