@@ -803,8 +803,7 @@ impl Broker {
                 codec::put_u32(b, tid);
                 codec::put_u32(b, batch.count);
                 for payload in batch.iter() {
-                    let id = t.append(now.wall_ms, payload);
-                    let born = t.seq.get(id).map_or(now.wall_ms, |m| m.born_ms);
+                    let (id, born) = t.append_born(now.wall_ms, payload);
                     put_message_record(b, id, born, 0, None, payload);
                     self.compactor.note_produce(tid, id);
                 }

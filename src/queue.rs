@@ -563,9 +563,16 @@ impl Topic {
     }
 
     /// Appends a message not yet visible to consumers (until `publish`).
+    /// Returns its id.
     pub fn append(&mut self, born_ms: u64, payload: &[u8]) -> MsgId {
+        self.append_born(born_ms, payload).0
+    }
+
+    /// `append`, also returning the born time stored (never below the
+    /// topic's last one).
+    pub fn append_born(&mut self, born_ms: u64, payload: &[u8]) -> (MsgId, u64) {
         self.counters.produced += 1;
-        self.seq.append(born_ms, payload).0
+        self.seq.append(born_ms, payload)
     }
 
     /// Appends a dead letter (visible at the next `publish`).
@@ -662,6 +669,8 @@ impl Topic {
     ) -> u32 {
         let mut n = 0u32;
         let mut bytes = 0u64;
+        // Taken out for the batch: one map lookup per FETCH, not per message.
+        let mut owned = self.group.owners.remove(&owner).unwrap_or_default();
         while n < max_messages {
             let Some((id, prior)) = self.peek_ready() else { break };
             let len = self.seq.get(id).map_or(0, |m| m.payload.len() as u64);
@@ -674,7 +683,6 @@ impl Topic {
             let deliveries = prior.saturating_add(1);
             let timer = timers.arm(deadline_ms, id);
             self.group.inflight.insert(id, Inflight { timer, owner, deliveries });
-            let owned = self.group.owners.entry(owner).or_default();
             owned.ids.push(id);
             owned.live += 1;
             self.counters.delivered += 1;
@@ -682,6 +690,9 @@ impl Topic {
                 self.counters.redelivered += 1;
             }
             out(self, Delivery { id, deliveries });
+        }
+        if owned.live > 0 {
+            self.group.owners.insert(owner, owned);
         }
         n
     }
@@ -696,7 +707,9 @@ impl Topic {
             g.retry.pop_front();
         }
         let id = self.seq.next_live(g.cursor, self.visible_id)?;
-        Some((id, g.carried.get(&id).copied().unwrap_or(0)))
+        // `carried` is empty except just after a restart: skip the hash.
+        let prior = if g.carried.is_empty() { 0 } else { g.carried.get(&id).copied().unwrap_or(0) };
+        Some((id, prior))
     }
 
     /// Takes the message `peek_ready` returned out of ready.
@@ -707,7 +720,9 @@ impl Topic {
             g.retry_set.remove(&id);
         } else {
             g.cursor = id + 1;
-            g.carried.remove(&id);
+            if !g.carried.is_empty() {
+                g.carried.remove(&id);
+            }
         }
     }
 

@@ -933,6 +933,20 @@ fn topic_restore_carries_delivery_counts_into_the_next_delivery() {
 }
 
 #[test]
+#[ignore = "queue bug (minor, memory): carried deliveries of a message released during recovery are kept until the next purge"]
+fn topic_recovery_keeps_no_carried_deliveries_for_released_messages() {
+    let mut t = Topic::new("t", settings(4), 1);
+    t.restore(1, 0, b"acked before the restart", 0, None);
+    t.restore(2, 0, b"still queued", 0, None);
+    t.restore_deliveries(1, 2); // its requeue record
+    t.restore_deliveries(2, 1);
+    t.release(1); // its ack record
+    t.restore_done();
+    let carried: Vec<MsgId> = t.group.carried.keys().copied().collect();
+    assert_eq!(carried, [2], "only live messages carry deliveries");
+}
+
+#[test]
 fn topic_counters() {
     let mut t = Topic::new("t", settings(2), 1);
     let mut timers = FakeTimers::new(0);

@@ -671,7 +671,9 @@ impl Reactor {
     /// Writes each dirty connection's output with one write.
     fn flush(&mut self) {
         let out_max = self.broker.config().limits.output_bytes_max as usize;
-        for key in std::mem::take(&mut self.dirty) {
+        // Taken and given back, so the list's buffer is reused every turn.
+        let mut dirty = std::mem::take(&mut self.dirty);
+        for key in dirty.drain(..) {
             let Some(c) = self.conns.get_mut(key) else { continue };
             c.dirty = false;
             let mut failed = None;
@@ -725,6 +727,7 @@ impl Reactor {
                 c.out_pos = 0;
             }
         }
+        self.dirty = dirty;
     }
 
     /// The earliest timeout of a connection, ms: HELLO not yet done, a frame
