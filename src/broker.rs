@@ -720,14 +720,16 @@ impl Broker {
             }
             Request::Ack { topic, ids } => {
                 let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
-                self.ids_op(tid, op::ACK, ids.iter(), rid, out, |t, id, timers, _| t.ack(id, timers));
+                self.ids_op(tid, op::ACK, ids.iter(), rid, out, |t, id, timers| t.ack(id, timers));
                 Ok(Outcome::Done)
             }
             Request::Touch { topic, ack_timeout_ms, ids } => {
                 let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
-                self.ids_op(tid, op::TOUCH, ids.iter(), rid, out, |t, id, timers, now_ms| {
+                // The deadline counts from this turn's clock (the wheel's
+                // own time is the last turn's, which may be long ago).
+                self.ids_op(tid, op::TOUCH, ids.iter(), rid, out, |t, id, timers| {
                     let timeout = if ack_timeout_ms == 0 { t.settings.ack_timeout_ms } else { ack_timeout_ms };
-                    t.touch(id, now_ms + u64::from(timeout), timers)
+                    t.touch(id, now.mono_ms + u64::from(timeout), timers)
                 });
                 Ok(Outcome::Done)
             }
@@ -942,15 +944,14 @@ impl Broker {
         ids: impl Iterator<Item = u64>,
         rid: u32,
         out: &mut Vec<u8>,
-        mut f: impl FnMut(&mut Topic, MsgId, &mut TopicTimers<'_>, u64) -> bool,
+        mut f: impl FnMut(&mut Topic, MsgId, &mut TopicTimers<'_>) -> bool,
     ) {
-        let now_ms = self.wheel.now_ms();
         self.done_ids.clear();
         self.failed_ids.clear();
         if let Some(e) = self.topics.by_id.get_mut(&tid) {
             let mut timers = TopicTimers { wheel: &mut self.wheel, topic: tid };
             for id in ids {
-                if f(&mut e.topic, id, &mut timers, now_ms) {
+                if f(&mut e.topic, id, &mut timers) {
                     self.done_ids.push(id);
                 } else {
                     self.failed_ids.push(id);
@@ -1105,7 +1106,7 @@ impl Broker {
             {
                 return false;
             }
-            let new_id = dst.topic.append(m.born_ms, m.payload);
+            let new_id = dst.topic.append_kept(m.born_ms, m.payload);
             moved.push((new_id, m.id));
             let at = log.begin(RecordKind::Produce);
             let b = log.body();

@@ -33,8 +33,12 @@ pub struct Limits {
     /// Most simultaneous client connections. Each costs a slab entry and two
     /// buffers; the next connection is told TOO_MANY_CONNECTIONS and closed.
     pub connections_max: u32,
-    /// Most reply bytes waiting for one peer. A peer that stops reading is
-    /// disconnected past it, so it cannot make the broker buffer without end.
+    /// Most reply bytes waiting for one peer. Once half of it waits, the
+    /// broker reads no more of the peer's requests until it reads; a peer
+    /// that leaves that half unread for frame_timeout_ms, or passes the
+    /// whole, is disconnected. So a peer that stops reading cannot make the
+    /// broker buffer without end, and one that pipelines and reads is never
+    /// cut off.
     pub output_bytes_max: u32,
     /// Most bytes of messages in one FETCH reply (a FETCH asking for more is
     /// clamped). Must fit in `output_bytes_max`.
@@ -111,9 +115,10 @@ impl Limits {
             + u64::from(FETCH_MESSAGE_OVERHEAD_BYTES) * u64::from(self.batch_messages_max)
             + u64::from(self.topic_name_bytes_max)
             + 64;
-        if u64::from(self.output_bytes_max) < largest_reply {
+        // Reading pauses at half the limit, and one more reply may follow.
+        if u64::from(self.output_bytes_max) < 2 * largest_reply {
             return Err(format!(
-                "output-bytes-max ({}) must hold the largest FETCH reply ({} bytes, from fetch-bytes-max and batch-messages-max)",
+                "output-bytes-max ({}) must hold twice the largest FETCH reply ({} bytes, from fetch-bytes-max and batch-messages-max)",
                 self.output_bytes_max, largest_reply
             ));
         }

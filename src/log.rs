@@ -339,7 +339,11 @@ impl Log {
                 // A whole, CRC-valid record this build cannot read was written
                 // by a newer build: never mistake it for a torn tail.
                 let newer = why.starts_with(NEWER);
-                if n == last && !newer {
+                // A crash mid-write leaves damage only at the very end: if a
+                // whole record follows the damage, later turns wrote (and
+                // synced, and acknowledged) it, so this is corruption.
+                let torn = n == last && !newer && !record_after(&data, pos + 1);
+                if torn {
                     log::warn!(
                         "commit log: cut a torn tail of {dropped} bytes from {} at byte {pos} ({why}); a crash interrupted its last write",
                         path.display()
@@ -581,6 +585,20 @@ fn record_crc(rec: &[u8]) -> u32 {
     h.finalize()
 }
 
+/// Whether a whole, valid record starts anywhere in `data[from..]`. Cheap
+/// header checks reject almost every offset before a CRC is computed.
+fn record_after(data: &[u8], from: usize) -> bool {
+    (from..data.len().saturating_sub(RECORD_HEADER_BYTES - 1)).any(|i| {
+        let b = &data[i..];
+        RecordKind::from_u8(b[8]).is_some()
+            && b[9] == RECORD_VERSION
+            && b[10] == 0
+            && b[11] == 0
+            && (LittleEndian::read_u32(b) as usize) <= b.len() - RECORD_HEADER_BYTES
+            && parse_record(b).is_ok()
+    })
+}
+
 /// How `parse_record` begins the reason for a record that is whole and
 /// valid but from a newer format.
 const NEWER: &str = "written by a newer runnel";
@@ -605,7 +623,9 @@ fn parse_record(buf: &[u8]) -> Result<(RecordKind, u8, &[u8], usize), String> {
         .ok_or_else(|| format!("{NEWER}: record kind {} is unknown to this build; run a newer runnel", buf[8]))?;
     let version = buf[9];
     if version == 0 || version > RECORD_VERSION {
-        return Err(format!("{NEWER}: record version {version}; this build reads 1..={RECORD_VERSION}; run a newer runnel"));
+        return Err(format!(
+            "{NEWER}: record version {version}; this build reads 1..={RECORD_VERSION}; run a newer runnel"
+        ));
     }
     Ok((kind, version, &buf[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + len], RECORD_HEADER_BYTES + len))
 }

@@ -486,8 +486,6 @@ pub struct Topic {
     dead_info: IdMap<DeadInfo>,
     /// Whether the name ends in `.dlq`: such topics never dead-letter.
     is_dlq: bool,
-    /// Unpublished messages withdrawn since the last `publish`.
-    withdrawn: u64,
 }
 
 /// A message handed out by `Topic::fetch`.
@@ -510,7 +508,6 @@ impl Topic {
             counters: Counters::default(),
             dead_info: IdMap::default(),
             is_dlq: name.ends_with(".dlq"),
-            withdrawn: 0,
         }
     }
 
@@ -575,18 +572,26 @@ impl Topic {
         self.seq.append(born_ms, payload)
     }
 
-    /// Appends a dead letter (visible at the next `publish`).
+    /// Appends a message that keeps the born time it had in another topic
+    /// (dead-lettered or redriven), even if older than this topic's last.
+    pub fn append_kept(&mut self, born_ms: u64, payload: &[u8]) -> MsgId {
+        self.counters.produced += 1;
+        let id = self.seq.next_id();
+        self.seq.insert(id, born_ms, payload);
+        id
+    }
+
+    /// Appends a dead letter (visible at the next `publish`), keeping its
+    /// born time.
     pub fn append_dead(&mut self, born_ms: u64, payload: &[u8], info: DeadInfo) -> MsgId {
-        let id = self.append(born_ms, payload);
+        let id = self.append_kept(born_ms, payload);
         self.dead_info.insert(id, info);
         id
     }
 
-    /// Makes every appended message visible. Returns how many became ready.
-    pub fn publish(&mut self) -> u64 {
-        let before = self.visible_id;
+    /// Makes every appended message visible.
+    pub fn publish(&mut self) {
         self.visible_id = self.seq.next_id();
-        self.visible_id - before - std::mem::take(&mut self.withdrawn)
     }
 
     /// Withdraws the unpublished messages with ids in `first..first+count`
@@ -595,7 +600,6 @@ impl Topic {
         for id in first..first + u64::from(count) {
             if self.seq.release(id).is_some() {
                 self.counters.produced -= 1;
-                self.withdrawn += 1;
                 self.dead_info.remove(&id);
             }
         }
@@ -758,7 +762,12 @@ impl Topic {
     /// Drops a message the group is done with (acked, dead-lettered).
     pub fn release(&mut self, id: MsgId) {
         self.seq.release(id);
-        self.dead_info.remove(&id);
+        if !self.dead_info.is_empty() {
+            self.dead_info.remove(&id);
+        }
+        if !self.group.carried.is_empty() {
+            self.group.carried.remove(&id);
+        }
     }
 
     /// Extends the deadline of an in-flight message.

@@ -516,14 +516,15 @@ fn topic_appended_messages_are_invisible_until_published() {
     assert_eq!((t.ready(), t.unpublished()), (0, 2));
     assert_eq!(fetch(&mut t, &mut timers, 1, 10, u64::MAX, 100), []);
     assert!(timers.wheel.is_empty());
-    assert_eq!(t.publish(), 2);
+    t.publish();
     assert_eq!((t.ready(), t.unpublished()), (2, 0));
     assert!(t.has_ready());
     let c = t.append(10, b"c");
     assert_eq!(fetch_all(&mut t, &mut timers, 1, 100), [(a, 1), (b, 1)], "c is not published yet");
     assert_eq!((t.ready(), t.inflight(), t.unpublished()), (0, 2, 1));
-    assert_eq!(t.publish(), 1);
-    assert_eq!(t.publish(), 0, "nothing new");
+    t.publish();
+    t.publish();
+    assert_eq!((t.ready(), t.unpublished()), (1, 0), "publishing twice changes nothing");
     assert_eq!(fetch_all(&mut t, &mut timers, 1, 100), [(c, 1)]);
     assert_eq!(t.counters.produced, 3);
 }
@@ -558,36 +559,36 @@ fn topic_withdrawn_messages_never_become_visible_and_ids_are_not_reused() {
 }
 
 #[test]
-fn topic_publish_returns_how_many_became_ready() {
+fn topic_publish_makes_only_unwithdrawn_messages_ready() {
     let mut t = Topic::new("t", Settings::default(), 1);
     t.append(0, b"a");
     let b = t.append(0, b"b");
     t.withdraw(b, 1);
-    assert_eq!(t.publish(), 1, "only a became ready");
-    assert_eq!(t.ready(), 1);
+    t.publish();
+    assert_eq!(t.ready(), 1, "only a became ready");
     t.append(0, b"c");
-    assert_eq!(t.publish(), 1, "the withdrawal was counted once");
+    t.publish();
+    assert_eq!(t.ready(), 2);
 }
 
 #[test]
-#[ignore = "queue bug (minor): publish() counts an unpublished message removed by purge as having become ready"]
-fn topic_publish_after_purge_counts_only_ready_messages() {
+fn topic_publish_after_purge_makes_nothing_ready() {
     let mut t = Topic::new("t", Settings::default(), 1);
     let mut timers = FakeTimers::new(0);
     t.append(0, b"a");
     t.purge(&mut timers);
-    assert_eq!(t.publish(), 0, "the purged message never becomes ready");
-    assert_eq!(t.ready(), 0);
+    t.publish();
+    assert_eq!(t.ready(), 0, "the purged message never becomes ready");
+    assert!(!t.has_ready());
 }
 
 #[test]
-#[ignore = "queue bug (minor): publish() counts the ids skipped by bump_next_id as having become ready"]
-fn topic_publish_after_id_bump_counts_only_ready_messages() {
+fn topic_publish_after_id_bump_makes_only_messages_ready() {
     let mut t = Topic::new("t", Settings::default(), 1);
     t.seq.bump_next_id(100);
     t.append(0, b"b");
-    assert_eq!(t.publish(), 1, "ids skipped by bump_next_id are not messages");
-    assert_eq!(t.ready(), 1);
+    t.publish();
+    assert_eq!(t.ready(), 1, "ids skipped by bump_next_id are not messages");
 }
 
 #[test]
@@ -601,8 +602,8 @@ fn topic_fetch_serves_retries_before_fresh_messages() {
     assert_eq!(t.nack(1, None, false, &mut timers), Some(Returned::Retry));
     assert_eq!(t.nack(4, Some(50), false, &mut timers), Some(Returned::Retry));
     assert!(t.ack(2, &mut timers));
-    // 5 passes its deadline and comes back after 3 and 1; 4's delay ends
-    // at the same time, after 5 (it was armed later).
+    // 4's delay ends (at 50), then 5's ack deadline passes (at 100): both
+    // join the retry queue behind 3 and 1, in that order.
     assert_eq!(fire(&mut t, &mut timers, 100), [(4, Returned::Retry), (5, Returned::Retry)]);
     let got = fetch(&mut t, &mut timers, 2, 3, u64::MAX, 200);
     assert_eq!(got.iter().map(|d| (d.id, d.deliveries)).collect::<Vec<_>>(), [(3, 2), (1, 2), (4, 2)]);
@@ -933,7 +934,6 @@ fn topic_restore_carries_delivery_counts_into_the_next_delivery() {
 }
 
 #[test]
-#[ignore = "queue bug (minor, memory): carried deliveries of a message released during recovery are kept until the next purge"]
 fn topic_recovery_keeps_no_carried_deliveries_for_released_messages() {
     let mut t = Topic::new("t", settings(4), 1);
     t.restore(1, 0, b"acked before the restart", 0, None);
@@ -942,7 +942,8 @@ fn topic_recovery_keeps_no_carried_deliveries_for_released_messages() {
     t.restore_deliveries(2, 1);
     t.release(1); // its ack record
     t.restore_done();
-    let carried: Vec<MsgId> = t.group.carried.keys().copied().collect();
+    let mut carried: Vec<MsgId> = t.group.carried.keys().copied().collect();
+    carried.sort_unstable();
     assert_eq!(carried, [2], "only live messages carry deliveries");
 }
 
@@ -1079,8 +1080,10 @@ impl Model {
     }
 
     fn append(&mut self, born_ms: u64, payload: Vec<u8>, dead: Option<DeadInfo>) -> MsgId {
-        let born_ms = born_ms.max(self.last_born_ms);
-        self.last_born_ms = born_ms;
+        // A dead letter keeps the born time it had in its own topic; a new
+        // message's born time never goes below the topic's last.
+        let born_ms = if dead.is_some() { born_ms } else { born_ms.max(self.last_born_ms) };
+        self.last_born_ms = self.last_born_ms.max(born_ms);
         let id = self.next_id;
         self.next_id += 1;
         self.counters.produced += 1;

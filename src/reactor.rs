@@ -143,6 +143,16 @@ struct Conn {
     partial_since_ms: Option<u64>,
     /// Its timeout timer and that timer's deadline, ms.
     timer: Option<(TimerKey, u64)>,
+    /// The peer shut its side (an event said so): once its input is
+    /// served, or if it parks, the connection ends.
+    peer_closed: bool,
+    /// Decoding paused because pending output reached half of
+    /// output_bytes_max; resumed when a flush drains it below.
+    paused: bool,
+    /// Since when pending output has stayed at or above half of
+    /// output_bytes_max, ms: a peer that does not read is closed after
+    /// frame_timeout_ms of that (Redis's soft output limit).
+    backlog_since_ms: Option<u64>,
 }
 
 /// A connection to the metrics listener: one request, one response.
@@ -342,12 +352,13 @@ impl Reactor {
                 METRICS => self.accept_http(now),
                 Token(t) if t >= HTTP_BASE => self.serve_http(t - HTTP_BASE, now),
                 Token(key) => {
-                    let parked = self.conns.get(key).is_some_and(|c| c.parked);
-                    if parked && (event.is_read_closed() || event.is_error()) {
-                        // A parked connection is not read, so EOF would go
-                        // unseen until its wait ends: end it now.
-                        self.end(key, now, "peer closed while its FETCH was parked");
-                        continue;
+                    if event.is_read_closed() || event.is_error() {
+                        // Edge-triggered: this is said once. Remember it,
+                        // for a connection that parks or pauses before it
+                        // reads to the EOF.
+                        if let Some(c) = self.conns.get_mut(key) {
+                            c.peer_closed = true;
+                        }
                     }
                     if event.is_writable() {
                         self.mark_dirty(key);
@@ -382,7 +393,7 @@ impl Reactor {
             self.loop_metrics.produce_ack.observe(ns, report.produces_acked);
         }
         // 6. flush
-        self.flush();
+        self.flush(now);
         // 7. close
         self.close_ended();
         Ok(())
@@ -492,6 +503,9 @@ impl Reactor {
                 last_active_ms: now.mono_ms,
                 partial_since_ms: None,
                 timer,
+                peer_closed: false,
+                paused: false,
+                backlog_since_ms: None,
             });
             self.broker.stats.connections = self.conns.len() as u64;
             log::debug!("accepted {peer} as connection {key}");
@@ -593,8 +607,12 @@ impl Reactor {
         let mut step = Step::Continue;
         let mut ended: Option<String> = None;
         while !c.closing && !c.parked {
-            if c.out.len() - c.out_pos > out_max {
-                ended = Some(format!("pending output over output_bytes_max ({out_max}): the peer is not reading"));
+            // Backpressure: a peer with half the output limit pending gets
+            // no more replies until it reads (the flush resumes it), so a
+            // pipelining peer that does read never reaches the limit.
+            if c.out.len() - c.out_pos >= out_max / 2 {
+                c.paused = true;
+                step = Step::Stop;
                 break;
             }
             let input = &c.input[used..];
@@ -657,6 +675,10 @@ impl Reactor {
         let has_output = c.out.len() > c.out_pos;
         if c.parked && matches!(step, Step::Continue) {
             step = Step::Stop;
+            if c.peer_closed {
+                // Nobody will read the FETCH's reply.
+                ended = Some("peer closed; its FETCH would park for nobody".into());
+            }
         }
         if has_output {
             self.mark_dirty(key);
@@ -669,10 +691,13 @@ impl Reactor {
     }
 
     /// Writes each dirty connection's output with one write.
-    fn flush(&mut self) {
+    fn flush(&mut self, now: Now) {
         let out_max = self.broker.config().limits.output_bytes_max as usize;
         // Taken and given back, so the list's buffer is reused every turn.
         let mut dirty = std::mem::take(&mut self.dirty);
+        // What to do after the loop, which holds the connection borrowed:
+        // end a connection (why), or arm its timer (a backlog began).
+        let mut after: Vec<(usize, Option<String>)> = Vec::new();
         for key in dirty.drain(..) {
             let Some(c) = self.conns.get_mut(key) else { continue };
             c.dirty = false;
@@ -704,6 +729,18 @@ impl Reactor {
                     "pending output {pending} over output_bytes_max ({out_max}): the peer is not reading"
                 ));
             }
+            if pending >= out_max / 2 {
+                if c.backlog_since_ms.is_none() {
+                    c.backlog_since_ms = Some(now.mono_ms);
+                    after.push((key, None));
+                }
+            } else {
+                c.backlog_since_ms = None;
+                if std::mem::take(&mut c.paused) && !c.hot && !c.closing {
+                    c.hot = true;
+                    self.hot.push(key);
+                }
+            }
             let want_writable = pending > 0 && failed.is_none();
             if want_writable != c.writable {
                 let interest = if want_writable { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
@@ -713,21 +750,18 @@ impl Reactor {
                 c.writable = want_writable;
             }
             if let Some(why) = failed {
-                if !c.closing {
-                    c.closing = true;
-                    log::debug!("closing connection {key}: {why}");
-                    let now = now_at(self.started);
-                    self.broker.disconnect(key, &c.session, now);
-                    if let Some((t, _)) = c.timer.take() {
-                        self.timers.cancel(t);
-                    }
-                    self.closing.push(key);
-                }
                 c.out.clear();
                 c.out_pos = 0;
+                after.push((key, Some(why)));
             }
         }
         self.dirty = dirty;
+        for (key, why) in after {
+            match why {
+                Some(why) => self.end(key, now, &why),
+                None => self.arm(key, now),
+            }
+        }
     }
 
     /// The earliest timeout of a connection, ms: HELLO not yet done, a frame
@@ -743,6 +777,9 @@ impl Reactor {
         }
         if l.idle_timeout_ms > 0 && !c.parked {
             at(c.last_active_ms + u64::from(l.idle_timeout_ms));
+        }
+        if let Some(since) = c.backlog_since_ms {
+            at(since + u64::from(l.frame_timeout_ms));
         }
         d
     }
@@ -779,6 +816,8 @@ impl Reactor {
                 Some("no HELLO within handshake_timeout_ms")
             } else if c.partial_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
                 Some("a frame stayed incomplete past frame_timeout_ms")
+            } else if c.backlog_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
+                Some("half of output_bytes_max left unread past frame_timeout_ms: the peer is not reading")
             } else if l.idle_timeout_ms > 0
                 && !c.parked
                 && now.mono_ms >= c.last_active_ms + u64::from(l.idle_timeout_ms)
@@ -935,7 +974,7 @@ impl Reactor {
         let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty };
         self.broker.shutdown(now, &mut lent);
         self.broker.commit(now, &mut lent);
-        self.flush();
+        self.flush(now);
         let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
         for key in keys {
             self.end(key, now, "shutdown");
