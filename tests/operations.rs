@@ -377,3 +377,37 @@ fn sigterm_answers_parked_fetches_syncs_and_exits_zero() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+#[test]
+fn a_second_signal_exits_at_once() {
+    let dir = TempDir::new("sig2");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut child = runnel()
+        .args(["serve", "--listen", &addr, "--data", dir.path().to_str().unwrap()])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut c = connect_retry(&addr);
+    c.produce("t", b"x").unwrap();
+    let pid = child.id() as i32;
+    // Stopped, the broker cannot act on the first signal before the second
+    // arrives: both are pending when it continues (two different signals,
+    // as two of the same would merge into one), and the second exits at
+    // once, with status 1 rather than a graceful 0.
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // Wait until it is really stopped (state T in /proc/PID/stat).
+    let until = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap().split(") ").nth(1).unwrap().starts_with('T') {
+        assert!(Instant::now() < until, "the broker never stopped");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(libc::kill(pid, libc::SIGINT), 0);
+        assert_eq!(libc::kill(pid, libc::SIGTERM), 0);
+        assert_eq!(libc::kill(pid, libc::SIGCONT), 0);
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(1), "a second signal exits at once with status 1, got {status}");
+}
