@@ -807,9 +807,11 @@ impl Broker {
                 for payload in batch.iter() {
                     let (id, born) = t.append_born(now.wall_ms, payload);
                     put_message_record(b, id, born, 0, None, payload);
-                    self.compactor.note_produce(tid, id);
+                    self.compactor.note_client_produce(tid, id);
                 }
-                self.log.end(at);
+                // If the commit fails, this record goes (the produce is
+                // answered STORAGE and withdrawn); the turn's others stay.
+                self.log.end_withdrawable(at);
                 self.produced.push((tid, first, batch.count));
                 touch(e, &mut self.touched);
                 codec::encode_produce_reply(out, rid, first, batch.count);

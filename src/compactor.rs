@@ -71,6 +71,9 @@ pub(super) struct Compactor {
     delete_segments: BTreeMap<u64, ()>,
     /// This turn's records, attached to a segment once committed.
     turn_ranges: Vec<Range>,
+    /// This turn's client produces: dropped with their records if the
+    /// commit fails.
+    turn_client_ranges: Vec<Range>,
     turn_topics: Vec<TopicId>,
     turn_deletes: bool,
     /// The segment being cleaned.
@@ -94,6 +97,10 @@ impl Compactor {
     /// A Produce record for message `id` of `topic` was appended this turn.
     pub(super) fn note_produce(&mut self, topic: TopicId, id: MsgId) {
         push_range(&mut self.turn_ranges, topic, id);
+    }
+    /// As `note_produce`, for a client's produce (withdrawn on failure).
+    pub(super) fn note_client_produce(&mut self, topic: TopicId, id: MsgId) {
+        push_range(&mut self.turn_client_ranges, topic, id);
     }
     /// A Topic record for `topic` was appended this turn.
     pub(super) fn note_topic(&mut self, topic: TopicId) {
@@ -124,7 +131,7 @@ impl Compactor {
     /// Returns a segment that may now be removed.
     pub(super) fn committed(&mut self, segment: u64) -> Option<u64> {
         let m = self.manifests.entry(segment).or_default();
-        for r in self.turn_ranges.drain(..) {
+        for r in self.turn_ranges.drain(..).chain(self.turn_client_ranges.drain(..)) {
             match m.last_mut() {
                 Some(last) if last.topic == r.topic && last.hi + 1 == r.lo => last.hi = r.hi,
                 _ => m.push(r),
@@ -143,14 +150,11 @@ impl Compactor {
         Some(removable)
     }
 
-    /// The turn's commit failed: its records are gone, and so are the
-    /// copies of a slice in progress (the job starts over).
+    /// The turn's commit failed: the log dropped the client produces'
+    /// records and keeps the rest (copies included) for the next commit, so
+    /// only those notes go; the others are attached when it succeeds.
     pub(super) fn failed(&mut self) {
-        self.turn_ranges.clear();
-        self.turn_topics.clear();
-        self.turn_deletes = false;
-        self.remove_after_commit = None;
-        self.job = None;
+        self.turn_client_ranges.clear();
     }
 
     /// Whether a compaction is under way (the loop should not sleep).

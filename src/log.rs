@@ -30,6 +30,10 @@ pub const RECORD_HEADER_BYTES: usize = 12;
 /// The body version this build writes. A reader must keep reading every
 /// older version; see docs/log-format.md for how to add one.
 pub const RECORD_VERSION: u8 = 1;
+/// Most bytes of a failed turn's records kept for the next commit while the
+/// disk keeps failing (acks, dead letters, topic changes already done in
+/// memory); past it they are dropped, loudly.
+const RETAIN_BYTES_MAX: usize = 64 << 20;
 /// The largest record body a reader accepts: a bound on what a corrupt
 /// length field can make recovery allocate.
 pub const RECORD_BYTES_MAX: usize = 1 << 30;
@@ -186,6 +190,8 @@ pub struct Log {
     buf: Vec<u8>,
     /// Records in `buf`.
     buf_records: u64,
+    /// Byte ranges in `buf` of records dropped if the commit fails.
+    withdrawable: Vec<(usize, usize)>,
     /// A failed write may have left bytes past the durable end of the
     /// active segment; they are cut before the next write.
     dirty: bool,
@@ -342,7 +348,7 @@ impl Log {
                 // A crash mid-write leaves damage only at the very end: if a
                 // whole record follows the damage, later turns wrote (and
                 // synced, and acknowledged) it, so this is corruption.
-                let torn = n == last && !newer && !record_after(&data, pos + 1);
+                let torn = n == last && !newer && !records_after(&data, pos + 1);
                 if torn {
                     log::warn!(
                         "commit log: cut a torn tail of {dropped} bytes from {} at byte {pos} ({why}); a crash interrupted its last write",
@@ -390,6 +396,7 @@ impl Log {
             opener,
             buf: Vec::new(),
             buf_records: 0,
+            withdrawable: Vec::new(),
             dirty: false,
             stats: LogStats::default(),
         };
@@ -453,12 +460,22 @@ impl Log {
         self.buf.truncate(start.0);
     }
 
+    /// Finishes a record that is dropped if this turn's commit fails (a
+    /// client's produce, answered STORAGE then); every other record of a
+    /// failed turn is kept and written with the next commit, so the log
+    /// catches up with what the broker already did in memory.
+    pub fn end_withdrawable(&mut self, start: RecordStart) {
+        self.end(start);
+        self.withdrawable.push((start.0, self.buf.len()));
+    }
+
     /// Writes the turn's records with one write and, in `FsyncMode::Turn`,
     /// makes them durable with one `fdatasync`. Does nothing when no record
     /// was appended. On error nothing of the turn counts as written: the
-    /// records are dropped, the file is cut back to its durable length
-    /// (now, or before the next write if cutting fails too), and the caller
-    /// must not acknowledge anything that waited on this commit.
+    /// file is cut back to its durable length (now, or before the next write
+    /// if cutting fails too), withdrawable records are dropped, the others
+    /// wait for the next commit, and the caller must not acknowledge
+    /// anything that waited on this commit.
     pub fn commit(&mut self) -> io::Result<Committed> {
         if self.buf.is_empty() {
             return Ok(Committed::default());
@@ -467,9 +484,18 @@ impl Log {
         let result = self.write_turn();
         let records = std::mem::take(&mut self.buf_records);
         let bytes = self.buf.len() as u64;
-        self.buf.clear();
-        if self.buf.capacity() > 64 << 20 {
-            self.buf = Vec::new();
+        if result.is_err() {
+            self.keep_for_retry();
+            self.stats.failures += 1;
+            self.dirty = true;
+            // Best effort now; `write_turn` retries before the next write.
+            let _ = self.cut_back();
+        } else {
+            self.buf.clear();
+            self.withdrawable.clear();
+            if self.buf.capacity() > 64 << 20 {
+                self.buf = Vec::new();
+            }
         }
         match result {
             Ok(synced) => {
@@ -480,14 +506,35 @@ impl Log {
                 }
                 Ok(Committed { bytes, synced, nanos: started.elapsed().as_nanos() as u64 })
             }
-            Err(e) => {
-                self.stats.failures += 1;
-                self.dirty = true;
-                // Best effort now; `write_turn` retries before the next write.
-                let _ = self.cut_back();
-                Err(e)
-            }
+            Err(e) => Err(e),
         }
+    }
+
+    /// After a failed commit: keeps every record but the withdrawable ones
+    /// for the next commit, up to `RETAIN_BYTES_MAX`.
+    fn keep_for_retry(&mut self) {
+        let mut kept = Vec::with_capacity(self.buf.len());
+        let mut at = 0;
+        for (start, end) in self.withdrawable.drain(..) {
+            kept.extend_from_slice(&self.buf[at..start]);
+            at = end;
+        }
+        kept.extend_from_slice(&self.buf[at..]);
+        if kept.len() > RETAIN_BYTES_MAX {
+            log::error!(
+                "commit log: {} bytes of records wait for a disk that keeps failing; dropping them (a restart may redeliver acknowledged messages)",
+                kept.len()
+            );
+            kept.clear();
+        }
+        // Count what is kept by walking the record headers.
+        let (mut i, mut n) = (0, 0);
+        while i + RECORD_HEADER_BYTES <= kept.len() {
+            i += RECORD_HEADER_BYTES + LittleEndian::read_u32(&kept[i..]) as usize;
+            n += 1;
+        }
+        self.buf_records = n;
+        self.buf = kept;
     }
 
     /// Cuts the active segment back to its durable length after a failure,
@@ -585,9 +632,22 @@ fn record_crc(rec: &[u8]) -> u32 {
     h.finalize()
 }
 
-/// Whether a whole, valid record starts anywhere in `data[from..]`. Cheap
-/// header checks reject almost every offset before a CRC is computed.
-fn record_after(data: &[u8], from: usize) -> bool {
+/// Whether, somewhere in `data[from..]`, whole valid records start and run
+/// exactly to the end of the file: what later turns leave after a damaged
+/// record in the middle. A torn write leaves no such run (its tail ends
+/// inside a record), even if a payload it cut happens to hold bytes that
+/// look like a record. Cheap header checks reject almost every offset
+/// before a CRC is computed.
+fn records_after(data: &[u8], from: usize) -> bool {
+    let chain_to_end = |mut i: usize| {
+        while i < data.len() {
+            match parse_record(&data[i..]) {
+                Ok((_, _, _, used)) => i += used,
+                Err(_) => return false,
+            }
+        }
+        true
+    };
     (from..data.len().saturating_sub(RECORD_HEADER_BYTES - 1)).any(|i| {
         let b = &data[i..];
         RecordKind::from_u8(b[8]).is_some()
@@ -596,6 +656,7 @@ fn record_after(data: &[u8], from: usize) -> bool {
             && b[11] == 0
             && (LittleEndian::read_u32(b) as usize) <= b.len() - RECORD_HEADER_BYTES
             && parse_record(b).is_ok()
+            && chain_to_end(i)
     })
 }
 

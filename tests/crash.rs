@@ -8,6 +8,10 @@
 //! was written before its reply; recovery rebuilds every topic, ack and id
 //! sequence; a torn tail is cut), not that `fdatasync` reached the disk.
 //!
+//! Kills land at random moments, and every third round one is aimed at a
+//! large write in progress, so that some restarts must cut a torn tail
+//! (SIGKILL can stop a write between pages); the run prints how many did.
+//!
 //! Seeds: `RUNNEL_SEED` replays a run's choices (the thread interleaving
 //! and the moments the kills land cannot be replayed); every assertion
 //! prints the seed. `RUNNEL_CRASH_ROUNDS` sets the number of kills.
@@ -18,9 +22,9 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -100,15 +104,18 @@ fn spawn_broker(data: &Path, logs: &Path, tag: &str, seed: u64) -> Proc {
                 }
                 panic!("seed {seed}: broker {tag} exited with {status} while starting:\n{err}");
             }
-            if let Ok(mut c) = Client::connect(p.addr) {
-                if c.ping().is_ok() {
-                    return p;
-                }
+            if let Ok(mut c) = Client::connect(p.addr)
+                && c.ping().is_ok()
+            {
+                return p;
             }
             if Instant::now() > deadline {
                 let _ = p.child.kill();
                 let _ = p.child.wait();
-                panic!("seed {seed}: broker {tag} did not accept within {START_TIMEOUT:?}:\n{}", read_stderr(&p.stderr));
+                panic!(
+                    "seed {seed}: broker {tag} did not accept within {START_TIMEOUT:?}:\n{}",
+                    read_stderr(&p.stderr)
+                );
             }
             thread::sleep(Duration::from_millis(5));
         }
@@ -119,9 +126,16 @@ fn spawn_broker(data: &Path, logs: &Path, tag: &str, seed: u64) -> Proc {
 impl Proc {
     /// SIGKILL (what `Child::kill` sends on Unix), then reap: once `wait`
     /// returns, the process and its lock on the data directory are gone.
-    fn kill(mut self) -> ExitStatus {
+    /// An error if the broker had already exited by itself (with its exit
+    /// status and stderr).
+    fn kill(mut self) -> Result<(), String> {
+        let before = self.child.try_wait().expect("try_wait");
         let _ = self.child.kill();
-        self.child.wait().expect("wait for killed broker")
+        self.child.wait().expect("wait for killed broker");
+        match before {
+            None => Ok(()),
+            Some(status) => Err(format!("exited by itself with {status}:\n{}", read_stderr(&self.stderr))),
+        }
     }
 }
 
@@ -221,17 +235,21 @@ impl Record {
 
     /// Adds one round's journals.
     fn merge(&mut self, round: u64, journals: Vec<Journal>) {
-        // When is an ack durable? Its reply does not wait for a sync (only
-        // PRODUCE replies are held for the commit), so a received ACK reply
-        // alone proves nothing. But the broker runs one turn at a time, and
-        // every turn that appended records ends with one write and one
-        // fdatasync, before the next turn reads anything; a PRODUCE reply is
-        // released only after its own turn's sync succeeded. A produce sent
-        // after the ACK reply arrived is read in a later turn than the ack,
-        // so once that produce is acknowledged, the ack's record was written
-        // and synced before it. Logical times order the threads: an ack is
-        // known durable if a produce of the same broker incarnation whose
-        // time was taken after the ACK reply arrived was acknowledged.
+        // When is an ack durable? An ACK reply is not held for a sync
+        // (issue 3: FETCH and ACK replies need not wait), so receiving it
+        // proves nothing about the disk. A PRODUCE reply is released only
+        // after the fdatasync that covers the produce, and the log is one
+        // append-only sequence written in turn order. A produce sent after
+        // an ACK reply arrived was read in a later turn than the ack, so its
+        // record comes after the ack's in the log, and once that produce is
+        // acknowledged, the sync that made it durable has made the ack
+        // durable too (the same segment's earlier bytes are flushed with
+        // it; today every turn that appended anything also ends with its
+        // own fdatasync, so an ack in an earlier segment was synced in its
+        // own turn). The logical clock orders the threads: an ack is known
+        // durable if a produce acknowledged by the same broker incarnation
+        // took its time after the ACK reply arrived (the produce's time is
+        // taken before it is sent, the ack's after its reply arrived).
         let last_produce_t = journals.iter().flat_map(|j| j.produced.iter().map(|p| p.3)).max();
         for j in journals {
             for (name, topic) in j.sent {
@@ -289,7 +307,10 @@ impl Record {
             if let Some(want) = self.produced.get(&key)
                 && want != name
             {
-                found.push(format!("{t}/{} was acknowledged for {want} but delivered {name} in round {}", d.id, d.round));
+                found.push(format!(
+                    "{t}/{} was acknowledged for {want} but delivered {name} in round {}",
+                    d.id, d.round
+                ));
             }
             // (3) Ids never repeat: one id, one message, across restarts
             // (this also covers produces that were durable but unanswered).
@@ -333,9 +354,27 @@ impl Record {
 // The client threads.
 // ---------------------------------------------------------------------------
 
+/// Shared by the client threads of one round.
+#[derive(Default)]
+struct Shared {
+    /// Logical time: orders acks and produces across threads (see
+    /// `Record::merge`).
+    clock: AtomicU64,
+    /// Messages acknowledged to producers minus messages delivered to
+    /// consumers this round: producers pause while it is over
+    /// `BACKLOG_MAX`, so memory and disk stay bounded however many rounds.
+    backlog: AtomicI64,
+}
+
+/// Backlog (see `Shared::backlog`) past which producers pause.
+const BACKLOG_MAX: i64 = 2000;
+/// Longest a producer pauses for the backlog before producing anyway (a
+/// producer must keep finding out that its broker died).
+const BACKLOG_PAUSE_MAX: Duration = Duration::from_millis(50);
+
 /// Produces until the broker goes away: single batches and pipelines of
 /// several PRODUCEs, to random topics.
-fn producer(addr: SocketAddr, round: u64, worker: u64, seed: u64, clock: Arc<AtomicU64>) -> Journal {
+fn producer(addr: SocketAddr, round: u64, worker: u64, seed: u64, shared: Arc<Shared>) -> Journal {
     let mut j = Journal::default();
     let mut rng = Rng(seed ^ (round << 32) ^ (worker << 16) ^ 0x9e0d);
     let Ok(mut c) = client(addr) else { return j };
@@ -353,13 +392,17 @@ fn producer(addr: SocketAddr, round: u64, worker: u64, seed: u64, clock: Arc<Ato
         (topic, names)
     };
     loop {
+        let paused = Instant::now();
+        while shared.backlog.load(Ordering::SeqCst) > BACKLOG_MAX && paused.elapsed() < BACKLOG_PAUSE_MAX {
+            thread::sleep(Duration::from_millis(1));
+        }
         let depth = if rng.below(2) == 0 { 1 } else { 2 + rng.below(5) };
         let mut pending = Vec::new();
         for _ in 0..depth {
             let (topic, names) = batch(&mut rng, &mut j);
             let payloads: Vec<Vec<u8>> = names.iter().map(|n| payload(n)).collect();
             // Taken before the request can leave: see `Record::merge`.
-            let t = clock.fetch_add(1, Ordering::SeqCst);
+            let t = shared.clock.fetch_add(1, Ordering::SeqCst);
             c.send_produce(TOPICS[topic], &payloads);
             pending.push((topic, names, t));
         }
@@ -372,6 +415,7 @@ fn producer(addr: SocketAddr, round: u64, worker: u64, seed: u64, clock: Arc<Ato
             match c.recv() {
                 Ok(OwnedReply::Produced { first_id, count }) => {
                     assert_eq!(count as usize, names.len(), "seed {seed}: produce reply count");
+                    shared.backlog.fetch_add(i64::from(count), Ordering::SeqCst);
                     for (i, n) in names.into_iter().enumerate() {
                         j.produced.push((topic, first_id + i as u64, n, t));
                     }
@@ -395,7 +439,7 @@ fn producer(addr: SocketAddr, round: u64, worker: u64, seed: u64, clock: Arc<Ato
 /// gets, it acks most at once, leaves some unacked (to time out and be
 /// redelivered, or be in flight at the kill), and acks some one fetch later
 /// (perhaps after their deadline).
-fn consumer(addr: SocketAddr, round: u64, worker: u64, seed: u64, clock: Arc<AtomicU64>) -> Journal {
+fn consumer(addr: SocketAddr, round: u64, worker: u64, seed: u64, shared: Arc<Shared>) -> Journal {
     let mut j = Journal::default();
     let mut rng = Rng(seed ^ (round << 32) ^ (worker << 16) ^ 0xc0c0);
     let Ok(mut c) = client(addr) else { return j };
@@ -403,7 +447,7 @@ fn consumer(addr: SocketAddr, round: u64, worker: u64, seed: u64, clock: Arc<Ato
     loop {
         let topic = rng.below(TOPICS.len() as u64) as usize;
         let f = Fetch {
-            max_messages: 1 + rng.below(16) as u32,
+            max_messages: 1 + rng.below(64) as u32,
             max_bytes: 0,
             wait_ms: 20,
             ack_timeout_ms: 50 + rng.below(250) as u32,
@@ -413,6 +457,7 @@ fn consumer(addr: SocketAddr, round: u64, worker: u64, seed: u64, clock: Arc<Ato
             Err(client::Error::Io(_)) => return j,
             Err(e) => panic!("seed {seed}: FETCH failed other than by a lost connection: {e}"),
         };
+        shared.backlog.fetch_sub(msgs.len() as i64, Ordering::SeqCst);
         let mut now: Vec<(usize, u64)> = std::mem::take(&mut later);
         for m in msgs {
             j.deliveries.push(Delivery { topic, id: m.id, name: name_of(&m.payload), round });
@@ -422,16 +467,16 @@ fn consumer(addr: SocketAddr, round: u64, worker: u64, seed: u64, clock: Arc<Ato
                 _ => later.push((topic, m.id)),
             }
         }
-        for t in 0..TOPICS.len() {
+        for (t, name) in TOPICS.iter().enumerate() {
             let ids: Vec<u64> = now.iter().filter(|a| a.0 == t).map(|a| a.1).collect();
             if ids.is_empty() {
                 continue;
             }
             j.ack_sent.extend(ids.iter().map(|&id| (t, id)));
-            match c.ack(TOPICS[t], &ids) {
+            match c.ack(name, &ids) {
                 Ok(r) => {
                     // Taken after the reply arrived: see `Record::merge`.
-                    let at = clock.fetch_add(1, Ordering::SeqCst);
+                    let at = shared.clock.fetch_add(1, Ordering::SeqCst);
                     j.acked.extend(ids.iter().filter(|id| !r.failed.contains(id)).map(|&id| (t, id, at)));
                 }
                 Err(client::Error::Io(_)) => return j,
@@ -476,7 +521,7 @@ const BIG_SEGMENT_BYTES_MIN: u64 = 256 << 10;
 /// often lands mid-write, and SIGKILL can stop a write between pages: a
 /// torn tail for the next start to cut. The produce is unknown (maybe
 /// durable, never acknowledged).
-fn kill_mid_write(p: Proc, data: &Path, round: u64, rng: &mut Rng, rec: &mut Record) -> ExitStatus {
+fn kill_mid_write(p: Proc, data: &Path, round: u64, rng: &mut Rng, rec: &mut Record) -> Result<(), String> {
     let big_before: HashSet<u64> = segments_at_least(data, BIG_SEGMENT_BYTES_MIN);
     let topic = rng.below(TOPICS.len() as u64) as usize;
     let names: Vec<String> = (0..96).map(|i| format!("big-r{round}-{i}")).collect();
@@ -543,7 +588,6 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
     let mut rng = Rng(seed);
     let data = TempDir::new("crash-data");
     let logs = TempDir::new("crash-logs");
-    let clock = Arc::new(AtomicU64::new(0));
     let mut rec = Record::default();
     let mut max_base = 0;
     for round in 0..rounds {
@@ -551,26 +595,32 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
         if rng.below(8) == 0 {
             let p = spawn_only(data.path(), logs.path(), &format!("round{round}-early"), free_port());
             thread::sleep(Duration::from_millis(rng.below(20)));
-            p.kill();
+            // It may have exited by itself only if its port was taken.
+            if let Err(e) = p.kill() {
+                assert!(e.contains("cannot listen"), "seed {seed}: round {round}: the broker {e}");
+            }
             continue;
         }
         let p = spawn_broker(data.path(), logs.path(), &format!("round{round}"), seed);
         let addr = p.addr;
+        let shared = Arc::new(Shared::default());
         let mut workers = Vec::new();
         for w in 0..2 {
-            let clock = clock.clone();
-            workers.push(thread::spawn(move || producer(addr, round, w, seed, clock)));
+            let shared = shared.clone();
+            workers.push(thread::spawn(move || producer(addr, round, w, seed, shared)));
         }
         for w in 2..4 {
-            let clock = clock.clone();
-            workers.push(thread::spawn(move || consumer(addr, round, w, seed, clock)));
+            let shared = shared.clone();
+            workers.push(thread::spawn(move || consumer(addr, round, w, seed, shared)));
         }
         thread::sleep(Duration::from_millis(20 + rng.below(600)));
         // A kill at a random moment rarely lands inside a write; every
         // third round aims one there.
-        let status =
+        let killed =
             if rng.below(3) == 0 { kill_mid_write(p, data.path(), round, &mut rng, &mut rec) } else { p.kill() };
-        assert!(!status.success(), "seed {seed}: round {round}: the broker exited by itself ({status})");
+        if let Err(e) = killed {
+            panic!("seed {seed}: round {round}: the broker {e}");
+        }
         let journals: Vec<Journal> = workers
             .into_iter()
             .map(|w| w.join().unwrap_or_else(|_| panic!("seed {seed}: round {round}: a client thread panicked")))
@@ -580,14 +630,19 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
     }
     let p = spawn_broker(data.path(), logs.path(), "final", seed);
     rec.deliveries.extend(drain(p.addr, rounds, seed));
-    p.kill();
+    p.kill().unwrap_or_else(|e| panic!("seed {seed}: the final broker {e}"));
     rec.check(rounds);
     let torn = std::fs::read_dir(logs.path())
         .expect("read logs")
         .filter(|e| e.as_ref().is_ok_and(|e| read_stderr(&e.path()).contains("torn tail")))
         .count();
+    let log_bytes: u64 = std::fs::read_dir(data.path())
+        .expect("read data dir")
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum();
     println!(
-        "seed {seed}: {} produces acknowledged, {} unknown, {} deliveries, {} acks ({} known durable), {torn} starts cut a torn tail, last segment base {max_base}",
+        "seed {seed}: {} produces acknowledged, {} unknown, {} deliveries, {} acks ({} known durable), {torn} starts cut a torn tail, last segment base {max_base}, {log_bytes} log bytes at the end",
         rec.produced.len(),
         rec.unknown_produces,
         rec.deliveries.len(),
@@ -619,7 +674,7 @@ fn restart_replays_in_produce_order() {
     let data = TempDir::new("order-data");
     let logs = TempDir::new("order-logs");
     let p = spawn_broker(data.path(), logs.path(), "first", seed);
-    let mut c = client(p.addr).expect("connect");
+    let mut c = client(p.addr).unwrap_or_else(|e| panic!("seed {seed}: connect: {e}"));
     let mut want: Vec<(u64, Vec<u8>)> = Vec::new();
     while want.len() < 1000 {
         let count = (1 + rng.below(60) as usize).min(1000 - want.len());
@@ -632,9 +687,9 @@ fn restart_replays_in_produce_order() {
         want.extend(payloads.into_iter().enumerate().map(|(i, p)| (first + i as u64, p)));
     }
     drop(c);
-    p.kill();
+    p.kill().unwrap_or_else(|e| panic!("seed {seed}: the first broker {e}"));
     let p = spawn_broker(data.path(), logs.path(), "second", seed);
-    let mut c = client(p.addr).expect("connect");
+    let mut c = client(p.addr).unwrap_or_else(|e| panic!("seed {seed}: connect: {e}"));
     let mut got: Vec<(u64, Vec<u8>)> = Vec::new();
     loop {
         let f = Fetch { max_messages: 8192, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 600_000 };
@@ -645,7 +700,7 @@ fn restart_replays_in_produce_order() {
         got.extend(msgs.into_iter().map(|m| (m.id, m.payload)));
     }
     drop(c);
-    p.kill();
+    p.kill().unwrap_or_else(|e| panic!("seed {seed}: the second broker {e}"));
     assert_eq!(got.len(), want.len(), "seed {seed}: message count after restart");
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g.0, w.0, "seed {seed}: message {i} after restart has id {}, produced as {}", g.0, w.0);
@@ -671,8 +726,8 @@ fn second_broker_on_the_same_directory_is_refused() {
         }
         if Instant::now() > deadline {
             let out = read_stderr(&second.stderr);
-            second.kill();
-            first.kill();
+            let _ = second.kill();
+            let _ = first.kill();
             panic!("the second broker on a locked directory is still running:\n{out}");
         }
         thread::sleep(Duration::from_millis(10));
@@ -685,5 +740,5 @@ fn second_broker_on_the_same_directory_is_refused() {
     // The first is undisturbed.
     c.produce("t", b"after").expect("the first broker must keep serving");
     drop(c);
-    first.kill();
+    first.kill().expect("the first broker must still be running");
 }
