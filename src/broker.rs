@@ -476,6 +476,8 @@ pub struct Broker {
     expired: Vec<(u64, Timer)>,
     /// Cleans the log's oldest segments.
     compactor: Compactor,
+    /// Shutting down: the last commit syncs whatever it writes.
+    stopping: bool,
     pub stats: BrokerStats,
     /// What recovery found at start.
     pub recovery: Recovery,
@@ -529,6 +531,7 @@ impl Broker {
             failed_ids: Vec::new(),
             expired: Vec::new(),
             compactor,
+            stopping: false,
             stats: BrokerStats { recovery_ms: recovery.millis, started_mono_ms: now.mono_ms, ..BrokerStats::default() },
             recovery,
         }
@@ -1179,7 +1182,10 @@ impl Broker {
     pub fn commit(&mut self, now: Now, outbox: &mut impl Outbox) -> TurnReport {
         self.compact_step();
         let mut report = TurnReport::default();
-        let ok = match self.log.commit() {
+        // Sync when something waits on it: a held reply, a segment that may
+        // be removed once its copies are durable, or the last turn.
+        let sync = self.held.iter().any(|h| h.durable) || self.compactor.busy() || self.stopping;
+        let ok = match self.log.commit(sync) {
             Ok(c) => {
                 report.sync_nanos = c.synced.then_some(c.nanos);
                 let last = self.log.segments().last().map_or(0, |s| s.base);
@@ -1281,8 +1287,9 @@ impl Broker {
     }
 
     /// Graceful stop: every parked FETCH is answered now, with what is
-    /// ready or with nothing.
+    /// ready or with nothing, and the last commit syncs everything.
     pub fn shutdown(&mut self, now: Now, outbox: &mut impl Outbox) {
+        self.stopping = true;
         let keys: Vec<usize> = self.waiters.iter().map(|(k, _)| k).collect();
         for key in keys {
             let w = self.waiters.remove(key);

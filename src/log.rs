@@ -30,6 +30,9 @@ pub const RECORD_HEADER_BYTES: usize = 12;
 /// The body version this build writes. A reader must keep reading every
 /// older version; see docs/log-format.md for how to add one.
 pub const RECORD_VERSION: u8 = 1;
+/// Most bytes written without an fdatasync (turns that only acked): past
+/// it, the next turn syncs anyway.
+const UNSYNCED_BYTES_MAX: u64 = 4 << 20;
 /// Most bytes of a failed turn's records kept for the next commit while the
 /// disk keeps failing (acks, dead letters, topic changes already done in
 /// memory); past it they are dropped, loudly.
@@ -192,6 +195,8 @@ pub struct Log {
     buf_records: u64,
     /// Byte ranges in `buf` of records dropped if the commit fails.
     withdrawable: Vec<(usize, usize)>,
+    /// Bytes written to the active segment since its last fdatasync.
+    unsynced_bytes: u64,
     /// A failed write may have left bytes past the durable end of the
     /// active segment; they are cut before the next write.
     dirty: bool,
@@ -397,6 +402,7 @@ impl Log {
             buf: Vec::new(),
             buf_records: 0,
             withdrawable: Vec::new(),
+            unsynced_bytes: 0,
             dirty: false,
             stats: LogStats::default(),
         };
@@ -469,19 +475,22 @@ impl Log {
         self.withdrawable.push((start.0, self.buf.len()));
     }
 
-    /// Writes the turn's records with one write and, in `FsyncMode::Turn`,
-    /// makes them durable with one `fdatasync`. Does nothing when no record
-    /// was appended. On error nothing of the turn counts as written: the
+    /// Writes the turn's records with one write and, in `FsyncMode::Turn`
+    /// when `sync` (something waits on it: a produce, an admin change, a
+    /// compaction), makes them durable with one `fdatasync`. A turn of only
+    /// acks and requeues is written and synced by the next sync; losing it
+    /// to a machine crash means redelivery, which at-least-once allows. Does
+    /// nothing when no record was appended. On error nothing of the turn counts as written: the
     /// file is cut back to its durable length (now, or before the next write
     /// if cutting fails too), withdrawable records are dropped, the others
     /// wait for the next commit, and the caller must not acknowledge
     /// anything that waited on this commit.
-    pub fn commit(&mut self) -> io::Result<Committed> {
+    pub fn commit(&mut self, sync: bool) -> io::Result<Committed> {
         if self.buf.is_empty() {
             return Ok(Committed::default());
         }
         let started = Instant::now();
-        let result = self.write_turn();
+        let result = self.write_turn(sync);
         let records = std::mem::take(&mut self.buf_records);
         let bytes = self.buf.len() as u64;
         if result.is_err() {
@@ -552,7 +561,7 @@ impl Log {
         Ok(())
     }
 
-    fn write_turn(&mut self) -> io::Result<bool> {
+    fn write_turn(&mut self, sync: bool) -> io::Result<bool> {
         self.cut_back()?;
         let active_bytes = self.segments.last().map_or(0, |s| s.bytes);
         if active_bytes > 0 && active_bytes + self.buf.len() as u64 > self.options.segment_bytes_max {
@@ -564,20 +573,36 @@ impl Log {
             self.active = Some((self.opener)(&path)?);
             sync_dir(&self.dir)?;
         }
+        let synced = self.options.fsync == FsyncMode::Turn && (sync || self.unsynced_bytes_max_reached());
         let Some(f) = self.active.as_mut() else { unreachable!("opened above") };
         f.write_all(&self.buf)?;
-        let synced = self.options.fsync == FsyncMode::Turn;
         if synced {
             f.sync_data()?;
         }
         if let Some(s) = self.segments.last_mut() {
             s.bytes += self.buf.len() as u64;
         }
+        self.unsynced_bytes = if synced { 0 } else { self.unsynced_bytes + self.buf.len() as u64 };
         Ok(synced)
+    }
+
+    /// Unsynced bytes are bounded too: past `UNSYNCED_BYTES_MAX` a turn
+    /// syncs whatever it holds, so the page cache never carries much that a
+    /// machine crash could take.
+    fn unsynced_bytes_max_reached(&self) -> bool {
+        self.unsynced_bytes + self.buf.len() as u64 > UNSYNCED_BYTES_MAX
     }
 
     /// Closes the active segment and starts the next, named by its offset.
     fn roll(&mut self) -> io::Result<()> {
+        // The next fdatasync covers only the new file: sync the old one now.
+        if self.unsynced_bytes > 0 && self.options.fsync == FsyncMode::Turn {
+            if let Some(f) = self.active.as_mut() {
+                f.sync_data()?;
+                self.stats.fsyncs += 1;
+            }
+            self.unsynced_bytes = 0;
+        }
         let base = self.head();
         let path = self.dir.join(segment_name(base));
         let f = (self.opener)(&path)?;

@@ -252,14 +252,13 @@ impl Reactor {
             }
         );
         let poll = Poll::new().map_err(|e| format!("epoll: {e}"))?;
-        let mut listener =
-            TcpListener::bind(cfg.listen).map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
+        let mut listener = listen(cfg.listen).map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
         let local_addr = listener.local_addr().map_err(|e| e.to_string())?;
         poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(|e| e.to_string())?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(|e| e.to_string())?);
         let (metrics_listener, metrics_addr) = match cfg.metrics {
             Some(addr) => {
-                let mut l = TcpListener::bind(addr).map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
+                let mut l = listen(addr).map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
                 poll.registry().register(&mut l, METRICS, Interest::READABLE).map_err(|e| e.to_string())?;
                 let bound = l.local_addr().map_err(|e| e.to_string())?;
                 (Some(l), Some(bound))
@@ -995,6 +994,58 @@ enum Step {
     Stop,
     /// Input is left that must wait for the next turn (after the commit).
     Resume,
+}
+
+/// Connections the kernel may complete before the loop accepts them. The
+/// usual 128 overflows when thousands connect at once (each overflow costs a
+/// client a one-second SYN retransmit); the kernel caps this at
+/// net.core.somaxconn.
+const LISTEN_BACKLOG: i32 = 4096;
+
+/// Binds a non-blocking listener with `LISTEN_BACKLOG` (std and mio bind
+/// with 128 and give no way to choose).
+fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    let domain = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: plain socket syscalls on a descriptor this function owns; the
+    // sockaddr is built in a zeroed sockaddr_storage large enough for both
+    // families, and its length passed exactly. On error the descriptor is
+    // closed by the OwnedFd.
+    unsafe {
+        let fd = libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let owned = <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd);
+        let one: libc::c_int = 1;
+        let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        if libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, (&one as *const libc::c_int).cast(), len) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut storage: libc::sockaddr_storage = std::mem::zeroed();
+        let sa_len = match addr {
+            SocketAddr::V4(a) => {
+                let sin = &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>();
+                sin.sin_family = libc::AF_INET as libc::sa_family_t;
+                sin.sin_port = a.port().to_be();
+                sin.sin_addr = libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) };
+                std::mem::size_of::<libc::sockaddr_in>()
+            }
+            SocketAddr::V6(a) => {
+                let sin6 = &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
+                sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                sin6.sin6_port = a.port().to_be();
+                sin6.sin6_addr = libc::in6_addr { s6_addr: a.ip().octets() };
+                sin6.sin6_flowinfo = a.flowinfo();
+                sin6.sin6_scope_id = a.scope_id();
+                std::mem::size_of::<libc::sockaddr_in6>()
+            }
+        };
+        let sa = (&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr>();
+        if libc::bind(fd, sa, sa_len as libc::socklen_t) != 0 || libc::listen(fd, LISTEN_BACKLOG) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(TcpListener::from_std(std::net::TcpListener::from(owned)))
+    }
 }
 
 fn now_at(started: Instant) -> Now {

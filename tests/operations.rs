@@ -254,8 +254,15 @@ fn thousands_of_idle_connections_do_not_stop_a_normal_client() {
     assert!(n >= 1000, "the open-file limit ({fds}) allows only {n} connections");
     let (srv, _dir) = Server::start(Config::default());
     let mut idle = Vec::with_capacity(n);
-    for _ in 0..n {
-        idle.push(TcpStream::connect(srv.addr).unwrap());
+    let mut hello = Vec::new();
+    codec::encode_request(&mut hello, 1, &Request::Hello { min_version: 1, max_version: 1, token: b"" });
+    for i in 0..n {
+        let mut s = TcpStream::connect(srv.addr).unwrap();
+        // Half say HELLO and go quiet; half never say anything.
+        if i % 2 == 0 {
+            s.write_all(&hello).unwrap();
+        }
+        idle.push(s);
     }
     let mut c = srv.client();
     let id = c.produce("t", b"still served").unwrap();
