@@ -93,6 +93,9 @@ pub struct Session {
     pub hello: bool,
     /// Failed authentications so far.
     pub auth_failures: u32,
+    /// Topics this connection has fetched from: where its in-flight
+    /// messages can be, so a disconnect visits only those.
+    pub fetched: Vec<TopicId>,
 }
 
 /// Output buffers the broker may write to outside `handle` (replies to
@@ -692,6 +695,9 @@ impl Broker {
                     return Err((ErrorCode::BadArgument, "max_messages must be at least 1".into()));
                 }
                 let tid = self.topic_for(topic, self.config.auto_create, now)?;
+                if !session.fetched.contains(&tid) {
+                    session.fetched.push(tid);
+                }
                 let l = &self.config.limits;
                 let mut w = Waiter {
                     conn,
@@ -1271,8 +1277,7 @@ impl Broker {
             }
         }
         self.held.retain(|h| h.conn != conn);
-        let tids: Vec<TopicId> = self.topics.by_id.keys().copied().collect();
-        for tid in tids {
+        for &tid in &session.fetched {
             let Some(e) = self.topics.by_id.get_mut(&tid) else { continue };
             let mut dead = Vec::new();
             let mut timers = TopicTimers { wheel: &mut self.wheel, topic: tid };
