@@ -15,9 +15,7 @@
 //!   minimum loses the boundary.
 #![allow(dead_code)]
 
-use runnel::codec::{
-    self, DecodeLimits, Decoded, ErrorCode, HEADER_BYTES, REPLY_BIT, Reply, ReplyFrame, Skip, op,
-};
+use runnel::codec::{self, DecodeLimits, Decoded, ErrorCode, HEADER_BYTES, REPLY_BIT, Reply, ReplyFrame, Skip, op};
 
 /// The limits a decode input is checked under, picked by its first byte.
 pub const LIMIT_SETS: [DecodeLimits; 4] = [
@@ -91,7 +89,11 @@ pub fn check_request(buf: &[u8], limits: &DecodeLimits, ctx: &str) {
                     assert!(n >= HEADER_BYTES, "{ctx}: Skip::Bytes({n}) is shorter than a header");
                     assert!(buf.len() >= HEADER_BYTES, "{ctx}: refused a frame before its header came");
                     assert_eq!(n, claimed(buf), "{ctx}: skips other than the length field says");
-                    assert_eq!((e.op, e.request_id), (buf[4], u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]])), "{ctx}");
+                    assert_eq!(
+                        (e.op, e.request_id),
+                        (buf[4], u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]])),
+                        "{ctx}"
+                    );
                     if e.code == ErrorCode::FrameTooLarge {
                         assert!(n > max, "{ctx}: {n} bytes is not over frame_bytes_max {max}");
                     } else {
@@ -155,7 +157,11 @@ pub fn check_reply(buf: &[u8], frame_bytes_max: usize, ctx: &str) {
             assert!(n <= frame_bytes_max, "{ctx}: took a reply over the client's limit");
             assert_eq!(n, claimed(buf), "{ctx}: consumed other than the length field says");
             assert!(buf[4] & REPLY_BIT != 0, "{ctx}: took a request for a reply");
-            assert_eq!((f.op, f.request_id), (buf[4] & !REPLY_BIT, u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]])), "{ctx}");
+            assert_eq!(
+                (f.op, f.request_id),
+                (buf[4] & !REPLY_BIT, u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]])),
+                "{ctx}"
+            );
             assert_eq!(codec::decode_reply(&buf[..n], frame_bytes_max), result, "{ctx}: looked past the frame");
             let again = encode_reply(f);
             assert_eq!(again.len(), n, "{ctx}: {f:?} re-encodes to another length");
