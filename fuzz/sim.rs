@@ -557,7 +557,7 @@ impl Sim {
         }
         c.closing = true;
         c.events.push(Event::End(why));
-        self.broker.disconnect(key, &c.session, self.now);
+        self.broker.disconnect(key, &c.session);
     }
 
     /// Opens a connection, sends `frames` (HELLO first, with the token when

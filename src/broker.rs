@@ -694,7 +694,7 @@ impl Broker {
                 if max_messages == 0 {
                     return Err((ErrorCode::BadArgument, "max_messages must be at least 1".into()));
                 }
-                let tid = self.topic_for(topic, self.config.auto_create, now)?;
+                let tid = self.topic_for(topic, self.config.auto_create)?;
                 if !session.fetched.contains(&tid) {
                     session.fetched.push(tid);
                 }
@@ -790,7 +790,7 @@ impl Broker {
     ) -> Result<(), (ErrorCode, String)> {
         match *req {
             Request::Produce { topic, batch } => {
-                let tid = self.topic_for(topic, self.config.auto_create, now)?;
+                let tid = self.topic_for(topic, self.config.auto_create)?;
                 let l = &self.config.limits;
                 let Some(e) = self.topics.by_id.get_mut(&tid) else { return Err(unknown(topic)) };
                 let t = &mut e.topic;
@@ -854,7 +854,7 @@ impl Broker {
             }
             Request::DeleteTopic { topic } => {
                 let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
-                let removed = self.delete_topic(tid, now);
+                let removed = self.delete_topic(tid);
                 codec::encode_u64_reply(out, op::DELETE_TOPIC, rid, removed);
                 Ok(())
             }
@@ -881,7 +881,7 @@ impl Broker {
 
     /// The topic named `name`, created with default settings if missing and
     /// `create` allows.
-    fn topic_for(&mut self, name: &str, create: bool, _now: Now) -> Result<TopicId, (ErrorCode, String)> {
+    fn topic_for(&mut self, name: &str, create: bool) -> Result<TopicId, (ErrorCode, String)> {
         if let Some(tid) = self.topics.id(name) {
             return Ok(tid);
         }
@@ -921,7 +921,7 @@ impl Broker {
         self.compactor.note_topic(tid);
     }
 
-    fn delete_topic(&mut self, tid: TopicId, now: Now) -> u64 {
+    fn delete_topic(&mut self, tid: TopicId) -> u64 {
         let Some(mut e) = self.topics.remove(tid) else { return 0 };
         let removed = e.topic.purge(&mut TopicTimers { wheel: &mut self.wheel, topic: tid });
         let at = self.log.begin(RecordKind::Delete);
@@ -943,7 +943,6 @@ impl Broker {
                 message: format!("topic {} was deleted", e.topic.name),
             });
         }
-        let _ = now;
         removed
     }
 
@@ -1026,7 +1025,7 @@ impl Broker {
         codec::encode_ids_reply(out, op::NACK, rid, self.done_ids.len() as u32, &self.failed_ids);
         self.log_requeue(tid, &requeued);
         for (id, info) in dead {
-            self.dead_letter(tid, id, info, now);
+            self.dead_letter(tid, id, info);
         }
     }
 
@@ -1048,7 +1047,7 @@ impl Broker {
     /// Moves message `id` of `tid` to `<topic>.dlq`. If the dead-letter
     /// topic is full (or cannot be created), the message goes back to ready
     /// instead: it is never dropped.
-    fn dead_letter(&mut self, tid: TopicId, id: MsgId, info: DeadInfo, now: Now) {
+    fn dead_letter(&mut self, tid: TopicId, id: MsgId, info: DeadInfo) {
         let Some(name) = self.topics.by_id.get(&tid).map(|e| format!("{}.dlq", e.topic.name)) else { return };
         let dlq = match self.topics.id(&name) {
             Some(d) => d,
@@ -1088,7 +1087,6 @@ impl Broker {
         self.done_ids.clear();
         self.done_ids.push(id);
         self.log_ids(RecordKind::Remove, tid, REMOVE_DEAD);
-        let _ = now;
     }
 
     fn requeue_undead(&mut self, tid: TopicId, id: MsgId, info: DeadInfo) {
@@ -1156,7 +1154,7 @@ impl Broker {
                             requeued.push((topic, id, e.topic.deliveries(id)));
                             touch(e, &mut self.touched);
                         }
-                        Some(Returned::Dead(info)) => self.dead_letter(topic, id, info, now),
+                        Some(Returned::Dead(info)) => self.dead_letter(topic, id, info),
                         None => {}
                     }
                 }
@@ -1267,7 +1265,7 @@ impl Broker {
 
     /// A connection closed: drop its parked FETCH and return every message
     /// in flight to it to ready (or to the dead-letter topic).
-    pub fn disconnect(&mut self, conn: usize, session: &Session, now: Now) {
+    pub fn disconnect(&mut self, conn: usize, session: &Session) {
         if let Some(key) = self.parked.remove(&conn)
             && let Some(w) = self.waiters.try_remove(key)
         {
@@ -1286,7 +1284,7 @@ impl Broker {
                 touch(e, &mut self.touched);
             }
             for (id, info) in dead {
-                self.dead_letter(tid, id, info, now);
+                self.dead_letter(tid, id, info);
             }
         }
     }

@@ -538,7 +538,7 @@ impl Reactor {
         }
         c.closing = true;
         log::debug!("closing connection {key}: {why}");
-        self.broker.disconnect(key, &c.session, now);
+        self.broker.disconnect(key, &c.session);
         if let Some((t, _)) = c.timer.take() {
             self.timers.cancel(t);
         }
