@@ -531,7 +531,7 @@ impl Reactor {
 
     /// Ends a connection: the broker forgets it now (its in-flight messages
     /// return to ready); the socket closes after this turn's flush.
-    fn end(&mut self, key: usize, now: Now, why: &str) {
+    fn end(&mut self, key: usize, why: &str) {
         let Some(c) = self.conns.get_mut(key) else { return };
         if c.closing {
             return;
@@ -551,7 +551,7 @@ impl Reactor {
     /// turn is used.
     fn serve(&mut self, key: usize, now: Now) {
         self.serve_conn(key, now);
-        self.arm(key, now);
+        self.arm(key);
     }
 
     fn serve_conn(&mut self, key: usize, now: Now) {
@@ -573,7 +573,7 @@ impl Reactor {
             let Some(c) = self.conns.get_mut(key) else { return };
             match c.stream.read(&mut self.scratch) {
                 Ok(0) => {
-                    self.end(key, now, "peer closed");
+                    self.end(key, "peer closed");
                     return;
                 }
                 Ok(n) => {
@@ -590,7 +590,7 @@ impl Reactor {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    self.end(key, now, &format!("read error: {e}"));
+                    self.end(key, &format!("read error: {e}"));
                     return;
                 }
             }
@@ -683,7 +683,7 @@ impl Reactor {
             self.mark_dirty(key);
         }
         if let Some(why) = ended {
-            self.end(key, now, &why);
+            self.end(key, &why);
             return Step::Stop;
         }
         step
@@ -757,8 +757,8 @@ impl Reactor {
         self.dirty = dirty;
         for (key, why) in after {
             match why {
-                Some(why) => self.end(key, now, &why),
-                None => self.arm(key, now),
+                Some(why) => self.end(key, &why),
+                None => self.arm(key),
             }
         }
     }
@@ -786,7 +786,7 @@ impl Reactor {
     /// Makes sure a timer fires no later than the connection's deadline.
     /// Timers are re-armed lazily: one that fires early is re-armed then,
     /// so a busy connection costs no wheel work per request.
-    fn arm(&mut self, key: usize, _now: Now) {
+    fn arm(&mut self, key: usize) {
         let Some(c) = self.conns.get_mut(key).filter(|c| !c.closing) else { return };
         let Some(deadline) = Self::deadline(c, &self.limits) else { return };
         match c.timer {
@@ -826,8 +826,8 @@ impl Reactor {
                 None
             };
             match why {
-                Some(why) => self.end(token, now, why),
-                None => self.arm(token, now),
+                Some(why) => self.end(token, why),
+                None => self.arm(token),
             }
         }
         self.expired = expired;
@@ -976,7 +976,7 @@ impl Reactor {
         self.flush(now);
         let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
         for key in keys {
-            self.end(key, now, "shutdown");
+            self.end(key, "shutdown");
         }
         self.close_ended();
         let keys: Vec<usize> = self.http.iter().map(|(k, _)| k).collect();
