@@ -25,7 +25,10 @@ const EXTRA_RESERVES_START: u32 = 16;
 #[derive(Debug, PartialEq, Eq)]
 enum Reply {
     Inserted,
-    Reserved { id: u64, body: Range<usize> },
+    Reserved {
+        id: u64,
+        body: Range<usize>,
+    },
     TimedOut,
     DeadlineSoon,
     Deleted,

@@ -150,7 +150,10 @@ fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
     let scale = Scale::new(opts.quick);
     let mut report = Report {
         meta: Meta {
-            command: std::iter::once("runnel-bench".to_string()).chain(args.iter().cloned()).collect::<Vec<_>>().join(" "),
+            command: std::iter::once("runnel-bench".to_string())
+                .chain(args.iter().cloned())
+                .collect::<Vec<_>>()
+                .join(" "),
             quick: opts.quick,
             machine: machine(),
             client_cores: match opts.client_core {
@@ -164,6 +167,8 @@ fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
             versions: Vec::new(),
             started_unix_s: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             elapsed_s: 0.0,
+            load_start: sys::loadavg_1m(),
+            load_end: None,
         },
         ..Report::default()
     };
@@ -181,24 +186,18 @@ fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
             }
         }
     }
-    if opts.workloads.contains(&"W2") {
-        match workload::fsync_probe(&scale) {
-            Ok(l) => {
-                sys::progress(&format!(
-                    "disk: 4 KiB write + fdatasync p50 {} p99 {}",
-                    report::fmt_ns(l.p50_ns),
-                    report::fmt_ns(l.p99_ns)
-                ));
-                report.disk = Some(l);
-            }
-            Err(e) => sys::progress(&format!("disk probe failed: {e}")),
-        }
-    }
     let mut runnel_ok = true;
     for &w in &opts.workloads {
-        for (kind, program) in &programs {
-            for (order, config) in Config::all(w, *kind).into_iter().enumerate() {
-                for &durability in config.durabilities() {
+        // W2 reports the disk's own fdatasync latency beside the brokers':
+        // measured just before and just after it, since a shared disk drifts.
+        if w == "W2" {
+            probe_disk(&scale, "before W2", &mut report);
+        }
+        // Configuration by configuration, the brokers back to back, so a
+        // drift in the machine's load touches every broker alike.
+        for (order, config) in Config::all(w).into_iter().enumerate() {
+            for &durability in config.durabilities() {
+                for (kind, program) in programs.iter().filter(|(k, _)| config.applies_to(*k)) {
                     let spec = Spec {
                         kind: *kind,
                         durability,
@@ -206,57 +205,16 @@ fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
                         cores: server_cores.clone(),
                         extra_args: config.server_args(*kind, &scale),
                     };
-                    let fail = |message: String| Failure {
-                        workload: w.to_string(),
-                        broker: *kind,
-                        durability,
-                        config: config.label(),
-                        message,
-                    };
-                    let outcome = Server::start(&spec).and_then(|mut server| {
-                        let ctx = Ctx {
-                            server: &server,
-                            target: Target { kind: *kind, addr: server.addr() },
-                            config,
-                            order,
-                            scale: &scale,
-                        };
-                        let r = workload::run(&ctx);
-                        if r.is_ok() && !server.alive() {
-                            return Err(format!("the server died: {}", server.log_tail()));
-                        }
-                        let r = r.map_err(|e| format!("{e} (server log: {})", server.log_tail()));
-                        server.stop();
-                        r
-                    });
-                    match outcome {
-                        Ok(results) => {
-                            for r in results {
-                                sys::progress(&progress_line(&r));
-                                if *kind == Kind::Runnel && r.verify.as_ref().is_some_and(|v| !v.ok()) {
-                                    runnel_ok = false;
-                                }
-                                report.results.push(r);
-                            }
-                        }
-                        Err(e) => {
-                            sys::progress(&format!(
-                                "{w} {} {} {}: FAILED: {e}",
-                                kind.name(),
-                                durability.name(),
-                                config.label()
-                            ));
-                            if *kind == Kind::Runnel {
-                                runnel_ok = false;
-                            }
-                            report.failures.push(fail(e));
-                        }
-                    }
+                    runnel_ok &= run_config(&spec, config, order, &scale, &mut report) || *kind != Kind::Runnel;
                 }
             }
         }
+        if w == "W2" {
+            probe_disk(&scale, "after W2", &mut report);
+        }
     }
     report.meta.elapsed_s = started.elapsed().as_secs_f64();
+    report.meta.load_end = sys::loadavg_1m();
     let md = report::write(&opts.out, &report)?;
     println!("{md}");
     println!("results, JSON and plots written to {}", opts.out.display());
@@ -279,12 +237,78 @@ fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
     Ok(runnel_ok)
 }
 
-fn progress_line(r: &workload::RunResult) -> String {
-    let lat = r.latency.as_ref().map_or(String::new(), |l| {
-        format!(", p50 {} p99 {}", report::fmt_ns(l.p50_ns), report::fmt_ns(l.p99_ns))
+/// Starts a server, runs one configuration against it, stops it, and adds
+/// the outcome to the report. False if a run failed or lost a message.
+fn run_config(spec: &Spec, config: Config, order: usize, scale: &Scale, report: &mut Report) -> bool {
+    // The previous run's data directory is gone; flush whatever writeback
+    // it left so this run's fsyncs meet an idle disk.
+    sys::sync_all();
+    let load = sys::loadavg_1m();
+    let outcome = Server::start(spec).and_then(|mut server| {
+        let target = Target { kind: spec.kind, addr: server.addr() };
+        let ctx = Ctx { server: &server, target, config, order, scale };
+        let r = workload::run(&ctx);
+        if r.is_ok() && !server.alive() {
+            return Err(format!("the server died: {}", server.log_tail()));
+        }
+        let r = r.map_err(|e| format!("{e} (server log: {})", server.log_tail()));
+        server.stop();
+        r
     });
+    match outcome {
+        Ok(results) => {
+            let mut ok = true;
+            for mut r in results {
+                if let Some(l) = load {
+                    r.extra.push(("loadavg_1m_at_start".into(), l));
+                }
+                sys::progress(&progress_line(&r));
+                ok &= r.verify.as_ref().is_none_or(|v| v.ok());
+                report.results.push(r);
+            }
+            ok
+        }
+        Err(e) => {
+            let (w, kind, durability) = (config.workload(), spec.kind.name(), spec.durability.name());
+            sys::progress(&format!("{w} {kind} {durability} {}: FAILED: {e}", config.label()));
+            report.failures.push(Failure {
+                workload: w.to_string(),
+                broker: spec.kind,
+                durability: spec.durability,
+                config: config.label(),
+                message: e,
+            });
+            false
+        }
+    }
+}
+
+fn probe_disk(scale: &Scale, when: &str, report: &mut Report) {
+    sys::sync_all();
+    match workload::fsync_probe(scale) {
+        Ok(mut l) => {
+            sys::progress(&format!(
+                "disk {when}: 4 KiB write + fdatasync p50 {} p99 {}",
+                report::fmt_ns(l.p50_ns),
+                report::fmt_ns(l.p99_ns)
+            ));
+            l.what = format!("{} ({when})", l.what);
+            report.disk.push(l);
+        }
+        Err(e) => sys::progress(&format!("disk probe {when} failed: {e}")),
+    }
+}
+
+fn progress_line(r: &workload::RunResult) -> String {
+    let lat = r
+        .latency
+        .as_ref()
+        .map_or(String::new(), |l| format!(", p50 {} p99 {}", report::fmt_ns(l.p50_ns), report::fmt_ns(l.p99_ns)));
     let v = match &r.verify {
         Some(v) if v.ok() => format!(", {} delivered", v.expected),
+        Some(v) if v.cut_short => {
+            format!(", delivery check cut at its time limit ({} of {} seen)", v.delivered, v.expected)
+        }
         Some(v) => format!(", {} of {} MISSING", v.missing, v.expected),
         None => String::new(),
     };
@@ -315,7 +339,8 @@ fn machine() -> String {
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
-            m.lines().find_map(|l| l.strip_prefix("MemTotal:").map(|v| v.trim().trim_end_matches("kB").trim().to_string()))
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:").map(|v| v.trim().trim_end_matches("kB").trim().to_string()))
         })
         .and_then(|kb| kb.parse::<u64>().ok())
         .map_or("? GiB".into(), |kb| format!("{:.0} GiB", kb as f64 / (1 << 20) as f64));
@@ -351,7 +376,11 @@ fn runnel_version(program: &std::path::Path) -> String {
         .ok()
         .is_some_and(|o| !o.stdout.is_empty());
     match commit {
-        Some(c) => format!("{} (source at {c}{})", program.display(), if dirty { " with uncommitted changes in src/" } else { "" }),
+        Some(c) => format!(
+            "{} (source at {c}{})",
+            program.display(),
+            if dirty { " with uncommitted changes in src/" } else { "" }
+        ),
         None => program.display().to_string(),
     }
 }

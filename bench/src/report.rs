@@ -25,6 +25,9 @@ pub struct Meta {
     pub versions: Vec<(String, String)>,
     pub started_unix_s: u64,
     pub elapsed_s: f64,
+    /// The machine's 1-minute load average at the start and the end.
+    pub load_start: Option<f64>,
+    pub load_end: Option<f64>,
 }
 
 /// A configuration that could not run.
@@ -40,7 +43,8 @@ pub struct Failure {
 #[derive(Clone, Debug, Default)]
 pub struct Report {
     pub meta: Meta,
-    pub disk: Option<Latency>,
+    /// The disk's own 4 KiB write + fdatasync latency (before and after W2).
+    pub disk: Vec<Latency>,
     pub results: Vec<RunResult>,
     pub failures: Vec<Failure>,
     /// Brokers not run, with the reason.
@@ -94,7 +98,7 @@ fn fmt_count(v: f64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -113,6 +117,12 @@ fn fmt_bytes(b: f64) -> String {
 fn verify_note(v: &Verify) -> String {
     let mut s = if v.ok() {
         format!("all {} delivered", fmt_count(v.expected as f64))
+    } else if v.cut_short {
+        format!(
+            "delivery check cut at its time limit: {} of {} seen",
+            fmt_count(v.delivered as f64),
+            fmt_count(v.expected as f64)
+        )
     } else {
         format!("**{} of {} MISSING**", fmt_count(v.missing as f64), fmt_count(v.expected as f64))
     };
@@ -182,15 +192,26 @@ fn config_key(r: &RunResult) -> (u64, u64) {
 pub fn markdown(report: &Report) -> String {
     let m = &report.meta;
     let mut s = String::new();
-    let _ = writeln!(s, "# runnel-bench results{}\n", if m.quick { " (--quick: small runs, not for comparison)" } else { "" });
+    let _ = writeln!(
+        s,
+        "# runnel-bench results{}\n",
+        if m.quick { " (--quick: small runs, not for comparison)" } else { "" }
+    );
     let _ = writeln!(s, "- command: `{}`", m.command);
     let _ = writeln!(s, "- machine: {}", m.machine);
     let _ = writeln!(s, "- servers on cores: {}; clients on cores: {}", m.server_cores, m.client_cores);
     for (k, v) in &m.versions {
         let _ = writeln!(s, "- {k}: {v}");
     }
-    let _ = writeln!(s, "- run took {:.0} s", m.elapsed_s);
-    if let Some(d) = &report.disk {
+    let load = |l: Option<f64>| l.map_or("?".into(), |v| format!("{v:.2}"));
+    let _ = writeln!(
+        s,
+        "- run took {:.0} s; 1-minute load average {} at the start, {} at the end",
+        m.elapsed_s,
+        load(m.load_start),
+        load(m.load_end)
+    );
+    for d in &report.disk {
         let _ = writeln!(
             s,
             "- disk, {} ({} rounds, same filesystem as the servers' data): p50 {}, p99 {}, max {}",
@@ -221,7 +242,8 @@ pub fn markdown(report: &Report) -> String {
         let _ = writeln!(s, "|---|---|---|--:|--:|--:|--:|--:|--:|--:|---|");
         for r in &rows {
             let lat = |f: fn(&Latency) -> u64| r.latency.as_ref().map_or("—".into(), |l| fmt_ns(f(l)));
-            let config = if r.phase.is_empty() { r.config.label() } else { format!("{} {}", r.phase, r.config.label()) };
+            let config =
+                if r.phase.is_empty() { r.config.label() } else { format!("{} {}", r.phase, r.config.label()) };
             let _ = writeln!(
                 s,
                 "| {} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} |",
@@ -303,8 +325,9 @@ fn jverify(v: &Option<Verify>) -> String {
     let Some(v) = v else { return "null".into() };
     let first: Vec<String> = v.first_missing.iter().map(|(p, i)| format!("[{p},{i}]")).collect();
     format!(
-        "{{\"ok\":{},\"expected\":{},\"delivered\":{},\"missing\":{},\"duplicates\":{},\"unacknowledged\":{},\"first_missing\":[{}]}}",
+        "{{\"ok\":{},\"cut_short\":{},\"expected\":{},\"delivered\":{},\"missing\":{},\"duplicates\":{},\"unacknowledged\":{},\"first_missing\":[{}]}}",
         v.ok(),
+        v.cut_short,
         v.expected,
         v.delivered,
         v.missing,
@@ -320,7 +343,7 @@ pub fn json(report: &Report) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
-        "{{\"meta\":{{\"command\":{},\"quick\":{},\"machine\":{},\"client_cores\":{},\"server_cores\":{},\"versions\":{{{}}},\"started_unix_s\":{},\"elapsed_s\":{}}},\"disk_fdatasync\":{},\"skipped\":[{}],\"results\":[",
+        "{{\"meta\":{{\"command\":{},\"quick\":{},\"machine\":{},\"client_cores\":{},\"server_cores\":{},\"versions\":{{{}}},\"started_unix_s\":{},\"elapsed_s\":{},\"loadavg_1m_start\":{},\"loadavg_1m_end\":{}}},\"disk_fdatasync\":[{}],\"skipped\":[{}],\"results\":[",
         jstr(&m.command),
         m.quick,
         jstr(&m.machine),
@@ -329,7 +352,9 @@ pub fn json(report: &Report) -> String {
         versions.join(","),
         m.started_unix_s,
         jnum(m.elapsed_s),
-        jlatency(&report.disk),
+        jopt(m.load_start),
+        jopt(m.load_end),
+        report.disk.iter().map(|d| jlatency(&Some(d.clone()))).collect::<Vec<_>>().join(","),
         report.skipped.iter().map(|x| jstr(x)).collect::<Vec<_>>().join(",")
     );
     for (i, r) in report.results.iter().enumerate() {

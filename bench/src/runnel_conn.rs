@@ -116,7 +116,9 @@ impl RunnelConsumer {
                 self.pending.clear();
                 Ok(())
             }
-            Ok(OwnedReply::Ids(r)) => Err(format!("runnel ACK: {} ids failed, first {:?}", r.failed.len(), r.failed[0])),
+            Ok(OwnedReply::Ids(r)) => {
+                Err(format!("runnel ACK: {} ids failed, first {:?}", r.failed.len(), r.failed[0]))
+            }
             Ok(other) => Err(format!("runnel: unexpected reply to ACK: {other:?}")),
             Err(e) => Err(format!("runnel ACK: {e}")),
         }

@@ -174,15 +174,24 @@ impl Server {
         let log = File::create(&log_path).map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
         let log2 = log.try_clone().map_err(|e| format!("cannot clone a file handle: {e}"))?;
         cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
+        // Its own process group, so stopping it reaches anything it started
+        // (a wrapper given as --runnel, such as a profiler, included).
+        cmd.process_group(0);
         let set = sys::checked_cpu_set(&spec.cores).map_err(|e| format!("--server-core: {e}"))?;
         // SAFETY: the closure runs in the child between fork and exec and
-        // only makes one system call (sched_setaffinity), which is
+        // only makes two system calls (sched_setaffinity, prctl), which are
         // async-signal-safe; it allocates nothing (the set was built before
         // the fork and is copied into the closure).
         unsafe {
-            cmd.pre_exec(move || sys::set_affinity(&set));
+            cmd.pre_exec(move || {
+                sys::set_affinity(&set)?;
+                // Its own process group keeps a terminal's Ctrl-C from the
+                // server, so it is told when the bench dies instead.
+                sys::die_with_parent()
+            });
         }
-        let command = format!("{} {}", spec.program.display(), args.iter().map(|a| shell_word(a)).collect::<Vec<_>>().join(" "));
+        let command =
+            format!("{} {}", spec.program.display(), args.iter().map(|a| shell_word(a)).collect::<Vec<_>>().join(" "));
         let child = cmd.spawn().map_err(|e| format!("cannot start {command}: {e}"))?;
         let pid = child.id();
         let mut server = Server {
@@ -252,15 +261,17 @@ impl Server {
 
     fn shutdown(&mut self) {
         if let Some(mut child) = self.child.take() {
-            // SAFETY: signalling our own child by its pid, which stays ours
-            // until we reap it below.
-            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let group = -(child.id() as libc::pid_t);
+            // SAFETY: signalling the process group our child leads; its pid
+            // (the group id) stays ours until we reap it below.
+            unsafe { libc::kill(group, libc::SIGTERM) };
             let started = Instant::now();
             loop {
                 match child.try_wait() {
                     Ok(Some(_)) | Err(_) => break,
                     Ok(None) if started.elapsed() > STOP_TIMEOUT => {
-                        let _ = child.kill();
+                        // SAFETY: as above.
+                        unsafe { libc::kill(group, libc::SIGKILL) };
                         let _ = child.wait();
                         break;
                     }

@@ -77,6 +77,18 @@ pub fn pin_current_thread(cores: &[usize]) -> io::Result<()> {
     set_affinity(&checked_cpu_set(cores)?)
 }
 
+/// Asks the kernel to send SIGTERM to the calling process when the thread
+/// that started it exits (the bench killed, or interrupted). One system
+/// call, so it may run between fork and exec.
+pub fn die_with_parent() -> io::Result<()> {
+    // SAFETY: PR_SET_PDEATHSIG takes a signal number and touches no memory.
+    let r = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong, 0, 0, 0) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Lets sleeps of the calling thread end within `ns` of their deadline
 /// (the default slack is 50 µs, too coarse for a 10 µs send schedule).
 pub fn set_timer_slack_ns(ns: u64) {
@@ -164,9 +176,10 @@ pub fn cpu_seconds(pid: u32) -> io::Result<f64> {
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let field = |i: usize| -> io::Result<u64> {
-        fields.get(i).and_then(|f| f.parse().ok()).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidData, format!("/proc/{pid}/stat: no field {}", i + 3))
-        })
+        fields
+            .get(i)
+            .and_then(|f| f.parse().ok())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("/proc/{pid}/stat: no field {}", i + 3)))
     };
     // After ')' the first field is field 3 (state): utime is 14, stime 15.
     let ticks = field(14 - 3)? + field(15 - 3)?;
@@ -216,6 +229,18 @@ pub fn fdatasync_probe(dir: &Path, count: usize, time_max: Duration) -> io::Resu
     drop(file);
     fs::remove_file(&path)?;
     Ok(samples)
+}
+
+/// Writes every dirty page of the machine to disk (sync(2)), so one run's
+/// leftover writeback does not slow the next run's fsyncs.
+pub fn sync_all() {
+    // SAFETY: sync takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+}
+
+/// The 1-minute load average: how busy the machine was besides the bench.
+pub fn loadavg_1m() -> Option<f64> {
+    fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
 }
 
 /// Prints to stderr without failing the bench if stderr is gone.

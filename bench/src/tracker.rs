@@ -44,6 +44,9 @@ pub struct Verify {
     pub unacknowledged: u64,
     /// The first few missing messages, as (producer, index).
     pub first_missing: Vec<(u32, u64)>,
+    /// The check stopped at its time limit, not because nothing more came
+    /// (a slow durable peer): missing messages may only be late.
+    pub cut_short: bool,
 }
 
 impl Verify {
@@ -122,6 +125,7 @@ impl Seen {
             duplicates: self.duplicates,
             unacknowledged: self.unacknowledged,
             first_missing,
+            cut_short: false,
         }
     }
 }

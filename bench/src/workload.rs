@@ -42,6 +42,19 @@ pub struct Scale {
     pub fsync_probe_rounds: usize,
     /// A drain gives up after this long with nothing delivered.
     pub drain_idle: Duration,
+    /// W3: a broker further than this behind the send schedule cannot
+    /// sustain the rate; the run stops sending and says so.
+    pub w3_lag_max: Duration,
+    /// W3: how long to wait for the last acknowledgements after sending.
+    pub w3_tail_max: Duration,
+    /// W5: filling stops after this long even if short of `w5_msgs` (a
+    /// slow broker would otherwise take most of the run; the row says so).
+    pub w5_fill_time_max: Duration,
+    /// Time a run may spend consuming after producing stopped, for runnel
+    /// (whose every message must be checked) and for the peers (whose
+    /// check is informative and is cut short on a slow durable peer).
+    pub runnel_consume_max: Duration,
+    pub peer_consume_max: Duration,
 }
 
 impl Scale {
@@ -58,6 +71,11 @@ impl Scale {
                 w5_msgs: 100_000,
                 fsync_probe_rounds: 50,
                 drain_idle: Duration::from_secs(3),
+                w3_lag_max: Duration::from_millis(200),
+                w3_tail_max: Duration::from_millis(500),
+                w5_fill_time_max: Duration::from_secs(5),
+                runnel_consume_max: Duration::from_secs(30),
+                peer_consume_max: Duration::from_secs(1),
             }
         } else {
             Scale {
@@ -71,6 +89,11 @@ impl Scale {
                 w5_msgs: 10_000_000,
                 fsync_probe_rounds: 2000,
                 drain_idle: Duration::from_secs(5),
+                w3_lag_max: Duration::from_secs(1),
+                w3_tail_max: Duration::from_secs(3),
+                w5_fill_time_max: Duration::from_secs(60),
+                runnel_consume_max: Duration::from_secs(120),
+                peer_consume_max: Duration::from_secs(10),
             }
         }
     }
@@ -105,13 +128,8 @@ const W5_SIZE: usize = 100;
 const BATCH_MSGS: usize = 4096;
 const BATCH_BYTES: usize = 1 << 20;
 const BATCH_DEPTH: usize = 4;
-/// W3: a broker more than this far behind the send schedule cannot
-/// sustain the rate; the run stops there and says so.
-const W3_LAG_MAX: Duration = Duration::from_secs(1);
-/// W3: how long to wait for the last acknowledgements of a saturated run.
-const W3_TAIL_MAX: Duration = Duration::from_secs(3);
 /// Consumers: most messages per fetch, and the long-poll wait.
-const FETCH_MAX: u32 = 256;
+const FETCH_MAX: u32 = 1024;
 const DRAIN_FETCH_MAX: u32 = 1000;
 const WAIT_MS: u32 = 100;
 
@@ -126,9 +144,9 @@ impl Config {
         }
     }
 
-    /// The configurations of `workload` for `kind` (batched produce is
-    /// runnel's alone).
-    pub fn all(workload: &str, kind: Kind) -> Vec<Config> {
+    /// The configurations of `workload`, for every broker (see
+    /// `applies_to` for the ones only runnel runs).
+    pub fn all(workload: &str) -> Vec<Config> {
         match workload {
             "W1" => {
                 let mut v = Vec::new();
@@ -136,9 +154,7 @@ impl Config {
                     for d in [1, 16, 256] {
                         v.push(Config::W1 { size, produce: Produce::Depth(d) });
                     }
-                    if kind == Kind::Runnel {
-                        v.push(Config::W1 { size, produce: Produce::Batch(batch_len(size)) });
-                    }
+                    v.push(Config::W1 { size, produce: Produce::Batch(batch_len(size)) });
                 }
                 v
             }
@@ -148,6 +164,11 @@ impl Config {
             "W5" => vec![Config::W5],
             _ => Vec::new(),
         }
+    }
+
+    /// Whether `kind` runs this configuration (batched produce is runnel's).
+    pub fn applies_to(&self, kind: Kind) -> bool {
+        !matches!(self, Config::W1 { produce: Produce::Batch(_), .. }) || kind == Kind::Runnel
     }
 
     /// W5 compares memory and drain rate, not durability: it runs
@@ -293,6 +314,13 @@ pub struct Ctx<'a> {
     pub scale: &'a Scale,
 }
 
+impl Ctx<'_> {
+    /// How long this broker's consumers may run after producing stopped.
+    fn consume_max(&self) -> Duration {
+        if self.server.kind == Kind::Runnel { self.scale.runnel_consume_max } else { self.scale.peer_consume_max }
+    }
+}
+
 /// Runs one configuration.
 pub fn run(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
     match ctx.config {
@@ -384,13 +412,20 @@ fn closed_loop(p: &mut dyn Producer, c: &Closed, lat: &mut Samples) -> Result<u6
 // ---------------------------------------------------------------------------
 
 /// Consumes `topic` until every expected message in `seen` was delivered,
-/// or nothing came for `idle`. Returns (deliveries, seconds).
-fn drain(target: &Target, topic: &str, seen: &mut Seen, idle: Duration) -> Result<(u64, f64), String> {
+/// nothing came for `idle`, or `deadline` passed. Returns (deliveries,
+/// seconds).
+fn drain(
+    target: &Target,
+    topic: &str,
+    seen: &mut Seen,
+    idle: Duration,
+    deadline: Instant,
+) -> Result<(u64, f64), String> {
     let started = Instant::now();
     let mut c = target.consumer(topic, "drain")?;
     let mut last = Instant::now();
     let mut got = 0u64;
-    while !seen.complete() {
+    while !seen.complete() && Instant::now() < deadline {
         let n = c.next(DRAIN_FETCH_MAX, WAIT_MS, &mut |payload| {
             if let Some((seq, _)) = tracker::read(payload) {
                 seen.add(seq);
@@ -407,20 +442,29 @@ fn drain(target: &Target, topic: &str, seen: &mut Seen, idle: Duration) -> Resul
     Ok((got, started.elapsed().as_secs_f64()))
 }
 
-/// Drains whatever the run left and returns the delivery check.
+/// Drains whatever the run left and returns the delivery check. A peer's
+/// check may be cut short by `peer_consume_max` (then it says so).
 fn finish(ctx: &Ctx<'_>, topic: &str, mut seen: Seen) -> Result<Verify, String> {
+    let deadline = Instant::now() + ctx.consume_max();
     if !seen.complete() {
-        drain(&ctx.target, topic, &mut seen, ctx.scale.drain_idle)?;
+        drain(&ctx.target, topic, &mut seen, ctx.scale.drain_idle, deadline)?;
     }
-    ctx.target.cleanup(topic)?;
-    Ok(seen.verify())
+    let mut v = seen.verify();
+    v.cut_short = !v.ok() && Instant::now() >= deadline;
+    // A peer's leftovers die with its server; runnel's topic is deleted so
+    // its log records are exercised the way a user's would be.
+    if v.ok() || ctx.server.kind == Kind::Runnel {
+        ctx.target.cleanup(topic)?;
+    }
+    Ok(v)
 }
 
 /// A consumer thread's loop: consume until told the producers are done
 /// and `expected` deliveries arrived (or nothing came for `idle` after
-/// that). Each delivery's latency from the time in its header is recorded
-/// if that time is at or after `from_ns`; `window_end_ns` bounds the
-/// deliveries counted as "in the window".
+/// that, or the time after `done` passed `consume_max`). Each delivery's
+/// latency from the time in its header is recorded if that time is at or
+/// after `from_ns`; `window_end_ns` bounds the deliveries counted as "in
+/// the window".
 struct ConsumerRun {
     done: Arc<AtomicBool>,
     expected: Arc<AtomicU64>,
@@ -428,6 +472,7 @@ struct ConsumerRun {
     from_ns: u64,
     window_end_ns: Arc<AtomicU64>,
     idle: Duration,
+    consume_max: Duration,
 }
 
 /// What a consumer thread brings back.
@@ -442,6 +487,7 @@ impl ConsumerRun {
     fn run(self, mut c: Box<dyn Consumer>) -> Result<Consumed, String> {
         let mut out = Consumed::default();
         let mut last = Instant::now();
+        let mut done_at: Option<Instant> = None;
         loop {
             let window_end = self.window_end_ns.load(Ordering::Relaxed);
             let n = c.next(FETCH_MAX, WAIT_MS, &mut |payload| {
@@ -461,10 +507,11 @@ impl ConsumerRun {
                 last = Instant::now();
             }
             if self.done.load(Ordering::Acquire) {
-                if total >= self.expected.load(Ordering::Acquire) {
-                    break;
-                }
-                if n == 0 && last.elapsed() > self.idle {
+                let since = *done_at.get_or_insert_with(Instant::now);
+                if total >= self.expected.load(Ordering::Acquire)
+                    || (n == 0 && last.elapsed() > self.idle)
+                    || since.elapsed() > self.consume_max
+                {
                     break;
                 }
             }
@@ -600,13 +647,15 @@ fn w3(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
     let end_ns = start_ns + s.w3_time.as_nanos() as u64;
     let done = Arc::new(AtomicBool::new(false));
     let expected = Arc::new(AtomicU64::new(u64::MAX));
+    let delivered = Arc::new(AtomicU64::new(0));
     let run = ConsumerRun {
         done: done.clone(),
         expected: expected.clone(),
-        delivered: Arc::new(AtomicU64::new(0)),
+        delivered: delivered.clone(),
         from_ns: warm_ns,
         window_end_ns: Arc::new(AtomicU64::new(u64::MAX)),
         idle: s.drain_idle,
+        consume_max: ctx.consume_max(),
     };
     let consumer = thread::Builder::new()
         .name("w3-consumer".into())
@@ -648,10 +697,10 @@ fn w3(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
             p.recv_ready(&mut |n| take(n, &mut intended, &mut acked))?;
             if let Some(&oldest) = intended.front() {
                 let lag = now_ns().saturating_sub(oldest);
-                if lag > W3_LAG_MAX.as_nanos() as u64 {
+                if lag > s.w3_lag_max.as_nanos() as u64 {
                     saturated = Some(format!(
-                        "saturated: {}s after the start the oldest unacknowledged produce was {:.1} s old; stopped sending",
-                        (now_ns() - start_ns) / 1_000_000_000,
+                        "**saturated**: {:.1} s in, the oldest unacknowledged produce was {:.1} s old; stopped sending",
+                        now_ns().saturating_sub(start_ns) as f64 / 1e9,
                         lag as f64 / 1e9
                     ));
                     return Ok(());
@@ -665,8 +714,10 @@ fn w3(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
         }
     })();
     let sent_secs = (now_ns().min(end_ns).saturating_sub(start_ns)) as f64 / 1e9;
-    // The tail: the last acknowledgements (a saturated broker gets a bound).
-    let tail_end = Instant::now() + if saturated.is_some() { W3_TAIL_MAX } else { Duration::from_secs(30) };
+    // How far the consumer was behind when sending stopped.
+    let behind = acked.saturating_sub(delivered.load(Ordering::Relaxed));
+    // The tail: the last acknowledgements, within a bound.
+    let tail_end = Instant::now() + s.w3_tail_max;
     let mut tail: Result<(), String> = producing;
     while tail.is_ok() && p.in_flight() > 0 && Instant::now() < tail_end {
         tail = sys::wait_readable(p.fd(), Duration::from_millis(100))
@@ -674,6 +725,12 @@ fn w3(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
             .and_then(|_| p.recv_ready(&mut |n| take(n, &mut intended, &mut acked)));
     }
     let abandoned = p.in_flight();
+    if abandoned > 0 && saturated.is_none() {
+        saturated = Some(format!(
+            "**saturated**: {abandoned} produces unacknowledged {:.1} s after sending stopped",
+            s.w3_tail_max.as_secs_f64()
+        ));
+    }
     drop(p);
     expected.store(acked, Ordering::Release);
     done.store(true, Ordering::Release);
@@ -694,7 +751,13 @@ fn w3(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
         r.notes.push(sat);
     }
     if abandoned > 0 {
-        r.notes.push(format!("{abandoned} produces still unacknowledged when the run was cut; not counted"));
+        r.notes.push(format!("{abandoned} unacknowledged produces not counted"));
+    }
+    let behind_s = behind as f64 / rate as f64;
+    if behind_s > s.w3_lag_max.as_secs_f64() {
+        r.notes.push(format!(
+            "**consumer saturated**: {behind} acknowledged messages ({behind_s:.1} s of sending) not yet consumed when sending stopped"
+        ));
     }
     let mut seen = Seen::new(&[acked]);
     for q in &consumed.seqs {
@@ -721,6 +784,7 @@ fn w4(ctx: &Ctx<'_>, producers: usize, consumers: usize) -> Result<RunResult, St
             from_ns: 0,
             window_end_ns: window_end_ns.clone(),
             idle: ctx.scale.drain_idle,
+            consume_max: ctx.consume_max(),
         };
         chandles.push(
             thread::Builder::new()
@@ -811,7 +875,7 @@ fn w5(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
         size: W5_SIZE,
         depth: 256,
         batch: 1,
-        deadline: Instant::now() + Duration::from_secs(3600),
+        deadline: Instant::now() + ctx.scale.w5_fill_time_max,
         msgs_max: n,
     };
     let mut lat = Samples::default();
@@ -827,20 +891,34 @@ fn w5(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
     let (rss_full, _) = ctx.server.rss()?;
     let cpu = CpuMeter::start(ctx.server);
     let mut seen = Seen::new(&[acked]);
-    let (got, secs) = drain(&ctx.target, &topic, &mut seen, ctx.scale.drain_idle)?;
+    let deadline = Instant::now() + ctx.consume_max().max(ctx.scale.w5_fill_time_max);
+    let (got, secs) = drain(&ctx.target, &topic, &mut seen, ctx.scale.drain_idle, deadline)?;
     let mut drained = RunResult::new(ctx, W5_SIZE, "drain");
     drained.seconds = secs;
     drained.cpu_seconds = cpu.read();
     drained.messages = got;
     let (rss_end, peak) = ctx.server.rss()?;
-    ctx.target.cleanup(&topic)?;
-    drained.verify = Some(seen.verify());
+    let mut v = seen.verify();
+    v.cut_short = !v.ok() && Instant::now() >= deadline;
+    if v.ok() || ctx.server.kind == Kind::Runnel {
+        ctx.target.cleanup(&topic)?;
+    }
+    drained.verify = Some(v);
+    if acked < n {
+        fill.notes.push(format!(
+            "fill stopped after {:.0} s with {acked} of {n} messages",
+            ctx.scale.w5_fill_time_max.as_secs_f64()
+        ));
+    }
     for r in [&mut fill, &mut drained] {
         r.extra.push(("rss_before_bytes".into(), rss_before as f64));
         r.extra.push(("rss_full_bytes".into(), rss_full as f64));
         r.extra.push(("rss_after_drain_bytes".into(), rss_end as f64));
         r.extra.push(("peak_rss_bytes".into(), peak as f64));
-        r.extra.push(("rss_per_queued_msg_bytes".into(), rss_full.saturating_sub(rss_before) as f64 / acked.max(1) as f64));
+        r.extra.push((
+            "rss_per_queued_msg_bytes".into(),
+            rss_full.saturating_sub(rss_before) as f64 / acked.max(1) as f64,
+        ));
     }
     Ok(vec![fill, drained])
 }

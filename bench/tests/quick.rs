@@ -1,0 +1,40 @@
+//! Runs `runnel-bench --quick --only runnel` end to end: it must complete
+//! and runnel must deliver every message it acknowledged (the bench checks
+//! each one and exits non-zero otherwise). No speed is asserted: the bench
+//! measures speed, tests check behaviour.
+//!
+//! The runnel binary is the one beside the bench's (target/<profile>/runnel),
+//! which `cargo test --workspace` builds.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+#[test]
+fn quick_run_delivers_every_runnel_message() {
+    let out = std::env::temp_dir().join(format!("runnel-bench-quick-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_runnel-bench"));
+    let runnel = bench.with_file_name("runnel");
+    assert!(
+        runnel.is_file(),
+        "no runnel binary at {}: build the workspace (cargo test --workspace builds it)",
+        runnel.display()
+    );
+    let result = Command::new(&bench)
+        .args(["--quick", "--only", "runnel", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bench.display()));
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(result.status.success(), "runnel-bench failed ({}):\n{stderr}\n{stdout}", result.status);
+    let json = std::fs::read_to_string(out.join("results.json"))
+        .unwrap_or_else(|e| panic!("no results.json in {}: {e}", out.display()));
+    assert!(json.contains("\"verify\":{\"ok\":true"), "no verified run in results.json:\n{json}");
+    assert!(!json.contains("\"ok\":false"), "a run did not deliver every message:\n{stdout}");
+    for w in ["W1", "W2", "W3", "W4", "W5"] {
+        assert!(json.contains(&format!("\"workload\":\"{w}\"")), "{w} did not run:\n{stderr}");
+    }
+    assert!(out.join("results.md").is_file() && out.join("w3-10k.svg").is_file());
+    let _ = std::fs::remove_dir_all(&out);
+}
