@@ -554,6 +554,19 @@ impl Broker {
         self.wheel.next_deadline_ms()
     }
     /// Whether this turn has anything to commit or release.
+    /// Whether this turn's commit will fdatasync: something waits on it (a
+    /// held reply, a segment that may be removed once its copies are
+    /// durable, or the last turn).
+    fn sync_wanted(&self) -> bool {
+        self.held.iter().any(|h| h.durable) || self.compactor.busy() || self.stopping
+    }
+
+    /// Whether the coming commit will fdatasync (the reactor flushes what
+    /// does not wait on it first).
+    pub fn will_sync(&self) -> bool {
+        self.log.fsync_mode() == FsyncMode::Turn && self.log.pending() && self.sync_wanted()
+    }
+
     /// Segments removed by compaction.
     pub fn compactions(&self) -> u64 {
         self.compactor.compactions
@@ -1186,9 +1199,7 @@ impl Broker {
     pub fn commit(&mut self, now: Now, outbox: &mut impl Outbox) -> TurnReport {
         self.compact_step();
         let mut report = TurnReport::default();
-        // Sync when something waits on it: a held reply, a segment that may
-        // be removed once its copies are durable, or the last turn.
-        let sync = self.held.iter().any(|h| h.durable) || self.compactor.busy() || self.stopping;
+        let sync = self.sync_wanted();
         let ok = match self.log.commit(sync) {
             Ok(c) => {
                 report.sync_nanos = c.synced.then_some(c.nanos);

@@ -119,6 +119,9 @@ pub struct Client {
     wbuf: Vec<u8>,
     /// Bytes received and not yet decoded.
     rbuf: Vec<u8>,
+    /// How much of `rbuf` has been decoded (compacted when it is empty or
+    /// half the buffer, not per reply).
+    rpos: usize,
     /// Ids of requests sent and not yet answered, in order.
     waiting: VecDeque<u32>,
     next_id: u32,
@@ -143,6 +146,7 @@ impl Client {
             stream,
             wbuf: Vec::new(),
             rbuf: Vec::new(),
+            rpos: 0,
             waiting: VecDeque::new(),
             next_id: 1,
             limits: DecodeLimits::CLIENT,
@@ -205,12 +209,19 @@ impl Client {
     pub fn recv(&mut self) -> Result<OwnedReply> {
         self.flush()?;
         loop {
-            match codec::decode_reply(&self.rbuf, usize::MAX) {
+            match codec::decode_reply(&self.rbuf[self.rpos..], usize::MAX) {
                 Ok(Decoded::Frame(frame, n)) => {
                     let expected = self.waiting.pop_front();
                     let (op, request_id) = (frame.op, frame.request_id);
                     let reply = own(frame.reply);
-                    self.rbuf.drain(..n);
+                    self.rpos += n;
+                    if self.rpos == self.rbuf.len() {
+                        self.rbuf.clear();
+                        self.rpos = 0;
+                    } else if self.rpos > self.rbuf.len() / 2 {
+                        self.rbuf.drain(..self.rpos);
+                        self.rpos = 0;
+                    }
                     // Connection-level errors (op 0) answer no request.
                     if op == 0 {
                         if let Some(e) = expected {
