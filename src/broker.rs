@@ -601,9 +601,6 @@ impl Broker {
     pub fn busy(&self) -> bool {
         self.compactor.busy()
     }
-    pub fn commit_pending(&self) -> bool {
-        self.log.pending() || !self.held.is_empty() || !self.touched.is_empty()
-    }
     /// Number of topics (dead-letter topics included).
     pub fn topic_count(&self) -> usize {
         self.topics.by_id.len()

@@ -412,9 +412,6 @@ impl Log {
         Ok((log, rec))
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
     pub fn segments(&self) -> &[Segment] {
         &self.segments
     }
@@ -435,10 +432,6 @@ impl Log {
     /// Whether records wait in the turn buffer.
     pub fn pending(&self) -> bool {
         !self.buf.is_empty()
-    }
-    /// Bytes waiting in the turn buffer.
-    pub fn pending_bytes(&self) -> usize {
-        self.buf.len()
     }
 
     /// Begins a record in the turn buffer; append its body to `body()`,
@@ -622,25 +615,6 @@ impl Log {
         fs::remove_file(&path)?;
         self.segments.remove(0);
         self.stats.segments_removed += 1;
-        Ok(())
-    }
-
-    /// Reads the records of a closed segment (compaction). Reads the whole
-    /// file: callers bound how often.
-    pub fn read_segment(&self, base: u64, mut each: impl FnMut(&ReadRecord<'_>)) -> io::Result<()> {
-        let path = self.dir.join(segment_name(base));
-        let mut data = Vec::new();
-        File::open(&path)?.read_to_end(&mut data)?;
-        let mut pos = 0;
-        while pos < data.len() {
-            match parse_record(&data[pos..]) {
-                Ok((kind, version, body, used)) => {
-                    each(&ReadRecord { kind, version, body, offset: base + pos as u64, segment: base });
-                    pos += used;
-                }
-                Err(why) => return Err(io::Error::new(io::ErrorKind::InvalidData, why)),
-            }
-        }
         Ok(())
     }
 }
