@@ -38,7 +38,9 @@ usage:
   --only           brokers to run (default: all three; a peer missing from
                    PATH is skipped with a note)
   --workloads      W1 produce throughput, W2 fan-in, W3 open-loop latency,
-                   W4 work queue, W5 backlog (default: all)
+                   W4 work queue, W5 backlog, W3C latency while the log is
+                   rewritten, W3S runnel's --spin-us, R1 recovery of a
+                   1 GiB log (16 MiB with --quick) (default: all)
   --server-core N  pin every server to core N (sched_setaffinity)
   --client-core N  pin the bench's own threads to core N
   --out DIR        where results.md, results.json and the SVGs go
@@ -62,7 +64,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
     let mut o = Options {
         quick: false,
         brokers: Kind::ALL.to_vec(),
-        workloads: vec!["W1", "W2", "W3", "W4", "W5"],
+        workloads: workload::WORKLOADS.to_vec(),
         server_core: None,
         client_core: None,
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"),
@@ -88,11 +90,10 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
                     .split(',')
                     .map(|w| {
                         let w = w.trim().to_ascii_uppercase();
-                        let w = if w.starts_with('W') { w } else { format!("W{w}") };
-                        ["W1", "W2", "W3", "W4", "W5"]
-                            .into_iter()
-                            .find(|k| *k == w)
-                            .ok_or_else(|| format!("--workloads: unknown workload {w:?} (W1..W5)"))
+                        let w = if w.bytes().all(|b| b.is_ascii_digit()) { format!("W{w}") } else { w };
+                        workload::WORKLOADS.into_iter().find(|k| *k == w).ok_or_else(|| {
+                            format!("--workloads: unknown workload {w:?} ({})", workload::WORKLOADS.join(", "))
+                        })
                     })
                     .collect::<Result<_, _>>()?;
             }
@@ -186,6 +187,10 @@ fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
             }
         }
     }
+    let stale = server::remove_stale_dirs();
+    if stale > 0 {
+        sys::progress(&format!("removed {stale} temporary directories left by benches that were killed"));
+    }
     let mut runnel_ok = true;
     for &w in &opts.workloads {
         // W2 reports the disk's own fdatasync latency beside the brokers':
@@ -195,7 +200,7 @@ fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
         }
         // Configuration by configuration, the brokers back to back, so a
         // drift in the machine's load touches every broker alike.
-        for (order, config) in Config::all(w).into_iter().enumerate() {
+        for (order, config) in Config::all(w, &scale).into_iter().enumerate() {
             for &durability in config.durabilities() {
                 for (kind, program) in programs.iter().filter(|(k, _)| config.applies_to(*k)) {
                     let spec = Spec {
@@ -246,8 +251,10 @@ fn run_config(spec: &Spec, config: Config, order: usize, scale: &Scale, report: 
     let load = sys::loadavg_1m();
     let outcome = Server::start(spec).and_then(|mut server| {
         let target = Target { kind: spec.kind, addr: server.addr() };
-        let ctx = Ctx { server: &server, target, config, order, scale };
-        let r = workload::run(&ctx);
+        let r = match config {
+            Config::R1 { .. } => workload::recovery(&mut server, target, config, order, scale),
+            _ => workload::run(&Ctx { server: &server, target, config, order, scale }),
+        };
         if r.is_ok() && !server.alive() {
             return Err(format!("the server died: {}", server.log_tail()));
         }

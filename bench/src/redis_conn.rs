@@ -334,6 +334,34 @@ pub fn delete_key(addr: SocketAddr, topic: &str) -> Result<(), String> {
     reply(&mut w, |c| c.int()).map(|_| ()).map_err(|e| format!("DEL {topic}: {e}"))
 }
 
+/// Sends one command and returns its reply as text: a status, an integer
+/// or a bulk string (INFO, BGREWRITEAOF). An error reply is an Err.
+pub fn command_text(addr: SocketAddr, args: &[&[u8]]) -> Result<String, String> {
+    let mut w = Wire::connect(addr, "redis")?;
+    command(&mut w.out, args);
+    w.flush()?;
+    let what = String::from_utf8_lossy(args.first().copied().unwrap_or(b"")).into_owned();
+    let text = reply(&mut w, |c| {
+        let start = c.pos;
+        let Some((t, line)) = c.header()? else { return Ok(None) };
+        match t {
+            b'+' | b':' => Ok(Some(String::from_utf8_lossy(line).into_owned())),
+            b'$' => {
+                c.pos = start;
+                let Some(r) = c.bulk()? else { return Ok(None) };
+                Ok(Some(r.map_or(String::new(), |r| String::from_utf8_lossy(&c.b[r]).into_owned())))
+            }
+            other => Err(format!("redis: unexpected reply type {:?}", other as char)),
+        }
+    });
+    text.map_err(|e| format!("{what}: {e}"))
+}
+
+/// One `key:value` field of an INFO reply, as a number.
+pub fn info_field(info: &str, key: &str) -> Option<f64> {
+    info.lines().find_map(|l| l.trim().strip_prefix(key)?.strip_prefix(':')?.parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,6 +395,14 @@ mod tests {
         assert_eq!(parse_read(b"*-1\r\n", &mut e), Ok(Some(5)));
         assert!(e.is_empty());
         assert!(parse_read(b"-NOGROUP no such group\r\n", &mut e).unwrap_err().contains("NOGROUP"));
+    }
+
+    #[test]
+    fn info_fields_are_found_by_exact_key() {
+        let info = "# Persistence\r\naof_rewrites:2\r\naof_rewrite_in_progress:0\r\nlatest_fork_usec:512\r\n";
+        assert_eq!(info_field(info, "aof_rewrites"), Some(2.0));
+        assert_eq!(info_field(info, "latest_fork_usec"), Some(512.0));
+        assert_eq!(info_field(info, "aof_rewrite"), None);
     }
 
     #[test]

@@ -51,12 +51,15 @@ pub struct Report {
     pub skipped: Vec<String>,
 }
 
-const WORKLOADS: [(&str, &str); 5] = [
+const WORKLOADS: [(&str, &str); 8] = [
     ("W1", "W1: produce throughput (1 connection, closed loop)"),
     ("W2", "W2: fan-in (many connections, depth 1)"),
     ("W3", "W3: end-to-end latency, open loop"),
     ("W4", "W4: work queue"),
     ("W5", "W5: backlog fill and drain"),
+    ("W3C", "W3C: end-to-end latency while the log is rewritten (durable)"),
+    ("W3S", "W3S: end-to-end latency with runnel's --spin-us (non-durable)"),
+    ("R1", "R1: recovery of a durable log after a restart"),
 ];
 
 /// Writes results.md, results.json and the SVG plots into `dir`; returns
@@ -144,9 +147,47 @@ fn notes(r: &RunResult) -> String {
                 n.push(format!("no fsync; {} log writes/s, {per:.1} produces/write", fmt_count(w)));
             }
         }
-        "W3" => {
+        "W3" | "W3C" | "W3S" => {
             if let (Some(a), Some(b)) = (r.extra("produce_ack_p50_us"), r.extra("produce_ack_p99_us")) {
                 n.push(format!("produce acked p50 {} / p99 {}", fmt_ns((a * 1e3) as u64), fmt_ns((b * 1e3) as u64)));
+            }
+        }
+        _ => {}
+    }
+    if r.config.workload() == "W3C" {
+        if let (Some(a), Some(b)) = (r.extra("compactions_at_start"), r.extra("compactions_at_end")) {
+            let seg = |k: &str| r.extra(k).unwrap_or(0.0);
+            let done = b - a;
+            n.push(format!(
+                "{}: {done:.0} segments compacted during the run; log {:.0} → {:.0} segments, {} → {}",
+                if done > 0.0 { "compaction ran" } else { "**no compaction ran**" },
+                seg("log_segments_at_start"),
+                seg("log_segments_at_end"),
+                fmt_bytes(seg("log_bytes_at_start")),
+                fmt_bytes(seg("log_bytes_at_end"))
+            ));
+        }
+        if let Some(k) = r.extra("aof_rewrites") {
+            n.push(format!(
+                "BGREWRITEAOF at 1/3 and 2/3 of the run: {k:.0} rewrites done, latest fork {} µs",
+                r.extra("latest_fork_usec").unwrap_or(0.0)
+            ));
+        }
+        if let Some(b) = r.extra("backlog_msgs") {
+            n.push(format!("{} unacknowledged 100 B messages in old segments", fmt_count(b)));
+        }
+    }
+    match r.config.workload() {
+        "R1" => {
+            if let (Some(ready), Some(rec)) = (r.extra("ready_ms"), r.extra("recovery_ms")) {
+                n.push(format!(
+                    "**answered PING {ready:.0} ms after spawn** (its recovery_ms {rec:.0}); log {} in {:.0} segments, {} records; SIGTERM stop took {:.0} ms; filled at {} msgs/s",
+                    fmt_bytes(r.extra("log_bytes").unwrap_or(0.0)),
+                    r.extra("log_segments").unwrap_or(0.0),
+                    fmt_count(r.extra("recovered_records").unwrap_or(0.0)),
+                    r.extra("stop_ms").unwrap_or(0.0),
+                    fmt_count(r.extra("fill_msgs_per_s").unwrap_or(0.0))
+                ));
             }
         }
         "W4" => {
@@ -184,7 +225,8 @@ fn config_key(r: &RunResult) -> (u64, u64) {
         Config::W1 { size, produce: Produce::Depth(d) } => (size as u64, d as u64),
         Config::W1 { size, produce: Produce::Batch(_) } => (size as u64, u64::MAX),
         Config::W2 { conns } => (conns as u64, 0),
-        Config::W3 { rate } => (rate, 0),
+        Config::W3 { rate } | Config::W3Compact { rate } => (rate, 0),
+        Config::W3Spin { rate, spin_us } => (rate, u64::from(spin_us)),
         _ => (r.order as u64, 0),
     }
 }

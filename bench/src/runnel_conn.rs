@@ -178,3 +178,16 @@ pub fn sync_counters(addr: SocketAddr) -> Result<SyncCounters, String> {
         produces_committed: get("produces_committed").ok_or("runnel STATS: no produces_committed key")?,
     })
 }
+
+/// The broker section of STATS: every counter, by name.
+pub fn broker_stats(addr: SocketAddr) -> Result<Vec<(String, u64)>, String> {
+    let mut c = connect(addr)?;
+    let stats = c.stats(None).map_err(|e| format!("runnel STATS: {e}"))?;
+    let broker = stats.into_iter().find(|s| s.0.is_empty()).ok_or("runnel STATS: no broker section")?;
+    Ok(broker.1)
+}
+
+/// One counter of `broker_stats`; Err if the broker does not report it.
+pub fn stat(stats: &[(String, u64)], key: &str) -> Result<u64, String> {
+    stats.iter().find(|kv| kv.0 == key).map(|kv| kv.1).ok_or_else(|| format!("runnel STATS: no {key} key"))
+}

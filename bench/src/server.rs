@@ -11,9 +11,9 @@
 //! covers it; in each non-durable row it survives at best a crash of the
 //! process, never one of the machine.
 
-use std::fs::{self, File};
+use std::fs;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -86,7 +86,10 @@ pub struct Spec {
     pub extra_args: Vec<String>,
 }
 
-/// A running broker.
+/// A running broker. Dropping it stops the server (SIGTERM, then SIGKILL),
+/// reaps it and removes its directory, so every error path that drops it
+/// (an early `?`, a panic unwinding) leaves nothing running; a bench that
+/// is killed takes its servers with it (PR_SET_PDEATHSIG, see `spawn`).
 pub struct Server {
     pub kind: Kind,
     pub durability: Durability,
@@ -98,11 +101,17 @@ pub struct Server {
     pub cores: String,
     /// Temporary directory: data files and the server's own log.
     pub dir: PathBuf,
+    /// How to start it again on the same data (`restart`).
+    program: PathBuf,
+    args: Vec<String>,
+    cpu_set: libc::cpu_set_t,
     child: Option<Child>,
 }
 
 /// How long a server may take to accept its first connection.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a restarted server may take to recover its log and answer.
+const RECOVERY_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a server may take to exit after SIGTERM before SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -117,6 +126,27 @@ pub fn temp_dir(what: &str) -> Result<PathBuf, String> {
     }
     fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     Ok(dir)
+}
+
+/// Removes the temporary directories of earlier benches that no longer
+/// run (`runnel-bench-PID-*` whose PID is gone): a bench that was killed
+/// could not remove its servers' data (R1's is 1 GiB). Returns how many.
+pub fn remove_stale_dirs() -> usize {
+    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else { return 0 };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("runnel-bench-")).and_then(|r| r.split('-').next())
+        else {
+            continue;
+        };
+        let gone =
+            pid.parse::<u32>().is_ok_and(|p| p != std::process::id() && !Path::new(&format!("/proc/{p}")).exists());
+        if gone && fs::remove_dir_all(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// Finds `name` on PATH.
@@ -164,59 +194,76 @@ impl Server {
         let data = dir.join("data");
         fs::create_dir_all(&data).map_err(|e| format!("cannot create {}: {e}", data.display()))?;
         let port = free_port()?;
-        let mut cmd = Command::new(&spec.program);
         let args = server_args(spec, port, &data);
-        cmd.args(&args);
-        if spec.kind == Kind::Runnel {
-            cmd.env("RUST_LOG", "warn");
-        }
-        let log_path = dir.join("server.log");
-        let log = File::create(&log_path).map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
-        let log2 = log.try_clone().map_err(|e| format!("cannot clone a file handle: {e}"))?;
-        cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
-        // Its own process group, so stopping it reaches anything it started
-        // (a wrapper given as --runnel, such as a profiler, included).
-        cmd.process_group(0);
-        let set = sys::checked_cpu_set(&spec.cores).map_err(|e| format!("--server-core: {e}"))?;
-        // SAFETY: the closure runs in the child between fork and exec and
-        // only makes two system calls (sched_setaffinity, prctl), which are
-        // async-signal-safe; it allocates nothing (the set was built before
-        // the fork and is copied into the closure).
-        unsafe {
-            cmd.pre_exec(move || {
-                sys::set_affinity(&set)?;
-                // Its own process group keeps a terminal's Ctrl-C from the
-                // server, so it is told when the bench dies instead.
-                sys::die_with_parent()
-            });
-        }
         let command =
             format!("{} {}", spec.program.display(), args.iter().map(|a| shell_word(a)).collect::<Vec<_>>().join(" "));
-        let child = cmd.spawn().map_err(|e| format!("cannot start {command}: {e}"))?;
-        let pid = child.id();
+        let cpu_set = sys::checked_cpu_set(&spec.cores).map_err(|e| format!("--server-core: {e}"))?;
         let mut server = Server {
             kind: spec.kind,
             durability: spec.durability,
             port,
-            pid,
+            pid: 0,
             command,
             cores: String::new(),
             dir,
-            child: Some(child),
+            program: spec.program.clone(),
+            args,
+            cpu_set,
+            child: None,
         };
-        server.wait_ready()?;
-        server.cores = sys::allowed_cores(pid);
+        server.spawn()?;
+        server.wait_ready(START_TIMEOUT)?;
+        server.cores = sys::allowed_cores(server.pid);
         Ok(server)
+    }
+
+    /// Starts the process (its output appended to `server.log`).
+    fn spawn(&mut self) -> Result<(), String> {
+        assert!(self.child.is_none(), "spawn over a running server");
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args);
+        if self.kind == Kind::Runnel {
+            cmd.env("RUST_LOG", "warn");
+        }
+        let log_path = self.dir.join("server.log");
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+        let log2 = log.try_clone().map_err(|e| format!("cannot clone a file handle: {e}"))?;
+        cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
+        // Its own process group, so stopping it reaches anything it started
+        // (a wrapper given as --runnel, such as a profiler, included), and a
+        // terminal's Ctrl-C reaches only the bench, whose death then kills
+        // the server (PR_SET_PDEATHSIG).
+        cmd.process_group(0);
+        let set = self.cpu_set;
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: the closure runs in the child between fork and exec and
+        // only makes system calls (sched_setaffinity, prctl, getppid), which
+        // are async-signal-safe; it allocates nothing (the set and the
+        // parent's pid were made before the fork and are copied in).
+        unsafe {
+            cmd.pre_exec(move || {
+                sys::set_affinity(&set)?;
+                sys::die_with_parent(parent)
+            });
+        }
+        let child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", self.command))?;
+        self.pid = child.id();
+        self.child = Some(child);
+        Ok(())
     }
 
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 
-    fn wait_ready(&mut self) -> Result<(), String> {
+    fn wait_ready(&mut self, timeout: Duration) -> Result<(), String> {
         let started = Instant::now();
         loop {
-            if TcpStream::connect_timeout(&self.addr(), Duration::from_millis(200)).is_ok() {
+            if self.answers() {
                 return Ok(());
             }
             if let Some(child) = self.child.as_mut()
@@ -224,11 +271,52 @@ impl Server {
             {
                 return Err(format!("{} exited at start ({status}): {}", self.command, self.log_tail()));
             }
-            if started.elapsed() > START_TIMEOUT {
-                return Err(format!("{} did not listen within {START_TIMEOUT:?}: {}", self.command, self.log_tail()));
+            if started.elapsed() > timeout {
+                return Err(format!("{} did not answer within {timeout:?}: {}", self.command, self.log_tail()));
             }
-            std::thread::sleep(Duration::from_millis(10));
+            std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Whether the server accepts a connection (runnel: and answers PING).
+    fn answers(&self) -> bool {
+        let Ok(stream) = TcpStream::connect_timeout(&self.addr(), Duration::from_millis(200)) else {
+            return false;
+        };
+        if self.kind != Kind::Runnel {
+            return true;
+        }
+        drop(stream);
+        runnel::client::Client::connect(self.addr())
+            .and_then(|mut c| {
+                c.set_timeout(Some(RECOVERY_TIMEOUT))?;
+                c.ping()
+            })
+            .is_ok()
+    }
+
+    /// Stops the server gracefully (SIGTERM, waiting for it to exit) and
+    /// starts it again on the same data directory and port. Returns how
+    /// long the server took to exit, and how long from the new process's
+    /// spawn until it answered (for runnel: a PING).
+    pub fn restart(
+        &mut self,
+        before_start: impl FnOnce(&Path) -> Result<(), String>,
+    ) -> Result<(Duration, Duration), String> {
+        let t = Instant::now();
+        match self.terminate() {
+            // A wrapper given as --runnel (perf, strace) may die of the
+            // SIGTERM itself once its child has exited.
+            Some(status) if status.success() || status.signal() == Some(libc::SIGTERM) => {}
+            Some(status) => return Err(format!("{} exited with {status} on SIGTERM", self.command)),
+            None => return Err(format!("{} did not exit within {STOP_TIMEOUT:?} of SIGTERM", self.command)),
+        }
+        let stopped = t.elapsed();
+        before_start(&self.dir.join("data"))?;
+        let t = Instant::now();
+        self.spawn()?;
+        self.wait_ready(RECOVERY_TIMEOUT)?;
+        Ok((stopped, t.elapsed()))
     }
 
     /// The end of the server's own log, for error messages.
@@ -259,26 +347,38 @@ impl Server {
         self.shutdown();
     }
 
-    fn shutdown(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let group = -(child.id() as libc::pid_t);
-            // SAFETY: signalling the process group our child leads; its pid
-            // (the group id) stays ours until we reap it below.
-            unsafe { libc::kill(group, libc::SIGTERM) };
-            let started = Instant::now();
-            loop {
-                match child.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if started.elapsed() > STOP_TIMEOUT => {
-                        // SAFETY: as above.
-                        unsafe { libc::kill(group, libc::SIGKILL) };
-                        let _ = child.wait();
-                        break;
-                    }
-                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+    /// SIGTERM to the server's process group; SIGKILL if it has not exited
+    /// within STOP_TIMEOUT. Always reaps it. The exit status if it exited
+    /// on SIGTERM; None if it had to be killed (or was not running).
+    fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let group = -(child.id() as libc::pid_t);
+        // SAFETY: signalling the process group our child leads; its pid
+        // (the group id) stays ours until we reap it below.
+        unsafe { libc::kill(group, libc::SIGTERM) };
+        let started = Instant::now();
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Err(_) => {
+                    // SAFETY: as above.
+                    unsafe { libc::kill(group, libc::SIGKILL) };
+                    let _ = child.wait();
+                    return None;
                 }
+                Ok(None) if started.elapsed() > STOP_TIMEOUT => {
+                    // SAFETY: as above.
+                    unsafe { libc::kill(group, libc::SIGKILL) };
+                    let _ = child.wait();
+                    return None;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(1)),
             }
         }
+    }
+
+    fn shutdown(&mut self) {
+        self.terminate();
         let _ = fs::remove_dir_all(&self.dir);
     }
 }

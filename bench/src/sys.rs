@@ -77,14 +77,36 @@ pub fn pin_current_thread(cores: &[usize]) -> io::Result<()> {
     set_affinity(&checked_cpu_set(cores)?)
 }
 
-/// Asks the kernel to send SIGTERM to the calling process when the thread
-/// that started it exits (the bench killed, or interrupted). One system
-/// call, so it may run between fork and exec.
-pub fn die_with_parent() -> io::Result<()> {
+/// Asks the kernel to SIGKILL the calling process when the thread that
+/// started it exits (the bench killed, interrupted or crashed), so no
+/// server outlives the bench. SIGKILL, not SIGTERM: a server busy in a
+/// graceful stop, or one that handles SIGTERM, must not be left behind.
+/// If the parent (`parent`, read before the fork) is already gone, the
+/// signal would never come: fail, so the child never execs. Two system
+/// calls, so it may run between fork and exec.
+pub fn die_with_parent(parent: libc::pid_t) -> io::Result<()> {
     // SAFETY: PR_SET_PDEATHSIG takes a signal number and touches no memory.
-    let r = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong, 0, 0, 0) };
+    let r = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
     if r != 0 {
         return Err(io::Error::last_os_error());
+    }
+    // SAFETY: getppid has no arguments and cannot fail.
+    if unsafe { libc::getppid() } != parent {
+        return Err(io::Error::other("the bench exited before its server started"));
+    }
+    Ok(())
+}
+
+/// Drops the page cache of the file at `path` (POSIX_FADV_DONTNEED), so
+/// the next read comes from the disk. Only clean pages are dropped: sync
+/// the file first.
+pub fn drop_page_cache(path: &std::path::Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path)?;
+    // SAFETY: the descriptor is open for the duration of the call.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
     }
     Ok(())
 }

@@ -10,6 +10,12 @@
 //!   message's intended send time (no coordinated omission).
 //! - W4 work queue: producers and consumers on one topic at once.
 //! - W5 backlog: fill a topic with small messages, then drain it.
+//! - W3C: W3 at 10k msgs/s, durable, while the broker rewrites its log:
+//!   runnel compacting (1 MiB segments, a backlog of unacknowledged
+//!   messages spread over old segments), Redis running BGREWRITEAOF.
+//! - W3S: W3 for runnel non-durable with `--spin-us` 0, 50 and 200.
+//! - R1: recovery: fill a durable runnel with a large log, restart it
+//!   (page cache warm, then dropped), time until it answers a PING.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -55,6 +61,13 @@ pub struct Scale {
     /// check is informative and is cut short on a slow durable peer).
     pub runnel_consume_max: Duration,
     pub peer_consume_max: Duration,
+    /// W3C: unacknowledged messages left in old segments before the run
+    /// (each with `W3C_CHURN_PER_IDLE` acknowledged ones around it).
+    pub w3c_idle_msgs: u64,
+    /// R1: bytes of 1 KiB messages to fill the log with, and how long the
+    /// fill may take.
+    pub r1_log_bytes: u64,
+    pub r1_fill_time_max: Duration,
 }
 
 impl Scale {
@@ -76,6 +89,9 @@ impl Scale {
                 w5_fill_time_max: Duration::from_secs(5),
                 runnel_consume_max: Duration::from_secs(30),
                 peer_consume_max: Duration::from_secs(1),
+                w3c_idle_msgs: 2_000,
+                r1_log_bytes: 16 << 20,
+                r1_fill_time_max: Duration::from_secs(10),
             }
         } else {
             Scale {
@@ -94,6 +110,9 @@ impl Scale {
                 w5_fill_time_max: Duration::from_secs(60),
                 runnel_consume_max: Duration::from_secs(120),
                 peer_consume_max: Duration::from_secs(10),
+                w3c_idle_msgs: 20_000,
+                r1_log_bytes: 1 << 30,
+                r1_fill_time_max: Duration::from_secs(120),
             }
         }
     }
@@ -112,11 +131,35 @@ pub enum Produce {
 /// One configuration of one workload.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Config {
-    W1 { size: usize, produce: Produce },
-    W2 { conns: usize },
-    W3 { rate: u64 },
-    W4 { producers: usize, consumers: usize },
+    W1 {
+        size: usize,
+        produce: Produce,
+    },
+    W2 {
+        conns: usize,
+    },
+    W3 {
+        rate: u64,
+    },
+    W4 {
+        producers: usize,
+        consumers: usize,
+    },
     W5,
+    /// W3 while the log is rewritten: runnel compacting, Redis running
+    /// BGREWRITEAOF.
+    W3Compact {
+        rate: u64,
+    },
+    /// W3 with runnel's `--spin-us` (0: the plain loop, side by side).
+    W3Spin {
+        rate: u64,
+        spin_us: u32,
+    },
+    /// Recovery of a durable log of `log_bytes` after a restart.
+    R1 {
+        log_bytes: u64,
+    },
 }
 
 /// Message size of W2, W3 and W4.
@@ -132,6 +175,16 @@ const BATCH_DEPTH: usize = 4;
 const FETCH_MAX: u32 = 1024;
 const DRAIN_FETCH_MAX: u32 = 1000;
 const WAIT_MS: u32 = 100;
+/// W3C: runnel's segment size, small so that compaction runs all the time.
+const W3C_SEGMENT_BYTES: u64 = 1 << 20;
+/// W3C: acknowledged messages produced around each unacknowledged one, in
+/// this many rounds, so the backlog is spread over many segments.
+const W3C_CHURN_PER_IDLE: u64 = 10;
+const W3C_ROUNDS: u64 = 20;
+/// R1: message size.
+const R1_SIZE: usize = 1024;
+/// All the workload ids, in the order they run.
+pub const WORKLOADS: [&str; 8] = ["W1", "W2", "W3", "W4", "W5", "W3C", "W3S", "R1"];
 
 impl Config {
     pub fn workload(&self) -> &'static str {
@@ -141,12 +194,15 @@ impl Config {
             Config::W3 { .. } => "W3",
             Config::W4 { .. } => "W4",
             Config::W5 => "W5",
+            Config::W3Compact { .. } => "W3C",
+            Config::W3Spin { .. } => "W3S",
+            Config::R1 { .. } => "R1",
         }
     }
 
     /// The configurations of `workload`, for every broker (see
     /// `applies_to` for the ones only runnel runs).
-    pub fn all(workload: &str) -> Vec<Config> {
+    pub fn all(workload: &str, scale: &Scale) -> Vec<Config> {
         match workload {
             "W1" => {
                 let mut v = Vec::new();
@@ -162,13 +218,31 @@ impl Config {
             "W3" => [1_000, 10_000, 100_000].map(|rate| Config::W3 { rate }).to_vec(),
             "W4" => vec![Config::W4 { producers: 4, consumers: 4 }],
             "W5" => vec![Config::W5],
+            "W3C" => vec![Config::W3Compact { rate: 10_000 }],
+            "W3S" => {
+                let mut v = Vec::new();
+                for rate in [1_000, 10_000] {
+                    for spin_us in [0, 50, 200] {
+                        v.push(Config::W3Spin { rate, spin_us });
+                    }
+                }
+                v
+            }
+            "R1" => vec![Config::R1 { log_bytes: scale.r1_log_bytes }],
             _ => Vec::new(),
         }
     }
 
     /// Whether `kind` runs this configuration (batched produce is runnel's).
     pub fn applies_to(&self, kind: Kind) -> bool {
-        !matches!(self, Config::W1 { produce: Produce::Batch(_), .. }) || kind == Kind::Runnel
+        match self {
+            Config::W1 { produce: Produce::Batch(_), .. } | Config::W3Spin { .. } | Config::R1 { .. } => {
+                kind == Kind::Runnel
+            }
+            // beanstalkd has no log rewrite to compare with.
+            Config::W3Compact { .. } => kind != Kind::Beanstalkd,
+            _ => true,
+        }
     }
 
     /// W5 compares memory and drain rate, not durability: it runs
@@ -176,7 +250,8 @@ impl Config {
     /// 10M puts would take hours).
     pub fn durabilities(&self) -> &'static [Durability] {
         match self {
-            Config::W5 => &[Durability::Volatile],
+            Config::W5 | Config::W3Spin { .. } => &[Durability::Volatile],
+            Config::W3Compact { .. } | Config::R1 { .. } => &[Durability::Durable],
             _ => &Durability::ALL,
         }
     }
@@ -190,6 +265,19 @@ impl Config {
                 (scale.w5_msgs * 2).to_string(),
                 "--topic-bytes-max".into(),
                 (scale.w5_msgs * W5_SIZE as u64 * 2).max(1 << 30).to_string(),
+            ],
+            (Config::W3Compact { .. }, Kind::Runnel) => {
+                vec!["--segment-bytes-max".into(), W3C_SEGMENT_BYTES.to_string()]
+            }
+            (Config::W3Spin { spin_us, .. }, Kind::Runnel) if *spin_us > 0 => {
+                vec!["--spin-us".into(), spin_us.to_string()]
+            }
+            // The whole log stays queued, above the default depth limits.
+            (Config::R1 { log_bytes }, Kind::Runnel) => vec![
+                "--topic-messages-max".into(),
+                (log_bytes / R1_SIZE as u64 * 2).to_string(),
+                "--topic-bytes-max".into(),
+                (log_bytes * 2).max(1 << 30).to_string(),
             ],
             _ => Vec::new(),
         }
@@ -208,6 +296,17 @@ impl Config {
                 format!("{producers} producers (depth 16) + {consumers} consumers, {SIZE} B")
             }
             Config::W5 => format!("{W5_SIZE} B"),
+            Config::W3Compact { rate } => format!(
+                "{} msgs/s open loop, {SIZE} B, log rewritten during the run (runnel: compaction, Redis: BGREWRITEAOF)",
+                rate_label(rate)
+            ),
+            Config::W3Spin { rate, spin_us: 0 } => format!("{} msgs/s open loop, {SIZE} B, no spin", rate_label(rate)),
+            Config::W3Spin { rate, spin_us } => {
+                format!("{} msgs/s open loop, {SIZE} B, --spin-us {spin_us}", rate_label(rate))
+            }
+            Config::R1 { log_bytes } => {
+                format!("{} MiB log of {} B messages", log_bytes >> 20, size_label(R1_SIZE))
+            }
         }
     }
 
@@ -226,6 +325,13 @@ impl Config {
             )),
             Config::W4 { .. } => Some(("w4".into(), "W4: work queue, end to end from send".into())),
             Config::W5 => Some(("w5".into(), "W5: produce round trip while filling the backlog (depth 256)".into())),
+            Config::W3Compact { rate } => Some((
+                "w3-rewrite".into(),
+                format!(
+                    "W3C: end to end, {} msgs/s, durable, runnel compacting / Redis BGREWRITEAOF",
+                    rate_label(rate)
+                ),
+            )),
             _ => None,
         }
     }
@@ -326,9 +432,13 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
     match ctx.config {
         Config::W1 { size, produce } => w1(ctx, size, produce).map(|r| vec![r]),
         Config::W2 { conns } => w2(ctx, conns).map(|r| vec![r]),
-        Config::W3 { rate } => w3(ctx, rate).map(|r| vec![r]),
+        Config::W3 { rate } | Config::W3Spin { rate, .. } => {
+            w3(ctx, rate, &format!("w3-{rate}"), &mut |_| Ok(())).map(|r| vec![r])
+        }
         Config::W4 { producers, consumers } => w4(ctx, producers, consumers).map(|r| vec![r]),
         Config::W5 => w5(ctx),
+        Config::W3Compact { rate } => w3c(ctx, rate).map(|r| vec![r]),
+        Config::R1 { .. } => Err("R1 restarts its server: run it with `recovery`".into()),
     }
 }
 
@@ -634,9 +744,23 @@ fn w2(ctx: &Ctx<'_>, conns: usize) -> Result<RunResult, String> {
     Ok(r)
 }
 
-fn w3(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
+/// Where a W3 run is, for what runs beside it (W3C).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum W3Point {
+    /// Set-up is done; sending starts at the given `now_ns` time.
+    Start(u64),
+    /// Sending has stopped (the tail is not waited for yet).
+    End,
+}
+
+fn w3(
+    ctx: &Ctx<'_>,
+    rate: u64,
+    topic: &str,
+    at: &mut dyn FnMut(W3Point) -> Result<(), String>,
+) -> Result<RunResult, String> {
     let s = ctx.scale;
-    let topic = format!("w3-{rate}");
+    let topic = topic.to_string();
     ctx.target.prepare(&topic)?;
     let mut p = ctx.target.producer(&topic)?;
     let consumer = ctx.target.consumer(&topic, "c0")?;
@@ -662,6 +786,7 @@ fn w3(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
         .spawn(move || run.run(consumer))
         .map_err(|e| format!("cannot start a thread: {e}"))?;
     sys::set_timer_slack_ns(1_000);
+    at(W3Point::Start(start_ns))?;
     let cpu = CpuMeter::start(ctx.server);
     let mut buf = vec![b'x'; SIZE];
     let mut intended: VecDeque<u64> = VecDeque::new();
@@ -714,6 +839,7 @@ fn w3(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
         }
     })();
     let sent_secs = (now_ns().min(end_ns).saturating_sub(start_ns)) as f64 / 1e9;
+    let aside = at(W3Point::End);
     // How far the consumer was behind when sending stopped.
     let behind = acked.saturating_sub(delivered.load(Ordering::Relaxed));
     // The tail: the last acknowledgements, within a bound.
@@ -736,6 +862,7 @@ fn w3(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
     done.store(true, Ordering::Release);
     let consumed = join(consumer, "consumer");
     tail?;
+    aside?;
     let consumed = consumed?;
     let mut r = RunResult::new(ctx, SIZE, "");
     r.cpu_seconds = cpu.read();
@@ -921,6 +1048,207 @@ fn w5(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
         ));
     }
     Ok(vec![fill, drained])
+}
+
+// ---------------------------------------------------------------------------
+// W3C: end-to-end latency while the log is rewritten.
+// ---------------------------------------------------------------------------
+
+/// Leaves `scale.w3c_idle_msgs` unacknowledged messages of 100 B in
+/// `idle`, spread over the log: in each of `W3C_ROUNDS` rounds, a share of
+/// them, then `W3C_CHURN_PER_IDLE` times as many 128 B messages to `churn`,
+/// all consumed and acknowledged. Returns the idle messages acknowledged
+/// per round (their producer numbers).
+fn w3c_backlog(ctx: &Ctx<'_>, idle: &str, churn: &str) -> Result<Vec<u64>, String> {
+    ctx.target.prepare(idle)?;
+    ctx.target.prepare(churn)?;
+    let per_round = ctx.scale.w3c_idle_msgs / W3C_ROUNDS;
+    let deadline = Instant::now() + ctx.consume_max();
+    let mut idle_acked = Vec::new();
+    let mut churn_acked = Vec::new();
+    for round in 0..W3C_ROUNDS as u32 {
+        let mut lat = Samples::default();
+        for (topic, size, n, acked) in [
+            (idle, W5_SIZE, per_round, &mut idle_acked),
+            (churn, SIZE, per_round * W3C_CHURN_PER_IDLE, &mut churn_acked),
+        ] {
+            let mut p = ctx.target.producer(topic)?;
+            let c = Closed { producer: round, size, depth: 64, batch: 1, deadline, msgs_max: n };
+            acked.push(closed_loop(p.as_mut(), &c, &mut lat)?);
+        }
+        // Acknowledge this round's churn before the next, so every segment
+        // mixes dead messages with a few live ones.
+        let mut seen = Seen::new(&churn_acked);
+        for (p, &n) in churn_acked.iter().enumerate().take(round as usize) {
+            for i in 0..n {
+                seen.add(tracker::seq(p as u32, i));
+            }
+        }
+        drain(&ctx.target, churn, &mut seen, ctx.scale.drain_idle, deadline)?;
+        let v = seen.verify();
+        if !v.ok() {
+            return Err(format!("W3C backlog: {} of {} churn messages not delivered", v.missing, v.expected));
+        }
+    }
+    ctx.target.cleanup(churn)?;
+    Ok(idle_acked)
+}
+
+fn w3c(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
+    let (idle, churn) = ("w3c-idle", "w3c-churn");
+    let idle_acked = w3c_backlog(ctx, idle, churn)?;
+    let addr = ctx.target.addr;
+    let mut r = match ctx.server.kind {
+        Kind::Runnel => {
+            let mut marks: Vec<Vec<(String, u64)>> = Vec::new();
+            let mut r = w3(ctx, rate, &format!("w3c-{rate}"), &mut |_| {
+                marks.push(crate::runnel_conn::broker_stats(addr)?);
+                Ok(())
+            })?;
+            let [a, b] = &marks[..] else { return Err("W3C: STATS not read at start and end".into()) };
+            let get = crate::runnel_conn::stat;
+            for key in ["compactions", "log_segments", "log_bytes"] {
+                r.extra.push((format!("{key}_at_start"), get(a, key)? as f64));
+                r.extra.push((format!("{key}_at_end"), get(b, key)? as f64));
+            }
+            r
+        }
+        Kind::Redis => {
+            // BGREWRITEAOF at 1/3 and 2/3 of the sending time (1 s and 2 s).
+            let mut rewriter: Option<thread::JoinHandle<Result<Vec<String>, String>>> = None;
+            let every = ctx.scale.w3_time / 3;
+            let mut r = w3(ctx, rate, &format!("w3c-{rate}"), &mut |point| {
+                match point {
+                    W3Point::Start(start_ns) => {
+                        let h = thread::Builder::new()
+                            .name("w3c-bgrewriteaof".into())
+                            .spawn(move || {
+                                let mut replies = Vec::new();
+                                for k in 1..=2u64 {
+                                    let due = start_ns + k * every.as_nanos() as u64;
+                                    thread::sleep(Duration::from_nanos(due.saturating_sub(now_ns())));
+                                    replies.push(crate::redis_conn::command_text(addr, &[b"BGREWRITEAOF"])?);
+                                }
+                                Ok(replies)
+                            })
+                            .map_err(|e| format!("cannot start a thread: {e}"))?;
+                        rewriter = Some(h);
+                    }
+                    W3Point::End => {
+                        if let Some(h) = rewriter.take() {
+                            join(h, "BGREWRITEAOF")?;
+                        }
+                    }
+                }
+                Ok(())
+            })?;
+            let info = crate::redis_conn::command_text(addr, &[b"INFO", b"all"])?;
+            for key in ["aof_rewrites", "latest_fork_usec", "aof_last_rewrite_time_sec"] {
+                if let Some(v) = crate::redis_conn::info_field(&info, key) {
+                    r.extra.push((key.into(), v));
+                }
+            }
+            r
+        }
+        Kind::Beanstalkd => return Err("W3C has no beanstalkd run".into()),
+    };
+    // The backlog must have survived every rewrite.
+    let mut seen = Seen::new(&idle_acked);
+    let deadline = Instant::now() + ctx.consume_max();
+    drain(&ctx.target, idle, &mut seen, ctx.scale.drain_idle, deadline)?;
+    let v = seen.verify();
+    r.extra.push(("backlog_msgs".into(), v.expected as f64));
+    if !v.ok() {
+        r.notes.push(format!("**{} of {} backlog messages MISSING after the rewrites**", v.missing, v.expected));
+        r.verify = Some(v);
+    } else {
+        ctx.target.cleanup(idle)?;
+    }
+    Ok(r)
+}
+
+// ---------------------------------------------------------------------------
+// R1: recovery of a large log.
+// ---------------------------------------------------------------------------
+
+/// Fills a durable runnel with `log_bytes` of 1 KiB messages (batched,
+/// none acknowledged, so nothing is compacted away), then restarts it
+/// twice on the same data: once with the log in the page cache, once after
+/// dropping the page cache of its files. Each row is one restart: the time
+/// from spawn until it answers a PING, its own `recovery_ms`, and what
+/// STATS says of the log. After the last, every message must be delivered.
+pub fn recovery(
+    server: &mut Server,
+    target: Target,
+    config: Config,
+    order: usize,
+    scale: &Scale,
+) -> Result<Vec<RunResult>, String> {
+    let Config::R1 { log_bytes } = config else { return Err("recovery runs R1 only".into()) };
+    if server.kind != Kind::Runnel {
+        return Err("R1 is runnel's only".into());
+    }
+    let topic = "r1";
+    let mut p = target.producer(topic)?;
+    let closed = Closed {
+        producer: 0,
+        size: R1_SIZE,
+        depth: BATCH_DEPTH,
+        batch: batch_len(R1_SIZE),
+        deadline: Instant::now() + scale.r1_fill_time_max,
+        msgs_max: log_bytes / R1_SIZE as u64,
+    };
+    let t0 = Instant::now();
+    let acked = closed_loop(p.as_mut(), &closed, &mut Samples::default())?;
+    let fill_s = t0.elapsed().as_secs_f64();
+    drop(p);
+    let mut rows = Vec::new();
+    for (phase, cold) in [("warm restart", false), ("cold restart", true)] {
+        let (stop, ready) = server.restart(|data| if cold { drop_cache_under(data) } else { Ok(()) })?;
+        let cpu = server.cpu_seconds().ok();
+        let stats = crate::runnel_conn::broker_stats(target.addr)?;
+        let get = |k: &str| crate::runnel_conn::stat(&stats, k).map(|v| v as f64);
+        let ctx = Ctx { server: &*server, target, config, order, scale };
+        let mut r = RunResult::new(&ctx, R1_SIZE, phase);
+        r.seconds = ready.as_secs_f64();
+        r.messages = acked;
+        r.cpu_seconds = cpu;
+        r.extra.push(("ready_ms".into(), ready.as_secs_f64() * 1e3));
+        r.extra.push(("stop_ms".into(), stop.as_secs_f64() * 1e3));
+        for key in ["recovery_ms", "log_bytes", "log_segments", "recovered_records"] {
+            r.extra.push((key.into(), get(key)?));
+        }
+        r.extra.push(("fill_msgs_per_s".into(), acked as f64 / fill_s));
+        if acked < closed.msgs_max {
+            r.notes.push(format!("fill stopped after {fill_s:.0} s with {acked} of {} messages", closed.msgs_max));
+        }
+        rows.push(r);
+    }
+    let ctx = Ctx { server: &*server, target, config, order, scale };
+    let v = finish(&ctx, topic, Seen::new(&[acked]))?;
+    if let Some(last) = rows.last_mut() {
+        last.verify = Some(v);
+    }
+    Ok(rows)
+}
+
+/// Syncs, then drops the page cache of every file under `dir`, so a
+/// restart reads its log from the disk.
+fn drop_cache_under(dir: &std::path::Path) -> Result<(), String> {
+    sys::sync_all();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let entries = std::fs::read_dir(&d).map_err(|e| format!("cannot list {}: {e}", d.display()))?;
+        for e in entries {
+            let path = e.map_err(|e| format!("cannot list {}: {e}", d.display()))?.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                sys::drop_page_cache(&path).map_err(|e| format!("fadvise {}: {e}", path.display()))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The disk's own fdatasync latency, measured in the same directory the
