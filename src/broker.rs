@@ -558,7 +558,7 @@ impl Broker {
     /// held reply, a segment that may be removed once its copies are
     /// durable, or the last turn).
     fn sync_wanted(&self) -> bool {
-        self.held.iter().any(|h| h.durable) || self.compactor.busy() || self.stopping
+        self.held.iter().any(|h| h.durable) || self.compactor.removal_pending() || self.stopping
     }
 
     /// Whether the coming commit will fdatasync (the reactor flushes what
