@@ -1056,7 +1056,7 @@ fn random_reply_frame(rng: &mut Rng, out: &mut Vec<u8>) {
                 let dead = rng.one_in(3).then(|| DeadInfo {
                     origin_id: rng.next_u64(),
                     origin_deliveries: rng.next_u64() as u16,
-                    reason: DeadReason::from_u8(rng.range(1, 4) as u8).expect("reasons are 1..=4"),
+                    reason: DeadReason::from_u8(rng.range(1, 4) as u8).expect("reasons are 1..=4"), // ok: test code, on the test's own data
                 });
                 let m = Message {
                     id: rng.next_u64(),

@@ -121,7 +121,7 @@ fn seq_append_get_release_with_dense_ids() {
     assert_eq!(seq.next_id(), 15);
     assert_eq!((seq.live(), seq.live_bytes()), (5, 6));
     for (i, &id) in ids.iter().enumerate() {
-        let m = seq.get(id).expect("appended message is live");
+        let m = seq.get(id).expect("appended message is live"); // ok: test code, on the test's own data
         assert_eq!((m.id, m.born_ms, m.payload), (id, 1_000, &[i as u8; 3][..i % 4]));
         assert!(seq.contains(id));
     }
@@ -1069,11 +1069,11 @@ impl Model {
     }
 
     fn set(&mut self, id: MsgId, state: State) {
-        self.msgs.get_mut(&id).expect("model: live message").state = state;
+        self.msgs.get_mut(&id).expect("model: live message").state = state; // ok: test code, on the test's own data
     }
 
     fn remove(&mut self, id: MsgId) {
-        let m = self.msgs.remove(&id).expect("model: live message");
+        let m = self.msgs.remove(&id).expect("model: live message"); // ok: test code, on the test's own data
         if matches!(m.state, State::Retry { .. }) {
             self.retry.retain(|&r| r != id);
         }
@@ -1245,7 +1245,7 @@ impl Model {
         while (out.len() as u64) < max.min(accept) {
             let Some((id, _)) = self.peek_ready() else { break };
             self.take_ready(id);
-            out.push((id, self.msgs.remove(&id).expect("model: ready message is live")));
+            out.push((id, self.msgs.remove(&id).expect("model: ready message is live"))); // ok: test code, on the test's own data
         }
         out
     }
