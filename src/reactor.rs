@@ -209,6 +209,8 @@ pub struct Reactor {
     broker: Broker,
     /// Connections with undecoded input to serve next turn.
     hot: Vec<usize>,
+    /// The other half of `hot`'s double buffer.
+    hot_spare: Vec<usize>,
     /// Connections with output to flush this turn.
     dirty: Vec<usize>,
     /// Connections to close at the end of the turn.
@@ -278,6 +280,7 @@ impl Reactor {
             conns: Slab::new(),
             broker,
             hot: Vec::new(),
+            hot_spare: Vec::new(),
             dirty: Vec::new(),
             closing: Vec::new(),
             scratch: vec![0; READ_CHUNK_BYTES],
@@ -343,7 +346,9 @@ impl Reactor {
         let now = now_at(self.started);
         self.broker.stats.turns += 1;
         // 3. readiness
-        let hot = std::mem::take(&mut self.hot);
+        // Swapped with a spare list, so neither is reallocated each turn; the
+        // turn may mark connections hot again for the next one.
+        let mut hot = std::mem::replace(&mut self.hot, std::mem::take(&mut self.hot_spare));
         for key in &hot {
             if let Some(c) = self.conns.get_mut(*key) {
                 c.hot = false;
@@ -374,9 +379,11 @@ impl Reactor {
                 }
             }
         }
-        for key in hot {
+        for &key in &hot {
             self.serve(key, now);
         }
+        hot.clear();
+        self.hot_spare = hot;
         // 4. timers: the broker's (deadlines, delays, waits), then the
         // connections' (handshake, idle, frame timeouts)
         let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty };
