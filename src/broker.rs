@@ -25,7 +25,7 @@ use slab::Slab;
 use crate::codec::{self, DeadInfo, DeadReason, DecodeLimits, ErrorCode, Frame, Message, Request, op};
 use crate::limits::Limits;
 use crate::log::{FsyncMode, Log, LogOptions, OpenError, Opener, ReadRecord, RecordKind, Recovery};
-use crate::queue::{ConsumerId, MsgId, Returned, Settings, Timers, Topic};
+use crate::queue::{ConsumerId, FastMap, MsgId, Returned, Settings, Timers, Topic};
 use crate::wheel::{TimerKey, Wheel};
 
 #[path = "compactor.rs"]
@@ -162,7 +162,8 @@ struct Entry {
 /// The topic table.
 #[derive(Default)]
 struct Topics {
-    by_id: HashMap<TopicId, Entry>,
+    /// Keyed by the broker's own ids, so the fast `IdMap` hash is safe.
+    by_id: FastMap<TopicId, Entry>,
     names: HashMap<Box<str>, TopicId>,
     next_topic_id: TopicId,
     /// First id of the next topic created: above every id any topic ever
@@ -461,7 +462,7 @@ pub struct Broker {
     wheel: Wheel<Timer>,
     waiters: Slab<Waiter>,
     /// The parked FETCH of each connection (at most one).
-    parked: HashMap<usize, usize>,
+    parked: FastMap<usize, usize>,
     log: Log,
     /// Replies waiting for this turn's commit, in request order.
     held: Vec<Held>,
@@ -523,7 +524,7 @@ impl Broker {
             topics,
             wheel: Wheel::new(now.mono_ms),
             waiters: Slab::new(),
-            parked: HashMap::new(),
+            parked: FastMap::default(),
             log,
             held: Vec::new(),
             held_bytes: Vec::new(),

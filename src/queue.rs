@@ -247,6 +247,15 @@ impl Seq {
     }
 
     fn block_index(&self, id: MsgId) -> Option<usize> {
+        // Most lookups hit the newest block (fetching what was just
+        // produced) or the oldest (acking what was fetched first).
+        let n = self.blocks.len();
+        if let Some(b) = self.blocks.back().filter(|b| b.first_id <= id) {
+            return (id < b.end_id()).then_some(n - 1);
+        }
+        if self.blocks.front().is_some_and(|b| b.first_id <= id && id < b.end_id()) {
+            return Some(0);
+        }
         let i = self.blocks.partition_point(|b| b.first_id <= id);
         if i == 0 {
             return None;
@@ -384,9 +393,18 @@ impl Hasher for IdHasher {
     fn write_u64(&mut self, v: u64) {
         self.0 = (v ^ self.0).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
     }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
 }
 
-pub type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+/// A map keyed by ids the broker assigns itself (message, topic, consumer
+/// and connection ids), hashed with `IdHasher`.
+pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+pub type IdMap<V> = FastMap<u64, V>;
 
 /// Arms and disarms the timers of one topic (the broker's wheel).
 pub trait Timers {
@@ -468,7 +486,7 @@ struct Group {
     /// Deliveries of never-redelivered messages carried over a restart.
     carried: IdMap<u16>,
     /// What each consumer holds.
-    owners: HashMap<ConsumerId, Owned>,
+    owners: IdMap<Owned>,
 }
 
 /// One topic.

@@ -1,0 +1,36 @@
+# Drives a fixed load against a broker on 127.0.0.1:17731 (see callgrind.sh).
+import socket, struct, time
+s=socket.create_connection(("127.0.0.1",17731)); s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def frame(op, rid, body): return struct.pack("<IBBHI", 8+len(body), op, 0, 0, rid)+body
+buf=b""
+def recv_frames(k):
+    global buf
+    out=[]
+    while len(out)<k:
+        while len(buf)>=4 and len(buf)>=4+struct.unpack("<I",buf[:4])[0]:
+            n=struct.unpack("<I",buf[:4])[0]; out.append(buf[4:4+n]); buf=buf[4+n:]
+        if len(out)>=k: break
+        buf+=s.recv(1<<20)
+    return out
+s.sendall(frame(1,1,struct.pack("<HHH",1,1,0))); recv_frames(1)
+topic=b"t"; payload=b"x"*128
+body=struct.pack("<H",len(topic))+topic+struct.pack("<I",1)+struct.pack("<I",len(payload))+payload
+t=time.time()
+for r in range(100):
+    s.sendall(b"".join(frame(0x10,i,body) for i in range(256))); recv_frames(256)
+print("25600 pipelined produces", time.time()-t)
+# fetch + ack
+got=0
+for r in range(100):
+    fb=struct.pack("<H",1)+b"t"+struct.pack("<IIII",256,0,0,0)
+    s.sendall(frame(0x11,1,fb)); f=recv_frames(1)[0]
+    # parse ids
+    p=8; tl=struct.unpack("<H",f[p:p+2])[0]; p+=2+tl; cnt=struct.unpack("<I",f[p:p+4])[0]; p+=4; ids=[]
+    for _ in range(cnt):
+        mid=struct.unpack("<Q",f[p:p+8])[0]; p+=8+8+2; fl=f[p]; p+=1
+        if fl&1: p+=11
+        ln=struct.unpack("<I",f[p:p+4])[0]; p+=4+ln; ids.append(mid)
+    got+=cnt
+    ab=struct.pack("<H",1)+b"t"+struct.pack("<I",len(ids))+b"".join(struct.pack("<Q",i) for i in ids)
+    s.sendall(frame(0x12,2,ab)); recv_frames(1)
+print("fetched+acked", got, time.time()-t)
