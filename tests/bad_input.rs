@@ -9,22 +9,20 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::io::{self, Write};
+use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
 
+use common::wire::*;
 use common::{Rng, Server};
 use runnel::broker::Config;
-use runnel::client::{self, Client, Fetch, IdsResult, OwnedReply};
-use runnel::codec::{self, Batch, Decoded, ErrorCode, Ids, Reply, Request, TopicSettings, op};
+use runnel::client::{Client, Fetch, IdsResult, OwnedReply};
+use runnel::codec::{self, Decoded, ErrorCode, Ids, Reply, Request, TopicSettings, op};
 use runnel::limits::Limits;
 
 // ---------------------------------------------------------------------------
 // Helpers.
 // ---------------------------------------------------------------------------
-
-/// Upper bound of every wait. Only a broken broker ever reaches it.
-const PATIENCE: Duration = Duration::from_secs(10);
 
 /// Small limits that pass `Limits::check`: a frame holds one message of
 /// message_bytes_max to a topic of topic_name_bytes_max, with room to spare.
@@ -46,60 +44,11 @@ fn start(limits: Limits) -> (Server, common::TempDir) {
     Server::start(Config { limits, ..Config::default() })
 }
 
-fn code<T: std::fmt::Debug>(r: client::Result<T>) -> ErrorCode {
-    match r {
-        Err(e) => e.code().unwrap_or_else(|| panic!("expected a broker error, got {e}")),
-        Ok(v) => panic!("expected a broker error, got Ok({v:?})"),
-    }
-}
-
-fn stat(c: &mut Client, topic: &str, key: &str) -> u64 {
-    c.stat(topic, key).expect("STATS").unwrap_or_else(|| panic!("no key {key} in section {topic:?}"))
-}
-
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < PATIENCE, "gave up waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-fn now(max: u32) -> Fetch {
-    Fetch { max_messages: max, ..Fetch::default() }
-}
-
-fn wait_for(max: u32) -> Fetch {
-    Fetch { max_messages: max, max_bytes: 0, wait_ms: 5000, ack_timeout_ms: 0 }
-}
-
-fn encode(rid: u32, req: &Request<'_>) -> Vec<u8> {
-    let mut out = Vec::new();
-    codec::encode_request(&mut out, rid, req);
-    out
-}
-
 /// Rewrites a frame's `len` field to match its bytes.
 fn reframe(mut frame: Vec<u8>) -> Vec<u8> {
     let len = (frame.len() - 4) as u32;
     frame[..4].copy_from_slice(&len.to_le_bytes());
     frame
-}
-
-fn batch_body<P: AsRef<[u8]>>(payloads: &[P]) -> Vec<u8> {
-    let mut b = Vec::new();
-    codec::encode_batch(&mut b, payloads);
-    b
-}
-
-fn produce_req<'a>(topic: &'a str, body: &'a [u8], count: u32) -> Request<'a> {
-    Request::Produce { topic, batch: Batch { count, bytes: body } }
-}
-
-fn ids_body(ids: &[u64]) -> Vec<u8> {
-    let mut b = Vec::new();
-    codec::encode_ids(&mut b, ids);
-    b
 }
 
 /// Writes a hand-made frame on a client connection and returns the broker
@@ -108,92 +57,6 @@ fn raw_error(c: &mut Client, rid: u32, frame: &[u8]) -> ErrorCode {
     c.write_raw(frame).expect("write");
     c.expect_reply(rid);
     code(c.recv())
-}
-
-/// A reply frame read from a raw socket.
-struct Got {
-    frame: Vec<u8>,
-}
-
-impl Got {
-    fn decoded(&self) -> codec::ReplyFrame<'_> {
-        match codec::decode_reply(&self.frame, usize::MAX) {
-            Ok(Decoded::Frame(f, n)) if n == self.frame.len() => f,
-            other => panic!("bad reply frame {:02x?}: {other:?}", self.frame),
-        }
-    }
-    /// The op byte as sent (reply bit included).
-    fn wire_op(&self) -> u8 {
-        self.frame[4]
-    }
-    fn request_id(&self) -> u32 {
-        self.decoded().request_id
-    }
-    fn reply(&self) -> Reply<'_> {
-        self.decoded().reply
-    }
-    fn error(&self) -> ErrorCode {
-        match self.reply() {
-            Reply::Error { code, .. } => ErrorCode::from_u8(code).expect("known code"),
-            other => panic!("expected an error reply, got {other:?}"),
-        }
-    }
-}
-
-/// A raw connection.
-struct Raw {
-    s: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Raw {
-    fn connect(addr: SocketAddr) -> Raw {
-        let s = TcpStream::connect(addr).expect("connect");
-        s.set_nodelay(true).expect("nodelay");
-        s.set_read_timeout(Some(PATIENCE)).expect("timeout");
-        Raw { s, buf: Vec::new() }
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        self.s.write_all(bytes).expect("write");
-    }
-    fn hello(&mut self) {
-        self.write(&encode(0, &Request::Hello { min_version: 1, max_version: 1, token: b"" }));
-        assert!(matches!(self.recv().reply(), Reply::Hello { version: 1, .. }));
-    }
-    /// The next reply frame; panics on EOF or timeout.
-    fn recv(&mut self) -> Got {
-        self.try_recv().unwrap_or_else(|| panic!("broker closed the connection while a reply was expected"))
-    }
-    /// The next reply frame, or None at EOF.
-    fn try_recv(&mut self) -> Option<Got> {
-        loop {
-            if self.buf.len() >= 4 {
-                let total = u32::from_le_bytes(self.buf[..4].try_into().unwrap()) as usize + 4;
-                if self.buf.len() >= total {
-                    let frame: Vec<u8> = self.buf.drain(..total).collect();
-                    return Some(Got { frame });
-                }
-            }
-            let mut chunk = [0u8; 64 << 10];
-            match self.s.read(&mut chunk) {
-                Ok(0) => return None,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if is_reset(&e) => return None,
-                Err(e) => panic!("read: {e}"),
-            }
-        }
-    }
-    /// Asserts that the broker sends nothing more and closes.
-    fn expect_closed(&mut self) {
-        if let Some(extra) = self.try_recv() {
-            panic!("expected the broker to close, got another frame {:02x?}", extra.frame);
-        }
-        assert!(self.buf.is_empty(), "half a frame before EOF: {:02x?}", self.buf);
-    }
-}
-
-fn is_reset(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted | io::ErrorKind::BrokenPipe)
 }
 
 /// A fresh client can PING and round-trip a message: the broker is alive.

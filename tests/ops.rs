@@ -9,41 +9,18 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::io::Write;
+use std::time::Duration;
 
 use common::Server;
+use common::wire::*;
 use runnel::broker::Config;
-use runnel::client::{self, Client, Delivered, Fetch, IdsResult, OwnedReply};
-use runnel::codec::{self, Batch, DeadInfo, DeadReason, Decoded, ErrorCode, Ids, Reply, Request, TopicSettings, op};
+use runnel::client::{Client, Delivered, Fetch, IdsResult, OwnedReply};
+use runnel::codec::{self, DeadInfo, DeadReason, ErrorCode, Ids, Reply, Request, TopicSettings, op};
 
 // ---------------------------------------------------------------------------
 // Helpers.
 // ---------------------------------------------------------------------------
-
-/// Upper bound of every wait in these tests. Generous: only a broken broker
-/// ever reaches it.
-const PATIENCE: Duration = Duration::from_secs(10);
-
-/// A FETCH of up to `max` messages that waits up to 5 s for the first one.
-fn wait_for(max: u32) -> Fetch {
-    Fetch { max_messages: max, max_bytes: 0, wait_ms: 5000, ack_timeout_ms: 0 }
-}
-
-/// A FETCH of up to `max` messages that answers at once.
-fn now(max: u32) -> Fetch {
-    Fetch { max_messages: max, ..Fetch::default() }
-}
-
-/// The broker error code of a failed call; panics on success or on a
-/// non-broker error.
-fn code<T: std::fmt::Debug>(r: client::Result<T>) -> ErrorCode {
-    match r {
-        Err(e) => e.code().unwrap_or_else(|| panic!("expected a broker error, got {e}")),
-        Ok(v) => panic!("expected a broker error, got Ok({v:?})"),
-    }
-}
 
 /// The counters of one topic section (or "" for the broker section).
 fn section(c: &mut Client, name: &str) -> HashMap<String, u64> {
@@ -51,19 +28,6 @@ fn section(c: &mut Client, name: &str) -> HashMap<String, u64> {
     let stats = c.stats(topic).expect("STATS");
     let s = stats.iter().find(|s| s.0 == name).unwrap_or_else(|| panic!("no section {name:?} in {stats:?}"));
     s.1.iter().cloned().collect()
-}
-
-fn stat(c: &mut Client, topic: &str, key: &str) -> u64 {
-    c.stat(topic, key).expect("STATS").unwrap_or_else(|| panic!("no key {key} in section {topic:?}"))
-}
-
-/// Polls `cond` until it holds; panics after PATIENCE.
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < PATIENCE, "gave up waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 fn ids(msgs: &[Delivered]) -> Vec<u64> {
@@ -76,88 +40,6 @@ fn payloads(msgs: &[Delivered]) -> Vec<&[u8]> {
 
 fn ids_result(done: u32, failed: &[u64]) -> IdsResult {
     IdsResult { done, failed: failed.to_vec() }
-}
-
-/// A reply frame read from a raw socket, owned.
-struct Got {
-    frame: Vec<u8>,
-}
-
-impl Got {
-    fn decoded(&self) -> codec::ReplyFrame<'_> {
-        match codec::decode_reply(&self.frame, usize::MAX) {
-            Ok(Decoded::Frame(f, n)) if n == self.frame.len() => f,
-            other => panic!("bad reply frame {:02x?}: {other:?}", self.frame),
-        }
-    }
-    fn op(&self) -> u8 {
-        self.decoded().op
-    }
-    fn request_id(&self) -> u32 {
-        self.decoded().request_id
-    }
-    fn reply(&self) -> Reply<'_> {
-        self.decoded().reply
-    }
-    /// The error code, or panics if the reply is not an error.
-    fn error(&self) -> ErrorCode {
-        match self.reply() {
-            Reply::Error { code, .. } => ErrorCode::from_u8(code).expect("known code"),
-            other => panic!("expected an error reply, got {other:?}"),
-        }
-    }
-}
-
-/// A raw connection: frames encoded by the codec, replies read by hand.
-struct Raw {
-    s: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Raw {
-    fn connect(addr: SocketAddr) -> Raw {
-        let s = TcpStream::connect(addr).expect("connect");
-        s.set_nodelay(true).expect("nodelay");
-        s.set_read_timeout(Some(PATIENCE)).expect("timeout");
-        Raw { s, buf: Vec::new() }
-    }
-    fn encode(rid: u32, req: &Request<'_>) -> Vec<u8> {
-        let mut out = Vec::new();
-        codec::encode_request(&mut out, rid, req);
-        out
-    }
-    fn send(&mut self, rid: u32, req: &Request<'_>) {
-        self.s.write_all(&Raw::encode(rid, req)).expect("write");
-    }
-    fn hello(&mut self) {
-        self.send(0, &Request::Hello { min_version: 1, max_version: 1, token: b"" });
-        assert!(matches!(self.recv().reply(), Reply::Hello { version: 1, .. }));
-    }
-    fn recv(&mut self) -> Got {
-        loop {
-            if self.buf.len() >= 4 {
-                let total = u32::from_le_bytes(self.buf[..4].try_into().unwrap()) as usize + 4;
-                if self.buf.len() >= total {
-                    let frame: Vec<u8> = self.buf.drain(..total).collect();
-                    return Got { frame };
-                }
-            }
-            let mut chunk = [0u8; 64 << 10];
-            let n = self.s.read(&mut chunk).expect("read reply");
-            assert!(n > 0, "broker closed the connection while a reply was expected");
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-}
-
-fn produce_req<'a>(topic: &'a str, body: &'a [u8], count: u32) -> Request<'a> {
-    Request::Produce { topic, batch: Batch { count, bytes: body } }
-}
-
-fn batch_body<P: AsRef<[u8]>>(payloads: &[P]) -> Vec<u8> {
-    let mut b = Vec::new();
-    codec::encode_batch(&mut b, payloads);
-    b
 }
 
 fn settings(ack_timeout_ms: u32, max_deliveries: u16) -> TopicSettings {
@@ -257,7 +139,7 @@ fn ping_is_answered_with_its_request_id() {
     let rids = [5u32, 5, 0, u32::MAX, 3, 1_000_000, 2];
     let mut bytes = Vec::new();
     for rid in rids {
-        bytes.extend(Raw::encode(rid, &Request::Ping));
+        bytes.extend(encode(rid, &Request::Ping));
     }
     r.s.write_all(&bytes).unwrap();
     for rid in rids {

@@ -2,6 +2,8 @@
 //! on its own temporary data directory.
 #![allow(dead_code)]
 
+pub mod wire;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
