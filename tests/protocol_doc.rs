@@ -14,6 +14,8 @@
 //! reply. When an example is missing or wrong, the failure prints the bytes
 //! the codec produces for it, ready to be annotated and pasted into the doc.
 
+mod common;
+
 use runnel::codec::*;
 use runnel::limits::Limits;
 
@@ -505,4 +507,23 @@ fn limits_table_matches_the_defaults() {
         let flag = format!("--{}", name.replace('_', "-"));
         assert_eq!(row.get(2), Some(&flag), "flag of {name} in the limits table");
     }
+}
+
+/// Every STATS key a broker sends, broker-wide and per topic, has a row in
+/// the doc's STATS tables.
+#[test]
+fn stats_tables_name_every_key() {
+    let doc = doc();
+    let (srv, _dir) = common::Server::start(runnel::broker::Config::default());
+    let mut c = srv.client();
+    c.produce("t", b"one").expect("produce");
+    let sections = c.stats(None).expect("stats");
+    assert!(sections.len() >= 2, "setup: the broker section and topic t, got {sections:?}");
+    let missing: Vec<String> = sections
+        .iter()
+        .flat_map(|(name, kvs)| kvs.iter().map(move |(k, _)| (name.clone(), k.clone())))
+        .filter(|(_, k)| !doc.contains(&format!("| `{k}` |")))
+        .map(|(name, k)| format!("{k} (section {name:?})"))
+        .collect();
+    assert!(missing.is_empty(), "STATS keys missing from docs/protocol.md: {missing:?}");
 }

@@ -17,6 +17,7 @@ use common::TempDir;
 use runnel::broker::{Broker, Config, Now, Outbox, Outcome, Session};
 use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Ids, Reply, ReplyFrame, Request};
 use runnel::log::{LogOptions, SegmentFile};
+use std::os::unix::fs::FileExt;
 
 /// What the faulty file does next.
 const OK: u8 = 0;
@@ -31,14 +32,14 @@ struct Faulty {
 }
 
 impl SegmentFile for Faulty {
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+    fn write_all_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()> {
         match self.mode.load(Ordering::SeqCst) {
             FAIL_WRITE => Err(io::Error::other("injected: no space left on device")),
             TORN_WRITE => {
-                io::Write::write_all(&mut self.file, &buf[..buf.len() / 2])?;
+                FileExt::write_all_at(&self.file, &buf[..buf.len() / 2], offset)?;
                 Err(io::Error::other("injected: I/O error after a partial write"))
             }
-            _ => io::Write::write_all(&mut self.file, buf),
+            _ => FileExt::write_all_at(&self.file, buf, offset),
         }
     }
     fn sync_data(&mut self) -> io::Result<()> {
@@ -49,6 +50,9 @@ impl SegmentFile for Faulty {
     }
     fn set_len(&mut self, len: u64) -> io::Result<()> {
         self.file.set_len(len)
+    }
+    fn reserve(&mut self, len: u64) -> io::Result<()> {
+        SegmentFile::reserve(&mut self.file, len)
     }
 }
 
@@ -77,7 +81,7 @@ impl Harness {
         let broker = match mode {
             Some(mode) => {
                 let opener = Box::new(move |p: &Path| -> io::Result<Box<dyn SegmentFile>> {
-                    let file = std::fs::OpenOptions::new().create(true).append(true).open(p)?;
+                    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(p)?;
                     Ok(Box::new(Faulty { file, mode: mode.clone() }))
                 });
                 Broker::open_with(Config::default(), dir, LogOptions::default(), opener, now)

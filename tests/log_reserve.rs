@@ -1,0 +1,160 @@
+//! Space reserved ahead of the writes (docs/log-format.md, "Reserved
+//! space"): the active segment's file is longer than its records, the
+//! zeros after them are not damage, a closed segment keeps none, and a
+//! zero block left inside the last turn by a machine crash is a torn tail
+//! while the same block of junk is corruption.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use common::TempDir;
+use runnel::log::{FsyncMode, Log, LogOptions, OpenError, RECORD_HEADER_BYTES, RecordKind};
+
+/// Body bytes of each test record: with the header, 100 bytes, so records
+/// straddle 4 KiB blocks at varying offsets.
+const BODY_BYTES: usize = 88;
+
+fn options(segment_bytes_max: u64) -> LogOptions {
+    LogOptions { segment_bytes_max, fsync: FsyncMode::Turn, repair: false }
+}
+
+/// A reopened log and the record bodies it replayed.
+type Opened = Result<(Log, Vec<Vec<u8>>), OpenError>;
+
+/// Opens the log in `dir` and returns it with the bodies it replayed.
+fn open(dir: &Path, segment_bytes_max: u64) -> Opened {
+    let mut bodies = Vec::new();
+    let (log, _) = Log::open(dir, options(segment_bytes_max), |r| {
+        bodies.push(r.body.to_vec());
+        Ok(())
+    })?;
+    Ok((log, bodies))
+}
+
+/// A record body numbered `n`: its number, then filler that is never zero.
+fn body(n: u32) -> Vec<u8> {
+    let mut b = n.to_le_bytes().to_vec();
+    b.resize(BODY_BYTES, 0xa5);
+    b
+}
+
+/// Appends records `from..to`, one commit of `per_turn` records at a time.
+fn write(log: &mut Log, from: u32, to: u32, per_turn: u32) {
+    let mut n = from;
+    while n < to {
+        for _ in 0..per_turn.min(to - n) {
+            let start = log.begin(RecordKind::Produce);
+            log.body().extend_from_slice(&body(n));
+            log.end(start);
+            n += 1;
+        }
+        log.commit(true).expect("commit");
+    }
+}
+
+fn segment_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn record_bytes(n: u32) -> u64 {
+    u64::from(n) * (RECORD_HEADER_BYTES + BODY_BYTES) as u64
+}
+
+#[test]
+fn active_segment_is_reserved_ahead_and_its_zeros_are_not_damage() {
+    let dir = TempDir::new("reserve-tail");
+    let (mut log, _) = open(dir.path(), 64 << 20).expect("open");
+    write(&mut log, 0, 50, 1);
+    drop(log);
+    let seg = segment_files(dir.path()).pop().expect("a segment");
+    let len = fs::metadata(&seg).expect("metadata").len();
+    assert!(len > record_bytes(50), "the file ({len} bytes) reserves space past its {} record bytes", record_bytes(50));
+    let (mut log, bodies) = open(dir.path(), 64 << 20).expect("reserved zeros are not damage");
+    assert_eq!(bodies, (0..50).map(body).collect::<Vec<_>>(), "every record replayed, nothing more");
+    assert_eq!(log.bytes(), record_bytes(50), "the log's size counts records, not reserved space");
+    // Appending after a restart writes right after the records, not after
+    // the reserved space.
+    write(&mut log, 50, 60, 1);
+    drop(log);
+    let (_, bodies) = open(dir.path(), 64 << 20).expect("reopen");
+    assert_eq!(bodies, (0..60).map(body).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_closed_segment_ends_where_its_records_do() {
+    let dir = TempDir::new("reserve-roll");
+    // 20 records a turn (2,000 bytes): turns roll the 8 KiB segments.
+    let (mut log, _) = open(dir.path(), 8192).expect("open");
+    write(&mut log, 0, 200, 20);
+    let segments = log.segments().to_vec();
+    drop(log);
+    let files = segment_files(dir.path());
+    assert_eq!(files.len(), segments.len());
+    assert!(segments.len() > 2, "setup: several segments");
+    for (s, f) in segments.iter().zip(&files).take(segments.len() - 1) {
+        assert_eq!(
+            fs::metadata(f).expect("metadata").len(),
+            s.bytes,
+            "closed segment {} keeps no reserved space",
+            s.base
+        );
+    }
+    let (_, bodies) = open(dir.path(), 8192).expect("reopen");
+    assert_eq!(bodies.len(), 200);
+}
+
+/// Writes 300 records (30,000 bytes) in one segment, then overwrites the
+/// aligned 4 KiB block at 8192 with `fill` and reopens.
+fn with_block(fill: u8) -> (TempDir, Opened) {
+    let dir = TempDir::new("reserve-hole");
+    let (mut log, _) = open(dir.path(), 64 << 20).expect("open");
+    write(&mut log, 0, 300, 300);
+    drop(log);
+    let seg = segment_files(dir.path()).pop().expect("a segment");
+    let mut data = fs::read(&seg).expect("read");
+    data[8192..12288].fill(fill);
+    fs::write(&seg, &data).expect("write");
+    let opened = open(dir.path(), 64 << 20);
+    (dir, opened)
+}
+
+#[test]
+fn a_zero_block_inside_the_last_turn_is_a_torn_tail() {
+    // What a machine crash can leave: later blocks of an unsynced write on
+    // disk, an earlier block of reserved space still zeros.
+    let (dir, opened) = with_block(0);
+    let (log, bodies) = opened.unwrap_or_else(|e| panic!("a zero block in the last segment is a torn tail: {e}"));
+    // Records wholly before byte 8192 survive: 81 of 100 bytes each.
+    let whole = (8192 / (RECORD_HEADER_BYTES + BODY_BYTES)) as u32;
+    assert_eq!(bodies, (0..whole).map(body).collect::<Vec<_>>(), "the prefix before the hole, nothing after it");
+    assert_eq!(log.bytes(), record_bytes(whole));
+    drop(log);
+    let seg = segment_files(dir.path()).pop().expect("a segment");
+    assert_eq!(fs::metadata(&seg).expect("metadata").len(), record_bytes(whole), "cut at the damaged record");
+}
+
+#[test]
+fn a_junk_block_followed_by_records_is_corruption() {
+    let (_dir, opened) = with_block(0xff);
+    match opened {
+        Err(OpenError::Corrupt { offset, .. }) => {
+            assert_eq!(
+                offset,
+                record_bytes((8192 / (RECORD_HEADER_BYTES + BODY_BYTES)) as u32),
+                "names the damaged record"
+            )
+        }
+        Err(e) => panic!("expected OpenError::Corrupt, got {e}"),
+        Ok((_, bodies)) => {
+            panic!("junk followed by whole records must stop start-up; it replayed {} records", bodies.len())
+        }
+    }
+}
