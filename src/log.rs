@@ -611,14 +611,17 @@ impl Log {
         let at = self.segments.last().map_or(0, |s| s.bytes);
         let end = at + self.buf.len() as u64;
         let Some(f) = self.active.as_mut() else { unreachable!("opened above") };
-        if end > self.reserved_bytes {
-            let want = end.next_multiple_of(RESERVE_AHEAD_BYTES).min(self.options.segment_bytes_max).max(end);
+        // A turn that takes the segment past its size is written as a plain
+        // append: the segment closes after it.
+        if end > self.reserved_bytes && end <= self.options.segment_bytes_max {
+            let want = end.next_multiple_of(RESERVE_AHEAD_BYTES).min(self.options.segment_bytes_max);
             match f.reserve(want) {
                 Ok(()) => self.reserved_bytes = want,
                 Err(e) => {
-                    // Appends still work; they just sync the size too.
+                    // Appends still work; they just sync the size too. Not
+                    // retried before the next segment.
                     log::debug!("commit log: cannot reserve {want} bytes of the active segment: {e}");
-                    self.reserved_bytes = end;
+                    self.reserved_bytes = self.options.segment_bytes_max;
                 }
             }
         }
@@ -645,10 +648,8 @@ impl Log {
         let bytes = self.segments.last().map_or(0, |s| s.bytes);
         if let Some(f) = self.active.as_mut() {
             // A closed segment keeps no reserved space: its file ends where
-            // its records do.
-            if self.reserved_bytes > bytes {
-                f.set_len(bytes)?;
-            }
+            // its records do (also space reserved before a restart).
+            f.set_len(bytes)?;
             // The next fdatasync covers only the new file: sync the old one now.
             if self.unsynced_bytes > 0 && self.options.fsync == FsyncMode::Turn {
                 f.sync_data()?;
