@@ -600,7 +600,7 @@ impl Broker {
 
     /// Whether background work (compaction) wants another turn soon.
     pub fn busy(&self) -> bool {
-        self.compactor.busy()
+        self.compactor.busy() || self.log.releasing()
     }
     /// Number of topics (dead-letter topics included).
     pub fn topic_count(&self) -> usize {
@@ -1195,6 +1195,9 @@ impl Broker {
     /// the durable ones with STORAGE errors and withdraws their messages —
     /// then publishes this turn's messages and serves parked FETCHes.
     pub fn commit(&mut self, now: Now, outbox: &mut impl Outbox) -> TurnReport {
+        if let Err(e) = self.log.release_step() {
+            log::warn!("compaction could not release a removed segment's space: {e}");
+        }
         self.compact_step();
         let mut report = TurnReport::default();
         let sync = self.sync_wanted();

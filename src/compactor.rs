@@ -196,7 +196,8 @@ impl Broker {
     /// The oldest segment, if the log is due for cleaning.
     fn compaction_due(&mut self) -> Option<u64> {
         let segments = self.log.segments();
-        if segments.len() < 3 {
+        // One removed segment's space is released at a time.
+        if segments.len() < 3 || self.log.releasing() {
             return None;
         }
         if self.compactor.countdown > 0 {

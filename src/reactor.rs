@@ -16,7 +16,8 @@
 //!    waits that passed;
 //! 5. **commit**: if this turn will `fdatasync`, first flush the replies
 //!    that do not depend on it (deliveries of messages made durable in
-//!    earlier turns, acks, errors); then a slice of compaction appends its
+//!    earlier turns, acks, errors); then a slice of a removed segment's
+//!    space is released (256 KiB) and a slice of compaction appends its
 //!    copies (at most 256 KiB), then one write and one `fdatasync` of every
 //!    record the turn appended (group commit), then the held replies are
 //!    released — after the sync, never before, which is the durability

@@ -1,8 +1,14 @@
+//! The log's files, through `runnel::log::Log` itself.
+//!
 //! Space reserved ahead of the writes (docs/log-format.md, "Reserved
 //! space"): the active segment's file is longer than its records, the
 //! zeros after them are not damage, a closed segment keeps none, and a
 //! zero block left inside the last turn by a machine crash is a torn tail
 //! while the same block of junk is corruption.
+//!
+//! Removing a segment (docs/log-format.md, "Compaction"): the file leaves
+//! the log at once by a rename and its space is released a slice per turn;
+//! a start deletes what a stop left half released.
 
 mod common;
 
@@ -157,4 +163,72 @@ fn a_junk_block_followed_by_records_is_corruption() {
             panic!("junk followed by whole records must stop start-up; it replayed {} records", bodies.len())
         }
     }
+}
+
+fn removing_files(dir: &Path) -> Vec<(PathBuf, u64)> {
+    fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.to_str().is_some_and(|n| n.ends_with(".removing")))
+        .map(|p| {
+            let len = fs::metadata(&p).expect("metadata").len();
+            (p, len)
+        })
+        .collect()
+}
+
+/// Writes 2,000-record turns (200,000 bytes) into 1 MiB segments until
+/// there are three, and returns the log.
+fn three_segments(dir: &Path) -> Log {
+    let (mut log, _) = open(dir, 1 << 20).expect("open");
+    let mut n = 0;
+    while log.segments().len() < 3 {
+        write(&mut log, n, n + 2000, 2000);
+        n += 2000;
+    }
+    log
+}
+
+#[test]
+fn a_removed_segment_leaves_the_log_at_once_and_its_space_a_slice_per_turn() {
+    let dir = TempDir::new("release");
+    let mut log = three_segments(dir.path());
+    let oldest = log.segments()[0].clone();
+    assert!(oldest.bytes > 3 * (256 << 10), "setup: a segment of several slices");
+    log.remove_oldest(oldest.base).expect("remove");
+    assert_eq!(log.segments().len(), 2);
+    assert!(!segment_files(dir.path()).iter().any(|p| p.ends_with(format!("{:020}.log", oldest.base))), "renamed away");
+    assert!(log.releasing());
+    let mut lens = vec![removing_files(dir.path())[0].1];
+    assert_eq!(lens[0], oldest.bytes, "renamed whole");
+    while log.releasing() {
+        log.release_step().expect("release step");
+        lens.push(removing_files(dir.path()).first().map_or(0, |f| f.1));
+        assert!(lens.len() < 100, "release never ends: {lens:?}");
+    }
+    assert!(lens.windows(2).all(|w| w[1] < w[0]), "each step releases some: {lens:?}");
+    assert!(lens.windows(2).all(|w| w[0] - w[1] <= 256 << 10), "no step releases more than a slice: {lens:?}");
+    assert_eq!(lens.last(), Some(&0));
+    assert!(removing_files(dir.path()).is_empty(), "the file is gone once empty");
+}
+
+#[test]
+fn a_start_deletes_a_half_released_segment_and_does_not_replay_it() {
+    let dir = TempDir::new("release-restart");
+    let mut log = three_segments(dir.path());
+    let oldest = log.segments()[0].clone();
+    let first_kept = log.segments()[1].base;
+    log.remove_oldest(oldest.base).expect("remove");
+    log.release_step().expect("release step");
+    drop(log);
+    assert_eq!(removing_files(dir.path()).len(), 1, "setup: a stop in the middle of a release");
+    let (log, bodies) = open(dir.path(), 1 << 20).expect("reopen");
+    assert!(removing_files(dir.path()).is_empty(), "deleted at start");
+    assert_eq!(log.segments()[0].base, first_kept);
+    let first = u32::from_le_bytes(bodies[0][..4].try_into().expect("4 bytes"));
+    assert_eq!(
+        u64::from(first),
+        oldest.bytes / (RECORD_HEADER_BYTES + BODY_BYTES) as u64,
+        "replay starts after the removed segment"
+    );
 }
