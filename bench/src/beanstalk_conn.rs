@@ -73,14 +73,24 @@ fn parse(b: &[u8]) -> Result<Option<(Reply, usize)>, String> {
 
 /// Reads one whole reply. Bodies are returned as ranges of `w.input()`
 /// before the reply is consumed, so the caller copies what it needs via `f`.
-fn reply<T>(w: &mut Wire, mut f: impl FnMut(&Reply, &[u8]) -> T) -> Result<T, String> {
+fn reply<T>(w: &mut Wire, f: impl FnMut(&Reply, &[u8]) -> T) -> Result<T, String> {
+    reply_or_not(w, true, f)?.ok_or_else(|| "beanstalkd: no reply".into())
+}
+
+/// `reply`, or with `block` false, only what has arrived: Ok(None) if the
+/// whole reply is not there yet.
+fn reply_or_not<T>(w: &mut Wire, block: bool, mut f: impl FnMut(&Reply, &[u8]) -> T) -> Result<Option<T>, String> {
     loop {
         if let Some((r, n)) = parse(w.input())? {
             let v = f(&r, w.input());
             w.consume(n);
-            return Ok(v);
+            return Ok(Some(v));
         }
-        w.fill()?;
+        if block {
+            w.fill()?;
+        } else if !w.fill_now()? {
+            return Ok(None);
+        }
     }
 }
 
@@ -161,6 +171,21 @@ pub struct BeanstalkConsumer {
     pending: Vec<u64>,
     /// Extra reserves to pipeline after the first job of the next round.
     extra: u32,
+    /// Busy polling: where the round is.
+    round: Round,
+}
+
+/// Busy polling: a round is `next`'s exchange, one reply at a time: the
+/// previous round's deletes and a reserve that may wait, in one write;
+/// once that reserve brings a job, `extras` reserves with timeout 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Round {
+    /// Nothing outstanding.
+    Idle,
+    /// `deletes` delete replies, then the first reserve's, to come.
+    First { deletes: usize },
+    /// `left` of `sent` extra reserves to be answered; `got` brought jobs.
+    Extras { sent: u32, left: u32, got: u32 },
 }
 
 impl BeanstalkConsumer {
@@ -168,7 +193,7 @@ impl BeanstalkConsumer {
         let mut wire = Wire::connect(addr, "beanstalkd")?;
         setup(&mut wire, &format!("watch {tube}\r\n"))?;
         setup(&mut wire, "ignore default\r\n")?;
-        Ok(BeanstalkConsumer { wire, pending: Vec::new(), extra: EXTRA_RESERVES_START })
+        Ok(BeanstalkConsumer { wire, pending: Vec::new(), extra: EXTRA_RESERVES_START, round: Round::Idle })
     }
 
     fn queue_deletes(&mut self) -> usize {
@@ -190,8 +215,14 @@ impl BeanstalkConsumer {
 
     /// Reads one reserve reply; true if it carried a job.
     fn recv_reserve(&mut self, on_msg: &mut dyn FnMut(&[u8])) -> Result<bool, String> {
+        Ok(self.take_reserve(true, on_msg)?.unwrap_or(false))
+    }
+
+    /// One reserve reply (with `block` false, only if it has all arrived:
+    /// None if not); Some(true) if it carried a job.
+    fn take_reserve(&mut self, block: bool, on_msg: &mut dyn FnMut(&[u8])) -> Result<Option<bool>, String> {
         let pending = &mut self.pending;
-        reply(&mut self.wire, |r, input| match r {
+        let r = reply_or_not(&mut self.wire, block, |r, input| match r {
             Reply::Reserved { id, body } => {
                 on_msg(&input[body.clone()]);
                 pending.push(*id);
@@ -199,7 +230,67 @@ impl BeanstalkConsumer {
             }
             Reply::TimedOut | Reply::DeadlineSoon => Ok(false),
             other => Err(format!("beanstalkd: unexpected reply to reserve: {other:?}")),
-        })?
+        })?;
+        r.transpose()
+    }
+
+    /// The extra reserves to ask for after a round whose `sent` extras
+    /// brought `got` jobs: twice as many if all were there, else what was
+    /// there and one more.
+    fn next_extra(&mut self, sent: u32, got: u32, max: u32) {
+        self.extra = if got == sent { (sent * 2).min(max.saturating_sub(1)).max(1) } else { got + 1 };
+    }
+
+    /// Busy polling: takes the replies of the round as far as they have
+    /// arrived (with `block`, waiting for them), sending the extra reserves
+    /// when the first brings a job. Returns the jobs delivered and whether
+    /// the round is over.
+    fn advance(&mut self, block: bool, max: u32, on_msg: &mut dyn FnMut(&[u8])) -> Result<(usize, bool), String> {
+        let mut got = 0;
+        loop {
+            match self.round {
+                Round::Idle => return Ok((got, true)),
+                Round::First { deletes } if deletes > 0 => {
+                    let Some(deleted) = reply_or_not(&mut self.wire, block, |r, _| matches!(r, Reply::Deleted))? else {
+                        return Ok((got, false));
+                    };
+                    if !deleted {
+                        return Err("beanstalkd: unexpected reply to delete".into());
+                    }
+                    if deletes == 1 {
+                        // The round's jobs are not in yet: all of pending was deleted.
+                        self.pending.clear();
+                    }
+                    self.round = Round::First { deletes: deletes - 1 };
+                }
+                Round::First { .. } => {
+                    let Some(job) = self.take_reserve(block, on_msg)? else { return Ok((got, false)) };
+                    let extra = self.extra.min(max.saturating_sub(1));
+                    if !job || extra == 0 {
+                        got += usize::from(job);
+                        self.round = Round::Idle;
+                        continue;
+                    }
+                    got += 1;
+                    for _ in 0..extra {
+                        self.wire.out.extend_from_slice(b"reserve-with-timeout 0\r\n");
+                    }
+                    self.wire.flush()?;
+                    self.round = Round::Extras { sent: extra, left: extra, got: 0 };
+                }
+                Round::Extras { sent, left, got: extras_got } => {
+                    let Some(job) = self.take_reserve(block, on_msg)? else { return Ok((got, false)) };
+                    got += usize::from(job);
+                    let extras_got = extras_got + u32::from(job);
+                    if left == 1 {
+                        self.next_extra(sent, extras_got, max);
+                        self.round = Round::Idle;
+                    } else {
+                        self.round = Round::Extras { sent, left: left - 1, got: extras_got };
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -225,9 +316,7 @@ impl Consumer for BeanstalkConsumer {
         for _ in 0..extra {
             got += u32::from(self.recv_reserve(on_msg)?);
         }
-        // Ask for twice as many next time if all were there, else for what
-        // was there and one more.
-        self.extra = if got == extra { (extra * 2).min(max.saturating_sub(1)).max(1) } else { got + 1 };
+        self.next_extra(extra, got, max);
         Ok(1 + got as usize)
     }
 
@@ -238,6 +327,31 @@ impl Consumer for BeanstalkConsumer {
             self.recv_deletes(n)?;
         }
         Ok(())
+    }
+
+    fn poll(&mut self, max: u32, wait_ms: u32, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize, String> {
+        let (got, over) = self.advance(false, max, on_msg)?;
+        if over {
+            // The round is over (or none was sent yet): its deletes and the
+            // next waiting reserve go out in one write.
+            let deletes = self.queue_deletes();
+            let _ = write!(self.wire.out, "reserve-with-timeout {}\r\n", wait_ms.div_ceil(1000));
+            self.wire.flush()?;
+            self.round = Round::First { deletes };
+        }
+        Ok(got)
+    }
+
+    fn end_poll(&mut self, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize, String> {
+        // The round ends as `poll` would end it: if its first reserve brings
+        // a job, with the extra reserves (timeout 0) after it.
+        let (got, _) = self.advance(true, u32::MAX, on_msg)?;
+        self.ack_pending()?;
+        Ok(got)
+    }
+
+    fn fd(&self) -> RawFd {
+        self.wire.fd()
     }
 }
 
@@ -255,5 +369,54 @@ mod tests {
         assert_eq!(parse(b"INSERTED 3\r\n"), Ok(Some((Reply::Inserted, 12))));
         assert_eq!(parse(b"TIMED_OUT\r\nDELETED\r\n"), Ok(Some((Reply::TimedOut, 11))));
         assert!(parse(b"JOB_TOO_BIG\r\n").unwrap_err().contains("JOB_TOO_BIG"));
+    }
+
+    /// A beanstalkd stand-in holding three jobs: answers each command line
+    /// at once (a reserve with no job left times out at once) and returns
+    /// the ids deleted.
+    fn fake_server(listener: std::net::TcpListener) -> Result<Vec<u64>, String> {
+        use std::io::{BufRead, BufReader};
+        let (stream, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+        let mut out = stream.try_clone().map_err(|e| format!("clone: {e}"))?;
+        let mut jobs: std::collections::VecDeque<(u64, &str)> = [(7, "one"), (8, "two"), (9, "three")].into();
+        let mut deleted = Vec::new();
+        for line in BufReader::new(stream).lines() {
+            let line = line.map_err(|e| format!("read: {e}"))?;
+            let words: Vec<&str> = line.split(' ').collect();
+            let reply = match words[..] {
+                ["watch" | "ignore", _] => "WATCHING 1\r\n".to_string(),
+                ["reserve-with-timeout", _] => match jobs.pop_front() {
+                    Some((id, body)) => format!("RESERVED {id} {}\r\n{body}\r\n", body.len()),
+                    None => "TIMED_OUT\r\n".into(),
+                },
+                ["delete", id] => {
+                    deleted.push(id.parse().map_err(|_| format!("bad id in {line:?}"))?);
+                    "DELETED\r\n".into()
+                }
+                _ => return Err(format!("unexpected command {line:?}")),
+            };
+            out.write_all(reply.as_bytes()).map_err(|e| format!("write: {e}"))?;
+        }
+        Ok(deleted)
+    }
+
+    #[test]
+    fn busy_polling_delivers_and_deletes_every_job() -> Result<(), String> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
+        let addr = listener.local_addr().map_err(|e| format!("local_addr: {e}"))?;
+        let server = std::thread::spawn(move || fake_server(listener));
+        let mut c = BeanstalkConsumer::connect(addr, "t")?;
+        let mut got: Vec<Vec<u8>> = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while got.len() < 3 && std::time::Instant::now() < deadline {
+            c.poll(1024, 1000, &mut |p| got.push(p.to_vec()))?;
+        }
+        c.end_poll(&mut |p| got.push(p.to_vec()))?;
+        drop(c);
+        let mut deleted = server.join().map_err(|_| "the fake server panicked".to_string())??;
+        assert_eq!(got, [b"one".to_vec(), b"two".to_vec(), b"three".to_vec()]);
+        deleted.sort_unstable();
+        assert_eq!(deleted, [7, 8, 9]);
+        Ok(())
     }
 }

@@ -59,6 +59,22 @@ pub trait Consumer: Send {
     fn next(&mut self, max: u32, wait_ms: u32, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize, String>;
     /// Acknowledges what the last `next` delivered.
     fn ack_pending(&mut self) -> Result<(), String>;
+
+    /// Busy polling, for a client thread that never sleeps (W3B); not to be
+    /// mixed with `next`. Keeps one fetch outstanding and never waits: the
+    /// first call only sends it (a long poll of up to `wait_ms` at the
+    /// broker); later calls take whatever replies have arrived, and once the
+    /// fetch is answered, call `on_msg` with each payload, then acknowledge
+    /// them and send the next fetch in one write. Returns how many messages
+    /// were delivered (usually 0). Every complete reply that has arrived is
+    /// taken, so between calls a caller may wait for `fd` to be readable.
+    fn poll(&mut self, max: u32, wait_ms: u32, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize, String>;
+    /// Ends busy polling: waits (blocking) for the outstanding fetch, hands
+    /// its messages to `on_msg`, and acknowledges everything delivered.
+    /// Returns how many messages that last fetch delivered.
+    fn end_poll(&mut self, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize, String>;
+    /// The socket, to see whether a reply has arrived.
+    fn fd(&self) -> RawFd;
 }
 
 /// A running broker to connect to.

@@ -149,15 +149,29 @@ fn parse_read(b: &[u8], entries: &mut Vec<(Range<usize>, Range<usize>)>) -> Resu
 }
 
 /// Runs `f` on the input until it finds a whole reply, reading as needed.
-fn reply<T>(w: &mut Wire, mut f: impl FnMut(&mut Cur<'_>) -> Result<Option<T>, String>) -> Result<T, String> {
+fn reply<T>(w: &mut Wire, f: impl FnMut(&mut Cur<'_>) -> Result<Option<T>, String>) -> Result<T, String> {
+    reply_or_not(w, true, f)?.ok_or_else(|| "redis: no reply".into())
+}
+
+/// `reply`, or with `block` false, only what has arrived: Ok(None) if the
+/// whole reply is not there yet.
+fn reply_or_not<T>(
+    w: &mut Wire,
+    block: bool,
+    mut f: impl FnMut(&mut Cur<'_>) -> Result<Option<T>, String>,
+) -> Result<Option<T>, String> {
     loop {
         let mut c = Cur { b: w.input(), pos: 0 };
         if let Some(v) = f(&mut c)? {
             let n = c.pos;
             w.consume(n);
-            return Ok(v);
+            return Ok(Some(v));
         }
-        w.fill()?;
+        if block {
+            w.fill()?;
+        } else if !w.fill_now()? {
+            return Ok(None);
+        }
     }
 }
 
@@ -230,6 +244,10 @@ pub struct RedisConsumer {
     ids: Vec<u8>,
     ends: Vec<usize>,
     entries: Vec<(Range<usize>, Range<usize>)>,
+    /// Busy polling: ids in the XACK sent and not yet answered (0: none),
+    /// and whether an XREADGROUP is outstanding.
+    acks_out: usize,
+    read_out: bool,
 }
 
 impl RedisConsumer {
@@ -241,6 +259,8 @@ impl RedisConsumer {
             ids: Vec::new(),
             ends: Vec::new(),
             entries: Vec::new(),
+            acks_out: 0,
+            read_out: false,
         })
     }
 
@@ -261,19 +281,9 @@ impl RedisConsumer {
         n
     }
 
-    fn recv_ack(&mut self, sent: usize) -> Result<(), String> {
-        let acked = reply(&mut self.wire, |c| c.int())?;
-        if acked != sent as i64 {
-            return Err(format!("redis XACK acknowledged {acked} of {sent} ids"));
-        }
-        self.ids.clear();
-        self.ends.clear();
-        Ok(())
-    }
-}
-
-impl Consumer for RedisConsumer {
-    fn next(&mut self, max: u32, wait_ms: u32, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize, String> {
+    /// Writes an XACK of the pending ids (if any) and an XREADGROUP in one
+    /// write; returns how many ids the XACK holds (it is answered first).
+    fn send_ack_read(&mut self, max: u32, wait_ms: u32) -> Result<usize, String> {
         let acks = self.send_ack();
         let count = max.to_string();
         let block = wait_ms.to_string();
@@ -284,9 +294,26 @@ impl Consumer for RedisConsumer {
         args.extend([b"STREAMS".as_slice(), &self.topic, b">"]);
         command(&mut self.wire.out, &args);
         self.wire.flush()?;
-        if acks > 0 {
-            self.recv_ack(acks)?;
+        Ok(acks)
+    }
+
+    fn recv_ack(&mut self, sent: usize) -> Result<(), String> {
+        let acked = reply(&mut self.wire, |c| c.int())?;
+        self.acked(acked, sent)
+    }
+
+    fn acked(&mut self, acked: i64, sent: usize) -> Result<(), String> {
+        if acked != sent as i64 {
+            return Err(format!("redis XACK acknowledged {acked} of {sent} ids"));
         }
+        self.ids.clear();
+        self.ends.clear();
+        Ok(())
+    }
+
+    /// Takes one XREADGROUP reply (with `block` false, only if it has all
+    /// arrived: None if not), handing each payload to `on_msg`.
+    fn take_read(&mut self, block: bool, on_msg: &mut dyn FnMut(&[u8])) -> Result<Option<usize>, String> {
         loop {
             if let Some(n) = parse_read(self.wire.input(), &mut self.entries)? {
                 let input = self.wire.input();
@@ -297,10 +324,40 @@ impl Consumer for RedisConsumer {
                 }
                 let got = self.entries.len();
                 self.wire.consume(n);
-                return Ok(got);
+                return Ok(Some(got));
             }
-            self.wire.fill()?;
+            if block {
+                self.wire.fill()?;
+            } else if !self.wire.fill_now()? {
+                return Ok(None);
+            }
         }
+    }
+
+    /// Busy polling: takes the outstanding XACK's reply and then the
+    /// XREADGROUP's, as far as they have arrived (with `block`, waiting).
+    /// Returns the messages delivered, None if the read is outstanding.
+    fn take_polled(&mut self, block: bool, on_msg: &mut dyn FnMut(&[u8])) -> Result<Option<usize>, String> {
+        if self.acks_out > 0 {
+            let Some(acked) = reply_or_not(&mut self.wire, block, |c| c.int())? else { return Ok(None) };
+            let sent = std::mem::take(&mut self.acks_out);
+            self.acked(acked, sent)?;
+        }
+        let got = self.take_read(block, on_msg)?;
+        if got.is_some() {
+            self.read_out = false;
+        }
+        Ok(got)
+    }
+}
+
+impl Consumer for RedisConsumer {
+    fn next(&mut self, max: u32, wait_ms: u32, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize, String> {
+        let acks = self.send_ack_read(max, wait_ms)?;
+        if acks > 0 {
+            self.recv_ack(acks)?;
+        }
+        Ok(self.take_read(true, on_msg)?.unwrap_or(0))
     }
 
     fn ack_pending(&mut self) -> Result<(), String> {
@@ -310,6 +367,29 @@ impl Consumer for RedisConsumer {
             self.recv_ack(n)?;
         }
         Ok(())
+    }
+
+    fn poll(&mut self, max: u32, wait_ms: u32, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize, String> {
+        let got = if self.read_out { self.take_polled(false, on_msg)? } else { Some(0) };
+        match got {
+            None => Ok(0),
+            Some(n) => {
+                // Answered (or none sent yet): acknowledge and read again.
+                self.acks_out = self.send_ack_read(max, wait_ms)?;
+                self.read_out = true;
+                Ok(n)
+            }
+        }
+    }
+
+    fn end_poll(&mut self, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize, String> {
+        let n = if self.read_out { self.take_polled(true, on_msg)?.unwrap_or(0) } else { 0 };
+        self.ack_pending()?;
+        Ok(n)
+    }
+
+    fn fd(&self) -> RawFd {
+        self.wire.fd()
     }
 }
 

@@ -51,7 +51,7 @@ pub struct Report {
     pub skipped: Vec<String>,
 }
 
-const WORKLOADS: [(&str, &str); 8] = [
+const WORKLOADS: [(&str, &str); 9] = [
     ("W1", "W1: produce throughput (1 connection, closed loop)"),
     ("W2", "W2: fan-in (many connections, depth 1)"),
     ("W3", "W3: end-to-end latency, open loop"),
@@ -59,6 +59,7 @@ const WORKLOADS: [(&str, &str); 8] = [
     ("W5", "W5: backlog fill and drain"),
     ("W3C", "W3C: end-to-end latency while the log is rewritten (durable)"),
     ("W3S", "W3S: end-to-end latency with runnel's --spin-us (non-durable)"),
+    ("W3B", "W3B: end-to-end latency with a busy-polling client (non-durable; the client core is 100% busy)"),
     ("R1", "R1: recovery of a durable log after a restart"),
 ];
 
@@ -147,7 +148,7 @@ fn notes(r: &RunResult) -> String {
                 n.push(format!("no fsync; {} log writes/s, {per:.1} produces/write", fmt_count(w)));
             }
         }
-        "W3" | "W3C" | "W3S" => {
+        "W3" | "W3C" | "W3S" | "W3B" => {
             if let (Some(a), Some(b)) = (r.extra("produce_ack_p50_us"), r.extra("produce_ack_p99_us")) {
                 n.push(format!("produce acked p50 {} / p99 {}", fmt_ns((a * 1e3) as u64), fmt_ns((b * 1e3) as u64)));
             }
@@ -190,6 +191,33 @@ fn notes(r: &RunResult) -> String {
                 ));
             }
         }
+        "W3B" => {
+            if let (Some(busy), Some(per)) = (r.extra("client_cpu_busy"), r.extra("client_cpu_s_per_million")) {
+                n.push(format!(
+                    "client busy-polls, never sleeps: {:.0}% of its core ({per:.0} CPU s / 1M msgs), a turn every {:.0} ns",
+                    busy * 100.0,
+                    r.extra("client_turn_ns").unwrap_or(0.0)
+                ));
+            }
+            if let Some(k) = r.extra("client_preemptions") {
+                // A thread that never sleeps is switched out only when other
+                // work wants its core: each time, every message waits.
+                let busy = r.extra("client_cpu_busy").unwrap_or(1.0);
+                if busy < 0.9 {
+                    n.push(format!(
+                        "**client preempted** {k:.0} times (other work on its core): latency not representative"
+                    ));
+                } else {
+                    n.push(format!("client preempted {k:.0} times"));
+                }
+            }
+            if let Some(busy) = r.extra("server_cpu_busy") {
+                n.push(format!("server {:.0}% of its core", busy * 100.0));
+            }
+            if let Some(o) = r.extra("other_cpu_busy") {
+                n.push(format!("other processes (and steal) {:.1}% of a core meanwhile", o * 100.0));
+            }
+        }
         "W4" => {
             if let Some(p) = r.extra("produced_msgs_per_s") {
                 n.push(format!("produced {} msgs/s", fmt_count(p)));
@@ -226,7 +254,7 @@ fn config_key(r: &RunResult) -> (u64, u64) {
         Config::W1 { size, produce: Produce::Batch(_) } => (size as u64, u64::MAX),
         Config::W2 { conns } => (conns as u64, 0),
         Config::W3 { rate } | Config::W3Compact { rate } => (rate, 0),
-        Config::W3Spin { rate, spin_us } => (rate, u64::from(spin_us)),
+        Config::W3Spin { rate, spin_us } | Config::W3Busy { rate, spin_us } => (rate, u64::from(spin_us)),
         _ => (r.order as u64, 0),
     }
 }
@@ -451,6 +479,9 @@ pub struct Line {
     pub label: String,
     pub kind: Kind,
     pub durability: Durability,
+    /// A second line of the same broker and durability (W3B's runnel with
+    /// `--spin-us`): dotted.
+    pub variant: bool,
     pub curve: Vec<(f64, u64)>,
 }
 
@@ -464,10 +495,15 @@ fn plots(report: &Report) -> BTreeMap<String, (String, Vec<Line>)> {
         if r.phase == "drain" {
             continue;
         }
+        let variant = r.config.plot_variant();
         out.entry(key).or_insert_with(|| (title, Vec::new())).1.push(Line {
-            label: format!("{} {}", r.broker.name(), r.durability.name()),
+            label: match &variant {
+                Some(v) => format!("{} {v}", r.broker.name()),
+                None => format!("{} {}", r.broker.name(), r.durability.name()),
+            },
             kind: r.broker,
             durability: r.durability,
+            variant: variant.is_some(),
             curve: l.curve.clone(),
         });
     }
@@ -485,7 +521,7 @@ fn color(k: Kind) -> &'static str {
 const NINES_LABELS: [&str; 7] = ["0%", "90%", "99%", "99.9%", "99.99%", "99.999%", "99.9999%"];
 
 /// A percentile plot: x = nines (log of 1/(1-p)), y = latency on a log
-/// scale. Durable lines are solid, non-durable dashed.
+/// scale. Durable lines are solid, non-durable dashed, variants dotted.
 pub fn svg(title: &str, lines: &[Line]) -> String {
     let (w, h) = (860.0, 500.0);
     let (left, right, top, bottom) = (80.0, 220.0, 50.0, 60.0);
@@ -541,7 +577,13 @@ pub fn svg(title: &str, lines: &[Line]) -> String {
     let _ = writeln!(s, r##"<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>"##);
     for (i, l) in lines.iter().enumerate() {
         let pts: Vec<String> = l.curve.iter().map(|&(x, ns)| format!("{:.1},{:.1}", px(x), py(ns))).collect();
-        let dash = if l.durability == Durability::Durable { "" } else { r#" stroke-dasharray="6 4""# };
+        let dash = if l.variant {
+            r#" stroke-dasharray="2 3""#
+        } else if l.durability == Durability::Durable {
+            ""
+        } else {
+            r#" stroke-dasharray="6 4""#
+        };
         let _ = writeln!(
             s,
             r#"<polyline fill="none" stroke="{}" stroke-width="2"{dash} points="{}"/>"#,
@@ -606,6 +648,7 @@ mod tests {
             label: "x".into(),
             kind: k,
             durability: Durability::Durable,
+            variant: false,
             curve: vec![(0.0, 1000), (1.0, 5000), (2.5, 90_000)],
         };
         let s = svg("t <1>", &[line(Kind::Runnel), line(Kind::Redis)]);

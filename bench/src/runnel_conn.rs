@@ -92,11 +92,21 @@ pub struct RunnelConsumer {
     pending: Vec<u64>,
     /// Scratch for the ACK body.
     body: Vec<u8>,
+    /// Busy polling: an ACK, and a FETCH, sent and not yet answered.
+    ack_out: bool,
+    fetch_out: bool,
 }
 
 impl RunnelConsumer {
     pub fn connect(addr: SocketAddr, topic: &str) -> Result<RunnelConsumer, String> {
-        Ok(RunnelConsumer { client: connect(addr)?, topic: topic.to_string(), pending: Vec::new(), body: Vec::new() })
+        Ok(RunnelConsumer {
+            client: connect(addr)?,
+            topic: topic.to_string(),
+            pending: Vec::new(),
+            body: Vec::new(),
+            ack_out: false,
+            fetch_out: false,
+        })
     }
 
     /// Queues an ACK of the pending ids; true if one was queued.
@@ -110,8 +120,28 @@ impl RunnelConsumer {
         true
     }
 
+    /// Writes an ACK of the pending ids (if any) and a FETCH in one write;
+    /// true if an ACK went out (it is answered first).
+    fn send_ack_fetch(&mut self, max: u32, wait_ms: u32) -> Result<bool, String> {
+        let acked = self.send_ack();
+        self.client.send(&Request::Fetch {
+            topic: &self.topic,
+            max_messages: max,
+            max_bytes: 0,
+            wait_ms,
+            ack_timeout_ms: 0,
+        });
+        self.client.flush().map_err(|e| format!("runnel: {e}"))?;
+        Ok(acked)
+    }
+
     fn recv_ack(&mut self) -> Result<(), String> {
-        match self.client.recv() {
+        let reply = self.client.recv();
+        self.acked(reply)
+    }
+
+    fn acked(&mut self, reply: Result<OwnedReply, Error>) -> Result<(), String> {
+        match reply {
             Ok(OwnedReply::Ids(r)) if r.failed.is_empty() => {
                 self.pending.clear();
                 Ok(())
@@ -123,24 +153,10 @@ impl RunnelConsumer {
             Err(e) => Err(format!("runnel ACK: {e}")),
         }
     }
-}
 
-impl Consumer for RunnelConsumer {
-    fn next(&mut self, max: u32, wait_ms: u32, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize, String> {
-        // ACK and FETCH go out in one write; the ACK is answered first.
-        let acked = self.send_ack();
-        self.client.send(&Request::Fetch {
-            topic: &self.topic,
-            max_messages: max,
-            max_bytes: 0,
-            wait_ms,
-            ack_timeout_ms: 0,
-        });
-        self.client.flush().map_err(|e| format!("runnel: {e}"))?;
-        if acked {
-            self.recv_ack()?;
-        }
-        match self.client.recv() {
+    /// Hands a FETCH reply's messages to `on_msg`; they become pending.
+    fn fetched(&mut self, reply: Result<OwnedReply, Error>, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize, String> {
+        match reply {
             Ok(OwnedReply::Messages { messages, .. }) => {
                 for m in &messages {
                     on_msg(&m.payload);
@@ -153,12 +169,82 @@ impl Consumer for RunnelConsumer {
         }
     }
 
+    /// Busy polling: takes the replies that have arrived (all of them, when
+    /// `block` is false: the socket is non-blocking around the `recv`s, and
+    /// a WouldBlock leaves the client's buffers as they were) until the
+    /// outstanding FETCH is answered; with `block`, waits for it. Returns
+    /// the messages delivered, None if the FETCH is still outstanding.
+    fn take_fetch(&mut self, block: bool, on_msg: &mut dyn FnMut(&[u8])) -> Result<Option<usize>, String> {
+        if !block {
+            self.client.stream().set_nonblocking(true).map_err(|e| format!("runnel: {e}"))?;
+        }
+        let mut result = Ok(None);
+        while self.fetch_out {
+            let reply = self.client.recv();
+            // (Blocking, a WouldBlock is the read timeout: an error.)
+            if let Err(Error::Io(e)) = &reply
+                && e.kind() == io::ErrorKind::WouldBlock
+                && !block
+            {
+                break;
+            }
+            if self.ack_out {
+                self.ack_out = false;
+                if let Err(e) = self.acked(reply) {
+                    result = Err(e);
+                    break;
+                }
+            } else {
+                self.fetch_out = false;
+                result = self.fetched(reply, on_msg).map(Some);
+            }
+        }
+        if !block {
+            self.client.stream().set_nonblocking(false).map_err(|e| format!("runnel: {e}"))?;
+        }
+        result
+    }
+}
+
+impl Consumer for RunnelConsumer {
+    fn next(&mut self, max: u32, wait_ms: u32, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize, String> {
+        // ACK and FETCH go out in one write; the ACK is answered first.
+        if self.send_ack_fetch(max, wait_ms)? {
+            self.recv_ack()?;
+        }
+        let reply = self.client.recv();
+        self.fetched(reply, on_msg)
+    }
+
     fn ack_pending(&mut self) -> Result<(), String> {
         if self.send_ack() {
             self.client.flush().map_err(|e| format!("runnel: {e}"))?;
             self.recv_ack()?;
         }
         Ok(())
+    }
+
+    fn poll(&mut self, max: u32, wait_ms: u32, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize, String> {
+        let got = if self.fetch_out { self.take_fetch(false, on_msg)? } else { Some(0) };
+        match got {
+            None => Ok(0),
+            Some(n) => {
+                // Answered (or none sent yet): acknowledge and fetch again.
+                self.ack_out = self.send_ack_fetch(max, wait_ms)?;
+                self.fetch_out = true;
+                Ok(n)
+            }
+        }
+    }
+
+    fn end_poll(&mut self, on_msg: &mut dyn FnMut(&[u8])) -> Result<usize, String> {
+        let n = if self.fetch_out { self.take_fetch(true, on_msg)?.unwrap_or(0) } else { 0 };
+        self.ack_pending()?;
+        Ok(n)
+    }
+
+    fn fd(&self) -> RawFd {
+        self.client.stream().as_raw_fd()
     }
 }
 

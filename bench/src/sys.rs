@@ -135,6 +135,45 @@ pub fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
     }
 }
 
+/// Which of `fds` are readable (or closed, or in error) right now, without
+/// waiting: one `poll` with a zero timeout, no allocation. A busy-polling
+/// loop calls this once per turn instead of one read attempt per socket.
+pub fn readable_now<const N: usize>(fds: [RawFd; N]) -> io::Result<[bool; N]> {
+    let mut pfds = fds.map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+    // SAFETY: `pfds` holds N entries and lives across the call.
+    let r = unsafe { libc::poll(pfds.as_mut_ptr(), N as libc::nfds_t, 0) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted { Ok([false; N]) } else { Err(e) };
+    }
+    Ok(pfds.map(|p| p.revents != 0))
+}
+
+/// CPU seconds (user + system) the calling thread has used so far.
+pub fn thread_cpu_seconds() -> io::Result<f64> {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` lives across the call, which only writes it.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9)
+}
+
+/// Times the calling thread was preempted so far (involuntary context
+/// switches, `getrusage(RUSAGE_THREAD)`): a thread that never sleeps is
+/// switched out only when other work wants its core.
+pub fn thread_preemptions() -> io::Result<u64> {
+    // SAFETY: all zeroes is a valid rusage, which the call only writes.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` lives across the call.
+    let r = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ru.ru_nivcsw as u64)
+}
+
 /// A level-triggered epoll set: one token per socket.
 pub struct Epoll {
     fd: RawFd,
@@ -206,6 +245,23 @@ pub fn cpu_seconds(pid: u32) -> io::Result<f64> {
     // After ')' the first field is field 3 (state): utime is 14, stime 15.
     let ticks = field(14 - 3)? + field(15 - 3)?;
     Ok(ticks as f64 / clock_ticks_per_sec() as f64)
+}
+
+/// CPU seconds every core of the machine has spent running processes, or
+/// stolen by the hypervisor, so far (user, nice, system and steal of
+/// /proc/stat's `cpu` line; not irq and softirq, where a kernel that
+/// accounts them apart puts the loopback traffic of the bench itself): with
+/// the bench's and the server's own CPU taken away, what else ran.
+pub fn machine_busy_seconds() -> io::Result<f64> {
+    let stat = fs::read_to_string("/proc/stat")?;
+    let line = stat
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "/proc/stat has no cpu line"))?;
+    let f: Vec<u64> = line.split_whitespace().skip(1).map(|v| v.parse().unwrap_or(0)).collect();
+    // user nice system idle iowait irq softirq steal ...
+    let busy: u64 = [0, 1, 2, 7].iter().filter_map(|&i| f.get(i)).sum();
+    Ok(busy as f64 / clock_ticks_per_sec() as f64)
 }
 
 /// A `Vm*` line of /proc/PID/status (VmRSS, VmHWM), in bytes.

@@ -14,6 +14,9 @@
 //!   runnel compacting (1 MiB segments, a backlog of unacknowledged
 //!   messages spread over old segments), Redis running BGREWRITEAOF.
 //! - W3S: W3 for runnel non-durable with `--spin-us` 0, 50 and 200.
+//! - W3B: W3 non-durable with a busy-polling client: one thread for both
+//!   connections that never sleeps (its core 100% busy by design); runnel
+//!   also with `--spin-us 200`, so both sides busy-poll.
 //! - R1: recovery: fill a durable runnel with a large log, restart it
 //!   (page cache warm, then dropped), time until it answers a PING.
 
@@ -156,6 +159,12 @@ pub enum Config {
         rate: u64,
         spin_us: u32,
     },
+    /// W3 with a busy-polling client (one thread, never sleeping), and
+    /// runnel's `--spin-us` (0 for every broker; more for runnel only).
+    W3Busy {
+        rate: u64,
+        spin_us: u32,
+    },
     /// Recovery of a durable log of `log_bytes` after a restart.
     R1 {
         log_bytes: u64,
@@ -183,8 +192,11 @@ const W3C_CHURN_PER_IDLE: u64 = 10;
 const W3C_ROUNDS: u64 = 20;
 /// R1: message size.
 const R1_SIZE: usize = 1024;
+/// W3B: runnel's `--spin-us` beside the plain loop, so the server
+/// busy-polls too (200 µs covers the 100 µs between messages at 10k/s).
+const W3B_SPIN_US: u32 = 200;
 /// All the workload ids, in the order they run.
-pub const WORKLOADS: [&str; 8] = ["W1", "W2", "W3", "W4", "W5", "W3C", "W3S", "R1"];
+pub const WORKLOADS: [&str; 9] = ["W1", "W2", "W3", "W4", "W5", "W3C", "W3S", "W3B", "R1"];
 
 impl Config {
     pub fn workload(&self) -> &'static str {
@@ -196,6 +208,7 @@ impl Config {
             Config::W5 => "W5",
             Config::W3Compact { .. } => "W3C",
             Config::W3Spin { .. } => "W3S",
+            Config::W3Busy { .. } => "W3B",
             Config::R1 { .. } => "R1",
         }
     }
@@ -228,6 +241,15 @@ impl Config {
                 }
                 v
             }
+            "W3B" => {
+                let mut v = Vec::new();
+                for rate in [1_000, 10_000] {
+                    for spin_us in [0, W3B_SPIN_US] {
+                        v.push(Config::W3Busy { rate, spin_us });
+                    }
+                }
+                v
+            }
             "R1" => vec![Config::R1 { log_bytes: scale.r1_log_bytes }],
             _ => Vec::new(),
         }
@@ -241,6 +263,8 @@ impl Config {
             }
             // beanstalkd has no log rewrite to compare with.
             Config::W3Compact { .. } => kind != Kind::Beanstalkd,
+            // `--spin-us` is runnel's; every broker runs the plain loop.
+            Config::W3Busy { spin_us, .. } => *spin_us == 0 || kind == Kind::Runnel,
             _ => true,
         }
     }
@@ -250,7 +274,7 @@ impl Config {
     /// 10M puts would take hours).
     pub fn durabilities(&self) -> &'static [Durability] {
         match self {
-            Config::W5 | Config::W3Spin { .. } => &[Durability::Volatile],
+            Config::W5 | Config::W3Spin { .. } | Config::W3Busy { .. } => &[Durability::Volatile],
             Config::W3Compact { .. } | Config::R1 { .. } => &[Durability::Durable],
             _ => &Durability::ALL,
         }
@@ -269,7 +293,7 @@ impl Config {
             (Config::W3Compact { .. }, Kind::Runnel) => {
                 vec!["--segment-bytes-max".into(), W3C_SEGMENT_BYTES.to_string()]
             }
-            (Config::W3Spin { spin_us, .. }, Kind::Runnel) if *spin_us > 0 => {
+            (Config::W3Spin { spin_us, .. } | Config::W3Busy { spin_us, .. }, Kind::Runnel) if *spin_us > 0 => {
                 vec!["--spin-us".into(), spin_us.to_string()]
             }
             // The whole log stays queued, above the default depth limits.
@@ -304,6 +328,14 @@ impl Config {
             Config::W3Spin { rate, spin_us } => {
                 format!("{} msgs/s open loop, {SIZE} B, --spin-us {spin_us}", rate_label(rate))
             }
+            Config::W3Busy { rate, spin_us: 0 } => format!(
+                "{} msgs/s open loop, {SIZE} B, busy-polling client (1 thread, its core 100% busy)",
+                rate_label(rate)
+            ),
+            Config::W3Busy { rate, spin_us } => format!(
+                "{} msgs/s open loop, {SIZE} B, busy-polling client (1 thread, its core 100% busy) + server --spin-us {spin_us}",
+                rate_label(rate)
+            ),
             Config::R1 { log_bytes } => {
                 format!("{} MiB log of {} B messages", log_bytes >> 20, size_label(R1_SIZE))
             }
@@ -332,6 +364,23 @@ impl Config {
                     rate_label(rate)
                 ),
             )),
+            Config::W3Busy { rate, .. } => Some((
+                format!("w3b-{}", rate_label(rate)),
+                format!(
+                    "W3B: end to end from intended send, {} msgs/s, non-durable, busy-polling client",
+                    rate_label(rate)
+                ),
+            )),
+            _ => None,
+        }
+    }
+
+    /// What tells this configuration's line apart from the other lines of
+    /// its plot of the same broker: the line's label is the broker and this
+    /// (instead of the durability, which is then the title's).
+    pub fn plot_variant(&self) -> Option<String> {
+        match *self {
+            Config::W3Busy { spin_us, .. } if spin_us > 0 => Some(format!("--spin-us {spin_us}")),
             _ => None,
         }
     }
@@ -438,6 +487,7 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
         Config::W4 { producers, consumers } => w4(ctx, producers, consumers).map(|r| vec![r]),
         Config::W5 => w5(ctx),
         Config::W3Compact { rate } => w3c(ctx, rate).map(|r| vec![r]),
+        Config::W3Busy { rate, .. } => w3b(ctx, rate).map(|r| vec![r]),
         Config::R1 { .. } => Err("R1 restarts its server: run it with `recovery`".into()),
     }
 }
@@ -888,6 +938,213 @@ fn w3(
     }
     let mut seen = Seen::new(&[acked]);
     for q in &consumed.seqs {
+        seen.add(*q);
+    }
+    r.verify = Some(finish(ctx, &topic, seen)?);
+    Ok(r)
+}
+
+/// When W3B stopped sending.
+#[derive(Clone, Copy)]
+struct Stopped {
+    at: Instant,
+    /// Seconds of the send schedule that ran.
+    sent_secs: f64,
+    /// Acknowledged messages not yet consumed then.
+    behind: u64,
+}
+
+/// W3 with a busy-polling client: ONE thread drives both connections and
+/// never sleeps (two spinning threads on the one client core would take
+/// turns). Each turn it reads the clock, sends every message that is due,
+/// stamped with its intended send time as in `w3` (so latency is still
+/// measured from the schedule: no coordinated omission), checks both
+/// sockets with one zero-timeout `poll`, takes the produce replies and the
+/// consumer's deliveries that have arrived (non-blocking reads), and
+/// acknowledges and fetches again in one write. The consumer keeps one long
+/// poll outstanding at the broker, as in `w3`; only the waiting moved from
+/// the kernel to the client's loop. The client core is 100% busy by design:
+/// its CPU time is measured and reported beside the server's.
+fn w3b(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
+    let s = ctx.scale;
+    let topic = format!("w3b-{rate}");
+    ctx.target.prepare(&topic)?;
+    let mut p = ctx.target.producer(&topic)?;
+    let mut c = ctx.target.consumer(&topic, "c0")?;
+    let interval_ns = 1_000_000_000 / rate;
+    // Start a little ahead so set-up is not charged to the first message.
+    let start_ns = now_ns() + 5_000_000;
+    let warm_ns = start_ns + s.w3_warmup.as_nanos() as u64;
+    let end_ns = start_ns + s.w3_time.as_nanos() as u64;
+    let mut lat = Samples::default();
+    let mut seqs: Vec<u64> = Vec::new();
+    let mut on_msg = |payload: &[u8]| {
+        let now = now_ns();
+        if let Some((seq, t)) = tracker::read(payload) {
+            seqs.push(seq);
+            if t >= warm_ns {
+                lat.push(now.saturating_sub(t));
+            }
+        }
+    };
+    let cpu = CpuMeter::start(ctx.server);
+    let client_cpu_start = sys::thread_cpu_seconds().ok();
+    let preempted_start = sys::thread_preemptions().ok();
+    let machine_start = sys::machine_busy_seconds().ok();
+    let loop_start = Instant::now();
+    // The first fetch goes out now and waits at the broker.
+    c.poll(FETCH_MAX, WAIT_MS, &mut on_msg)?;
+    let mut buf = vec![b'x'; SIZE];
+    let mut intended: VecDeque<u64> = VecDeque::new();
+    let mut ack_lat = Samples::default();
+    let (mut next, mut acked, mut delivered, mut turns) = (0u64, 0u64, 0u64, 0u64);
+    let mut saturated: Option<String> = None;
+    let mut take = |n: u32, intended: &mut VecDeque<u64>, acked: &mut u64| {
+        *acked += u64::from(n);
+        if let Some(t) = intended.pop_front()
+            && t >= warm_ns
+        {
+            ack_lat.push(now_ns().saturating_sub(t));
+        }
+    };
+    let mut stopped: Option<Stopped> = None;
+    // When the last acknowledgement came (or the tail's bound passed).
+    let mut acks_done: Option<Instant> = None;
+    let mut last_delivery = Instant::now();
+    let st = loop {
+        turns += 1;
+        let now = now_ns();
+        if stopped.is_none() {
+            if now >= end_ns || saturated.is_some() {
+                stopped = Some(Stopped {
+                    at: Instant::now(),
+                    sent_secs: (now.min(end_ns).saturating_sub(start_ns)) as f64 / 1e9,
+                    behind: acked.saturating_sub(delivered),
+                });
+            } else {
+                let mut queued = false;
+                while start_ns + next * interval_ns <= now && start_ns + next * interval_ns < end_ns {
+                    let t = start_ns + next * interval_ns;
+                    tracker::stamp(&mut buf, tracker::seq(0, next), t);
+                    p.queue(&buf);
+                    intended.push_back(t);
+                    next += 1;
+                    queued = true;
+                }
+                if queued {
+                    p.flush()?;
+                }
+            }
+        }
+        let [produced, fetched] = sys::readable_now([p.fd(), c.fd()]).map_err(|e| format!("poll: {e}"))?;
+        if produced {
+            p.recv_ready(&mut |n| take(n, &mut intended, &mut acked))?;
+        }
+        if fetched {
+            let n = c.poll(FETCH_MAX, WAIT_MS, &mut on_msg)?;
+            if n > 0 {
+                delivered += n as u64;
+                last_delivery = Instant::now();
+            }
+        }
+        match stopped {
+            None => {
+                if let Some(&oldest) = intended.front() {
+                    let lag = now_ns().saturating_sub(oldest);
+                    if lag > s.w3_lag_max.as_nanos() as u64 {
+                        saturated = Some(format!(
+                            "**saturated**: {:.1} s in, the oldest unacknowledged produce was {:.1} s old; stopped sending",
+                            now_ns().saturating_sub(start_ns) as f64 / 1e9,
+                            lag as f64 / 1e9
+                        ));
+                    }
+                }
+            }
+            Some(st) => {
+                // The tail: the last acknowledgements, within a bound; then
+                // the consumer until it has them all, as `ConsumerRun`.
+                if acks_done.is_none() && (p.in_flight() == 0 || st.at.elapsed() >= s.w3_tail_max) {
+                    acks_done = Some(Instant::now());
+                }
+                if let Some(since) = acks_done
+                    && (delivered >= acked
+                        || last_delivery.elapsed() > s.drain_idle
+                        || since.elapsed() > ctx.consume_max())
+                {
+                    break st;
+                }
+            }
+        }
+    };
+    let loop_secs = loop_start.elapsed().as_secs_f64();
+    let client_cpu = match (client_cpu_start, sys::thread_cpu_seconds().ok()) {
+        (Some(a), Some(b)) => Some(b - a),
+        _ => None,
+    };
+    let preempted = match (preempted_start, sys::thread_preemptions().ok()) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+        _ => None,
+    };
+    let server_cpu = cpu.read();
+    // What else ran on the machine meanwhile (other processes, kernel
+    // threads, the hypervisor's steal): the busy loop and the server taken
+    // away.
+    let others = match (machine_start, sys::machine_busy_seconds().ok(), client_cpu, server_cpu) {
+        (Some(a), Some(b), Some(cc), Some(sc)) => Some((b - a - cc - sc).max(0.0)),
+        _ => None,
+    };
+    let abandoned = p.in_flight();
+    if abandoned > 0 && saturated.is_none() {
+        saturated = Some(format!(
+            "**saturated**: {abandoned} produces unacknowledged {:.1} s after sending stopped",
+            s.w3_tail_max.as_secs_f64()
+        ));
+    }
+    drop(p);
+    // The fetch still outstanding at the broker: its messages count too.
+    c.end_poll(&mut on_msg)?;
+    drop(c);
+    let mut r = RunResult::new(ctx, SIZE, "");
+    r.cpu_seconds = server_cpu;
+    r.seconds = st.sent_secs;
+    r.messages = acked;
+    r.latency = lat.summarize("end to end from intended send time (open loop)");
+    if let Some(a) = ack_lat.summarize("produce acknowledged, from intended send time") {
+        r.extra.push(("produce_ack_p50_us".into(), a.p50_ns as f64 / 1e3));
+        r.extra.push(("produce_ack_p99_us".into(), a.p99_ns as f64 / 1e3));
+    }
+    r.extra.push(("offered_msgs_per_s".into(), rate as f64));
+    // The busy loop's own cost: CPU of the client thread over the loop's
+    // wall time (about 1 by design), per message, and a turn's length.
+    if let Some(cc) = client_cpu {
+        r.extra.push(("client_cpu_busy".into(), cc / loop_secs));
+        r.extra.push(("client_cpu_s_per_million".into(), cc * 1e6 / acked.max(1) as f64));
+    }
+    if let Some(sc) = server_cpu {
+        r.extra.push(("server_cpu_busy".into(), sc / loop_secs));
+    }
+    r.extra.push(("client_turn_ns".into(), loop_secs * 1e9 / turns.max(1) as f64));
+    if let Some(o) = others {
+        r.extra.push(("other_cpu_busy".into(), o / loop_secs));
+    }
+    if let Some(n) = preempted {
+        r.extra.push(("client_preemptions".into(), n as f64));
+    }
+    if let Some(sat) = saturated {
+        r.notes.push(sat);
+    }
+    if abandoned > 0 {
+        r.notes.push(format!("{abandoned} unacknowledged produces not counted"));
+    }
+    let behind_s = st.behind as f64 / rate as f64;
+    if behind_s > s.w3_lag_max.as_secs_f64() {
+        r.notes.push(format!(
+            "**consumer saturated**: {} acknowledged messages ({behind_s:.1} s of sending) not yet consumed when sending stopped",
+            st.behind
+        ));
+    }
+    let mut seen = Seen::new(&[acked]);
+    for q in &seqs {
         seen.add(*q);
     }
     r.verify = Some(finish(ctx, &topic, seen)?);
