@@ -1381,10 +1381,28 @@ fn w3c(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
                             .name("w3c-bgrewriteaof".into())
                             .spawn(move || {
                                 let mut replies = Vec::new();
+                                let end_ns = start_ns + 3 * every.as_nanos() as u64;
                                 for k in 1..=2u64 {
                                     let due = start_ns + k * every.as_nanos() as u64;
                                     thread::sleep(Duration::from_nanos(due.saturating_sub(now_ns())));
-                                    replies.push(crate::redis_conn::command_text(addr, &[b"BGREWRITEAOF"])?);
+                                    // At the quick scale the first rewrite may
+                                    // still run: start the second when it ends.
+                                    loop {
+                                        match crate::redis_conn::command_text(addr, &[b"BGREWRITEAOF"]) {
+                                            Ok(reply) => {
+                                                replies.push(reply);
+                                                break;
+                                            }
+                                            Err(e) if e.contains("already in progress") => {
+                                                if now_ns() >= end_ns {
+                                                    replies.push("not started: the previous one ran to the end".into());
+                                                    break;
+                                                }
+                                                thread::sleep(Duration::from_millis(10));
+                                            }
+                                            Err(e) => return Err(e),
+                                        }
+                                    }
                                 }
                                 Ok(replies)
                             })
