@@ -1,8 +1,12 @@
-//! A broker and its connections without sockets: the input side of
-//! `reactor.rs` (`serve`, `decode_input`, the bit bucket, the held and
-//! parked stops) and its turn order (serve, advance, commit, flush), driven
-//! by byte chunks instead of reads, and a clock that moves only when a
-//! parked FETCH needs it to.
+//! A broker and its connections without sockets. Each connection runs the
+//! reactor's own protocol code, `runnel::conn::ConnState` (not a copy):
+//! `receive` with the bit bucket, and `serve`, which decodes, hands frames
+//! to the broker, answers and skips bad frames, and stops at a held reply,
+//! a parked FETCH, backpressure or an ending. What is simulated around it:
+//! the socket (a queue of byte chunks, each one read), the read loop
+//! (`Reactor::serve_conn`: serve, read a chunk, repeat), the turn order
+//! (serve, advance, commit, flush), a flush that always writes everything,
+//! and a clock that moves only when a parked FETCH needs it to.
 //!
 //! Shared, through `#[path]`, by the `stream` fuzz target and by
 //! `tests/stream_props.rs`, so that the fuzzer and `cargo test` check the
@@ -29,8 +33,11 @@
 //! (`read_bytes_per_turn_max`) — it moves turn boundaries, which legitimately
 //! changes STATS replies — the `bytes_in`/`bytes_out` counters, which
 //! depend on read sizes, `recovery_ms` (zeroed: it is measured by the wall
-//! clock), and the reactor's connection timeouts (handshake, idle, frame):
-//! the clock moves only while a FETCH is parked, by far less than those.
+//! clock), the reactor's connection timeouts (handshake, idle, frame):
+//! `serve` keeps the times they count from, but the timers that act on them
+//! are the reactor's, and the clock moves only while a FETCH is parked, by
+//! far less than those — and partial writes, with the output backlog
+//! timeout and output_bytes_max close that come with them.
 #![allow(dead_code)]
 
 use std::collections::VecDeque;
@@ -38,8 +45,11 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use runnel::broker::{self, Broker, Config, Now, Outbox, Outcome, Session};
-use runnel::codec::{self, Batch, Decoded, ErrorCode, HEADER_BYTES, Reply, Request, Skip, TopicSettings};
+use runnel::broker::{Broker, Config, Now, Outbox};
+use runnel::codec::{
+    self, Batch, DecodeError, Decoded, ErrorCode, Frame, HEADER_BYTES, Reply, Request, Skip, TopicSettings,
+};
+use runnel::conn::{ConnState, Step, Watch};
 use runnel::limits::Limits;
 use runnel::log::{FsyncMode, LogOptions};
 use runnel::queue::Settings;
@@ -208,26 +218,19 @@ pub enum Arrival {
     OnePerTurn,
 }
 
-/// One connection: `reactor::Conn` without the socket, plus what a test
-/// wants to see of it.
+/// One connection: the reactor's protocol state (`runnel::conn`, the code
+/// under test) with a queue of chunks for a socket, plus what a test wants
+/// to see of it.
 #[derive(Default)]
 pub struct Conn {
-    pub session: Session,
-    /// Received bytes not yet decoded.
-    input: Vec<u8>,
-    /// Bytes of an oversized frame still to drop as they arrive.
-    discard_bytes: u64,
-    /// Replies not yet flushed.
-    out: Vec<u8>,
-    parked: bool,
-    held: bool,
+    /// Input, bit bucket, output, session and stops, as in the reactor.
+    /// `state.peer_closed` stands for the EOF: a read returns 0 once
+    /// `socket` is empty.
+    pub state: ConnState,
     /// Has input to serve next turn.
     hot: bool,
-    closing: bool,
     /// Chunks arrived in the socket, not yet read.
     socket: VecDeque<Vec<u8>>,
-    /// The peer closed its side: read returns 0 once `socket` is empty.
-    eof: bool,
     /// Every reply flushed, in order.
     pub replies: Vec<u8>,
     pub events: Vec<Event>,
@@ -236,22 +239,49 @@ pub struct Conn {
     pub read_bytes: usize,
     pub discarded_bytes: usize,
     pub dropped_bytes: usize,
-    /// Decoding paused: half of output_bytes_max is pending (backpressure).
-    paused: bool,
     /// Times decoding paused for output.
     pub pauses: usize,
 }
 
 impl Conn {
     pub fn closing(&self) -> bool {
-        self.closing
+        self.state.closing
     }
     pub fn parked(&self) -> bool {
-        self.parked
+        self.state.parked
     }
     /// Bytes buffered, and bytes of a skipped frame still to come.
     pub fn leftover(&self) -> (usize, u64) {
-        (self.input.len(), self.discard_bytes)
+        (self.state.input().len(), self.state.discard_bytes())
+    }
+}
+
+/// What `ConnState::serve` showed of one connection: each decoder answer
+/// is checked against the bytes it came from and recorded as an `Event`.
+struct Seen<'a> {
+    ctx: &'a str,
+    events: &'a mut Vec<Event>,
+    dropped_bytes: &'a mut usize,
+}
+
+impl Watch for Seen<'_> {
+    fn handled(&mut self, frame: &Frame<'_>, input: &[u8], n: usize) {
+        let ctx = self.ctx;
+        assert!((HEADER_BYTES..=input.len()).contains(&n), "{ctx}: the decoder consumed {n} bytes of {}", input.len());
+        let mut again = Vec::with_capacity(n);
+        codec::encode_request(&mut again, frame.request_id, &frame.request);
+        assert!(again == input[..n], "{ctx}: re-encoding {frame:?} does not give the consumed bytes");
+        self.events.push(Event::Frame { op: frame.request.op(), request_id: frame.request_id, bytes: n });
+    }
+
+    fn refused(&mut self, e: &DecodeError, input: &[u8]) {
+        match e.skip {
+            Skip::Bytes(n) => {
+                assert!(n >= HEADER_BYTES, "{}: Skip::Bytes({n}) is shorter than a header ({e:?})", self.ctx)
+            }
+            Skip::Close => *self.dropped_bytes += input.len(),
+        }
+        self.events.push(Event::Error { code: e.code, op: e.op, request_id: e.request_id, skip: e.skip });
     }
 }
 
@@ -261,23 +291,16 @@ pub struct Conns(pub Vec<Conn>);
 
 impl Outbox for Conns {
     fn out(&mut self, conn: usize) -> Option<&mut Vec<u8>> {
-        self.0.get_mut(conn).filter(|c| !c.closing).map(|c| &mut c.out)
+        self.0.get_mut(conn).filter(|c| !c.state.closing).map(|c| &mut c.state.out)
     }
     fn unblock(&mut self, conn: usize) {
         if let Some(c) = self.0.get_mut(conn) {
-            c.parked = false;
-            if !c.closing {
+            c.state.parked = false;
+            if !c.state.closing {
                 c.hot = true;
             }
         }
     }
-}
-
-/// What `decode_input` asks of `serve` (as in the reactor).
-enum Step {
-    Continue,
-    Stop,
-    Resume,
 }
 
 // ---------------------------------------------------------------------------
@@ -334,7 +357,7 @@ impl Sim {
     pub fn connect(&mut self) -> usize {
         let consumer = self.next_consumer;
         self.next_consumer += 1;
-        self.conns.0.push(Conn { session: Session { consumer, ..Session::default() }, ..Conn::default() });
+        self.conns.0.push(Conn { state: ConnState::new(consumer, self.now.mono_ms), ..Conn::default() });
         self.conns.0.len() - 1
     }
 
@@ -366,13 +389,13 @@ impl Sim {
             let (mut busy, mut parked) = (false, false);
             for (key, chunks) in &mut pending {
                 let c = &mut self.conns.0[*key];
-                if c.closing {
+                if c.state.closing {
                     // What the peer still sends is never read.
                     c.socket.extend(chunks.drain(..));
                     continue;
                 }
-                busy |= !chunks.is_empty() || (!c.parked && (c.hot || !c.socket.is_empty()));
-                parked |= c.parked;
+                busy |= !chunks.is_empty() || (!c.state.parked && (c.hot || !c.socket.is_empty()));
+                parked |= c.state.parked;
             }
             if busy {
                 continue;
@@ -387,9 +410,9 @@ impl Sim {
 
     /// The peer closes connection `key`: one turn reads the EOF and ends it.
     pub fn hang_up(&mut self, key: usize) {
-        self.conns.0[key].eof = true;
+        self.conns.0[key].state.peer_closed = true;
         self.turn();
-        assert!(self.conns.0[key].closing, "{}: connection {key} did not end at EOF", self.ctx);
+        assert!(self.conns.0[key].state.closing, "{}: connection {key} did not end at EOF", self.ctx);
     }
 
     /// Moves the clock to the next timer deadline (a parked FETCH's wait
@@ -409,8 +432,8 @@ impl Sim {
         self.broker.stats.turns += 1;
         for key in 0..self.conns.0.len() {
             let c = &mut self.conns.0[key];
-            let ready = !c.socket.is_empty() || c.eof;
-            if c.closing || !(c.hot || ready) {
+            let ready = !c.socket.is_empty() || c.state.peer_closed;
+            if c.state.closing || !(c.hot || ready) {
                 continue;
             }
             c.hot = false;
@@ -419,145 +442,56 @@ impl Sim {
         self.broker.advance(self.now, &mut self.conns);
         self.broker.commit(self.now, &mut self.conns);
         for c in &mut self.conns.0 {
-            c.held = false;
+            c.state.held = false;
             // A flush that always writes everything: the peer reads. A
             // connection paused for its output resumes.
-            let out = std::mem::take(&mut c.out);
+            let out = std::mem::take(&mut c.state.out);
             c.replies.extend_from_slice(&out);
-            if std::mem::take(&mut c.paused) && !c.closing {
+            if std::mem::take(&mut c.state.paused) && !c.state.closing {
                 c.hot = true;
             }
         }
     }
 
-    /// `Reactor::serve`: decode what is buffered, read more, repeat.
+    /// `Reactor::serve`'s loop: serve what is buffered (`ConnState::serve`,
+    /// the reactor's own code), read the next chunk, repeat.
     fn serve(&mut self, key: usize) {
         loop {
-            match self.decode_input(key) {
+            let c = &mut self.conns.0[key];
+            let (was_parked, was_paused) = (c.state.parked, c.state.paused);
+            let mut seen = Seen { ctx: &self.ctx, events: &mut c.events, dropped_bytes: &mut c.dropped_bytes };
+            let step = c.state.serve(key, &mut self.broker, self.now, &mut seen);
+            self.parked_fetches += usize::from(!was_parked && c.state.parked);
+            c.pauses += usize::from(!was_paused && c.state.paused);
+            match step {
                 Step::Continue => {}
                 Step::Stop => return,
                 Step::Resume => {
-                    self.conns.0[key].hot = true;
+                    c.hot = true;
+                    return;
+                }
+                Step::End(why) => {
+                    self.end(key, why);
                     return;
                 }
             }
-            let c = &mut self.conns.0[key];
             let Some(chunk) = c.socket.pop_front() else {
-                if c.eof {
+                if c.state.peer_closed {
                     self.end(key, "peer closed".into());
                 }
                 return;
             };
             c.read_bytes += chunk.len();
-            let mut chunk = &chunk[..];
-            if c.discard_bytes > 0 {
-                let d = (c.discard_bytes as usize).min(chunk.len());
-                c.discard_bytes -= d as u64;
-                c.discarded_bytes += d;
-                chunk = &chunk[d..];
-            }
-            c.input.extend_from_slice(chunk);
+            c.discarded_bytes += c.state.receive(&chunk);
         }
-    }
-
-    /// `Reactor::decode_input`, plus the checks of what the decoder returns.
-    fn decode_input(&mut self, key: usize) -> Step {
-        let limits = *self.broker.decode_limits();
-        let out_max = self.broker.config().limits.output_bytes_max as usize;
-        let ctx = &self.ctx;
-        let c = &mut self.conns.0[key];
-        let mut used = 0;
-        let mut step = Step::Continue;
-        let mut ended: Option<String> = None;
-        while !c.closing && !c.parked {
-            // Backpressure: no more replies until the peer reads half of
-            // the output limit (the flush resumes it).
-            if c.out.len() >= out_max / 2 {
-                c.paused = true;
-                c.pauses += 1;
-                step = Step::Stop;
-                break;
-            }
-            let input = &c.input[used..];
-            match codec::decode_request(input, &limits) {
-                Ok(Decoded::NeedMore) => break,
-                Ok(Decoded::Frame(frame, n)) => {
-                    assert!(
-                        (HEADER_BYTES..=input.len()).contains(&n),
-                        "{ctx}: the decoder consumed {n} bytes of {}",
-                        input.len()
-                    );
-                    let mut again = Vec::with_capacity(n);
-                    codec::encode_request(&mut again, frame.request_id, &frame.request);
-                    assert!(again == input[..n], "{ctx}: re-encoding {frame:?} does not give the consumed bytes");
-                    if c.held && !broker::is_held(frame.request.op()) {
-                        step = Step::Resume;
-                        break;
-                    }
-                    let outcome = self.broker.handle(key, &mut c.session, &frame, self.now, &mut c.out);
-                    c.events.push(Event::Frame { op: frame.request.op(), request_id: frame.request_id, bytes: n });
-                    used += n;
-                    match outcome {
-                        Outcome::Done => {}
-                        Outcome::Held => c.held = true,
-                        Outcome::Parked => {
-                            c.parked = true;
-                            self.parked_fetches += 1;
-                        }
-                        Outcome::Close => ended = Some("too many failed authentications".into()),
-                    }
-                    if ended.is_some() {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    if let Skip::Bytes(n) = e.skip {
-                        assert!(n >= HEADER_BYTES, "{ctx}: Skip::Bytes({n}) is shorter than a header ({e:?})");
-                    }
-                    if c.held {
-                        step = Step::Resume;
-                        break;
-                    }
-                    codec::encode_error(&mut c.out, e.op, e.request_id, e.code, &e.message);
-                    c.events.push(Event::Error { code: e.code, op: e.op, request_id: e.request_id, skip: e.skip });
-                    match e.skip {
-                        Skip::Close => {
-                            ended = Some(format!("frame boundary lost: {}", e.message));
-                            c.dropped_bytes += input.len();
-                            used = c.input.len();
-                        }
-                        Skip::Bytes(n) if n <= input.len() => used += n,
-                        Skip::Bytes(n) => {
-                            c.discard_bytes = (n - input.len()) as u64;
-                            used = c.input.len();
-                        }
-                    }
-                    if ended.is_some() {
-                        break;
-                    }
-                }
-            }
-        }
-        c.input.drain(..used);
-        if c.parked && matches!(step, Step::Continue) {
-            step = Step::Stop;
-        }
-        if let Some(why) = ended {
-            self.end(key, why);
-            return Step::Stop;
-        }
-        step
     }
 
     /// `Reactor::end`: the broker forgets the connection now.
     fn end(&mut self, key: usize, why: String) {
         let c = &mut self.conns.0[key];
-        if c.closing {
-            return;
+        if c.state.end(key, &mut self.broker) {
+            c.events.push(Event::End(why));
         }
-        c.closing = true;
-        c.events.push(Event::End(why));
-        self.broker.disconnect(key, &c.session);
     }
 
     /// Opens a connection, sends `frames` (HELLO first, with the token when
@@ -765,7 +699,7 @@ fn check_accounting(c: &Conn, len: usize, limits: &codec::DecodeLimits, ctx: &st
     assert!(c.discarded_bytes <= claimed, "{ctx}: discarded more than the skipped frames held");
     if !c.closing() {
         // A connection that did not end consumed every whole frame.
-        let rest = &c.input;
+        let rest = c.state.input();
         assert!(
             to_discard == 0 || rest.is_empty(),
             "{ctx}: bytes buffered while a skipped frame is still being discarded"

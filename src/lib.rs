@@ -4,6 +4,8 @@
 //! bench share it. One file, one noun:
 //! - `limits`: every bound, with its default and reason;
 //! - `codec`: the wire frames (docs/protocol.md is the contract);
+//! - `conn`: a connection's protocol state: input, bit bucket, output and
+//!   the decode/serve step, without socket or clock;
 //! - `wheel`: the hashed timing wheel for ack deadlines and delays;
 //! - `queue`: a topic's messages and its consumer state;
 //! - `broker`: applies requests to the queues and drives a turn;
@@ -13,6 +15,7 @@
 pub mod broker;
 pub mod client;
 pub mod codec;
+pub mod conn;
 pub mod limits;
 pub mod log;
 pub mod metrics;

@@ -36,6 +36,13 @@
 //!
 //! Readiness is a hint (mio's docs): sockets are edge-triggered, so each is
 //! drained until WouldBlock or remembered in `hot` to be served next turn.
+//!
+//! What a connection says and is answered — its undecoded input, the bit
+//! bucket, its output, the held, parked and paused stops, and the step that
+//! decodes frames and hands them to the broker — is `conn::ConnState`,
+//! which has no socket and no clock: this file reads the socket into it,
+//! acts on the `Step` it returns, writes its output and runs its timers.
+//! `fuzz/sim.rs` drives the same `ConnState` with byte chunks.
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
@@ -48,8 +55,9 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
-use crate::broker::{self, Broker, Config, Now, Outbox, Outcome, Session};
-use crate::codec::{self, Decoded, ErrorCode, Skip};
+use crate::broker::{Broker, Config, Now, Outbox};
+use crate::codec::{self, ErrorCode};
+use crate::conn::{ConnState, IDLE_BUFFER_BYTES_MAX, Step};
 use crate::limits::Limits;
 use crate::log::{LogOptions, OpenError};
 use crate::metrics::{self, HttpRequest, LoopMetrics};
@@ -65,9 +73,6 @@ const HTTP_BASE: usize = 1 << 40;
 /// Bytes read per `read` call: large enough that a busy producer needs few
 /// syscalls, small enough to keep in cache.
 const READ_CHUNK_BYTES: usize = 64 << 10;
-/// Idle buffers larger than this are given back, so thousands of quiet
-/// connections cost little.
-const IDLE_BUFFER_BYTES_MAX: usize = 256 << 10;
 /// Readiness events taken per poll.
 const EVENTS_PER_POLL: usize = 1024;
 
@@ -116,46 +121,22 @@ impl Handle {
     }
 }
 
-/// One client connection.
+/// One client connection: its socket and its place in the loop; what it
+/// says and is answered is in `state`.
 struct Conn {
     stream: TcpStream,
-    session: Session,
-    /// Received bytes not yet decoded (at most one partial frame, or the
-    /// frames after a parked or held request).
-    input: Vec<u8>,
-    /// Bytes of an oversized frame still to discard as they arrive
-    /// (beanstalkd's bit bucket): the frame is answered, never buffered.
-    discard_bytes: u64,
-    /// Replies not yet written; `out_pos` is how far writing got.
-    out: Vec<u8>,
-    out_pos: usize,
-    /// A FETCH is parked: read no more until the broker answers it.
-    parked: bool,
-    /// A held reply waits for this turn's commit: only held requests may
-    /// follow it this turn.
-    held: bool,
+    /// Input, output, session and the stops (parked, held, paused).
+    state: ConnState,
     /// In `hot`: has input to serve next turn.
     hot: bool,
     /// In `dirty`: has output to flush this turn.
     dirty: bool,
     /// WRITABLE interest is registered.
     writable: bool,
-    /// Ending: no more reading; closed after the flush.
-    closing: bool,
     /// Reactor time it was accepted, ms.
     accepted_ms: u64,
-    /// Reactor time of its last whole request, ms (idle timeout).
-    last_active_ms: u64,
-    /// Since when a frame has been incomplete, ms (frame timeout).
-    partial_since_ms: Option<u64>,
     /// Its timeout timer and that timer's deadline, ms.
     timer: Option<(TimerKey, u64)>,
-    /// The peer shut its side (an event said so): once its input is
-    /// served, or if it parks, the connection ends.
-    peer_closed: bool,
-    /// Decoding paused because pending output reached half of
-    /// output_bytes_max; resumed when a flush drains it below.
-    paused: bool,
     /// Since when pending output has stayed at or above half of
     /// output_bytes_max, ms: a peer that does not read is closed after
     /// frame_timeout_ms of that (Redis's soft output limit).
@@ -183,17 +164,17 @@ struct Lent<'a> {
 
 impl Outbox for Lent<'_> {
     fn out(&mut self, key: usize) -> Option<&mut Vec<u8>> {
-        let c = self.conns.get_mut(key).filter(|c| !c.closing)?;
+        let c = self.conns.get_mut(key).filter(|c| !c.state.closing)?;
         if !c.dirty {
             c.dirty = true;
             self.dirty.push(key);
         }
-        Some(&mut c.out)
+        Some(&mut c.state.out)
     }
     fn unblock(&mut self, key: usize) {
         if let Some(c) = self.conns.get_mut(key) {
-            c.parked = false;
-            if !c.hot && !c.closing {
+            c.state.parked = false;
+            if !c.hot && !c.state.closing {
                 c.hot = true;
                 self.hot.push(key);
             }
@@ -368,7 +349,7 @@ impl Reactor {
                         // for a connection that parks or pauses before it
                         // reads to the EOF.
                         if let Some(c) = self.conns.get_mut(key) {
-                            c.peer_closed = true;
+                            c.state.peer_closed = true;
                         }
                     }
                     if event.is_writable() {
@@ -401,7 +382,7 @@ impl Reactor {
         let report = self.broker.commit(now, &mut lent);
         for key in self.held.drain(..) {
             if let Some(c) = self.conns.get_mut(key) {
-                c.held = false;
+                c.state.held = false;
             }
         }
         if let Some(ns) = report.sync_nanos {
@@ -507,23 +488,12 @@ impl Reactor {
             let timer = Some((self.timers.insert(deadline, key), deadline));
             entry.insert(Conn {
                 stream,
-                session: Session { consumer, ..Session::default() },
-                input: Vec::new(),
-                discard_bytes: 0,
-                out: Vec::new(),
-                out_pos: 0,
-                parked: false,
-                held: false,
+                state: ConnState::new(consumer, now.mono_ms),
                 hot: false,
                 dirty: false,
                 writable: false,
-                closing: false,
                 accepted_ms: now.mono_ms,
-                last_active_ms: now.mono_ms,
-                partial_since_ms: None,
                 timer,
-                peer_closed: false,
-                paused: false,
                 backlog_since_ms: None,
             });
             self.broker.stats.connections = self.conns.len() as u64;
@@ -553,12 +523,10 @@ impl Reactor {
     /// return to ready); the socket closes after this turn's flush.
     fn end(&mut self, key: usize, why: &str) {
         let Some(c) = self.conns.get_mut(key) else { return };
-        if c.closing {
+        if !c.state.end(key, &mut self.broker) {
             return;
         }
-        c.closing = true;
         log::debug!("closing connection {key}: {why}");
-        self.broker.disconnect(key, &c.session);
         if let Some((t, _)) = c.timer.take() {
             self.timers.cancel(t);
         }
@@ -590,6 +558,10 @@ impl Reactor {
                     self.mark_hot(key);
                     return;
                 }
+                Step::End(why) => {
+                    self.end(key, &why);
+                    return;
+                }
             }
             if drained {
                 return;
@@ -606,15 +578,9 @@ impl Reactor {
                 }
                 Ok(n) => {
                     read += n;
-                    drained = n < self.scratch.len() && !c.peer_closed;
+                    drained = n < self.scratch.len() && !c.state.peer_closed;
                     self.broker.stats.bytes_in += n as u64;
-                    let mut chunk = &self.scratch[..n];
-                    if c.discard_bytes > 0 {
-                        let d = (c.discard_bytes as usize).min(n);
-                        c.discard_bytes -= d as u64;
-                        chunk = &chunk[d..];
-                    }
-                    c.input.extend_from_slice(chunk);
+                    c.state.receive(&self.scratch[..n]);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -626,94 +592,18 @@ impl Reactor {
         }
     }
 
-    /// Decodes and serves every complete frame in the connection's input.
+    /// Decodes and serves every complete frame in the connection's input
+    /// (`ConnState::serve`), and notes what that leaves for the turn: a
+    /// held reply to release after the commit, output to flush.
     fn decode_input(&mut self, key: usize, now: Now) -> Step {
-        let limits = *self.broker.decode_limits();
-        let out_max = self.broker.config().limits.output_bytes_max as usize;
         let Some(c) = self.conns.get_mut(key) else { return Step::Stop };
-        let mut used = 0;
-        let mut step = Step::Continue;
-        let mut ended: Option<String> = None;
-        while !c.closing && !c.parked {
-            // Backpressure: a peer with half the output limit pending gets
-            // no more replies until it reads (the flush resumes it), so a
-            // pipelining peer that does read never reaches the limit.
-            if c.out.len() - c.out_pos >= out_max / 2 {
-                c.paused = true;
-                step = Step::Stop;
-                break;
-            }
-            let input = &c.input[used..];
-            match codec::decode_request(input, &limits) {
-                Ok(Decoded::NeedMore) => break,
-                Ok(Decoded::Frame(frame, n)) => {
-                    if c.held && !broker::is_held(frame.request.op()) {
-                        step = Step::Resume;
-                        break;
-                    }
-                    let outcome = self.broker.handle(key, &mut c.session, &frame, now, &mut c.out);
-                    used += n;
-                    c.last_active_ms = now.mono_ms;
-                    match outcome {
-                        Outcome::Done => {}
-                        Outcome::Held => {
-                            if !c.held {
-                                c.held = true;
-                                self.held.push(key);
-                            }
-                        }
-                        Outcome::Parked => c.parked = true,
-                        Outcome::Close => ended = Some("too many failed authentications".into()),
-                    }
-                    if ended.is_some() {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    if c.held {
-                        step = Step::Resume;
-                        break;
-                    }
-                    codec::encode_error(&mut c.out, e.op, e.request_id, e.code, &e.message);
-                    match e.skip {
-                        Skip::Close => {
-                            ended = Some(format!("frame boundary lost: {}", e.message));
-                            used = c.input.len();
-                        }
-                        Skip::Bytes(n) if n <= input.len() => used += n,
-                        Skip::Bytes(n) => {
-                            c.discard_bytes = (n - input.len()) as u64;
-                            used = c.input.len();
-                        }
-                    }
-                    if ended.is_some() {
-                        break;
-                    }
-                }
-            }
+        let was_held = c.state.held;
+        let step = c.state.serve(key, &mut self.broker, now, &mut ());
+        if c.state.held && !was_held {
+            self.held.push(key);
         }
-        c.input.drain(..used);
-        if c.input.is_empty() && c.input.capacity() > IDLE_BUFFER_BYTES_MAX {
-            c.input = Vec::new();
-        }
-        // A frame that is still arriving (not one we chose to leave for
-        // later) starts the frame timeout.
-        let partial = matches!(step, Step::Continue) && !c.parked && (!c.input.is_empty() || c.discard_bytes > 0);
-        c.partial_since_ms = if partial { Some(c.partial_since_ms.unwrap_or(now.mono_ms)) } else { None };
-        let has_output = c.out.len() > c.out_pos;
-        if c.parked && matches!(step, Step::Continue) {
-            step = Step::Stop;
-            if c.peer_closed {
-                // Nobody will read the FETCH's reply.
-                ended = Some("peer closed; its FETCH would park for nobody".into());
-            }
-        }
-        if has_output {
+        if c.state.pending_out_bytes() > 0 {
             self.mark_dirty(key);
-        }
-        if let Some(why) = ended {
-            self.end(key, &why);
-            return Step::Stop;
         }
         step
     }
@@ -730,10 +620,10 @@ impl Reactor {
             let Some(c) = self.conns.get_mut(key) else { continue };
             c.dirty = false;
             let mut failed = None;
-            while c.out_pos < c.out.len() {
-                match c.stream.write(&c.out[c.out_pos..]) {
+            while c.state.out_pos < c.state.out.len() {
+                match c.stream.write(&c.state.out[c.state.out_pos..]) {
                     Ok(n) => {
-                        c.out_pos += n;
+                        c.state.out_pos += n;
                         self.broker.stats.bytes_out += n as u64;
                         break;
                     }
@@ -745,12 +635,12 @@ impl Reactor {
                     }
                 }
             }
-            let pending = c.out.len() - c.out_pos;
+            let pending = c.state.pending_out_bytes();
             if pending == 0 {
-                c.out.clear();
-                c.out_pos = 0;
-                if c.out.capacity() > IDLE_BUFFER_BYTES_MAX {
-                    c.out = Vec::new();
+                c.state.out.clear();
+                c.state.out_pos = 0;
+                if c.state.out.capacity() > IDLE_BUFFER_BYTES_MAX {
+                    c.state.out = Vec::new();
                 }
             } else if pending > out_max && failed.is_none() {
                 failed = Some(format!(
@@ -764,7 +654,7 @@ impl Reactor {
                 }
             } else {
                 c.backlog_since_ms = None;
-                if std::mem::take(&mut c.paused) && !c.hot && !c.closing {
+                if std::mem::take(&mut c.state.paused) && !c.hot && !c.state.closing {
                     c.hot = true;
                     self.hot.push(key);
                 }
@@ -778,8 +668,8 @@ impl Reactor {
                 c.writable = want_writable;
             }
             if let Some(why) = failed {
-                c.out.clear();
-                c.out_pos = 0;
+                c.state.out.clear();
+                c.state.out_pos = 0;
                 after.push((key, Some(why)));
             }
         }
@@ -797,14 +687,14 @@ impl Reactor {
     fn deadline(c: &Conn, l: &Limits) -> Option<u64> {
         let mut d: Option<u64> = None;
         let mut at = |t: u64| d = Some(d.map_or(t, |d| d.min(t)));
-        if !c.session.hello {
+        if !c.state.session.hello {
             at(c.accepted_ms + u64::from(l.handshake_timeout_ms));
         }
-        if let Some(since) = c.partial_since_ms {
+        if let Some(since) = c.state.partial_since_ms {
             at(since + u64::from(l.frame_timeout_ms));
         }
-        if l.idle_timeout_ms > 0 && !c.parked {
-            at(c.last_active_ms + u64::from(l.idle_timeout_ms));
+        if l.idle_timeout_ms > 0 && !c.state.parked {
+            at(c.state.last_active_ms + u64::from(l.idle_timeout_ms));
         }
         if let Some(since) = c.backlog_since_ms {
             at(since + u64::from(l.frame_timeout_ms));
@@ -816,7 +706,7 @@ impl Reactor {
     /// Timers are re-armed lazily: one that fires early is re-armed then,
     /// so a busy connection costs no wheel work per request.
     fn arm(&mut self, key: usize) {
-        let Some(c) = self.conns.get_mut(key).filter(|c| !c.closing) else { return };
+        let Some(c) = self.conns.get_mut(key).filter(|c| !c.state.closing) else { return };
         let Some(deadline) = Self::deadline(c, &self.limits) else { return };
         match c.timer {
             Some((_, at)) if at <= deadline => {}
@@ -840,15 +730,15 @@ impl Reactor {
             let Some(c) = self.conns.get_mut(token) else { continue };
             c.timer = None;
             let l = &self.limits;
-            let why = if !c.session.hello && now.mono_ms >= c.accepted_ms + u64::from(l.handshake_timeout_ms) {
+            let why = if !c.state.session.hello && now.mono_ms >= c.accepted_ms + u64::from(l.handshake_timeout_ms) {
                 Some("no HELLO within handshake_timeout_ms")
-            } else if c.partial_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
+            } else if c.state.partial_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
                 Some("a frame stayed incomplete past frame_timeout_ms")
             } else if c.backlog_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
                 Some("half of output_bytes_max left unread past frame_timeout_ms: the peer is not reading")
             } else if l.idle_timeout_ms > 0
-                && !c.parked
-                && now.mono_ms >= c.last_active_ms + u64::from(l.idle_timeout_ms)
+                && !c.state.parked
+                && now.mono_ms >= c.state.last_active_ms + u64::from(l.idle_timeout_ms)
             {
                 Some("idle past idle_timeout_ms")
             } else {
@@ -1013,16 +903,6 @@ impl Reactor {
             self.close_http(key);
         }
     }
-}
-
-/// What `decode_input` asks of its caller.
-enum Step {
-    /// Everything decodable was served; read more.
-    Continue,
-    /// Read no more now (parked, closing).
-    Stop,
-    /// Input is left that must wait for the next turn (after the commit).
-    Resume,
 }
 
 /// Connections the kernel may complete before the loop accepts them. The

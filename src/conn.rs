@@ -1,0 +1,213 @@
+//! A connection's protocol state, without its socket or the clock: the
+//! bytes received and not yet decoded, the bit bucket for the body of an
+//! oversized frame (beanstalkd's `STATE_BITBUCKET`), the replies not yet
+//! written, and the stops that end a serve (a parked FETCH, a held reply,
+//! backpressure, an ending).
+//!
+//! It is given bytes (`receive`) and a `Now` (`serve`), never reads a socket
+//! or the clock, and never reaches back into the loop: `serve` returns a
+//! `Step` and the caller acts on it. So the reactor, which owns the socket,
+//! the timers and the turn, and the simulation in `fuzz/sim.rs`, which feeds
+//! chunks and moves its own clock, run this same code.
+
+use crate::broker::{self, Broker, Now, Outcome, Session};
+use crate::codec::{self, DecodeError, Decoded, Frame, Skip};
+use crate::queue::ConsumerId;
+
+/// Idle buffers larger than this are given back, so thousands of quiet
+/// connections cost little.
+pub(crate) const IDLE_BUFFER_BYTES_MAX: usize = 256 << 10;
+
+/// What `ConnState::serve` asks of its caller.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Everything decodable was served; read more.
+    Continue,
+    /// Read no more now (a FETCH parked, or paused for output).
+    Stop,
+    /// Input is left that must wait for the next turn (after the commit).
+    Resume,
+    /// End the connection, for this reason (its error reply, if any, is
+    /// already in `out`).
+    End(String),
+}
+
+/// What a caller may watch of `ConnState::serve`, to check the decoder's
+/// answers against the bytes they came from. The reactor watches nothing
+/// (`()`, which compiles to no code); the simulation records and checks.
+pub trait Watch {
+    /// The broker handled `frame`, the first `n` bytes of `input`.
+    fn handled(&mut self, _frame: &Frame<'_>, _input: &[u8], _n: usize) {}
+    /// The decoder refused the frame at the start of `input`, and its
+    /// error reply was written (and the input skipped as `error.skip` says).
+    fn refused(&mut self, _error: &DecodeError, _input: &[u8]) {}
+}
+
+impl Watch for () {}
+
+/// One connection's protocol state.
+#[derive(Debug, Default)]
+pub struct ConnState {
+    /// The broker's view of the connection (HELLO, consumer id, auth).
+    pub(crate) session: Session,
+    /// Received bytes not yet decoded (at most one partial frame, or the
+    /// frames after a parked or held request).
+    input: Vec<u8>,
+    /// Bytes of an oversized frame still to discard as they arrive
+    /// (beanstalkd's bit bucket): the frame is answered, never buffered.
+    discard_bytes: u64,
+    /// Replies not yet written; `out_pos` is how far writing got.
+    pub out: Vec<u8>,
+    pub(crate) out_pos: usize,
+    /// A FETCH is parked: serve no more until the broker answers it (its
+    /// `Outbox::unblock` clears this).
+    pub parked: bool,
+    /// A held reply waits for this turn's commit: only held requests may
+    /// follow it this turn. Whoever commits clears it after the commit.
+    pub held: bool,
+    /// Decoding paused because pending output reached half of
+    /// output_bytes_max; whoever writes the output clears it (and serves
+    /// again) once it drains below.
+    pub paused: bool,
+    /// Ending: `end` was called; nothing more is served.
+    pub closing: bool,
+    /// The peer shut its side (the reactor learns it from an event): a
+    /// FETCH that parks now ends the connection, since nobody would read
+    /// its reply; otherwise the reader ends it at the EOF, once the input
+    /// before it is served.
+    pub peer_closed: bool,
+    /// Time of the last whole request, ms (idle timeout).
+    pub(crate) last_active_ms: u64,
+    /// Since when a frame has been incomplete, ms (frame timeout).
+    pub(crate) partial_since_ms: Option<u64>,
+}
+
+impl ConnState {
+    /// A new connection for consumer `consumer`, accepted at `now_ms`.
+    pub fn new(consumer: ConsumerId, now_ms: u64) -> ConnState {
+        ConnState {
+            session: Session { consumer, ..Session::default() },
+            last_active_ms: now_ms,
+            ..ConnState::default()
+        }
+    }
+
+    /// Bytes received and not yet decoded.
+    pub fn input(&self) -> &[u8] {
+        &self.input
+    }
+
+    /// Bytes of a skipped frame that are still to arrive and be discarded.
+    pub fn discard_bytes(&self) -> u64 {
+        self.discard_bytes
+    }
+
+    /// Reply bytes not yet written.
+    pub(crate) fn pending_out_bytes(&self) -> usize {
+        self.out.len() - self.out_pos
+    }
+
+    /// Takes in a chunk read from the peer: what the bit bucket still owes
+    /// is dropped, the rest is buffered for `serve`. Returns the bytes
+    /// dropped.
+    pub fn receive(&mut self, chunk: &[u8]) -> usize {
+        let d = self.discard_bytes.min(chunk.len() as u64) as usize;
+        self.discard_bytes -= d as u64;
+        self.input.extend_from_slice(&chunk[d..]);
+        d
+    }
+
+    /// Decodes every complete frame in the input and hands it to the
+    /// broker (connection `key`), whose replies go to `out`, until the input
+    /// runs out or a stop: a parked FETCH, a held reply followed by a
+    /// request that is not held, half of output_bytes_max pending, or an
+    /// ending. Bad frames are answered and skipped, the rest of an
+    /// oversized one discarded as it arrives (`receive`).
+    pub fn serve(&mut self, key: usize, broker: &mut Broker, now: Now, watch: &mut impl Watch) -> Step {
+        let limits = *broker.decode_limits();
+        let out_max = broker.config().limits.output_bytes_max as usize;
+        let mut used = 0;
+        let mut step = Step::Continue;
+        while !self.closing && !self.parked {
+            // Backpressure: a peer with half the output limit pending gets
+            // no more replies until it reads (the flush resumes it), so a
+            // pipelining peer that does read never reaches the limit.
+            if self.pending_out_bytes() >= out_max / 2 {
+                self.paused = true;
+                step = Step::Stop;
+                break;
+            }
+            let input = &self.input[used..];
+            match codec::decode_request(input, &limits) {
+                Ok(Decoded::NeedMore) => break,
+                Ok(Decoded::Frame(frame, n)) => {
+                    if self.held && !broker::is_held(frame.request.op()) {
+                        step = Step::Resume;
+                        break;
+                    }
+                    let outcome = broker.handle(key, &mut self.session, &frame, now, &mut self.out);
+                    watch.handled(&frame, input, n);
+                    used += n;
+                    self.last_active_ms = now.mono_ms;
+                    match outcome {
+                        Outcome::Done => {}
+                        Outcome::Held => self.held = true,
+                        Outcome::Parked => self.parked = true,
+                        Outcome::Close => {
+                            step = Step::End("too many failed authentications".into());
+                            break;
+                        }
+                    }
+                }
+                Err(e) => {
+                    if self.held {
+                        step = Step::Resume;
+                        break;
+                    }
+                    codec::encode_error(&mut self.out, e.op, e.request_id, e.code, &e.message);
+                    watch.refused(&e, input);
+                    match e.skip {
+                        Skip::Close => {
+                            used = self.input.len();
+                            step = Step::End(format!("frame boundary lost: {}", e.message));
+                            break;
+                        }
+                        Skip::Bytes(n) if n <= input.len() => used += n,
+                        Skip::Bytes(n) => {
+                            self.discard_bytes = (n - input.len()) as u64;
+                            used = self.input.len();
+                        }
+                    }
+                }
+            }
+        }
+        self.input.drain(..used);
+        if self.input.is_empty() && self.input.capacity() > IDLE_BUFFER_BYTES_MAX {
+            self.input = Vec::new();
+        }
+        // A frame that is still arriving (not one we chose to leave for
+        // later) starts the frame timeout.
+        let partial = step == Step::Continue && !self.parked && (!self.input.is_empty() || self.discard_bytes > 0);
+        self.partial_since_ms = if partial { Some(self.partial_since_ms.unwrap_or(now.mono_ms)) } else { None };
+        if self.parked && step == Step::Continue {
+            if self.peer_closed {
+                // Nobody will read the FETCH's reply.
+                return Step::End("peer closed; its FETCH would park for nobody".into());
+            }
+            step = Step::Stop;
+        }
+        step
+    }
+
+    /// Ends the connection: the broker (connection `key`) forgets it now,
+    /// and its in-flight messages return to ready. False if it had already
+    /// ended.
+    pub fn end(&mut self, key: usize, broker: &mut Broker) -> bool {
+        if self.closing {
+            return false;
+        }
+        self.closing = true;
+        broker.disconnect(key, &self.session);
+        true
+    }
+}
