@@ -1230,6 +1230,29 @@ impl Broker {
             }
         }
         self.produced.clear();
+        // The turn's messages reach their waiting consumers before the
+        // produces that made them are acknowledged: both go out in this
+        // turn's flush, and the consumer's is the one a message's
+        // end-to-end latency waits for (Redis serves its blocked readers
+        // first too).
+        let touched = std::mem::take(&mut self.touched);
+        for &tid in &touched {
+            let Some(e) = self.topics.by_id.get_mut(&tid) else { continue };
+            e.touched = false;
+            e.topic.publish();
+            while e.topic.has_ready() {
+                let Some(key) = e.waiters.pop_front() else { break };
+                let Some(w) = self.waiters.try_remove(key) else { continue };
+                self.wheel.cancel(w.timer);
+                self.parked.remove(&w.conn);
+                if let Some(out) = outbox.out(w.conn) {
+                    deliver(e, &mut self.wheel, &w, now, out);
+                }
+                outbox.unblock(w.conn);
+            }
+        }
+        self.touched = touched;
+        self.touched.clear();
         for h in self.held.drain(..) {
             let Some(out) = outbox.out(h.conn) else { continue };
             if h.durable && !ok {
@@ -1254,24 +1277,6 @@ impl Broker {
                 }
             }
         }
-        let touched = std::mem::take(&mut self.touched);
-        for &tid in &touched {
-            let Some(e) = self.topics.by_id.get_mut(&tid) else { continue };
-            e.touched = false;
-            e.topic.publish();
-            while e.topic.has_ready() {
-                let Some(key) = e.waiters.pop_front() else { break };
-                let Some(w) = self.waiters.try_remove(key) else { continue };
-                self.wheel.cancel(w.timer);
-                self.parked.remove(&w.conn);
-                if let Some(out) = outbox.out(w.conn) {
-                    deliver(e, &mut self.wheel, &w, now, out);
-                }
-                outbox.unblock(w.conn);
-            }
-        }
-        self.touched = touched;
-        self.touched.clear();
         report
     }
 
