@@ -1190,10 +1190,11 @@ impl Broker {
         }
     }
 
-    /// Ends a turn's work: commits the log (one write, one `fdatasync`),
-    /// then releases the held replies — or, if the commit failed, replaces
-    /// the durable ones with STORAGE errors and withdraws their messages —
-    /// then publishes this turn's messages and serves parked FETCHes.
+    /// Ends a turn's work: commits the log (one write, one `fdatasync`);
+    /// if the commit failed, withdraws the turn's produced messages; then
+    /// publishes this turn's messages and serves parked FETCHes; then
+    /// releases the held replies (or, if the commit failed, answers the
+    /// durable ones STORAGE).
     pub fn commit(&mut self, now: Now, outbox: &mut impl Outbox) -> TurnReport {
         if let Err(e) = self.log.release_step() {
             log::warn!("compaction could not release a removed segment's space: {e}");

@@ -19,10 +19,11 @@
 //!    earlier turns, acks, errors); then a slice of a removed segment's
 //!    space is released (256 KiB) and a slice of compaction appends its
 //!    copies (at most 256 KiB), then one write and one `fdatasync` of every
-//!    record the turn appended (group commit), then the held replies are
+//!    record the turn appended (group commit), then the turn's new messages
+//!    become visible and go to parked FETCHes, then the held replies are
 //!    released — after the sync, never before, which is the durability
-//!    promise — and the turn's new messages become visible to consumers and
-//!    parked FETCHes;
+//!    promise (deliveries first: they are what end-to-end latency waits
+//!    for);
 //! 6. **flush**: one write per connection with output; WRITABLE interest
 //!    only while output is left over;
 //! 7. **close** the connections that ended.
