@@ -1,10 +1,12 @@
 //! A broker and its connections without sockets. Each connection runs the
 //! reactor's own protocol code, `runnel::conn::ConnState` (not a copy):
-//! `receive` with the bit bucket, and `serve`, which decodes, hands frames
-//! to the broker, answers and skips bad frames, and stops at a held reply,
-//! a parked FETCH, backpressure or an ending. What is simulated around it:
-//! the socket (a queue of byte chunks, each one read), the read loop
-//! (`Reactor::serve_conn`: serve, read a chunk, repeat), the turn order
+//! `serve` for what is buffered and `serve_chunk` for each chunk read (the
+//! bit bucket, then frames decoded from the chunk where it lies or from
+//! the buffer), which decode, hand frames to the broker, answer and skip
+//! bad frames, and stop at a held reply, a parked FETCH, backpressure or an
+//! ending. What is simulated around it: the socket (a queue of byte chunks,
+//! each one read), the read loop (`Reactor::serve_conn`: serve, then serve
+//! each chunk read), the turn order
 //! (serve, advance, commit, flush), a flush that always writes everything,
 //! and a clock that moves only when a parked FETCH needs it to.
 //!
@@ -262,6 +264,7 @@ struct Seen<'a> {
     ctx: &'a str,
     events: &'a mut Vec<Event>,
     dropped_bytes: &'a mut usize,
+    discarded_bytes: &'a mut usize,
 }
 
 impl Watch for Seen<'_> {
@@ -282,6 +285,10 @@ impl Watch for Seen<'_> {
             Skip::Close => *self.dropped_bytes += input.len(),
         }
         self.events.push(Event::Error { code: e.code, op: e.op, request_id: e.request_id, skip: e.skip });
+    }
+
+    fn discarded(&mut self, n: usize) {
+        *self.discarded_bytes += n;
     }
 }
 
@@ -453,14 +460,24 @@ impl Sim {
         }
     }
 
-    /// `Reactor::serve`'s loop: serve what is buffered (`ConnState::serve`,
-    /// the reactor's own code), read the next chunk, repeat.
+    /// `Reactor::serve_conn`'s loop: serve what is buffered
+    /// (`ConnState::serve`), then each chunk as it is read
+    /// (`ConnState::serve_chunk`) — the reactor's own code.
     fn serve(&mut self, key: usize) {
+        let mut chunk: Option<Vec<u8>> = None;
         loop {
             let c = &mut self.conns.0[key];
             let (was_parked, was_paused) = (c.state.parked, c.state.paused);
-            let mut seen = Seen { ctx: &self.ctx, events: &mut c.events, dropped_bytes: &mut c.dropped_bytes };
-            let step = c.state.serve(key, &mut self.broker, self.now, &mut seen);
+            let mut seen = Seen {
+                ctx: &self.ctx,
+                events: &mut c.events,
+                dropped_bytes: &mut c.dropped_bytes,
+                discarded_bytes: &mut c.discarded_bytes,
+            };
+            let step = match chunk.take() {
+                Some(bytes) => c.state.serve_chunk(key, &bytes, &mut self.broker, self.now, &mut seen),
+                None => c.state.serve(key, &mut self.broker, self.now, &mut seen),
+            };
             self.parked_fetches += usize::from(!was_parked && c.state.parked);
             c.pauses += usize::from(!was_paused && c.state.paused);
             match step {
@@ -475,14 +492,14 @@ impl Sim {
                     return;
                 }
             }
-            let Some(chunk) = c.socket.pop_front() else {
+            let Some(next) = c.socket.pop_front() else {
                 if c.state.peer_closed {
                     self.end(key, "peer closed".into());
                 }
                 return;
             };
-            c.read_bytes += chunk.len();
-            c.discarded_bytes += c.state.receive(&chunk);
+            c.read_bytes += next.len();
+            chunk = Some(next);
         }
     }
 

@@ -4,7 +4,7 @@
 //! written, and the stops that end a serve (a parked FETCH, a held reply,
 //! backpressure, an ending).
 //!
-//! It is given bytes (`receive`) and a `Now` (`serve`), never reads a socket
+//! It is given bytes (`serve_chunk`) and a `Now`, never reads a socket
 //! or the clock, and never reaches back into the loop: `serve` returns a
 //! `Step` and the caller acts on it. So the reactor, which owns the socket,
 //! the timers and the turn, and the simulation in `fuzz/sim.rs`, which feeds
@@ -17,6 +17,10 @@ use crate::queue::ConsumerId;
 /// Idle buffers larger than this are given back, so thousands of quiet
 /// connections cost little.
 pub(crate) const IDLE_BUFFER_BYTES_MAX: usize = 256 << 10;
+
+/// A frame starts with its length (u32 LE), which counts the bytes after
+/// it (docs/protocol.md, "Frames").
+const LENGTH_FIELD_BYTES: usize = 4;
 
 /// What `ConnState::serve` asks of its caller.
 #[derive(Debug, PartialEq, Eq)]
@@ -41,6 +45,9 @@ pub trait Watch {
     /// The decoder refused the frame at the start of `input`, and its
     /// error reply was written (and the input skipped as `error.skip` says).
     fn refused(&mut self, _error: &DecodeError, _input: &[u8]) {}
+    /// `n` bytes of a chunk went to the bit bucket (the rest of a refused
+    /// frame).
+    fn discarded(&mut self, _n: usize) {}
 }
 
 impl Watch for () {}
@@ -107,23 +114,99 @@ impl ConnState {
         self.out.len() - self.out_pos
     }
 
-    /// Takes in a chunk read from the peer: what the bit bucket still owes
-    /// is dropped, the rest is buffered for `serve`. Returns the bytes
-    /// dropped.
-    pub fn receive(&mut self, chunk: &[u8]) -> usize {
-        let d = self.discard_bytes.min(chunk.len() as u64) as usize;
-        self.discard_bytes -= d as u64;
-        self.input.extend_from_slice(&chunk[d..]);
-        d
+    /// Serves what is buffered from earlier chunks: every complete frame is
+    /// decoded and handed to the broker (connection `key`), whose replies go
+    /// to `out`, until the input runs out or a stop: a parked FETCH, a held
+    /// reply followed by a request that is not held, half of
+    /// output_bytes_max pending, or an ending. Bad frames are answered and
+    /// skipped, the rest of an oversized one discarded as it arrives.
+    pub fn serve(&mut self, key: usize, broker: &mut Broker, now: Now, watch: &mut impl Watch) -> Step {
+        let input = std::mem::take(&mut self.input);
+        let (step, used) = self.serve_from(&input, key, broker, now, watch);
+        self.input = input;
+        self.input.drain(..used);
+        self.after_serve(step, now)
     }
 
-    /// Decodes every complete frame in the input and hands it to the
-    /// broker (connection `key`), whose replies go to `out`, until the input
-    /// runs out or a stop: a parked FETCH, a held reply followed by a
-    /// request that is not held, half of output_bytes_max pending, or an
-    /// ending. Bad frames are answered and skipped, the rest of an
-    /// oversized one discarded as it arrives (`receive`).
-    pub fn serve(&mut self, key: usize, broker: &mut Broker, now: Now, watch: &mut impl Watch) -> Step {
+    /// Takes a chunk read from the peer and serves it as `serve` does: what
+    /// the bit bucket still owes is dropped first. Frames are decoded from
+    /// the chunk where it lies; only a frame begun in an earlier chunk is
+    /// completed in the buffer (with just the bytes it lacks), and only an
+    /// incomplete frame, or frames left for the next turn, are copied into
+    /// it. So a payload is not copied on its way in just to be decoded.
+    /// Call it only after a serve that returned `Step::Continue` (the buffer
+    /// then holds at most the start of one frame).
+    pub fn serve_chunk(
+        &mut self,
+        key: usize,
+        chunk: &[u8],
+        broker: &mut Broker,
+        now: Now,
+        watch: &mut impl Watch,
+    ) -> Step {
+        let mut chunk = chunk;
+        // Twice at most: a frame completed in the buffer, then the rest.
+        loop {
+            let d = self.discard_bytes.min(chunk.len() as u64) as usize;
+            if d > 0 {
+                self.discard_bytes -= d as u64;
+                watch.discarded(d);
+                chunk = &chunk[d..];
+            }
+            if self.input.is_empty() {
+                let (step, used) = self.serve_from(chunk, key, broker, now, watch);
+                self.input.extend_from_slice(&chunk[used..]);
+                return self.after_serve(step, now);
+            }
+            let take = self.completing_bytes(chunk);
+            self.input.extend_from_slice(&chunk[..take]);
+            chunk = &chunk[take..];
+            let step = self.serve(key, broker, now, watch);
+            if chunk.is_empty() {
+                return step;
+            }
+            if step != Step::Continue {
+                self.input.extend_from_slice(chunk);
+                return step;
+            }
+            if !self.input.is_empty() {
+                // Not completed after all: serve the rest from the buffer.
+                self.input.extend_from_slice(chunk);
+                return self.serve(key, broker, now, watch);
+            }
+        }
+    }
+
+    /// How many bytes of `chunk` the frame begun in the buffer lacks (all
+    /// of `chunk` if that is not known yet, or is more).
+    fn completing_bytes(&self, chunk: &[u8]) -> usize {
+        let have = self.input.len();
+        if have + chunk.len() < LENGTH_FIELD_BYTES {
+            return chunk.len();
+        }
+        // The length field may straddle the buffer and the chunk.
+        let mut len = [0u8; LENGTH_FIELD_BYTES];
+        for (i, b) in len.iter_mut().enumerate() {
+            *b = if i < have { self.input[i] } else { chunk[i - have] };
+        }
+        // A frame is its length field and `len` more bytes, and never less
+        // than a header (the decoder waits for one before it looks at the
+        // length).
+        let frame = (LENGTH_FIELD_BYTES + u32::from_le_bytes(len) as usize).max(codec::HEADER_BYTES);
+        frame.saturating_sub(have).min(chunk.len())
+    }
+
+    /// The decode loop of `serve` over `input`, which is either the buffer
+    /// (taken out of `self` for the call) or a fresh chunk. Returns the step
+    /// and how many bytes of `input` were used.
+    fn serve_from(
+        &mut self,
+        input: &[u8],
+        key: usize,
+        broker: &mut Broker,
+        now: Now,
+        watch: &mut impl Watch,
+    ) -> (Step, usize) {
         let limits = *broker.decode_limits();
         let out_max = broker.config().limits.output_bytes_max as usize;
         let mut used = 0;
@@ -137,8 +220,8 @@ impl ConnState {
                 step = Step::Stop;
                 break;
             }
-            let input = &self.input[used..];
-            match codec::decode_request(input, &limits) {
+            let rest = &input[used..];
+            match codec::decode_request(rest, &limits) {
                 Ok(Decoded::NeedMore) => break,
                 Ok(Decoded::Frame(frame, n)) => {
                     if self.held && !broker::is_held(frame.request.op()) {
@@ -146,7 +229,7 @@ impl ConnState {
                         break;
                     }
                     let outcome = broker.handle(key, &mut self.session, &frame, now, &mut self.out);
-                    watch.handled(&frame, input, n);
+                    watch.handled(&frame, rest, n);
                     used += n;
                     self.last_active_ms = now.mono_ms;
                     match outcome {
@@ -165,23 +248,28 @@ impl ConnState {
                         break;
                     }
                     codec::encode_error(&mut self.out, e.op, e.request_id, e.code, &e.message);
-                    watch.refused(&e, input);
+                    watch.refused(&e, rest);
                     match e.skip {
                         Skip::Close => {
-                            used = self.input.len();
+                            used = input.len();
                             step = Step::End(format!("frame boundary lost: {}", e.message));
                             break;
                         }
-                        Skip::Bytes(n) if n <= input.len() => used += n,
+                        Skip::Bytes(n) if n <= rest.len() => used += n,
                         Skip::Bytes(n) => {
-                            self.discard_bytes = (n - input.len()) as u64;
-                            used = self.input.len();
+                            self.discard_bytes = (n - rest.len()) as u64;
+                            used = input.len();
                         }
                     }
                 }
             }
         }
-        self.input.drain(..used);
+        (step, used)
+    }
+
+    /// What every serve ends with: an idle buffer given back, the frame
+    /// timeout started or stopped, a parked FETCH's stop.
+    fn after_serve(&mut self, mut step: Step, now: Now) -> Step {
         if self.input.is_empty() && self.input.capacity() > IDLE_BUFFER_BYTES_MAX {
             self.input = Vec::new();
         }

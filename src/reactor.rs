@@ -551,8 +551,11 @@ impl Reactor {
         // read that would only say EAGAIN is skipped — one syscall less per
         // request. Unless the peer has closed: then read on to the EOF.
         let mut drained = false;
+        // First what earlier turns left buffered, then each chunk as it is
+        // read.
+        let mut step = self.decode_input(key, now, None);
         loop {
-            match self.decode_input(key, now) {
+            match step {
                 Step::Continue => {}
                 Step::Stop => return,
                 Step::Resume => {
@@ -581,10 +584,10 @@ impl Reactor {
                     read += n;
                     drained = n < self.scratch.len() && !c.state.peer_closed;
                     self.broker.stats.bytes_in += n as u64;
-                    c.state.receive(&self.scratch[..n]);
+                    step = self.decode_input(key, now, Some(n));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => step = Step::Continue,
                 Err(e) => {
                     self.end(key, &format!("read error: {e}"));
                     return;
@@ -594,12 +597,17 @@ impl Reactor {
     }
 
     /// Decodes and serves every complete frame in the connection's input
-    /// (`ConnState::serve`), and notes what that leaves for the turn: a
-    /// held reply to release after the commit, output to flush.
-    fn decode_input(&mut self, key: usize, now: Now) -> Step {
+    /// (`ConnState::serve`), or in the first `chunk` bytes just read into
+    /// the scratch buffer (`ConnState::serve_chunk`), and notes what that
+    /// leaves for the turn: a held reply to release after the commit,
+    /// output to flush.
+    fn decode_input(&mut self, key: usize, now: Now, chunk: Option<usize>) -> Step {
         let Some(c) = self.conns.get_mut(key) else { return Step::Stop };
         let was_held = c.state.held;
-        let step = c.state.serve(key, &mut self.broker, now, &mut ());
+        let step = match chunk {
+            Some(n) => c.state.serve_chunk(key, &self.scratch[..n], &mut self.broker, now, &mut ()),
+            None => c.state.serve(key, &mut self.broker, now, &mut ()),
+        };
         if c.state.held && !was_held {
             self.held.push(key);
         }

@@ -14,4 +14,5 @@ pid=$!
 for _ in $(seq 100); do python3 -c 'import socket; socket.create_connection(("127.0.0.1",17731))' 2>/dev/null && break; sleep 0.1; done
 python3 "$here/drive.py"
 kill -INT "$pid"; wait "$pid" || true
+cp "$out/cg.out" /tmp/last-cg.out 2>/dev/null || true
 callgrind_annotate "$out/cg.out" 2>/dev/null | sed -n '/PROGRAM TOTALS/p;/file:function/,+20p'

@@ -1,5 +1,7 @@
 # Drives a fixed load against a broker on 127.0.0.1:17731 (see callgrind.sh).
-import socket, struct, time
+import os, socket, struct, time
+# DRIVE_PAYLOAD_BYTES / DRIVE_ROUNDS change the load (default 128 B, 100 rounds).
+PAYLOAD=int(os.environ.get("DRIVE_PAYLOAD_BYTES","128")); ROUNDS=int(os.environ.get("DRIVE_ROUNDS","100"))
 s=socket.create_connection(("127.0.0.1",17731)); s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 def frame(op, rid, body): return struct.pack("<IBBHI", 8+len(body), op, 0, 0, rid)+body
 buf=b""
@@ -13,15 +15,15 @@ def recv_frames(k):
         buf+=s.recv(1<<20)
     return out
 s.sendall(frame(1,1,struct.pack("<HHH",1,1,0))); recv_frames(1)
-topic=b"t"; payload=b"x"*128
+topic=b"t"; payload=b"x"*PAYLOAD
 body=struct.pack("<H",len(topic))+topic+struct.pack("<I",1)+struct.pack("<I",len(payload))+payload
 t=time.time()
-for r in range(100):
+for r in range(ROUNDS):
     s.sendall(b"".join(frame(0x10,i,body) for i in range(256))); recv_frames(256)
-print("25600 pipelined produces", time.time()-t)
+print(ROUNDS*256, "pipelined produces", time.time()-t)
 # fetch + ack
 got=0
-for r in range(100):
+for r in range(ROUNDS):
     fb=struct.pack("<H",1)+b"t"+struct.pack("<IIII",256,0,0,0)
     s.sendall(frame(0x11,1,fb)); f=recv_frames(1)[0]
     # parse ids
