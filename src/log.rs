@@ -44,8 +44,9 @@ const RETAIN_BYTES_MAX: usize = 64 << 20;
 pub const RECORD_BYTES_MAX: usize = 1 << 30;
 /// Space reserved ahead of the writes in the active segment, in steps of
 /// this many bytes (capped at the segment size). An append that grows the
-/// file makes every `fdatasync` also commit the new size through the
-/// filesystem's journal; writing into reserved space does not, which cuts
+/// file makes every `fdatasync` also write the file's metadata (its new
+/// size, to the inode or the journal); writing into reserved space does not
+/// change the size, which cuts
 /// a durable depth-1 produce's sync by a third here (bench/README.md). The
 /// reserved tail reads as zeros until written; recovery knows that.
 const RESERVE_AHEAD_BYTES: u64 = 1 << 20;
