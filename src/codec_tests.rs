@@ -15,6 +15,7 @@
 
 use super::*;
 use crate::limits::Limits;
+use crate::testkit::{Rng, SeedGuard, seeds};
 use std::collections::BTreeSet;
 use std::ops::Range;
 
@@ -22,40 +23,14 @@ use std::ops::Range;
 // Seeded randomness.
 // ---------------------------------------------------------------------------
 
-/// splitmix64: tiny, seedable, and good enough to drive tests.
-struct Rng(u64);
+/// What the codec's tests draw beyond `testkit::Rng`'s basics.
+trait CodecRng {
+    fn small_bytes(&mut self, n: usize) -> Vec<u8>;
+    fn ascii(&mut self, len: usize) -> String;
+    fn topic(&mut self) -> String;
+}
 
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// A number in `0..n`.
-    fn below(&mut self, n: usize) -> usize {
-        assert!(n > 0);
-        (self.next_u64() % n as u64) as usize
-    }
-    /// A number in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        assert!(lo <= hi);
-        lo + self.below(hi - lo + 1)
-    }
-    /// True once in `n` times.
-    fn one_in(&mut self, n: usize) -> bool {
-        self.below(n) == 0
-    }
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len())]
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next_u64() as u8).collect()
-    }
+impl CodecRng for Rng {
     /// Bytes that are mostly small numbers, so that counts and lengths read
     /// from them often fit in the frame and the parsers get further.
     fn small_bytes(&mut self, n: usize) -> Vec<u8> {
@@ -82,37 +57,9 @@ impl Rng {
     }
 }
 
-/// The seeds a randomized test runs: `0..count`, or only `RUNNEL_SEED`.
-fn seeds(count: u64) -> Vec<u64> {
-    match std::env::var("RUNNEL_SEED") {
-        Ok(s) => {
-            let s = s.trim();
-            let parsed = match s.strip_prefix("0x") {
-                Some(hex) => u64::from_str_radix(hex, 16),
-                None => s.parse(),
-            };
-            vec![parsed.unwrap_or_else(|e| panic!("RUNNEL_SEED={s:?} is not a u64: {e}"))]
-        }
-        Err(_) => (0..count).collect(),
-    }
-}
-
-/// Names the seed on stderr when the test panics while the guard is alive,
-/// so that a panic inside the codec, not only a failed assertion, replays.
-struct SeedGuard {
-    test: &'static str,
-    seed: u64,
-}
-
-impl Drop for SeedGuard {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "{} failed with seed {}; replay with RUNNEL_SEED={} cargo test --lib codec",
-                self.test, self.seed, self.seed
-            );
-        }
-    }
+/// Names a panicking test's seed with the command that replays it.
+fn seed_guard(test: &'static str, seed: u64) -> SeedGuard {
+    SeedGuard { test, seed, replay: "cargo test --lib codec" }
 }
 
 // ---------------------------------------------------------------------------
@@ -793,7 +740,7 @@ fn every_prefix_of_a_request_needs_more() {
 #[test]
 fn every_prefix_of_a_random_request_needs_more() {
     for seed in seeds(300) {
-        let _guard = SeedGuard { test: "every_prefix_of_a_random_request_needs_more", seed };
+        let _guard = seed_guard("every_prefix_of_a_random_request_needs_more", seed);
         let mut rng = Rng::new(seed);
         let buf = random_request_frame(&mut rng);
         assert!(matches!(decode_request(&buf, &SMALL), Ok(Decoded::Frame(_, n)) if n == buf.len()), "seed {seed}");
@@ -975,7 +922,7 @@ fn random_pieces(rng: &mut Rng, total: usize) -> Vec<usize> {
 #[test]
 fn any_split_of_a_request_stream_gives_the_same_frames() {
     for seed in seeds(1000) {
-        let _guard = SeedGuard { test: "any_split_of_a_request_stream_gives_the_same_frames", seed };
+        let _guard = seed_guard("any_split_of_a_request_stream_gives_the_same_frames", seed);
         let mut rng = Rng::new(seed);
         let mut stream = Vec::new();
         let mut want = Vec::new();
@@ -1128,7 +1075,7 @@ fn decode_reply_stream(stream: &[u8], pieces: &[usize]) -> Vec<String> {
 #[test]
 fn any_split_of_a_reply_stream_gives_the_same_replies() {
     for seed in seeds(1000) {
-        let _guard = SeedGuard { test: "any_split_of_a_reply_stream_gives_the_same_replies", seed };
+        let _guard = seed_guard("any_split_of_a_reply_stream_gives_the_same_replies", seed);
         let mut rng = Rng::new(seed);
         let mut stream = Vec::new();
         let mut want = Vec::new();
@@ -1624,7 +1571,7 @@ fn garbage_never_panics_and_the_decoders_agree_with_the_bytes() {
         DecodeLimits { frame_bytes_max: 40, message_bytes_max: 3, batch_messages_max: 2, topic_name_bytes_max: 2 };
     let limit_sets = [SMALL, default_limits(), DecodeLimits::CLIENT, tiny];
     for seed in seeds(1000) {
-        let _guard = SeedGuard { test: "garbage_never_panics_and_the_decoders_agree_with_the_bytes", seed };
+        let _guard = seed_guard("garbage_never_panics_and_the_decoders_agree_with_the_bytes", seed);
         let mut rng = Rng::new(seed);
         for _ in 0..150 {
             let buf = garbage(&mut rng);
@@ -1641,7 +1588,7 @@ fn garbage_never_panics_and_the_decoders_agree_with_the_bytes() {
 fn valid_frames_pass_the_same_checks() {
     // The property checks must hold for good input too, or they prove little.
     for seed in seeds(100) {
-        let _guard = SeedGuard { test: "valid_frames_pass_the_same_checks", seed };
+        let _guard = seed_guard("valid_frames_pass_the_same_checks", seed);
         let mut rng = Rng::new(seed);
         let request = random_request_frame(&mut rng);
         assert!(matches!(decode_request(&request, &SMALL), Ok(Decoded::Frame(..))), "seed {seed}");

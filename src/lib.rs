@@ -10,7 +10,8 @@
 //! - `queue`: a topic's messages and its consumer state;
 //! - `broker`: applies requests to the queues and drives a turn;
 //! - `reactor`: the one mio loop, its connections and the clock;
-//! - `client`: a blocking client that speaks only the wire protocol.
+//! - `client`: a blocking client that speaks only the wire protocol;
+//! - `testkit`: seeded randomness shared by the tests (not the broker's).
 
 pub mod broker;
 pub mod client;
@@ -21,4 +22,6 @@ pub mod log;
 pub mod metrics;
 pub mod queue;
 pub mod reactor;
+#[doc(hidden)]
+pub mod testkit;
 pub mod wheel;

@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 
 use super::*;
+use crate::testkit::{Rng, seeds};
 use crate::wheel::Wheel;
 
 // ---------------------------------------------------------------------------
@@ -975,33 +976,6 @@ fn topic_counters() {
 // Randomized model test
 // ---------------------------------------------------------------------------
 
-/// splitmix64: tiny, fast, and good enough to pick operations.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `0..n` (n > 0; the modulo bias does not matter here).
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi - lo + 1)
-    }
-    fn percent(&mut self, p: u64) -> bool {
-        self.below(100) < p
-    }
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len() as u64) as usize]
-    }
-}
-
 /// Where a message is, in the reference model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -1647,16 +1621,7 @@ fn run_model(seed: u64, steps: usize) {
 fn topic_matches_model_under_random_operations() {
     const SEEDS: u64 = 100;
     const STEPS: usize = 1500;
-    match std::env::var("RUNNEL_SEED") {
-        Ok(s) => {
-            let seed = s.trim().parse().unwrap_or_else(|_| panic!("RUNNEL_SEED={s:?} is not a u64"));
-            println!("replaying seed {seed}");
-            run_model(seed, STEPS);
-        }
-        Err(_) => {
-            for seed in 0..SEEDS {
-                run_model(seed, STEPS);
-            }
-        }
+    for seed in seeds(SEEDS) {
+        run_model(seed, STEPS);
     }
 }

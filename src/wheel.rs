@@ -413,6 +413,7 @@ impl<T> Wheel<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::{Rng, seeds};
     use std::collections::{BTreeMap, HashMap};
 
     /// 64^k for k in 0..=10, as ms.
@@ -612,28 +613,9 @@ mod tests {
     // Randomized model test against a BTreeMap
     // -----------------------------------------------------------------------
 
-    /// splitmix64: tiny, seedable, good enough to drive a model test.
-    struct SplitMix64(u64);
-
-    impl SplitMix64 {
-        fn next_u64(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-
-        /// Uniform-ish in `0..n`; the modulo bias does not matter here.
-        fn below(&mut self, n: u64) -> u64 {
-            assert!(n > 0);
-            self.next_u64() % n
-        }
-
-        /// A value of random magnitude: log-uniform over `2^min_bits..2^64`.
-        fn magnitude(&mut self, min_bits: u64) -> u64 {
-            self.next_u64() >> self.below(64 - min_bits)
-        }
+    /// A value of random magnitude: log-uniform over `2^min_bits..2^64`.
+    fn magnitude(rng: &mut Rng, min_bits: u64) -> u64 {
+        rng.next_u64() >> rng.below(64 - min_bits)
     }
 
     /// The obvious implementation: pending timers ordered by (deadline, insert
@@ -652,7 +634,7 @@ mod tests {
         seed: u64,
         /// Operations per run (count).
         ops: u64,
-        rng: SplitMix64,
+        rng: Rng,
         wheel: Wheel<u64>,
         model: Model,
         /// Every key ever issued, live or stale (count grows with ops).
@@ -665,11 +647,11 @@ mod tests {
 
     impl Run {
         fn new(seed: u64, ops: u64) -> Run {
-            let mut rng = SplitMix64(seed);
+            let mut rng = Rng::new(seed);
             let start_ms = match rng.below(10) {
                 0..=3 => 0,
                 4..=6 => rng.below(1 << 20),
-                7 | 8 => rng.magnitude(0) >> 2,
+                7 | 8 => magnitude(&mut rng, 0) >> 2,
                 _ => u64::MAX - rng.below(1 << 24),
             };
             Run {
@@ -701,7 +683,7 @@ mod tests {
                 5 | 6 if !self.recent_ms.is_empty() => self.recent_ms[rng.below(self.recent_ms.len() as u64) as usize],
                 7 => now_ms.saturating_add(rng.below(1 << 20)),
                 8 => now_ms.saturating_add(rng.below(1 << 36)),
-                9 => now_ms.saturating_add(rng.magnitude(0)),
+                9 => now_ms.saturating_add(magnitude(rng, 0)),
                 10 => u64::MAX - rng.below(2),
                 _ => rng.next_u64(),
             }
@@ -717,7 +699,7 @@ mod tests {
                 3 => now_ms.saturating_add(rng.below(5000)),
                 4 => now_ms.saturating_add(rng.below(1 << 24)),
                 // Large jumps, kept below 2^56 so most runs do not end at u64::MAX.
-                5 => now_ms.saturating_add(rng.magnitude(8)),
+                5 => now_ms.saturating_add(magnitude(rng, 8)),
                 6 | 7 => self.wheel.next_deadline_ms().unwrap_or(now_ms),
                 8 => self.model.pending.keys().next().map_or(now_ms, |&(deadline_ms, _)| deadline_ms),
                 _ => now_ms.saturating_sub(rng.below(100)),
@@ -835,16 +817,8 @@ mod tests {
         const SEEDS: u64 = 200;
         const OPS: u64 = 2000;
         // RUNNEL_SEED=<n> replays one failing seed.
-        match std::env::var("RUNNEL_SEED") {
-            Ok(text) => match text.trim().parse::<u64>() {
-                Ok(seed) => Run::new(seed, OPS).run(),
-                Err(error) => panic!("RUNNEL_SEED={text:?} is not a u64: {error}"),
-            },
-            Err(_) => {
-                for seed in 0..SEEDS {
-                    Run::new(seed, OPS).run();
-                }
-            }
+        for seed in seeds(SEEDS) {
+            Run::new(seed, OPS).run();
         }
     }
 }

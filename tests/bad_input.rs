@@ -593,19 +593,19 @@ fn random_garbage_never_kills_the_broker() {
         if mode < 2 {
             // Pure noise.
             let n = 1 + rng.below(3000) as usize;
-            bytes.extend((0..n).map(|_| rng.next() as u8));
+            bytes.extend((0..n).map(|_| rng.next_u64() as u8));
         } else {
             // Frames with plausible headers and random bodies.
             for _ in 0..1 + rng.below(40) {
                 let body_len = rng.below(48) as usize;
                 let mut f = vec![0u8; 12 + body_len];
-                f[4] = if rng.below(8) == 0 { rng.next() as u8 } else { ops[rng.below(ops.len() as u64) as usize] };
+                f[4] = if rng.below(8) == 0 { rng.next_u64() as u8 } else { ops[rng.below(ops.len() as u64) as usize] };
                 if rng.below(10) == 0 {
-                    f[5] = rng.next() as u8;
+                    f[5] = rng.next_u64() as u8;
                 }
-                f[8..12].copy_from_slice(&(rng.next() as u32).to_le_bytes());
+                f[8..12].copy_from_slice(&(rng.next_u64() as u32).to_le_bytes());
                 for b in &mut f[12..] {
-                    *b = if rng.below(3) == 0 { 0 } else { rng.next() as u8 };
+                    *b = if rng.below(3) == 0 { 0 } else { rng.next_u64() as u8 };
                 }
                 // Now and then a plausible topic length.
                 if body_len >= 3 && rng.below(2) == 0 {
@@ -614,7 +614,7 @@ fn random_garbage_never_kills_the_broker() {
                 }
                 let mut f = reframe(f);
                 if rng.below(20) == 0 {
-                    f[..4].copy_from_slice(&(rng.next() as u32).to_le_bytes());
+                    f[..4].copy_from_slice(&(rng.next_u64() as u32).to_le_bytes());
                 }
                 bytes.extend(f);
             }

@@ -28,40 +28,19 @@ use std::path::{Path, PathBuf};
 use runnel::codec::{
     self, Batch, DecodeLimits, HEADER_BYTES, Ids, NACK_FLAG_DEAD_LETTER, REPLY_BIT, Request, TopicSettings, op,
 };
+use runnel::testkit::{Rng, SeedGuard, seeds};
 use sim::{FuzzInput, SimConfig};
 
 // ---------------------------------------------------------------------------
 // Seeded randomness.
 // ---------------------------------------------------------------------------
 
-/// splitmix64.
-struct Rng(u64);
+/// An edge-heavy u32, beyond `testkit::Rng`'s basics.
+trait EdgeRng {
+    fn u32(&mut self) -> u32;
+}
 
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// A number in `0..n` (n > 0).
-    fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-    /// A number in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.below(hi - lo + 1)
-    }
-    fn one_in(&mut self, n: usize) -> bool {
-        self.below(n) == 0
-    }
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len())]
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next_u64() as u8).collect()
-    }
+impl EdgeRng for Rng {
     /// A u32 that is often at an edge.
     fn u32(&mut self) -> u32 {
         match self.below(4) {
@@ -73,30 +52,9 @@ impl Rng {
     }
 }
 
-/// The seeds of a randomized test: `0..count`, or only `RUNNEL_SEED`.
-fn seeds(count: u64) -> Vec<u64> {
-    match std::env::var("RUNNEL_SEED") {
-        Ok(s) => vec![s.trim().parse().unwrap_or_else(|e| panic!("RUNNEL_SEED={s:?} is not a u64: {e}"))],
-        Err(_) => (0..count).collect(),
-    }
-}
-
-/// Names the seed when the test panics while the guard is alive, so that a
-/// panic inside the broker, not only a failed assertion, replays.
-struct SeedGuard {
-    test: &'static str,
-    seed: u64,
-}
-
-impl Drop for SeedGuard {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "{} failed with seed {}; replay with RUNNEL_SEED={} cargo test --release --test stream_props {}",
-                self.test, self.seed, self.seed, self.test
-            );
-        }
-    }
+/// Names a panicking test's seed with the command that replays it.
+fn seed_guard(test: &'static str, seed: u64) -> SeedGuard {
+    SeedGuard { test, seed, replay: "cargo test --release --test stream_props" }
 }
 
 // ---------------------------------------------------------------------------
@@ -335,7 +293,7 @@ fn streams_agree_whole_split_and_trickled() {
     let mut replies = std::collections::BTreeSet::new();
     let (mut parked, mut pauses, mut compactions, mut ended) = (0, 0, 0, std::collections::BTreeSet::new());
     for seed in seeds(STREAM_SEEDS) {
-        let _guard = SeedGuard { test: "streams_agree_whole_split_and_trickled", seed };
+        let _guard = seed_guard("streams_agree_whole_split_and_trickled", seed);
         let mut rng = Rng(seed);
         let flags = random_flags(&mut rng);
         let cfg = SimConfig::from_flags(flags);
@@ -370,7 +328,7 @@ fn two_connections_get_their_replies_in_order() {
     let all_seeds = std::env::var_os("RUNNEL_SEED").is_none();
     let mut woken_by_delete = 0;
     for seed in seeds(STREAM_SEEDS / 3) {
-        let _guard = SeedGuard { test: "two_connections_get_their_replies_in_order", seed };
+        let _guard = seed_guard("two_connections_get_their_replies_in_order", seed);
         let mut rng = Rng(seed);
         let flags = random_flags(&mut rng);
         let cfg = SimConfig::from_flags(flags);
@@ -430,7 +388,7 @@ fn decode_input(rng: &mut Rng) -> Vec<u8> {
 #[test]
 fn the_decoders_agree_with_the_bytes() {
     for seed in seeds(2000) {
-        let _guard = SeedGuard { test: "the_decoders_agree_with_the_bytes", seed };
+        let _guard = seed_guard("the_decoders_agree_with_the_bytes", seed);
         let mut rng = Rng(seed);
         for _ in 0..20 {
             let buf = decode_input(&mut rng);
@@ -448,7 +406,7 @@ fn the_decoders_agree_with_the_bytes() {
 #[test]
 fn replies_the_broker_writes_round_trip() {
     for seed in seeds(50) {
-        let _guard = SeedGuard { test: "replies_the_broker_writes_round_trip", seed };
+        let _guard = seed_guard("replies_the_broker_writes_round_trip", seed);
         let mut rng = Rng(seed);
         let cfg = SimConfig::from_flags(0);
         let (stream, _) = random_stream(&mut rng, b"");

@@ -98,23 +98,6 @@ impl Drop for Server {
     }
 }
 
-/// A small seeded PRNG (splitmix64) for randomized tests.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-}
-
-/// The seed for a randomized test: RUNNEL_SEED if set, else `default`.
-pub fn seed(default: u64) -> u64 {
-    std::env::var("RUNNEL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
-}
+/// Seeded randomness, shared with the unit tests and the fuzz simulation.
+#[allow(unused_imports)] // not every test file draws numbers
+pub use runnel::testkit::{Rng, seed};
