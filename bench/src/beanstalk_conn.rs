@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::os::fd::RawFd;
 
-use crate::conn::{Consumer, Producer};
+use crate::conn::{Consumer, Producer, WireReplies};
 use crate::wire::Wire;
 
 /// Priority of every job (beanstalkd's conventional default).
@@ -114,7 +114,15 @@ impl BeanstalkProducer {
         setup(&mut wire, &format!("use {tube}\r\n"))?;
         Ok(BeanstalkProducer { wire, in_flight: 0 })
     }
+}
 
+impl WireReplies for BeanstalkProducer {
+    fn wire(&mut self) -> &mut Wire {
+        &mut self.wire
+    }
+    fn pending(&self) -> usize {
+        self.in_flight
+    }
     fn parse_one(&mut self) -> Result<Option<u32>, String> {
         match parse(self.wire.input())? {
             None => Ok(None),
@@ -140,22 +148,10 @@ impl Producer for BeanstalkProducer {
         self.wire.flush()
     }
     fn recv(&mut self) -> Result<u32, String> {
-        loop {
-            if let Some(n) = self.parse_one()? {
-                return Ok(n);
-            }
-            self.wire.fill()?;
-        }
+        self.recv_next()
     }
     fn recv_ready(&mut self, on_reply: &mut dyn FnMut(u32)) -> Result<(), String> {
-        while self.in_flight > 0 {
-            match self.parse_one()? {
-                Some(n) => on_reply(n),
-                None if self.wire.fill_now()? => {}
-                None => break,
-            }
-        }
-        Ok(())
+        self.recv_arrived(on_reply)
     }
     fn in_flight(&self) -> usize {
         self.in_flight

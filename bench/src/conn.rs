@@ -13,6 +13,7 @@ use std::os::fd::RawFd;
 use std::time::Duration;
 
 use crate::server::Kind;
+use crate::wire::Wire;
 use crate::{beanstalk_conn, redis_conn, runnel_conn};
 
 /// How long any blocking read may wait before the bench gives up on a
@@ -21,6 +22,40 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a write may block (a broker that stops reading must not hang
 /// an open-loop sender).
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The reply side of a producer whose replies are parsed one at a time off
+/// its `Wire` (the Redis and beanstalkd clients): `Producer::recv` and
+/// `recv_ready` are these two loops.
+pub trait WireReplies {
+    fn wire(&mut self) -> &mut Wire;
+    /// The next reply if it is whole in the buffer, consumed: how many
+    /// messages it acknowledged.
+    fn parse_one(&mut self) -> Result<Option<u32>, String>;
+    /// Requests sent and not yet answered.
+    fn pending(&self) -> usize;
+
+    /// Waits for the next reply.
+    fn recv_next(&mut self) -> Result<u32, String> {
+        loop {
+            if let Some(n) = self.parse_one()? {
+                return Ok(n);
+            }
+            self.wire().fill()?;
+        }
+    }
+
+    /// Takes every reply that has already arrived, without waiting.
+    fn recv_arrived(&mut self, on_reply: &mut dyn FnMut(u32)) -> Result<(), String> {
+        while self.pending() > 0 {
+            match self.parse_one()? {
+                Some(n) => on_reply(n),
+                None if self.wire().fill_now()? => {}
+                None => break,
+            }
+        }
+        Ok(())
+    }
+}
 
 /// One producing connection. Requests are queued, written by `flush`, and
 /// answered in order.

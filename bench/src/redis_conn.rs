@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::os::fd::RawFd;
 
-use crate::conn::{Consumer, Producer};
+use crate::conn::{Consumer, Producer, WireReplies};
 use crate::wire::Wire;
 
 /// The consumer group every bench consumer joins.
@@ -185,7 +185,15 @@ impl RedisProducer {
     pub fn connect(addr: SocketAddr, topic: &str) -> Result<RedisProducer, String> {
         Ok(RedisProducer { wire: Wire::connect(addr, "redis")?, topic: topic.as_bytes().to_vec(), in_flight: 0 })
     }
+}
 
+impl WireReplies for RedisProducer {
+    fn wire(&mut self) -> &mut Wire {
+        &mut self.wire
+    }
+    fn pending(&self) -> usize {
+        self.in_flight
+    }
     /// One XADD reply from the buffered input, if it is all there.
     fn parse_one(&mut self) -> Result<Option<u32>, String> {
         let mut c = Cur { b: self.wire.input(), pos: 0 };
@@ -211,22 +219,10 @@ impl Producer for RedisProducer {
         self.wire.flush()
     }
     fn recv(&mut self) -> Result<u32, String> {
-        loop {
-            if let Some(n) = self.parse_one()? {
-                return Ok(n);
-            }
-            self.wire.fill()?;
-        }
+        self.recv_next()
     }
     fn recv_ready(&mut self, on_reply: &mut dyn FnMut(u32)) -> Result<(), String> {
-        while self.in_flight > 0 {
-            match self.parse_one()? {
-                Some(n) => on_reply(n),
-                None if self.wire.fill_now()? => {}
-                None => break,
-            }
-        }
-        Ok(())
+        self.recv_arrived(on_reply)
     }
     fn in_flight(&self) -> usize {
         self.in_flight

@@ -803,6 +803,106 @@ enum W3Point {
     End,
 }
 
+/// The open-loop send schedule of W3 and W3B: message `k` is due at
+/// `start + k × interval` and stamped with that intended time, so a stall
+/// of the broker or the sender is charged in full (no coordinated
+/// omission); the produce acknowledgements are timed from it too.
+struct Schedule {
+    start_ns: u64,
+    interval_ns: u64,
+    end_ns: u64,
+    /// Samples before this are warm-up, left out of the percentiles.
+    warm_ns: u64,
+    /// Messages sent so far (the next one's index).
+    next: u64,
+    /// Intended send times of the produces not yet acknowledged.
+    intended: VecDeque<u64>,
+    ack_lat: Samples,
+    /// Messages acknowledged.
+    acked: u64,
+    buf: Vec<u8>,
+}
+
+impl Schedule {
+    fn new(rate: u64, s: &Scale) -> Schedule {
+        // Start a little ahead so set-up is not charged to the first message.
+        let start_ns = now_ns() + 5_000_000;
+        Schedule {
+            start_ns,
+            interval_ns: 1_000_000_000 / rate,
+            end_ns: start_ns + s.w3_time.as_nanos() as u64,
+            warm_ns: start_ns + s.w3_warmup.as_nanos() as u64,
+            next: 0,
+            intended: VecDeque::new(),
+            ack_lat: Samples::default(),
+            acked: 0,
+            buf: vec![b'x'; SIZE],
+        }
+    }
+
+    /// When the next message is due.
+    fn next_due_ns(&self) -> u64 {
+        self.start_ns + self.next * self.interval_ns
+    }
+
+    /// Whether sending time is over at `now`.
+    fn over(&self, now: u64) -> bool {
+        now >= self.end_ns
+    }
+
+    /// Queues every message due by `now` (all that a late wake-up owes)
+    /// and writes them with one flush.
+    fn send_due(&mut self, now: u64, p: &mut dyn Producer) -> Result<(), String> {
+        let mut queued = false;
+        while self.next_due_ns() <= now && self.next_due_ns() < self.end_ns {
+            let t = self.next_due_ns();
+            tracker::stamp(&mut self.buf, tracker::seq(0, self.next), t);
+            p.queue(&self.buf);
+            self.intended.push_back(t);
+            self.next += 1;
+            queued = true;
+        }
+        if queued { p.flush() } else { Ok(()) }
+    }
+
+    /// A produce reply acknowledging `n` messages arrived.
+    fn on_ack(&mut self, n: u32) {
+        self.acked += u64::from(n);
+        if let Some(t) = self.intended.pop_front()
+            && t >= self.warm_ns
+        {
+            self.ack_lat.push(now_ns().saturating_sub(t));
+        }
+    }
+
+    /// The **saturated** note, once the oldest unacknowledged produce is
+    /// more than `lag_max` old.
+    fn saturated(&self, lag_max: Duration) -> Option<String> {
+        let lag = now_ns().saturating_sub(*self.intended.front()?);
+        (lag > lag_max.as_nanos() as u64).then(|| {
+            format!(
+                "**saturated**: {:.1} s in, the oldest unacknowledged produce was {:.1} s old; stopped sending",
+                now_ns().saturating_sub(self.start_ns) as f64 / 1e9,
+                lag as f64 / 1e9
+            )
+        })
+    }
+
+    /// Seconds of sending, if it stopped at `now`.
+    fn sent_secs(&self, now: u64) -> f64 {
+        (now.min(self.end_ns).saturating_sub(self.start_ns)) as f64 / 1e9
+    }
+
+    /// The produce-acknowledged percentiles and the offered rate, into `r`.
+    fn report(self, rate: u64, r: &mut RunResult) {
+        if let Some(a) = self.ack_lat.summarize("produce acknowledged, from intended send time") {
+            r.extra.push(("produce_ack_p50_us".into(), a.p50_ns as f64 / 1e3));
+            r.extra.push(("produce_ack_p99_us".into(), a.p99_ns as f64 / 1e3));
+        }
+        r.extra.push(("offered_msgs_per_s".into(), rate as f64));
+    }
+}
+
 fn w3(
     ctx: &Ctx<'_>,
     rate: u64,
@@ -814,11 +914,7 @@ fn w3(
     ctx.target.prepare(&topic)?;
     let mut p = ctx.target.producer(&topic)?;
     let consumer = ctx.target.consumer(&topic, "c0")?;
-    let interval_ns = 1_000_000_000 / rate;
-    // Start a little ahead so set-up is not charged to the first message.
-    let start_ns = now_ns() + 5_000_000;
-    let warm_ns = start_ns + s.w3_warmup.as_nanos() as u64;
-    let end_ns = start_ns + s.w3_time.as_nanos() as u64;
+    let mut sched = Schedule::new(rate, s);
     let done = Arc::new(AtomicBool::new(false));
     let expected = Arc::new(AtomicU64::new(u64::MAX));
     let delivered = Arc::new(AtomicU64::new(0));
@@ -826,7 +922,7 @@ fn w3(
         done: done.clone(),
         expected: expected.clone(),
         delivered: delivered.clone(),
-        from_ns: warm_ns,
+        from_ns: sched.warm_ns,
         window_end_ns: Arc::new(AtomicU64::new(u64::MAX)),
         idle: s.drain_idle,
         consume_max: ctx.consume_max(),
@@ -836,69 +932,38 @@ fn w3(
         .spawn(move || run.run(consumer))
         .map_err(|e| format!("cannot start a thread: {e}"))?;
     sys::set_timer_slack_ns(1_000);
-    at(W3Point::Start(start_ns))?;
+    at(W3Point::Start(sched.start_ns))?;
     let cpu = CpuMeter::start(ctx.server);
-    let mut buf = vec![b'x'; SIZE];
-    let mut intended: VecDeque<u64> = VecDeque::new();
-    let mut ack_lat = Samples::default();
-    let (mut next, mut acked) = (0u64, 0u64);
     let mut saturated: Option<String> = None;
-    let mut take = |n: u32, intended: &mut VecDeque<u64>, acked: &mut u64| {
-        *acked += u64::from(n);
-        if let Some(t) = intended.pop_front()
-            && t >= warm_ns
-        {
-            ack_lat.push(now_ns().saturating_sub(t));
-        }
-    };
     let producing: Result<(), String> = (|| {
         loop {
             let now = now_ns();
-            if now >= end_ns {
+            if sched.over(now) {
                 return Ok(());
             }
-            let mut queued = false;
-            while start_ns + next * interval_ns <= now && start_ns + next * interval_ns < end_ns {
-                let t = start_ns + next * interval_ns;
-                tracker::stamp(&mut buf, tracker::seq(0, next), t);
-                p.queue(&buf);
-                intended.push_back(t);
-                next += 1;
-                queued = true;
+            sched.send_due(now, p.as_mut())?;
+            p.recv_ready(&mut |n| sched.on_ack(n))?;
+            saturated = sched.saturated(s.w3_lag_max);
+            if saturated.is_some() {
+                return Ok(());
             }
-            if queued {
-                p.flush()?;
-            }
-            p.recv_ready(&mut |n| take(n, &mut intended, &mut acked))?;
-            if let Some(&oldest) = intended.front() {
-                let lag = now_ns().saturating_sub(oldest);
-                if lag > s.w3_lag_max.as_nanos() as u64 {
-                    saturated = Some(format!(
-                        "**saturated**: {:.1} s in, the oldest unacknowledged produce was {:.1} s old; stopped sending",
-                        now_ns().saturating_sub(start_ns) as f64 / 1e9,
-                        lag as f64 / 1e9
-                    ));
-                    return Ok(());
-                }
-            }
-            let due = start_ns + next * interval_ns;
-            let wait = due.saturating_sub(now_ns());
+            let wait = sched.next_due_ns().saturating_sub(now_ns());
             if wait > 0 {
                 sys::wait_readable(p.fd(), Duration::from_nanos(wait)).map_err(|e| format!("ppoll: {e}"))?;
             }
         }
     })();
-    let sent_secs = (now_ns().min(end_ns).saturating_sub(start_ns)) as f64 / 1e9;
+    let sent_secs = sched.sent_secs(now_ns());
     let aside = at(W3Point::End);
     // How far the consumer was behind when sending stopped.
-    let behind = acked.saturating_sub(delivered.load(Ordering::Relaxed));
+    let behind = sched.acked.saturating_sub(delivered.load(Ordering::Relaxed));
     // The tail: the last acknowledgements, within a bound.
     let tail_end = Instant::now() + s.w3_tail_max;
     let mut tail: Result<(), String> = producing;
     while tail.is_ok() && p.in_flight() > 0 && Instant::now() < tail_end {
         tail = sys::wait_readable(p.fd(), Duration::from_millis(100))
             .map_err(|e| format!("ppoll: {e}"))
-            .and_then(|_| p.recv_ready(&mut |n| take(n, &mut intended, &mut acked)));
+            .and_then(|_| p.recv_ready(&mut |n| sched.on_ack(n)));
     }
     let abandoned = p.in_flight();
     if abandoned > 0 && saturated.is_none() {
@@ -908,22 +973,19 @@ fn w3(
         ));
     }
     drop(p);
-    expected.store(acked, Ordering::Release);
+    expected.store(sched.acked, Ordering::Release);
     done.store(true, Ordering::Release);
     let consumed = join(consumer, "consumer");
     tail?;
     aside?;
     let consumed = consumed?;
+    let acked = sched.acked;
     let mut r = RunResult::new(ctx, SIZE, "");
     r.cpu_seconds = cpu.read();
     r.seconds = sent_secs;
     r.messages = acked;
     r.latency = consumed.lat.summarize("end to end from intended send time (open loop)");
-    if let Some(a) = ack_lat.summarize("produce acknowledged, from intended send time") {
-        r.extra.push(("produce_ack_p50_us".into(), a.p50_ns as f64 / 1e3));
-        r.extra.push(("produce_ack_p99_us".into(), a.p99_ns as f64 / 1e3));
-    }
-    r.extra.push(("offered_msgs_per_s".into(), rate as f64));
+    sched.report(rate, &mut r);
     if let Some(sat) = saturated {
         r.notes.push(sat);
     }
@@ -971,11 +1033,8 @@ fn w3b(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
     ctx.target.prepare(&topic)?;
     let mut p = ctx.target.producer(&topic)?;
     let mut c = ctx.target.consumer(&topic, "c0")?;
-    let interval_ns = 1_000_000_000 / rate;
-    // Start a little ahead so set-up is not charged to the first message.
-    let start_ns = now_ns() + 5_000_000;
-    let warm_ns = start_ns + s.w3_warmup.as_nanos() as u64;
-    let end_ns = start_ns + s.w3_time.as_nanos() as u64;
+    let mut sched = Schedule::new(rate, s);
+    let warm_ns = sched.warm_ns;
     let mut lat = Samples::default();
     let mut seqs: Vec<u64> = Vec::new();
     let mut on_msg = |payload: &[u8]| {
@@ -994,19 +1053,8 @@ fn w3b(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
     let loop_start = Instant::now();
     // The first fetch goes out now and waits at the broker.
     c.poll(FETCH_MAX, WAIT_MS, &mut on_msg)?;
-    let mut buf = vec![b'x'; SIZE];
-    let mut intended: VecDeque<u64> = VecDeque::new();
-    let mut ack_lat = Samples::default();
-    let (mut next, mut acked, mut delivered, mut turns) = (0u64, 0u64, 0u64, 0u64);
+    let (mut delivered, mut turns) = (0u64, 0u64);
     let mut saturated: Option<String> = None;
-    let mut take = |n: u32, intended: &mut VecDeque<u64>, acked: &mut u64| {
-        *acked += u64::from(n);
-        if let Some(t) = intended.pop_front()
-            && t >= warm_ns
-        {
-            ack_lat.push(now_ns().saturating_sub(t));
-        }
-    };
     let mut stopped: Option<Stopped> = None;
     // When the last acknowledgement came (or the tail's bound passed).
     let mut acks_done: Option<Instant> = None;
@@ -1015,30 +1063,19 @@ fn w3b(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
         turns += 1;
         let now = now_ns();
         if stopped.is_none() {
-            if now >= end_ns || saturated.is_some() {
+            if sched.over(now) || saturated.is_some() {
                 stopped = Some(Stopped {
                     at: Instant::now(),
-                    sent_secs: (now.min(end_ns).saturating_sub(start_ns)) as f64 / 1e9,
-                    behind: acked.saturating_sub(delivered),
+                    sent_secs: sched.sent_secs(now),
+                    behind: sched.acked.saturating_sub(delivered),
                 });
             } else {
-                let mut queued = false;
-                while start_ns + next * interval_ns <= now && start_ns + next * interval_ns < end_ns {
-                    let t = start_ns + next * interval_ns;
-                    tracker::stamp(&mut buf, tracker::seq(0, next), t);
-                    p.queue(&buf);
-                    intended.push_back(t);
-                    next += 1;
-                    queued = true;
-                }
-                if queued {
-                    p.flush()?;
-                }
+                sched.send_due(now, p.as_mut())?;
             }
         }
         let [produced, fetched] = sys::readable_now([p.fd(), c.fd()]).map_err(|e| format!("poll: {e}"))?;
         if produced {
-            p.recv_ready(&mut |n| take(n, &mut intended, &mut acked))?;
+            p.recv_ready(&mut |n| sched.on_ack(n))?;
         }
         if fetched {
             let n = c.poll(FETCH_MAX, WAIT_MS, &mut on_msg)?;
@@ -1048,18 +1085,7 @@ fn w3b(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
             }
         }
         match stopped {
-            None => {
-                if let Some(&oldest) = intended.front() {
-                    let lag = now_ns().saturating_sub(oldest);
-                    if lag > s.w3_lag_max.as_nanos() as u64 {
-                        saturated = Some(format!(
-                            "**saturated**: {:.1} s in, the oldest unacknowledged produce was {:.1} s old; stopped sending",
-                            now_ns().saturating_sub(start_ns) as f64 / 1e9,
-                            lag as f64 / 1e9
-                        ));
-                    }
-                }
-            }
+            None => saturated = sched.saturated(s.w3_lag_max),
             Some(st) => {
                 // The tail: the last acknowledgements, within a bound; then
                 // the consumer until it has them all, as `ConsumerRun`.
@@ -1067,7 +1093,7 @@ fn w3b(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
                     acks_done = Some(Instant::now());
                 }
                 if let Some(since) = acks_done
-                    && (delivered >= acked
+                    && (delivered >= sched.acked
                         || last_delivery.elapsed() > s.drain_idle
                         || since.elapsed() > ctx.consume_max())
                 {
@@ -1104,16 +1130,13 @@ fn w3b(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
     // The fetch still outstanding at the broker: its messages count too.
     c.end_poll(&mut on_msg)?;
     drop(c);
+    let acked = sched.acked;
     let mut r = RunResult::new(ctx, SIZE, "");
     r.cpu_seconds = server_cpu;
     r.seconds = st.sent_secs;
     r.messages = acked;
     r.latency = lat.summarize("end to end from intended send time (open loop)");
-    if let Some(a) = ack_lat.summarize("produce acknowledged, from intended send time") {
-        r.extra.push(("produce_ack_p50_us".into(), a.p50_ns as f64 / 1e3));
-        r.extra.push(("produce_ack_p99_us".into(), a.p99_ns as f64 / 1e3));
-    }
-    r.extra.push(("offered_msgs_per_s".into(), rate as f64));
+    sched.report(rate, &mut r);
     // The busy loop's own cost: CPU of the client thread over the loop's
     // wall time (about 1 by design), per message, and a turn's length.
     if let Some(cc) = client_cpu {
