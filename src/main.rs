@@ -1,15 +1,19 @@
 //! The `runnel` command: `serve` runs the broker; the other subcommands are
 //! small clients built on `runnel::client`.
+//!
+//! Every subcommand is described once, by a `Sub` (its words and its flags
+//! with their defaults): that description is both its `--help` and the set
+//! of flags its parser accepts, so the two cannot drift apart.
 
+use std::fmt::Display;
 use std::io::{self, BufRead, Write};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use runnel::client::{Client, Fetch};
-use runnel::codec::TopicSettings;
+use runnel::codec::{self, TopicSettings};
 use runnel::limits::Limits;
 use runnel::log::FsyncMode;
 use runnel::reactor::{Reactor, ServeConfig};
@@ -18,60 +22,335 @@ use runnel::reactor::{Reactor, ServeConfig};
 const DEFAULT_ADDR: &str = "127.0.0.1:7700";
 /// Where `runnel serve` keeps its commit log by default.
 const DEFAULT_DATA: &str = "runnel-data";
+/// Lines `runnel produce` sends in one PRODUCE frame by default.
+const PRODUCE_BATCH_DEFAULT: usize = 256;
+/// How long each FETCH of `runnel consume` waits for a message by default.
+const CONSUME_WAIT_MS_DEFAULT: u32 = 1000;
 
-const USAGE: &str = "\
-runnel: a durable message broker on one thread
+/// Exit status of a command line that is wrong (as `EX_USAGE` and most
+/// Unix tools): a script can tell a typo from a broker that said no (1).
+const EXIT_USAGE: u8 = 2;
+/// Exit status when stdout's reader went away before everything was
+/// written: what a shell reports for `cat` killed by SIGPIPE (128 + 13).
+const EXIT_STDOUT_CLOSED: u8 = 141;
 
-usage:
-  runnel serve   [--config FILE] [--print-config] [--listen ADDR] [--data DIR]
-                 [--fsync turn|never] [--no-auto-create] [--segment-bytes-max N] [--repair]
-                 [--ack-timeout-ms N] [--max-deliveries N] [--auth-token TOKEN]
-                 [--metrics ADDR] [--pin-core N] [--spin-us N] [--<limit> N ...]
-  runnel produce [--addr ADDR] [--batch N] TOPIC        each stdin line becomes one message
-  runnel consume [--addr ADDR] [--count N] [--wait-ms MS] TOPIC
-  runnel stats   [--addr ADDR] [--json] [TOPIC]
-  runnel topics  [--addr ADDR]                          list topics and settings
-  runnel create  [--addr ADDR] [--ack-timeout-ms N] [--max-deliveries N] TOPIC
-  runnel delete  [--addr ADDR] TOPIC
-  runnel purge   [--addr ADDR] TOPIC
-  runnel redrive [--addr ADDR] [--count N] TOPIC         move TOPIC.dlq back to TOPIC
+// ---------------------------------------------------------------------------
+// The subcommands and their flags, as `--help` shows them.
+// ---------------------------------------------------------------------------
 
-limits (runnel serve; defaults in docs/protocol.md and README.md):
-  --frame-bytes-max --message-bytes-max --batch-messages-max --topic-name-bytes-max
-  --topics-max --topic-messages-max --topic-bytes-max --connections-max
-  --output-bytes-max --fetch-bytes-max --fetch-wait-ms-max --read-bytes-per-turn-max
-  --handshake-timeout-ms --idle-timeout-ms --frame-timeout-ms
+/// One flag of a subcommand.
+struct Flag {
+    /// The flag with its dashes, e.g. `--batch`.
+    name: &'static str,
+    /// What its value is called in the usage; empty for a switch, which is
+    /// off unless given.
+    value: &'static str,
+    /// Its default, as a user reads it; empty for a switch.
+    default: String,
+    /// What it does, in a few words.
+    what: &'static str,
+}
 
-defaults: --listen/--addr 127.0.0.1:7700, --data ./runnel-data, --fsync turn.
-RUST_LOG sets the log level (default info).";
+fn flag(name: &'static str, value: &'static str, default: impl Display, what: &'static str) -> Flag {
+    Flag { name, value, default: default.to_string(), what }
+}
+
+fn switch(name: &'static str, what: &'static str) -> Flag {
+    Flag { name, value: "", default: String::new(), what }
+}
+
+/// A subcommand: what its usage says and which flags it accepts.
+struct Sub {
+    /// Its name after `runnel`.
+    name: &'static str,
+    /// Its positional words, as the usage line shows them.
+    words: &'static str,
+    /// What it does, in one line.
+    about: &'static str,
+    /// What else a user should know: environment variables, the config file.
+    notes: &'static str,
+    /// Every flag it takes.
+    flags: Vec<Flag>,
+}
+
+/// The subcommands, in the order `runnel --help` lists them.
+const COMMANDS: [&str; 9] = ["serve", "produce", "consume", "stats", "topics", "create", "delete", "purge", "redrive"];
+
+/// What the client subcommands say about the token.
+const CLIENT_NOTES: &str = "RUNNEL_AUTH_TOKEN, if set, is the token presented in HELLO.";
+
+/// The description of subcommand `name`, or None if there is none.
+fn sub(name: &str) -> Option<Sub> {
+    let name = *COMMANDS.iter().find(|c| **c == name)?;
+    let addr = || flag("--addr", "ADDR", DEFAULT_ADDR, "the broker to talk to");
+    let (words, about, flags) = match name {
+        "serve" => ("", "run the broker", serve_flags()),
+        "produce" => (
+            "TOPIC",
+            "send each line of stdin to TOPIC as one message, until all are acknowledged",
+            vec![addr(), flag("--batch", "N", PRODUCE_BATCH_DEFAULT, "most lines in one PRODUCE frame")],
+        ),
+        "consume" => (
+            "TOPIC",
+            "print TOPIC's messages one a line, acknowledging each once printed, until a wait finds none",
+            vec![
+                addr(),
+                flag("--count", "N", "no limit", "stop after N messages"),
+                flag("--wait-ms", "MS", CONSUME_WAIT_MS_DEFAULT, "how long each FETCH waits for a message"),
+            ],
+        ),
+        "stats" => (
+            "[TOPIC]",
+            "print the counters of every topic (or of TOPIC)",
+            vec![addr(), switch("--json", "print the broker's and the topics' counters as one JSON object")],
+        ),
+        "topics" => ("", "list the topics and their settings", vec![addr()]),
+        "create" => (
+            "TOPIC",
+            "create TOPIC, or change its settings",
+            vec![
+                addr(),
+                flag("--ack-timeout-ms", "MS", "the broker's", "time a consumer has to acknowledge a delivery"),
+                flag("--max-deliveries", "N", "the broker's", "deliveries before a message moves to TOPIC.dlq"),
+            ],
+        ),
+        "delete" => ("TOPIC", "delete TOPIC and its messages", vec![addr()]),
+        "purge" => ("TOPIC", "remove every message of TOPIC, keeping the topic", vec![addr()]),
+        "redrive" => (
+            "TOPIC",
+            "move the messages of TOPIC.dlq back to TOPIC",
+            vec![addr(), flag("--count", "N", "all", "most messages to move")],
+        ),
+        _ => return None,
+    };
+    let notes = if name == "serve" { SERVE_NOTES } else { CLIENT_NOTES };
+    Some(Sub { name, words, about, notes, flags })
+}
+
+/// What `runnel serve --help` says besides its flags.
+const SERVE_NOTES: &str = "\
+Every flag but --config is also a key of the config file: `key = value`, the
+flag without its dashes. RUNNEL_AUTH_TOKEN sets --auth-token; RUST_LOG sets
+the log level (default info). SIGTERM or SIGINT stops the broker gracefully.";
+
+/// `runnel serve`'s flags: the flag, its value's name (empty for a switch)
+/// and what it does. Their defaults are read from the default
+/// configuration, as `--print-config` writes it.
+const SERVE_FLAGS: &[(&str, &str, &str)] = &[
+    ("--config", "FILE", "read flags from FILE; the command line overrides them"),
+    ("--print-config", "", "print the effective configuration as a config file, and exit"),
+    ("--listen", "ADDR", "where clients connect"),
+    ("--data", "DIR", "the commit log's directory, locked against a second broker"),
+    ("--fsync", "turn|never", "answer a PRODUCE after the fdatasync that covers it, or after the write"),
+    ("--segment-bytes-max", "N", "size of one log segment file"),
+    ("--repair", "", "start past mid-log corruption, keeping the valid prefix"),
+    ("--no-auto-create", "", "PRODUCE and FETCH on a missing topic get UNKNOWN_TOPIC"),
+    ("--ack-timeout-ms", "MS", "a new topic's time to acknowledge a delivery"),
+    ("--max-deliveries", "N", "a new topic's deliveries before a message moves to its .dlq"),
+    ("--auth-token", "TOKEN", "the secret every HELLO must carry"),
+    ("--metrics", "ADDR", "serve GET /metrics and /healthz over HTTP here"),
+    ("--pin-core", "N", "pin the event loop to CPU N"),
+    ("--spin-us", "US", "poll without blocking for up to US µs before sleeping"),
+    ("--frame-bytes-max", "N", "largest frame a client may send"),
+    ("--message-bytes-max", "N", "largest payload of one message"),
+    ("--batch-messages-max", "N", "most messages in a PRODUCE, most ids in an ACK, NACK or TOUCH"),
+    ("--topic-name-bytes-max", "N", "longest topic name"),
+    ("--topics-max", "N", "most topics (dead-letter topics not counted)"),
+    ("--topic-messages-max", "N", "most unacknowledged messages in one topic"),
+    ("--topic-bytes-max", "N", "most unacknowledged payload bytes in one topic"),
+    ("--connections-max", "N", "most client connections at once"),
+    ("--output-bytes-max", "N", "most reply bytes waiting for one client"),
+    ("--fetch-bytes-max", "N", "most message bytes in one FETCH reply"),
+    ("--fetch-wait-ms-max", "MS", "longest wait a FETCH may ask for"),
+    ("--read-bytes-per-turn-max", "N", "most bytes read from one connection in one loop turn"),
+    ("--handshake-timeout-ms", "MS", "time a new connection has to send HELLO"),
+    ("--idle-timeout-ms", "MS", "time a connection may stay silent; 0 for no limit"),
+    ("--frame-timeout-ms", "MS", "time a frame may stay incomplete"),
+];
+
+/// The configuration `runnel serve` runs with when given no flags.
+fn default_serve() -> Serve {
+    let listen = DEFAULT_ADDR.parse().expect("DEFAULT_ADDR is an IP:PORT");
+    Serve { cfg: ServeConfig::new(listen, PathBuf::from(DEFAULT_DATA)), pin_core: None, print_config: false }
+}
+
+/// `runnel serve`'s flags with their defaults.
+fn serve_flags() -> Vec<Flag> {
+    let defaults = config_text(&default_serve());
+    let default_of = |name: &str| {
+        let key = name.trim_start_matches('-');
+        let v = defaults.lines().find_map(|l| l.strip_prefix(key)?.trim_start().strip_prefix('=').map(str::trim));
+        v.filter(|v| !v.is_empty()).unwrap_or("none").to_string()
+    };
+    SERVE_FLAGS
+        .iter()
+        .map(|&(name, value, what)| match value {
+            "" => switch(name, what),
+            _ => Flag { name, value, default: default_of(name), what },
+        })
+        .collect()
+}
+
+/// The one line a wrong command line is answered with.
+fn usage_line(sub: &Sub) -> String {
+    let words = if sub.words.is_empty() { String::new() } else { format!(" {}", sub.words) };
+    format!("usage: runnel {} [FLAGS]{words}   (runnel {} --help lists the flags)", sub.name, sub.name)
+}
+
+/// A subcommand's `--help`: its usage line, what it does, and every flag
+/// with its default, one line each.
+fn usage(sub: &Sub) -> String {
+    let words = if sub.words.is_empty() { String::new() } else { format!(" {}", sub.words) };
+    let mut out = format!("usage: runnel {} [FLAGS]{words}\n\n{}.\n\nflags:\n", sub.name, capitalized(sub.about));
+    let shown = |f: &Flag| if f.value.is_empty() { f.name.to_string() } else { format!("{} {}", f.name, f.value) };
+    let width = sub.flags.iter().map(|f| shown(f).len()).max().unwrap_or(0).max("-h, --help".len());
+    for f in &sub.flags {
+        let default = if f.default.is_empty() { String::new() } else { format!(" (default {})", f.default) };
+        out += &format!("  {:<width$}  {}{default}\n", shown(f), f.what);
+    }
+    out += &format!("  {:<width$}  print this, and exit\n\n{}\n", "-h, --help", sub.notes);
+    out
+}
+
+fn capitalized(s: &str) -> String {
+    let mut c = s.chars();
+    c.next().map_or_else(String::new, |first| first.to_uppercase().chain(c).collect())
+}
+
+/// `runnel --help`: every subcommand, one line each.
+fn top_usage() -> String {
+    let mut out = String::from("runnel: a durable message broker on one thread\n\n");
+    out += "usage: runnel COMMAND [FLAGS] [ARGS]\n\ncommands:\n";
+    for sub in COMMANDS.iter().filter_map(|c| sub(c)) {
+        out += &format!("  {:<16}  {}\n", format!("{} {}", sub.name, sub.words), sub.about);
+    }
+    out += &format!("  {:<16}  {}\n", "help [COMMAND]", "print this, or a command's flags and their defaults");
+    out += "\nrunnel COMMAND --help lists the command's flags and their defaults;\n\
+            runnel --version prints the version and the protocol versions it speaks.\n\
+            Exit status: 0 done, 1 failed, 2 wrong arguments, 141 stdout closed early.\n";
+    out
+}
+
+fn top_usage_line() -> String {
+    "usage: runnel COMMAND [FLAGS] [ARGS]   (runnel --help lists the commands)".to_string()
+}
+
+/// `runnel --version`: this build and the protocol versions it speaks.
+fn version_text() -> String {
+    let (min, max) = (codec::VERSION_MIN, codec::VERSION_MAX);
+    let protocol =
+        if min == max { format!("protocol version {min}") } else { format!("protocol versions {min} to {max}") };
+    format!("runnel {}\n{protocol}\n", env!("CARGO_PKG_VERSION"))
+}
+
+// ---------------------------------------------------------------------------
+// Dispatch and exit statuses.
+// ---------------------------------------------------------------------------
+
+/// How a command ends, other than by doing its work. Each has its own exit
+/// status, so a script can tell them apart.
+#[derive(Debug)]
+enum Exit {
+    /// `-h` or `--help` was given: the subcommand's usage goes to stdout.
+    Help,
+    /// The command line or config file is wrong (status 2): the message
+    /// names the argument, and the usage line follows it.
+    Usage(String),
+    /// The command could not do its work (status 1).
+    Failed(String),
+    /// Whoever read stdout stopped reading (`runnel stats | head -1`): the
+    /// command ends quietly with status 141, as `cat` and `grep` do.
+    StdoutClosed,
+}
+
+/// An error while doing the work (not while reading the arguments).
+impl From<String> for Exit {
+    fn from(e: String) -> Exit {
+        Exit::Failed(e)
+    }
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let Some((cmd, rest)) = args.split_first() else {
-        eprintln!("{USAGE}");
-        return ExitCode::from(2);
+        say(&top_usage());
+        return ExitCode::from(EXIT_USAGE);
     };
-    let result = match cmd.as_str() {
-        "serve" => serve(rest),
-        "produce" => produce(rest),
-        "consume" => consume(rest),
-        "stats" => stats(rest),
-        "topics" | "create" | "delete" | "purge" | "redrive" => admin(cmd, rest),
-        "-h" | "--help" | "help" => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
+    let outcome = match cmd.as_str() {
+        "-h" | "--help" => emit(top_usage().as_bytes()),
+        "-V" | "--version" => emit(version_text().as_bytes()),
+        "help" => help(rest),
+        _ => run(cmd, rest),
+    };
+    match outcome {
+        Ok(()) | Err(Exit::Help) => ExitCode::SUCCESS,
+        Err(Exit::Usage(e)) => {
+            let (prefix, line) = match sub(cmd) {
+                Some(s) => (format!("runnel {cmd}"), usage_line(&s)),
+                None => ("runnel".to_string(), top_usage_line()),
+            };
+            say(&format!("{prefix}: {e}\n{line}"));
+            ExitCode::from(EXIT_USAGE)
         }
-        other => Err(format!("unknown command {other:?}\n\n{USAGE}")),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("runnel {cmd}: {e}");
+        Err(Exit::Failed(e)) => {
+            say(&format!("runnel {cmd}: {e}"));
             ExitCode::FAILURE
         }
+        Err(Exit::StdoutClosed) => ExitCode::from(EXIT_STDOUT_CLOSED),
     }
 }
+
+/// `runnel help [COMMAND]`.
+fn help(rest: &[String]) -> Result<(), Exit> {
+    match rest {
+        [] => emit(top_usage().as_bytes()),
+        [cmd] => match sub(cmd) {
+            Some(s) => emit(usage(&s).as_bytes()),
+            None => Err(Exit::Usage(format!("no command {cmd:?} to help with"))),
+        },
+        _ => Err(Exit::Usage(format!("help takes one command, not {rest:?}"))),
+    }
+}
+
+/// Runs subcommand `cmd`; its `--help` prints its usage.
+fn run(cmd: &str, rest: &[String]) -> Result<(), Exit> {
+    let Some(sub) = sub(cmd) else {
+        return Err(Exit::Usage(format!("unknown command {cmd:?}")));
+    };
+    let outcome = match sub.name {
+        "serve" => serve(rest, &sub),
+        "produce" => produce(rest, &sub),
+        "consume" => consume(rest, &sub),
+        "stats" => stats(rest, &sub),
+        _ => admin(rest, &sub),
+    };
+    match outcome {
+        Err(Exit::Help) => emit(usage(&sub).as_bytes()),
+        other => other,
+    }
+}
+
+/// Writes `out` to stdout. A reader that went away is not an error worth
+/// a message: the command ends quietly.
+fn emit(out: &[u8]) -> Result<(), Exit> {
+    let mut stdout = io::stdout().lock();
+    match stdout.write_all(out).and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Err(Exit::StdoutClosed),
+        Err(e) => Err(Exit::Failed(format!("writing to stdout: {e}"))),
+    }
+}
+
+/// Writes a line to stderr. If stderr is gone too there is no one left to
+/// tell, so a failure is ignored rather than turned into a panic.
+fn say(text: &str) {
+    let _ = writeln!(io::stderr().lock(), "{}", text.trim_end());
+}
+
+// ---------------------------------------------------------------------------
+// Arguments.
+// ---------------------------------------------------------------------------
 
 /// Parsed `--flag value` pairs, bare `--switch`es and positional words.
 struct Args {
@@ -79,25 +358,42 @@ struct Args {
     words: Vec<String>,
 }
 
-/// Flags that take no value.
-const SWITCHES: &[&str] = &["--json", "--repair", "--no-auto-create", "--print-config"];
-
 impl Args {
-    fn parse(args: &[String]) -> Result<Args, String> {
+    /// Splits `args` by `sub`'s flags. An unknown flag, or one without
+    /// its value, is refused by name; `-h`/`--help` asks for the usage; after
+    /// `--` every argument is a word (a topic may start with `-`).
+    fn parse(args: &[String], sub: &Sub) -> Result<Args, Exit> {
         let mut flags = Vec::new();
         let mut words = Vec::new();
         let mut it = args.iter();
         while let Some(a) = it.next() {
-            if let Some((k, v)) = a.split_once('=').filter(|_| a.starts_with("--")) {
-                flags.push((k.to_string(), Some(v.to_string())));
-            } else if SWITCHES.contains(&a.as_str()) {
-                flags.push((a.clone(), None));
-            } else if a.starts_with("--") {
-                let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
-                flags.push((a.clone(), Some(v.clone())));
-            } else {
-                words.push(a.clone());
+            match a.as_str() {
+                "-h" | "--help" => return Err(Exit::Help),
+                "--" => {
+                    words.extend(it.by_ref().cloned());
+                    break;
+                }
+                w if !w.starts_with('-') || w == "-" => {
+                    words.push(a.clone());
+                    continue;
+                }
+                _ => {}
             }
+            let (name, inline) = match a.split_once('=') {
+                Some((k, v)) if k.starts_with("--") => (k, Some(v.to_string())),
+                _ => (a.as_str(), None),
+            };
+            let Some(f) = sub.flags.iter().find(|f| f.name == name) else {
+                return Err(Exit::Usage(format!("unknown flag {name}")));
+            };
+            let value = match inline {
+                Some(v) => Some(v),
+                None if f.value.is_empty() => None,
+                None => {
+                    Some(it.next().cloned().ok_or_else(|| Exit::Usage(format!("{name} needs a value ({})", f.value)))?)
+                }
+            };
+            flags.push((name.to_string(), value));
         }
         Ok(Args { flags, words })
     }
@@ -118,31 +414,46 @@ impl Args {
         self.flags.retain(|f| f.0 != name);
         on
     }
-    fn num<T: std::str::FromStr>(&mut self, name: &str) -> Result<Option<T>, String> {
+    fn num<T: std::str::FromStr>(&mut self, name: &str) -> Result<Option<T>, Exit> {
         match self.take(name) {
             None => Ok(None),
-            Some(v) => v.parse().map(Some).map_err(|_| format!("{name}: {v:?} is not a valid number")),
+            Some(v) => v.parse().map(Some).map_err(|_| Exit::Usage(format!("{name}: {v:?} is not a valid number"))),
         }
     }
     /// Fails on flags nobody took.
-    fn done(&self) -> Result<(), String> {
+    fn done(&self) -> Result<(), Exit> {
         match self.flags.first() {
-            Some((k, _)) => Err(format!("unknown flag {k}")),
+            Some((k, _)) => Err(Exit::Usage(format!("unknown flag {k}"))),
             None => Ok(()),
         }
     }
-    fn topic(&self) -> Result<&str, String> {
+    /// The one topic the command names.
+    fn topic(&self) -> Result<&str, Exit> {
         match self.words.as_slice() {
             [t] => Ok(t),
-            [] => Err("name a topic".into()),
-            _ => Err(format!("one topic, please, not {:?}", self.words)),
+            [] => Err(Exit::Usage("name a topic".into())),
+            _ => Err(Exit::Usage(format!("one topic, please, not {:?}", self.words))),
+        }
+    }
+    /// The topic the command names, if it names one.
+    fn optional_topic(&self) -> Result<Option<&str>, Exit> {
+        match self.words.as_slice() {
+            [] => Ok(None),
+            _ => self.topic().map(Some),
+        }
+    }
+    /// Fails on words for a command that takes none.
+    fn no_words(&self) -> Result<(), Exit> {
+        match self.words.first() {
+            Some(w) => Err(Exit::Usage(format!("unexpected argument {w:?}"))),
+            None => Ok(()),
         }
     }
 }
 
 /// Sets the limit named by a `--flag`, if it is one. Every limit's flag is
 /// its field name with `-` for `_`.
-fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), String> {
+fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), Exit> {
     macro_rules! limit {
         ($($field:ident),*) => {$(
             if let Some(v) = args.num(concat!("--", stringify!($field)).replace('_', "-").as_str())? {
@@ -173,8 +484,8 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), String> {
 /// Reads a config file of `key = value` lines (`#` starts a comment); the
 /// keys are the `runnel serve` flags without their dashes. Returns them as
 /// flags, to be parsed before the command line's (which override them).
-fn config_file(path: &str) -> Result<Vec<String>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("--config {path}: {e}"))?;
+fn config_file(path: &str, sub: &Sub) -> Result<Vec<String>, Exit> {
+    let text = std::fs::read_to_string(path).map_err(|e| Exit::Usage(format!("--config {path}: {e}")))?;
     let mut args = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or("").trim();
@@ -182,13 +493,14 @@ fn config_file(path: &str) -> Result<Vec<String>, String> {
             continue;
         }
         let Some((k, v)) = line.split_once('=') else {
-            return Err(format!("{path}:{}: want `key = value`, got {line:?}", n + 1));
+            return Err(Exit::Usage(format!("{path}:{}: want `key = value`, got {line:?}", n + 1)));
         };
         let (k, v) = (k.trim(), v.trim().trim_matches('"'));
-        if k.is_empty() || k == "config" {
-            return Err(format!("{path}:{}: bad key {k:?}", n + 1));
+        let flag = format!("--{k}");
+        if k == "config" || !sub.flags.iter().any(|f| f.name == flag) {
+            return Err(Exit::Usage(format!("{path}:{}: unknown key {k:?}", n + 1)));
         }
-        args.push(format!("--{k}={v}"));
+        args.push(format!("{flag}={v}"));
     }
     Ok(args)
 }
@@ -200,32 +512,22 @@ struct Serve {
     print_config: bool,
 }
 
-fn parse_serve(raw: &[String]) -> Result<Serve, String> {
-    let mut all = Vec::new();
-    if let Some(i) = raw.iter().position(|a| a == "--config" || a.starts_with("--config=")) {
-        let path = match raw[i].split_once('=') {
-            Some((_, p)) => p.to_string(),
-            None => raw.get(i + 1).cloned().ok_or("--config needs a file")?,
-        };
-        all.extend(config_file(&path)?);
+fn parse_serve(raw: &[String], sub: &Sub) -> Result<Serve, Exit> {
+    let mut a = Args::parse(raw, sub)?;
+    if let Some(path) = a.take("--config") {
+        let mut all = Args::parse(&config_file(&path, sub)?, sub)?;
+        // The command line's flags come last, so they win.
+        all.flags.append(&mut a.flags);
+        a.flags = all.flags;
     }
-    let mut it = raw.iter();
-    while let Some(a) = it.next() {
-        if a == "--config" {
-            it.next();
-        } else if !a.starts_with("--config=") {
-            all.push(a.clone());
-        }
+    let mut s = default_serve();
+    if let Some(listen) = a.take("--listen") {
+        s.cfg.listen = listen.parse().map_err(|e| Exit::Usage(format!("--listen {listen:?}: {e} (want IP:PORT)")))?;
     }
-    let mut a = Args::parse(&all)?;
-    let listen: SocketAddr = a
-        .take("--listen")
-        .unwrap_or_else(|| DEFAULT_ADDR.into())
-        .parse()
-        .map_err(|e| format!("--listen: {e} (want IP:PORT)"))?;
-    let data_dir = PathBuf::from(a.take("--data").unwrap_or_else(|| DEFAULT_DATA.into()));
-    let mut cfg = ServeConfig::new(listen, data_dir);
-    let config = &mut cfg.broker;
+    if let Some(data) = a.take("--data") {
+        s.cfg.data_dir = PathBuf::from(data);
+    }
+    let config = &mut s.cfg.broker;
     set_limit(&mut config.limits, &mut a)?;
     config.auto_create = !a.switch("--no-auto-create");
     if let Some(v) = a.num("--ack-timeout-ms")? {
@@ -239,6 +541,7 @@ fn parse_serve(raw: &[String]) -> Result<Serve, String> {
         .or_else(|| std::env::var("RUNNEL_AUTH_TOKEN").ok())
         .filter(|t| !t.is_empty())
         .map(String::into_bytes);
+    let cfg = &mut s.cfg;
     if let Some(v) = a.num("--segment-bytes-max")? {
         cfg.log.segment_bytes_max = v;
     }
@@ -246,20 +549,18 @@ fn parse_serve(raw: &[String]) -> Result<Serve, String> {
     cfg.log.fsync = match a.take("--fsync").as_deref() {
         None | Some("turn") => FsyncMode::Turn,
         Some("never") => FsyncMode::Never,
-        Some(other) => return Err(format!("--fsync {other:?}: want turn or never")),
+        Some(other) => return Err(Exit::Usage(format!("--fsync {other:?}: want turn or never"))),
     };
     cfg.metrics = match a.take("--metrics") {
-        Some(m) => Some(m.parse().map_err(|e| format!("--metrics: {e} (want IP:PORT)"))?),
+        Some(m) => Some(m.parse().map_err(|e| Exit::Usage(format!("--metrics {m:?}: {e} (want IP:PORT)")))?),
         None => None,
     };
     cfg.spin_us = a.num("--spin-us")?.unwrap_or(0);
-    let pin_core = a.num("--pin-core")?;
-    let print_config = a.switch("--print-config");
+    s.pin_core = a.num("--pin-core")?;
+    s.print_config = a.switch("--print-config");
     a.done()?;
-    if !a.words.is_empty() {
-        return Err(format!("unexpected {:?}", a.words));
-    }
-    Ok(Serve { cfg, pin_core, print_config })
+    a.no_words()?;
+    Ok(s)
 }
 
 /// The effective configuration, in the config file's format.
@@ -356,11 +657,10 @@ fn handle_signals(reactor: &mut Reactor) -> Result<(), String> {
     reactor.watch_signals(read).map_err(|e| format!("signal pipe: {e}"))
 }
 
-fn serve(raw: &[String]) -> Result<(), String> {
-    let s = parse_serve(raw)?;
+fn serve(raw: &[String], sub: &Sub) -> Result<(), Exit> {
+    let s = parse_serve(raw, sub)?;
     if s.print_config {
-        print!("{}", config_text(&s));
-        return Ok(());
+        return emit(config_text(&s).as_bytes());
     }
     if let Some(core) = s.pin_core {
         pin_to_core(core)?;
@@ -395,18 +695,24 @@ fn serve(raw: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn connect(a: &mut Args) -> Result<Client, String> {
-    let addr = a.take("--addr").unwrap_or_else(|| DEFAULT_ADDR.into());
-    let token = std::env::var("RUNNEL_AUTH_TOKEN").unwrap_or_default();
-    Client::connect_with(addr.as_str(), token.as_bytes()).map_err(|e| format!("cannot talk to {addr}: {e}"))
+/// Takes `--addr` (every client subcommand has it).
+fn addr(a: &mut Args) -> String {
+    a.take("--addr").unwrap_or_else(|| DEFAULT_ADDR.into())
 }
 
-fn produce(raw: &[String]) -> Result<(), String> {
-    let mut a = Args::parse(raw)?;
-    let mut client = connect(&mut a)?;
-    let batch_max: usize = a.num("--batch")?.unwrap_or(256).max(1);
+/// Connects to the broker at `addr`, presenting RUNNEL_AUTH_TOKEN if set.
+fn connect(addr: &str) -> Result<Client, Exit> {
+    let token = std::env::var("RUNNEL_AUTH_TOKEN").unwrap_or_default();
+    Client::connect_with(addr, token.as_bytes()).map_err(|e| Exit::Failed(format!("cannot talk to {addr}: {e}")))
+}
+
+fn produce(raw: &[String], sub: &Sub) -> Result<(), Exit> {
+    let mut a = Args::parse(raw, sub)?;
+    let addr = addr(&mut a);
+    let batch_max: usize = a.num("--batch")?.unwrap_or(PRODUCE_BATCH_DEFAULT).max(1);
     a.done()?;
     let topic = a.topic()?.to_string();
+    let mut client = connect(&addr)?;
     let bytes_max = (client.limits.frame_bytes_max as usize / 2).max(1024);
     let mut batch: Vec<Vec<u8>> = Vec::new();
     let mut batch_bytes = 0;
@@ -433,18 +739,18 @@ fn produce(raw: &[String]) -> Result<(), String> {
         batch_bytes += line.len() + 4;
         batch.push(line);
     }
-    send(&mut batch, &mut client)
+    Ok(send(&mut batch, &mut client)?)
 }
 
-fn consume(raw: &[String]) -> Result<(), String> {
-    let mut a = Args::parse(raw)?;
-    let mut client = connect(&mut a)?;
+fn consume(raw: &[String], sub: &Sub) -> Result<(), Exit> {
+    let mut a = Args::parse(raw, sub)?;
+    let addr = addr(&mut a);
     let count: Option<u64> = a.num("--count")?;
-    let wait_ms: u32 = a.num("--wait-ms")?.unwrap_or(1000);
+    let wait_ms: u32 = a.num("--wait-ms")?.unwrap_or(CONSUME_WAIT_MS_DEFAULT);
     a.done()?;
     let topic = a.topic()?.to_string();
+    let mut client = connect(&addr)?;
     let mut got = 0u64;
-    let stdout = io::stdout();
     loop {
         let left = count.map_or(256, |c| c.saturating_sub(got).min(256)) as u32;
         if left == 0 {
@@ -455,11 +761,14 @@ fn consume(raw: &[String]) -> Result<(), String> {
         if msgs.is_empty() {
             return Ok(());
         }
-        let mut out = stdout.lock();
+        // Printed before they are acknowledged: a consume cut short (its
+        // stdout closed) acknowledges nothing it did not print.
+        let mut out = Vec::new();
         for m in &msgs {
-            out.write_all(&m.payload).and_then(|_| out.write_all(b"\n")).map_err(|e| format!("stdout: {e}"))?;
+            out.extend_from_slice(&m.payload);
+            out.push(b'\n');
         }
-        out.flush().map_err(|e| format!("stdout: {e}"))?;
+        emit(&out)?;
         let ids: Vec<u64> = msgs.iter().map(|m| m.id).collect();
         client.ack(&topic, &ids).map_err(|e| e.to_string())?;
         got += msgs.len() as u64;
@@ -469,12 +778,13 @@ fn consume(raw: &[String]) -> Result<(), String> {
 /// The per-topic columns `runnel stats` prints.
 const STAT_COLUMNS: &[&str] = &["ready", "inflight", "dead_lettered", "produced", "delivered", "redelivered", "acked"];
 
-fn stats(raw: &[String]) -> Result<(), String> {
-    let mut a = Args::parse(raw)?;
-    let mut client = connect(&mut a)?;
+fn stats(raw: &[String], sub: &Sub) -> Result<(), Exit> {
+    let mut a = Args::parse(raw, sub)?;
+    let addr = addr(&mut a);
     let json = a.switch("--json");
     a.done()?;
-    let topic = a.words.first().cloned();
+    let topic = a.optional_topic()?.map(str::to_string);
+    let mut client = connect(&addr)?;
     let sections = client.stats(topic.as_deref()).map_err(|e| e.to_string())?;
     if json {
         let obj = |kv: &[(String, u64)]| {
@@ -487,24 +797,23 @@ fn stats(raw: &[String]) -> Result<(), String> {
             .filter(|s| !s.0.is_empty())
             .map(|s| format!("\"{}\":{}", json_escape(&s.0), obj(&s.1)))
             .collect();
-        println!("{{\"broker\":{broker},\"topics\":{{{}}}}}", topics.join(","));
-        return Ok(());
+        return emit(format!("{{\"broker\":{broker},\"topics\":{{{}}}}}\n", topics.join(",")).as_bytes());
     }
     let width = sections.iter().map(|s| s.0.len()).max().unwrap_or(5).max(5);
-    print!("{:<width$}", "topic");
+    let mut out = format!("{:<width$}", "topic");
     for c in STAT_COLUMNS {
-        print!(" {c:>13}");
+        out += &format!(" {c:>13}");
     }
-    println!();
+    out.push('\n');
     for (name, kv) in sections.iter().filter(|s| !s.0.is_empty()) {
-        print!("{name:<width$}");
+        out += &format!("{name:<width$}");
         for c in STAT_COLUMNS {
             let v = kv.iter().find(|k| k.0 == *c).map_or(0, |k| k.1);
-            print!(" {v:>13}");
+            out += &format!(" {v:>13}");
         }
-        println!();
+        out.push('\n');
     }
-    Ok(())
+    emit(out.as_bytes())
 }
 
 fn json_escape(s: &str) -> String {
@@ -518,30 +827,88 @@ fn json_escape(s: &str) -> String {
         .collect()
 }
 
-fn admin(cmd: &str, raw: &[String]) -> Result<(), String> {
-    let mut a = Args::parse(raw)?;
-    let mut client = connect(&mut a)?;
+/// `topics`, `create`, `delete`, `purge` and `redrive`: one request each.
+fn admin(raw: &[String], sub: &Sub) -> Result<(), Exit> {
+    let mut a = Args::parse(raw, sub)?;
+    let addr = addr(&mut a);
     let settings = TopicSettings {
         ack_timeout_ms: a.num("--ack-timeout-ms")?.unwrap_or(0),
         max_deliveries: a.num("--max-deliveries")?.unwrap_or(0),
     };
     let count: u32 = a.num("--count")?.unwrap_or(0);
     a.done()?;
-    let e = |e: runnel::client::Error| e.to_string();
-    match cmd {
+    let topic = match sub.name {
+        "topics" => a.no_words().map(|()| "")?,
+        _ => a.topic()?,
+    };
+    let mut client = connect(&addr)?;
+    let e = |e: runnel::client::Error| Exit::Failed(e.to_string());
+    let out = match sub.name {
         "topics" => {
+            let mut out = String::new();
             for (name, s) in client.list_topics().map_err(e)? {
-                println!("{name} ack_timeout_ms={} max_deliveries={}", s.ack_timeout_ms, s.max_deliveries);
+                out += &format!("{name} ack_timeout_ms={} max_deliveries={}\n", s.ack_timeout_ms, s.max_deliveries);
             }
+            out
         }
         "create" => {
-            let created = client.create_topic(a.topic()?, settings).map_err(e)?;
-            println!("{}", if created { "created" } else { "updated" });
+            format!("{}\n", if client.create_topic(topic, settings).map_err(e)? { "created" } else { "updated" })
         }
-        "delete" => println!("deleted, {} messages removed", client.delete_topic(a.topic()?).map_err(e)?),
-        "purge" => println!("purged {} messages", client.purge_topic(a.topic()?).map_err(e)?),
-        "redrive" => println!("moved {} messages", client.redrive(a.topic()?, count).map_err(e)?),
-        _ => unreachable!("dispatched by main"),
+        "delete" => format!("deleted, {} messages removed\n", client.delete_topic(topic).map_err(e)?),
+        "purge" => format!("purged {} messages\n", client.purge_topic(topic).map_err(e)?),
+        "redrive" => format!("moved {} messages\n", client.redrive(topic, count).map_err(e)?),
+        other => unreachable!("run dispatches {other} elsewhere"),
+    };
+    emit(out.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The key and value of each line `--print-config` writes for the
+    /// default configuration (its comments left out).
+    fn default_keys() -> Vec<(String, String)> {
+        let text = config_text(&default_serve());
+        let pairs = text.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_once('=').expect("key = value"));
+        pairs.map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect()
     }
-    Ok(())
+
+    #[test]
+    fn every_config_key_is_a_flag_serve_help_lists() {
+        let sub = sub("serve").expect("serve");
+        for (k, _) in default_keys() {
+            let flag = format!("--{k}");
+            assert!(sub.flags.iter().any(|f| f.name == flag), "{flag} is a config key but not in `serve --help`");
+        }
+    }
+
+    #[test]
+    fn every_flag_serve_help_lists_is_accepted() {
+        let sub = sub("serve").expect("serve");
+        let keys = default_keys();
+        for f in sub.flags.iter().filter(|f| f.name != "--config") {
+            let key = f.name.trim_start_matches('-');
+            let value = keys.iter().find(|(k, _)| k == key).map_or("x", |(_, v)| v.as_str());
+            let arg = if f.value.is_empty() { f.name.to_string() } else { format!("{}={value}", f.name) };
+            if let Err(e) = parse_serve(std::slice::from_ref(&arg), &sub) {
+                panic!("`serve --help` lists {}, and `serve {arg}` fails: {e:?}", f.name);
+            }
+        }
+    }
+
+    #[test]
+    fn every_value_flag_shows_its_default() {
+        for sub in COMMANDS.iter().filter_map(|c| sub(c)) {
+            for f in &sub.flags {
+                assert_eq!(
+                    f.value.is_empty(),
+                    f.default.is_empty(),
+                    "{} {}: a value flag has a default",
+                    sub.name,
+                    f.name
+                );
+            }
+        }
+    }
 }

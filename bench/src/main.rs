@@ -34,7 +34,8 @@ usage:
   runnel-bench [--quick] [--only runnel|redis|beanstalkd,...] [--workloads W1,...]
                [--server-core N] [--client-core N] [--out DIR] [--runnel PATH]
 
-  --quick          a small version of every workload (well under a minute)
+  --quick          a small version of every workload (well under a minute;
+                   its numbers are not for comparison)
   --only           brokers to run (default: all three; a peer missing from
                    PATH is skipped with a note)
   --workloads      W1 produce throughput, W2 fan-in, W3 open-loop latency,
@@ -44,8 +45,10 @@ usage:
                    of a 1 GiB log (16 MiB with --quick) (default: all)
   --server-core N  pin every server to core N (sched_setaffinity)
   --client-core N  pin the bench's own threads to core N
-  --out DIR        where results.md, results.json and the SVGs go
-                   (default: bench/results)
+  --out DIR        where results.md, results.json and the SVGs go (default:
+                   a new temporary directory, printed). The committed results
+                   change only by `--out bench/results` on a full run; a quick
+                   run is refused there
   --runnel PATH    the runnel binary (default: `runnel` beside this one)
 
 Peers: apt-get install -y redis-server beanstalkd";
@@ -57,8 +60,29 @@ struct Options {
     workloads: Vec<&'static str>,
     server_core: Option<usize>,
     client_core: Option<usize>,
+    /// Where the results go: `--out`, or a new temporary directory.
     out: PathBuf,
     runnel: Option<PathBuf>,
+}
+
+/// The committed results, which only a full run may write (`--out`).
+fn published_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results")
+}
+
+/// Where a run's results go when `--out` names nowhere: a new directory
+/// under the system's temporary directory, so a try never overwrites the
+/// committed results. Its name does not start `runnel-bench-<PID>-`, so
+/// `server::remove_stale_dirs` leaves it for the user to read.
+fn default_out() -> PathBuf {
+    let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    std::env::temp_dir().join(format!("runnel-bench-results-{started}-{}", std::process::id()))
+}
+
+/// Whether `out` is the committed results directory (however it is spelt).
+fn is_published(out: &std::path::Path) -> bool {
+    let canonical = |p: &std::path::Path| std::fs::canonicalize(p).ok();
+    out == published_dir() || canonical(out).is_some_and(|o| Some(o) == canonical(&published_dir()))
 }
 
 fn parse_args(args: &[String]) -> Result<Options, String> {
@@ -68,9 +92,10 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
         workloads: workload::WORKLOADS.to_vec(),
         server_core: None,
         client_core: None,
-        out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"),
+        out: PathBuf::new(),
         runnel: None,
     };
+    let mut out = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let (flag, inline) = match a.split_once('=') {
@@ -100,11 +125,18 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
             }
             "--server-core" => o.server_core = Some(value()?.parse().map_err(|_| "--server-core: not a number")?),
             "--client-core" => o.client_core = Some(value()?.parse().map_err(|_| "--client-core: not a number")?),
-            "--out" => o.out = PathBuf::from(value()?),
+            "--out" => out = Some(PathBuf::from(value()?)),
             "--runnel" => o.runnel = Some(PathBuf::from(value()?)),
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
+    }
+    o.out = out.unwrap_or_else(default_out);
+    if o.quick && is_published(&o.out) {
+        return Err(format!(
+            "--quick numbers are not for comparison; they do not go in {} (leave out --out)",
+            o.out.display()
+        ));
     }
     Ok(o)
 }
@@ -150,6 +182,7 @@ fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
         sys::pin_current_thread(&[c]).map_err(|e| format!("--client-core: {e}"))?;
     }
     let scale = Scale::new(opts.quick);
+    sys::progress(&format!("results will go to {}", opts.out.display()));
     let mut report = Report {
         meta: Meta {
             command: std::iter::once("runnel-bench".to_string())
@@ -370,8 +403,16 @@ fn version(kind: Kind, program: &std::path::Path) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// runnel has no --version: name the binary and the source commit.
+/// The binary, what its `--version` says, and the source commit it was
+/// built from (`--version` names the release, not the commit).
 fn runnel_version(program: &std::path::Path) -> String {
+    let said = Command::new(program)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).lines().next().map(str::to_string))
+        .map_or(String::new(), |v| format!("{v}, "));
     let commit = Command::new("git")
         .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "--short", "HEAD"])
         .output()
@@ -385,10 +426,46 @@ fn runnel_version(program: &std::path::Path) -> String {
         .is_some_and(|o| !o.stdout.is_empty());
     match commit {
         Some(c) => format!(
-            "{} (source at {c}{})",
+            "{} ({said}source at {c}{})",
             program.display(),
             if dirty { " with uncommitted changes in src/" } else { "" }
         ),
-        None => program.display().to_string(),
+        None if said.is_empty() => program.display().to_string(),
+        None => format!("{} ({})", program.display(), said.trim_end_matches(", ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_run_without_out_writes_to_a_new_temporary_directory() {
+        for a in [args(&["--quick"]), args(&[])] {
+            let o = parse_args(&a).expect("parse");
+            assert!(o.out.starts_with(std::env::temp_dir()), "{a:?} writes to {}", o.out.display());
+            assert!(!is_published(&o.out), "{a:?} writes to the committed results");
+        }
+    }
+
+    #[test]
+    fn only_a_full_run_may_write_the_committed_results() {
+        let published = published_dir();
+        // Spelt another way, the same directory.
+        let roundabout = published.join("..").join("results");
+        for out in [&published, &roundabout] {
+            let out = out.to_str().expect("utf-8 path");
+            let quick = parse_args(&args(&["--quick", "--out", out]));
+            assert!(quick.is_err_and(|e| e.contains("not for comparison")), "--quick --out {out} was accepted");
+            let full = parse_args(&args(&["--out", out])).expect("a full run may publish");
+            assert!(is_published(&full.out));
+        }
+        let elsewhere = std::env::temp_dir().join("runnel-bench-somewhere");
+        let quick = parse_args(&args(&["--quick", "--out", elsewhere.to_str().expect("utf-8")])).expect("parse");
+        assert_eq!(quick.out, elsewhere);
     }
 }

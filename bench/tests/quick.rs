@@ -3,6 +3,10 @@
 //! each one and exits non-zero otherwise). No speed is asserted: the bench
 //! measures speed, tests check behaviour.
 //!
+//! It runs without `--out`, as a user's quick try does, so it also checks
+//! that a quick run writes to a temporary directory and leaves the committed
+//! full-run results in bench/results as they were.
+//!
 //! The runnel binary is the one beside the bench's (target/<profile>/runnel),
 //! which `cargo test --workspace` builds.
 
@@ -11,8 +15,8 @@ use std::process::Command;
 
 #[test]
 fn quick_run_delivers_every_runnel_message() {
-    let out = std::env::temp_dir().join(format!("runnel-bench-quick-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
+    let published = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results").join("results.json");
+    let published_before = std::fs::read(&published).ok();
     let bench = PathBuf::from(env!("CARGO_BIN_EXE_runnel-bench"));
     let runnel = bench.with_file_name("runnel");
     assert!(
@@ -21,13 +25,20 @@ fn quick_run_delivers_every_runnel_message() {
         runnel.display()
     );
     let result = Command::new(&bench)
-        .args(["--quick", "--only", "runnel", "--out"])
-        .arg(&out)
+        .args(["--quick", "--only", "runnel"])
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", bench.display()));
     let stdout = String::from_utf8_lossy(&result.stdout);
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(result.status.success(), "runnel-bench failed ({}):\n{stderr}\n{stdout}", result.status);
+    let published_after = std::fs::read(&published).ok();
+    assert!(published_after == published_before, "a quick run changed {}", published.display());
+    let out = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("results, JSON and plots written to "))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("the bench did not say where its results went:\n{stdout}"));
+    assert!(out.starts_with(std::env::temp_dir()), "a quick run wrote to {}", out.display());
     let json = std::fs::read_to_string(out.join("results.json"))
         .unwrap_or_else(|e| panic!("no results.json in {}: {e}", out.display()));
     assert!(json.contains("\"verify\":{\"ok\":true"), "no verified run in results.json:\n{json}");

@@ -1,0 +1,302 @@
+//! The `runnel` command line, run as a user runs it: the binary in a child
+//! process. Help and version go to stdout with status 0, a wrong argument is
+//! named with the usage line and status 2, a broker that cannot be reached
+//! is status 1, and a stdout whose reader went away ends any subcommand
+//! quietly with status 141 (as `cat` ends when SIGPIPE kills it).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Server, TempDir};
+use runnel::broker::Config;
+use runnel::codec;
+use runnel::limits::Limits;
+use runnel::log::{FsyncMode, LogOptions};
+
+const COMMANDS: [&str; 9] = ["serve", "produce", "consume", "stats", "topics", "create", "delete", "purge", "redrive"];
+
+/// Exit status when stdout's reader went away (128 + SIGPIPE).
+const STDOUT_CLOSED: i32 = 141;
+
+fn runnel(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_runnel")).args(args).stdin(Stdio::null()).output().expect("run runnel")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// An address where nothing listens (a port bound and let go).
+fn dead_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    format!("127.0.0.1:{port}")
+}
+
+/// The flag lines of a usage text: (flag, its value's name if it takes one,
+/// the line). The flag and its value's name are the line's first column,
+/// which two spaces end.
+fn flag_lines(usage: &str) -> Vec<(String, Option<String>, String)> {
+    usage
+        .lines()
+        .filter_map(|l| l.strip_prefix("  --").map(|rest| (l, rest)))
+        .map(|(l, rest)| {
+            let column = rest.split("  ").next().unwrap();
+            let (name, value) = match column.split_once(' ') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (column, None),
+            };
+            (format!("--{name}"), value, l.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn every_subcommand_answers_help_with_its_flags_and_defaults() {
+    for cmd in COMMANDS {
+        let long = runnel(&[cmd, "--help"]);
+        let usage = text(&long.stdout);
+        assert!(long.status.success(), "runnel {cmd} --help exited {}:\n{}", long.status, text(&long.stderr));
+        assert!(long.stderr.is_empty(), "runnel {cmd} --help wrote to stderr:\n{}", text(&long.stderr));
+        assert!(usage.starts_with(&format!("usage: runnel {cmd} ")), "runnel {cmd} --help:\n{usage}");
+        assert!(usage.contains("-h, --help"), "runnel {cmd} --help:\n{usage}");
+        for (name, value, line) in flag_lines(&usage) {
+            if value.is_some() {
+                assert!(line.contains("(default "), "runnel {cmd} --help: {name} has no default:\n{line}");
+            }
+        }
+        // After another flag too (serve's --data is a client's --addr).
+        let before = if cmd == "serve" { "--data" } else { "--addr" };
+        for other in [vec![cmd, "-h"], vec!["help", cmd], vec![cmd, before, "x", "-h"]] {
+            let out = runnel(&other);
+            assert!(out.status.success(), "runnel {other:?} exited {}", out.status);
+            assert_eq!(text(&out.stdout), usage, "runnel {other:?} and runnel {cmd} --help differ");
+        }
+    }
+}
+
+#[test]
+fn serve_help_lists_every_config_key() {
+    let usage = text(&runnel(&["serve", "--help"]).stdout);
+    let config = runnel(&["serve", "--print-config"]);
+    assert!(config.status.success(), "{}", text(&config.stderr));
+    let flags: Vec<String> = flag_lines(&usage).into_iter().map(|f| f.0).collect();
+    for line in text(&config.stdout).lines().filter(|l| !l.starts_with('#')) {
+        let key = line.split('=').next().unwrap().trim();
+        assert!(flags.contains(&format!("--{key}")), "config key {key} is not in `runnel serve --help`:\n{usage}");
+    }
+}
+
+/// Each flag a client subcommand's help lists is one it accepts: given a
+/// broker that is not there, the command gets as far as connecting
+/// (status 1), not an argument error (status 2).
+#[test]
+fn every_flag_a_client_help_lists_is_accepted() {
+    let dead = dead_addr();
+    for cmd in COMMANDS.into_iter().filter(|c| *c != "serve") {
+        let usage = text(&runnel(&[cmd, "--help"]).stdout);
+        for (name, value, _) in flag_lines(&usage) {
+            let mut args = vec![cmd.to_string(), "--addr".into(), dead.clone(), name.clone()];
+            match value.as_deref() {
+                Some("ADDR") => args[3] = format!("--addr={dead}"),
+                Some(_) => args.push("1".into()),
+                None => {}
+            }
+            if usage.lines().next().unwrap().ends_with(" TOPIC") {
+                args.push("t".into());
+            }
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = runnel(&argv);
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "runnel {argv:?}: want status 1, got {}:\n{err}", out.status);
+            assert!(err.contains("cannot talk to"), "runnel {argv:?}:\n{err}");
+        }
+    }
+}
+
+#[test]
+fn top_level_help_lists_every_subcommand() {
+    for args in [["--help"], ["-h"], ["help"]] {
+        let out = runnel(&args);
+        let usage = text(&out.stdout);
+        assert!(out.status.success(), "runnel {args:?} exited {}", out.status);
+        for cmd in COMMANDS {
+            assert!(
+                usage.lines().any(|l| l.starts_with(&format!("  {cmd} "))),
+                "runnel {args:?} lacks {cmd}:\n{usage}"
+            );
+        }
+    }
+    // With no command at all, the same text is the answer to a mistake.
+    let none = runnel(&[]);
+    assert_eq!(none.status.code(), Some(2));
+    assert_eq!(text(&none.stderr), text(&runnel(&["--help"]).stdout));
+}
+
+#[test]
+fn version_names_the_build_and_the_protocol_versions() {
+    let (min, max) = (codec::VERSION_MIN, codec::VERSION_MAX);
+    let protocol =
+        if min == max { format!("protocol version {min}") } else { format!("protocol versions {min} to {max}") };
+    for flag in ["--version", "-V"] {
+        let out = runnel(&[flag]);
+        assert!(out.status.success(), "runnel {flag} exited {}", out.status);
+        assert_eq!(text(&out.stdout), format!("runnel {}\n{protocol}\n", env!("CARGO_PKG_VERSION")));
+    }
+}
+
+#[test]
+fn argument_errors_name_the_argument_show_the_usage_line_and_exit_2() {
+    let dead = dead_addr();
+    let d = dead.as_str();
+    let cases: &[(&[&str], &str)] = &[
+        (&["serve", "--bogus"], "--bogus"),
+        (&["serve", "--fsync", "sometimes"], "--fsync"),
+        (&["serve", "--listen"], "--listen"),
+        (&["serve", "--listen", "nowhere"], "--listen"),
+        (&["serve", "--frame-bytes-max", "big"], "--frame-bytes-max"),
+        (&["serve", "--config", "/nonexistent/runnel.conf"], "--config"),
+        (&["serve", "stray"], "stray"),
+        (&["produce", "--addr", d], "name a topic"),
+        (&["produce", "--addr", d, "--bogus", "t"], "--bogus"),
+        (&["produce", "--addr", d, "--batch", "many", "t"], "--batch"),
+        (&["consume", "--addr", d, "-n", "5", "t"], "-n"),
+        (&["consume", "--addr", d, "a", "b"], "one topic"),
+        (&["stats", "--addr", d, "--json", "a", "b"], "one topic"),
+        (&["topics", "--addr", d, "--count", "3"], "--count"),
+        (&["topics", "--addr", d, "extra"], "extra"),
+        (&["create", "--addr", d, "--max-deliveries", "-1", "t"], "--max-deliveries"),
+        (&["redrive", "--addr", d, "--count"], "--count"),
+        (&["nosuch"], "nosuch"),
+        (&["help", "nosuch"], "nosuch"),
+    ];
+    for (args, named) in cases {
+        let out = runnel(args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "runnel {args:?}: want status 2, got {}:\n{err}", out.status);
+        assert!(err.contains(named), "runnel {args:?} must name {named}:\n{err}");
+        assert!(err.contains("usage: runnel"), "runnel {args:?} must show the usage line:\n{err}");
+        assert!(out.stdout.is_empty(), "runnel {args:?} wrote to stdout");
+    }
+}
+
+#[test]
+fn a_broker_that_cannot_be_reached_is_status_1() {
+    let out = runnel(&["stats", "--addr", &dead_addr()]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.status);
+    assert!(text(&out.stderr).starts_with("runnel stats: cannot talk to"), "{}", text(&out.stderr));
+}
+
+/// Runs `runnel args` with its stdout a pipe whose read end is already
+/// closed, so its first write fails.
+fn with_stdout_closed(args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let child = Command::new(env!("CARGO_BIN_EXE_runnel"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn runnel");
+    child.wait_with_output().expect("wait")
+}
+
+#[test]
+fn help_version_and_print_config_end_quietly_when_stdout_is_closed() {
+    let mut runs: Vec<Vec<&str>> = vec![vec!["--help"], vec!["--version"], vec!["serve", "--print-config"]];
+    runs.extend(COMMANDS.iter().map(|c| vec![*c, "--help"]));
+    for args in runs {
+        let out = with_stdout_closed(&args);
+        assert_eq!(out.status.code(), Some(STDOUT_CLOSED), "runnel {args:?}: {}", out.status);
+        assert!(out.stderr.is_empty(), "runnel {args:?} must end quietly:\n{}", text(&out.stderr));
+    }
+}
+
+/// Reads the child's first line of output, then closes the pipe as
+/// `head -1` does, and waits (60 s at most) for the child to end.
+fn read_a_line_then_close(mut child: Child) -> (String, Output) {
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut first).expect("read a line");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("runnel did not end within 60 s of its stdout closing");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (first, child.wait_with_output().expect("wait"))
+}
+
+fn spawn_piped(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_runnel"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn runnel")
+}
+
+/// A broker for the tests that need one. They fill it and read it through
+/// the `runnel` command alone: a blocking read of a client in this process
+/// can fail with EINTR while the other tests' children exit.
+fn page_cache_broker(limits: Limits) -> (Server, TempDir) {
+    let dir = TempDir::new("cli");
+    let log = LogOptions { fsync: FsyncMode::Never, ..LogOptions::default() };
+    (Server::start_in(Config { limits, ..Config::default() }, log, dir.path()), dir)
+}
+
+/// Runs `runnel args` with `input` on its stdin; returns its stdout, which
+/// must come with status 0.
+fn runnel_ok(args: &[&str], input: &[u8]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runnel"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn runnel");
+    child.stdin.take().expect("stdin").write_all(input).expect("write stdin");
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "runnel {args:?} exited {}:\n{}", out.status, text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// `runnel stats | head -1`, with more output than a pipe holds, so the
+/// command is still writing when its reader goes away.
+#[test]
+fn stats_ends_quietly_when_its_reader_goes_away() {
+    let (srv, _dir) = page_cache_broker(Limits { topic_name_bytes_max: 1000, ..Limits::default() });
+    let addr = srv.addr.to_string();
+    // 100 lines of about 1 KiB: more than a pipe's 64 KiB.
+    let long = "t".repeat(990);
+    for i in 0..100 {
+        runnel_ok(&["create", "--addr", &addr, &format!("{long}-{i:03}")], b"");
+    }
+    let (first, out) = read_a_line_then_close(spawn_piped(&["stats", "--addr", &addr]));
+    assert!(first.starts_with("topic "), "the first line is the header: {first:?}");
+    assert_eq!(out.status.code(), Some(STDOUT_CLOSED), "{}:\n{}", out.status, text(&out.stderr));
+    assert!(out.stderr.is_empty(), "must end quietly:\n{}", text(&out.stderr));
+}
+
+/// `runnel consume | head -1`: the consumer ends quietly, and what it
+/// could not print it did not acknowledge.
+#[test]
+fn consume_ends_quietly_when_its_reader_goes_away_and_acks_nothing_unprinted() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    // 100 lines of 4 KiB: more than a pipe's 64 KiB.
+    let line = [vec![b'm'; 4096], vec![b'\n']].concat();
+    runnel_ok(&["produce", "--addr", &addr, "big"], &line.repeat(100));
+    let child = spawn_piped(&["consume", "--addr", &addr, "--count", "100", "--wait-ms", "100", "big"]);
+    let (first, out) = read_a_line_then_close(child);
+    assert_eq!(first.as_bytes(), line, "the first line is the first payload");
+    assert_eq!(out.status.code(), Some(STDOUT_CLOSED), "{}:\n{}", out.status, text(&out.stderr));
+    assert!(out.stderr.is_empty(), "must end quietly:\n{}", text(&out.stderr));
+    let stats = runnel_ok(&["stats", "--addr", &addr, "--json", "big"], b"");
+    assert!(stats.contains("\"acked\":0,"), "a message was acknowledged without being printed: {stats}");
+}
