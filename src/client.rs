@@ -240,7 +240,14 @@ impl Client {
                 Err(e) => return Err(Error::Protocol(e)),
             }
             let mut chunk = [0u8; 64 << 10];
-            let n = self.stream.read(&mut chunk)?;
+            // A signal delivered to this thread interrupts the read; nothing
+            // was read, so read again (std's read does not retry EINTR).
+            let n = loop {
+                match self.stream.read(&mut chunk) {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    r => break r?,
+                }
+            };
             if n == 0 {
                 return Err(Error::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "broker closed the connection")));
             }
