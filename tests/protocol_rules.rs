@@ -13,8 +13,12 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 
+use common::Server;
+use common::wire::*;
+use runnel::broker::Config;
 use runnel::client::{Client, IdsResult};
 use runnel::codec::{self, DecodeLimits, op};
+use runnel::limits::Limits;
 
 // ---------------------------------------------------------------------------
 // Replies may grow.
@@ -74,4 +78,23 @@ fn the_client_ignores_bytes_past_a_replys_layout() {
     let err = c.purge_topic("t").expect_err("an error reply");
     assert_eq!(err.code(), Some(codec::ErrorCode::UnknownTopic), "{err}");
     peer.join().expect("peer");
+}
+
+// ---------------------------------------------------------------------------
+// STATS reports the limits HELLO does not.
+// ---------------------------------------------------------------------------
+
+/// A client sizes its reply buffer by `output_bytes_max` and
+/// `fetch_bytes_max`, and its pings by `idle_timeout_ms`; HELLO does not
+/// carry them, the broker section of STATS does.
+#[test]
+fn stats_reports_the_limits_a_client_sizes_its_buffers_by() {
+    let limits =
+        Limits { output_bytes_max: 48 << 20, fetch_bytes_max: 4 << 20, idle_timeout_ms: 123_456, ..Limits::default() };
+    limits.check().expect("limits work together");
+    let (srv, _dir) = Server::start(Config { limits, ..Config::default() });
+    let mut c = srv.client();
+    assert_eq!(stat(&mut c, "", "output_bytes_max"), 48 << 20);
+    assert_eq!(stat(&mut c, "", "fetch_bytes_max"), 4 << 20);
+    assert_eq!(stat(&mut c, "", "idle_timeout_ms"), 123_456);
 }
