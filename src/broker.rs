@@ -1351,6 +1351,11 @@ impl Broker {
             ("recovery_truncated_bytes", self.recovery.truncated_bytes),
             ("recovery_repaired_bytes", self.recovery.repaired_bytes),
             ("fsync_turn", u64::from(self.log.fsync_mode() == FsyncMode::Turn)),
+            // The limits a client sizes its reply buffer and its pings by,
+            // which the HELLO reply does not carry.
+            ("output_bytes_max", self.config.limits.output_bytes_max.into()),
+            ("fetch_bytes_max", self.config.limits.fetch_bytes_max.into()),
+            ("idle_timeout_ms", self.config.limits.idle_timeout_ms.into()),
         ] {
             w.kv(out, k, v);
         }

@@ -1047,6 +1047,12 @@ fn parse_reply_body<'a>(op: u8, status: u8, rd: &mut Rd<'a>) -> Option<Reply<'a>
 
 /// Decodes the reply at the start of `buf`. `Err` carries a description of
 /// what is wrong; a client should close the connection on it.
+///
+/// Bytes after the last field of a reply's layout are ignored, as
+/// docs/protocol.md ("Replies may grow") asks of every client: a later
+/// broker may append fields to a reply without a new version. A STATS
+/// reply has no such end (its sections run to the end of the body); it
+/// grows by keys instead.
 pub fn decode_reply(buf: &[u8], frame_bytes_max: usize) -> Result<Decoded<ReplyFrame<'_>>, String> {
     let header = match read_header(buf) {
         Ok(Some(h)) => h,
@@ -1065,10 +1071,8 @@ pub fn decode_reply(buf: &[u8], frame_bytes_max: usize) -> Result<Decoded<ReplyF
     let op = header.op & !REPLY_BIT;
     let mut rd = Rd { buf: &buf[HEADER_BYTES..header.frame_bytes], pos: 0 };
     match parse_reply_body(op, header.status, &mut rd) {
-        Some(reply) if rd.done() => {
-            Ok(Decoded::Frame(ReplyFrame { op, request_id: header.request_id, reply }, header.frame_bytes))
-        }
-        _ => Err(format!("malformed reply to op 0x{op:02x}")),
+        Some(reply) => Ok(Decoded::Frame(ReplyFrame { op, request_id: header.request_id, reply }, header.frame_bytes)),
+        None => Err(format!("malformed reply to op 0x{op:02x}")),
     }
 }
 

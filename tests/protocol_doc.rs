@@ -16,231 +16,14 @@
 
 mod common;
 
+use common::frames::{Expect, doc_frames, encode, encode_reply};
 use runnel::codec::*;
 use runnel::limits::Limits;
 
 const DOC_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/protocol.md");
 
-/// The wall clock of the examples: 2026-01-01T00:00:00.123Z in ms.
-const BORN_MS: u64 = 1_767_225_600_123;
-
 fn doc() -> String {
     std::fs::read_to_string(DOC_PATH).unwrap_or_else(|e| panic!("cannot read {DOC_PATH}: {e}"))
-}
-
-// ---------------------------------------------------------------------------
-// The frames each tagged example must hold.
-// ---------------------------------------------------------------------------
-
-enum Expect {
-    Request(Frame<'static>),
-    Reply(ReplyFrame<'static>),
-}
-
-fn ids(v: &[u64]) -> Ids<'static> {
-    let mut bytes = Vec::new();
-    encode_ids(&mut bytes, v);
-    Ids { bytes: bytes.leak() }
-}
-
-fn batch(payloads: &[&[u8]]) -> Batch<'static> {
-    let mut bytes = Vec::new();
-    encode_batch(&mut bytes, payloads);
-    Batch { count: payloads.len() as u32, bytes: bytes.leak() }
-}
-
-fn request(request_id: u32, request: Request<'static>) -> Expect {
-    Expect::Request(Frame { request_id, request })
-}
-
-fn reply(op: u8, request_id: u32, reply: Reply<'static>) -> Expect {
-    Expect::Reply(ReplyFrame { op, request_id, reply })
-}
-
-fn message(id: u64, delivery_count: u16, dead: Option<DeadInfo>, payload: &'static [u8]) -> Message<'static> {
-    Message { id, born_ms: BORN_MS, delivery_count, dead, payload }
-}
-
-/// Every example the doc must carry, in the order of the doc: one session
-/// on one connection, request ids counting up.
-fn expected() -> Vec<(&'static str, Expect)> {
-    let limits = DecodeLimits::from(&Limits::default());
-    let jobs = "jobs";
-    let stats = vec![
-        (
-            "",
-            vec![
-                ("uptime_ms", 3_600_000),
-                ("connections", 2),
-                ("turns", 51_234),
-                ("topics", 2),
-                ("bytes_in", 4096),
-                ("bytes_out", 8192),
-                ("log_bytes", 1_048_576),
-                ("log_segments", 1),
-                ("fsyncs", 120),
-                ("compactions", 0),
-                ("recovery_ms", 12),
-            ],
-        ),
-        (
-            jobs,
-            vec![
-                ("ready", 0),
-                ("inflight", 0),
-                ("delayed", 1),
-                ("produced", 2),
-                ("delivered", 2),
-                ("redelivered", 0),
-                ("acked", 1),
-                ("nacked", 1),
-                ("dead_lettered", 0),
-                ("expired", 0),
-                ("bytes", 5),
-            ],
-        ),
-    ];
-    let dead = DeadInfo { origin_id: 2, origin_deliveries: 16, reason: DeadReason::Nacked };
-    let settings = |ack_timeout_ms, max_deliveries| TopicSettings { ack_timeout_ms, max_deliveries };
-    vec![
-        ("hello-request", request(1, Request::Hello { min_version: 1, max_version: 1, token: b"" })),
-        ("hello-reply", reply(op::HELLO, 1, Reply::Hello { version: 1, limits })),
-        ("ping-request", request(2, Request::Ping)),
-        ("ping-reply", reply(op::PING, 2, Reply::Pong)),
-        ("produce-request", request(3, Request::Produce { topic: jobs, batch: batch(&[b"hello", b"world"]) })),
-        ("produce-reply", reply(op::PRODUCE, 3, Reply::Produced { first_id: 1, count: 2 })),
-        (
-            "fetch-request",
-            request(
-                4,
-                Request::Fetch { topic: jobs, max_messages: 10, max_bytes: 0, wait_ms: 5000, ack_timeout_ms: 0 },
-            ),
-        ),
-        (
-            "fetch-reply",
-            reply(
-                op::FETCH,
-                4,
-                Reply::Messages {
-                    topic: jobs,
-                    messages: vec![message(1, 1, None, b"hello"), message(2, 1, None, b"world")],
-                },
-            ),
-        ),
-        ("ack-request", request(5, Request::Ack { topic: jobs, ids: ids(&[1, 7]) })),
-        ("ack-reply", reply(op::ACK, 5, Reply::Ids { done: 1, failed: vec![7] })),
-        ("touch-request", request(6, Request::Touch { topic: jobs, ack_timeout_ms: 60_000, ids: ids(&[2]) })),
-        ("touch-reply", reply(op::TOUCH, 6, Reply::Ids { done: 1, failed: vec![] })),
-        ("nack-request", request(7, Request::Nack { topic: jobs, delay_ms: 1000, flags: 0, ids: ids(&[2]) })),
-        ("nack-reply", reply(op::NACK, 7, Reply::Ids { done: 1, failed: vec![] })),
-        (
-            "produce-queue-full-reply",
-            reply(
-                op::PRODUCE,
-                8,
-                Reply::Error {
-                    code: ErrorCode::QueueFull as u8,
-                    message: "topic jobs is at topic_messages_max (10000000)",
-                },
-            ),
-        ),
-        (
-            "fetch-dlq-request",
-            request(
-                9,
-                Request::Fetch { topic: "jobs.dlq", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 },
-            ),
-        ),
-        (
-            "fetch-dlq-reply",
-            reply(
-                op::FETCH,
-                9,
-                Reply::Messages { topic: "jobs.dlq", messages: vec![message(1, 1, Some(dead), b"world")] },
-            ),
-        ),
-        ("stats-request", request(10, Request::Stats { topic: jobs })),
-        ("stats-reply", reply(op::STATS, 10, Reply::Stats(stats))),
-        ("create-topic-request", request(11, Request::CreateTopic { topic: "mail", settings: settings(60_000, 5) })),
-        ("create-topic-reply", reply(op::CREATE_TOPIC, 11, Reply::Created { created: true })),
-        ("list-topics-request", request(12, Request::ListTopics)),
-        (
-            "list-topics-reply",
-            reply(
-                op::LIST_TOPICS,
-                12,
-                Reply::Topics(vec![
-                    (jobs, settings(30_000, 16)),
-                    ("jobs.dlq", settings(30_000, 16)),
-                    ("mail", settings(60_000, 5)),
-                ]),
-            ),
-        ),
-        ("redrive-request", request(13, Request::Redrive { topic: jobs, max_messages: 0 })),
-        ("redrive-reply", reply(op::REDRIVE, 13, Reply::Count(1))),
-        ("purge-topic-request", request(14, Request::PurgeTopic { topic: jobs })),
-        ("purge-topic-reply", reply(op::PURGE_TOPIC, 14, Reply::Count(2))),
-        ("delete-topic-request", request(15, Request::DeleteTopic { topic: "mail" })),
-        ("delete-topic-reply", reply(op::DELETE_TOPIC, 15, Reply::Count(0))),
-        (
-            "too-many-connections-reply",
-            reply(
-                0,
-                0,
-                Reply::Error {
-                    code: ErrorCode::TooManyConnections as u8,
-                    message: "broker is at connections_max (10000)",
-                },
-            ),
-        ),
-    ]
-}
-
-// ---------------------------------------------------------------------------
-// Encoding a decoded reply again, with the encoders the broker uses.
-// ---------------------------------------------------------------------------
-
-fn encode_reply(out: &mut Vec<u8>, frame: &ReplyFrame<'_>) {
-    let (op, id) = (frame.op, frame.request_id);
-    match &frame.reply {
-        Reply::Hello { version, limits } => encode_hello_reply(out, id, *version, limits),
-        Reply::Pong => encode_empty_reply(out, op, id),
-        Reply::Produced { first_id, count } => encode_produce_reply(out, id, *first_id, *count),
-        Reply::Messages { topic, messages } => {
-            let mut w = MessagesWriter::begin(out, id, topic);
-            for m in messages {
-                w.push(out, m);
-            }
-            w.finish(out);
-        }
-        Reply::Ids { done, failed } => encode_ids_reply(out, op, id, *done, failed),
-        Reply::Stats(sections) => {
-            let mut w = StatsWriter::begin(out, id);
-            for (name, kvs) in sections {
-                w.section(out, name);
-                for (key, value) in kvs {
-                    w.kv(out, key, *value);
-                }
-            }
-            w.finish(out);
-        }
-        Reply::Created { created } => encode_u64_reply(out, op, id, u64::from(*created)),
-        Reply::Count(n) => encode_u64_reply(out, op, id, *n),
-        Reply::Topics(topics) => encode_topics_reply(out, id, topics),
-        Reply::Error { code, message } => {
-            let code = ErrorCode::from_u8(*code).unwrap_or_else(|| panic!("error code {code} is not an ErrorCode"));
-            encode_error(out, op, id, code, message);
-        }
-    }
-}
-
-fn encode(expect: &Expect) -> Vec<u8> {
-    let mut out = Vec::new();
-    match expect {
-        Expect::Request(f) => encode_request(&mut out, f.request_id, &f.request),
-        Expect::Reply(f) => encode_reply(&mut out, f),
-    }
-    out
 }
 
 /// Bytes as the doc shows them, 16 to a line, for a failure message.
@@ -397,17 +180,18 @@ fn assert_row(rows: &[Vec<String>], heading: &str, first: &str, second: &str) {
 fn every_example_decodes_to_its_frame_and_encodes_back() {
     let doc = doc();
     let found = examples(&doc).unwrap_or_else(|e| panic!("docs/protocol.md: {e}"));
-    let expected = expected();
+    let expected = doc_frames();
     let mut failures = Vec::new();
     for ex in &found {
-        if !expected.iter().any(|(tag, _)| *tag == ex.tag) {
+        if !expected.iter().any(|f| f.name == ex.tag) {
             failures.push(format!(
-                "line {}: example `{}` is not one this test knows; add it to expected()",
+                "line {}: example `{}` is not one this test knows; add it to doc_frames() in tests/common/frames.rs",
                 ex.line, ex.tag
             ));
         }
     }
-    for (tag, expect) in &expected {
+    for f in &expected {
+        let (tag, expect) = (f.name, &f.expect);
         let want = encode(expect);
         let Some(ex) = found.iter().find(|e| e.tag == *tag) else {
             failures.push(format!("example `{tag}` is missing; the codec encodes it as\n{}", hex_block(&want)));

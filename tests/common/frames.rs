@@ -1,0 +1,283 @@
+//! The frames of docs/protocol.md's examples, as codec values, and the
+//! encoders that turn them into bytes.
+//!
+//! One list serves two checks: tests/protocol_doc.rs holds the doc's hex
+//! dumps to these frames, and tests/vectors.rs publishes them (with more) as
+//! docs/vectors/protocol-v1.json. So a doc example and its vector cannot
+//! disagree.
+
+use runnel::codec::*;
+use runnel::limits::Limits;
+
+/// The wall clock of the examples: 2026-01-01T00:00:00.123Z in ms.
+pub const BORN_MS: u64 = 1_767_225_600_123;
+
+/// A frame a test expects: a request or a reply.
+#[derive(Clone, Debug)]
+pub enum Expect {
+    Request(Frame<'static>),
+    Reply(ReplyFrame<'static>),
+}
+
+/// A frame with its name (the doc's example tag, which ends in `-request`
+/// or `-reply`) and a sentence saying what it shows.
+#[derive(Clone, Debug)]
+pub struct Named {
+    pub name: &'static str,
+    pub description: &'static str,
+    pub expect: Expect,
+}
+
+pub fn named(name: &'static str, description: &'static str, expect: Expect) -> Named {
+    Named { name, description, expect }
+}
+
+pub fn ids(v: &[u64]) -> Ids<'static> {
+    let mut bytes = Vec::new();
+    encode_ids(&mut bytes, v);
+    Ids { bytes: bytes.leak() }
+}
+
+pub fn batch(payloads: &[&[u8]]) -> Batch<'static> {
+    let mut bytes = Vec::new();
+    encode_batch(&mut bytes, payloads);
+    Batch { count: payloads.len() as u32, bytes: bytes.leak() }
+}
+
+pub fn request(request_id: u32, request: Request<'static>) -> Expect {
+    Expect::Request(Frame { request_id, request })
+}
+
+pub fn reply(op: u8, request_id: u32, reply: Reply<'static>) -> Expect {
+    Expect::Reply(ReplyFrame { op, request_id, reply })
+}
+
+pub fn error(op: u8, request_id: u32, code: ErrorCode, message: &'static str) -> Expect {
+    reply(op, request_id, Reply::Error { code: code as u8, message })
+}
+
+pub fn message(id: u64, delivery_count: u16, dead: Option<DeadInfo>, payload: &'static [u8]) -> Message<'static> {
+    Message { id, born_ms: BORN_MS, delivery_count, dead, payload }
+}
+
+pub fn settings(ack_timeout_ms: u32, max_deliveries: u16) -> TopicSettings {
+    TopicSettings { ack_timeout_ms, max_deliveries }
+}
+
+/// The STATS reply of the doc's example: the broker section and the
+/// section of `jobs`, with some of the keys the doc defines.
+fn doc_stats() -> Reply<'static> {
+    let broker = vec![
+        ("uptime_ms", 3_600_000),
+        ("connections", 2),
+        ("turns", 51_234),
+        ("topics", 2),
+        ("bytes_in", 4096),
+        ("bytes_out", 8192),
+        ("log_bytes", 1_048_576),
+        ("log_segments", 1),
+        ("fsyncs", 120),
+        ("compactions", 0),
+        ("recovery_ms", 12),
+    ];
+    let jobs = vec![
+        ("ready", 0),
+        ("inflight", 0),
+        ("delayed", 1),
+        ("produced", 2),
+        ("delivered", 2),
+        ("redelivered", 0),
+        ("acked", 1),
+        ("nacked", 1),
+        ("dead_lettered", 0),
+        ("expired", 0),
+        ("bytes", 5),
+    ];
+    Reply::Stats(vec![("", broker), ("jobs", jobs)])
+}
+
+/// Every example docs/protocol.md must carry, in the order of the doc: one
+/// session on one connection, request ids counting up.
+pub fn doc_frames() -> Vec<Named> {
+    let limits = DecodeLimits::from(&Limits::default());
+    let jobs = "jobs";
+    let dead = DeadInfo { origin_id: 2, origin_deliveries: 16, reason: DeadReason::Nacked };
+    let fetch =
+        |topic, max_messages, wait_ms| Request::Fetch { topic, max_messages, max_bytes: 0, wait_ms, ack_timeout_ms: 0 };
+    vec![
+        named(
+            "hello-request",
+            "HELLO: the client speaks versions 1 to 1 and has no token.",
+            request(1, Request::Hello { min_version: 1, max_version: 1, token: b"" }),
+        ),
+        named(
+            "hello-reply",
+            "The broker chooses version 1 and reports its default limits.",
+            reply(op::HELLO, 1, Reply::Hello { version: 1, limits }),
+        ),
+        named("ping-request", "PING.", request(2, Request::Ping)),
+        named("ping-reply", "The reply to PING.", reply(op::PING, 2, Reply::Pong)),
+        named(
+            "produce-request",
+            "PRODUCE a batch of two messages, hello and world, to the topic jobs.",
+            request(3, Request::Produce { topic: jobs, batch: batch(&[b"hello", b"world"]) }),
+        ),
+        named(
+            "produce-reply",
+            "The batch was stored as ids 1 and 2.",
+            reply(op::PRODUCE, 3, Reply::Produced { first_id: 1, count: 2 }),
+        ),
+        named(
+            "fetch-request",
+            "FETCH up to 10 messages, the default byte budget, waiting up to 5 s, the topic's ack timeout.",
+            request(4, fetch(jobs, 10, 5000)),
+        ),
+        named(
+            "fetch-reply",
+            "Both messages, each on its first delivery.",
+            reply(
+                op::FETCH,
+                4,
+                Reply::Messages {
+                    topic: jobs,
+                    messages: vec![message(1, 1, None, b"hello"), message(2, 1, None, b"world")],
+                },
+            ),
+        ),
+        named(
+            "ack-request",
+            "ACK messages 1 and 7; there is no message 7.",
+            request(5, Request::Ack { topic: jobs, ids: ids(&[1, 7]) }),
+        ),
+        named("ack-reply", "One id took effect; 7 failed.", reply(op::ACK, 5, Reply::Ids { done: 1, failed: vec![7] })),
+        named(
+            "touch-request",
+            "TOUCH: give message 2 another 60 s.",
+            request(6, Request::Touch { topic: jobs, ack_timeout_ms: 60_000, ids: ids(&[2]) }),
+        ),
+        named(
+            "touch-reply",
+            "The reply to TOUCH: done 1, none failed.",
+            reply(op::TOUCH, 6, Reply::Ids { done: 1, failed: vec![] }),
+        ),
+        named(
+            "nack-request",
+            "NACK: give message 2 back, to be ready again in 1 s.",
+            request(7, Request::Nack { topic: jobs, delay_ms: 1000, flags: 0, ids: ids(&[2]) }),
+        ),
+        named(
+            "nack-reply",
+            "The reply to NACK: done 1, none failed.",
+            reply(op::NACK, 7, Reply::Ids { done: 1, failed: vec![] }),
+        ),
+        named(
+            "produce-queue-full-reply",
+            "An error reply: a PRODUCE to a full topic gets QUEUE_FULL (status 11) and stores nothing. The message text is an example.",
+            error(op::PRODUCE, 8, ErrorCode::QueueFull, "topic jobs is at topic_messages_max (10000000)"),
+        ),
+        named(
+            "fetch-dlq-request",
+            "FETCH one message from the dead-letter topic jobs.dlq, without waiting.",
+            request(9, fetch("jobs.dlq", 1, 0)),
+        ),
+        named(
+            "fetch-dlq-reply",
+            "A dead letter: message 2 of jobs, NACKed on its 16th delivery, is message 1 of jobs.dlq, with its dead-letter fields.",
+            reply(
+                op::FETCH,
+                9,
+                Reply::Messages { topic: "jobs.dlq", messages: vec![message(1, 1, Some(dead), b"world")] },
+            ),
+        ),
+        named("stats-request", "STATS of the topic jobs.", request(10, Request::Stats { topic: jobs })),
+        named(
+            "stats-reply",
+            "The broker section and the section of jobs, with some of the keys the doc defines (a real reply has more).",
+            reply(op::STATS, 10, doc_stats()),
+        ),
+        named(
+            "create-topic-request",
+            "CREATE_TOPIC mail with a 60 s ack timeout and 5 deliveries.",
+            request(11, Request::CreateTopic { topic: "mail", settings: settings(60_000, 5) }),
+        ),
+        named("create-topic-reply", "The topic is new.", reply(op::CREATE_TOPIC, 11, Reply::Created { created: true })),
+        named("list-topics-request", "LIST_TOPICS.", request(12, Request::ListTopics)),
+        named(
+            "list-topics-reply",
+            "Three topics, a dead-letter topic included, in byte order of their names.",
+            reply(
+                op::LIST_TOPICS,
+                12,
+                Reply::Topics(vec![
+                    (jobs, settings(30_000, 16)),
+                    ("jobs.dlq", settings(30_000, 16)),
+                    ("mail", settings(60_000, 5)),
+                ]),
+            ),
+        ),
+        named(
+            "redrive-request",
+            "REDRIVE every ready message of jobs.dlq back to jobs.",
+            request(13, Request::Redrive { topic: jobs, max_messages: 0 }),
+        ),
+        named("redrive-reply", "One message moved.", reply(op::REDRIVE, 13, Reply::Count(1))),
+        named("purge-topic-request", "PURGE_TOPIC jobs.", request(14, Request::PurgeTopic { topic: jobs })),
+        named("purge-topic-reply", "Two messages removed.", reply(op::PURGE_TOPIC, 14, Reply::Count(2))),
+        named("delete-topic-request", "DELETE_TOPIC mail.", request(15, Request::DeleteTopic { topic: "mail" })),
+        named("delete-topic-reply", "No message removed.", reply(op::DELETE_TOPIC, 15, Reply::Count(0))),
+        named(
+            "too-many-connections-reply",
+            "What a new connection receives when the broker is at connections_max, before the broker closes it: op 0x80, request id 0. The message text is an example.",
+            error(0, 0, ErrorCode::TooManyConnections, "broker is at connections_max (10000)"),
+        ),
+    ]
+}
+
+// ---------------------------------------------------------------------------
+// Encoding, with the encoders the broker and the client use.
+// ---------------------------------------------------------------------------
+
+/// Appends `frame` as the broker's encoders write it.
+pub fn encode_reply(out: &mut Vec<u8>, frame: &ReplyFrame<'_>) {
+    let (op, id) = (frame.op, frame.request_id);
+    match &frame.reply {
+        Reply::Hello { version, limits } => encode_hello_reply(out, id, *version, limits),
+        Reply::Pong => encode_empty_reply(out, op, id),
+        Reply::Produced { first_id, count } => encode_produce_reply(out, id, *first_id, *count),
+        Reply::Messages { topic, messages } => {
+            let mut w = MessagesWriter::begin(out, id, topic);
+            for m in messages {
+                w.push(out, m);
+            }
+            w.finish(out);
+        }
+        Reply::Ids { done, failed } => encode_ids_reply(out, op, id, *done, failed),
+        Reply::Stats(sections) => {
+            let mut w = StatsWriter::begin(out, id);
+            for (name, kvs) in sections {
+                w.section(out, name);
+                for (key, value) in kvs {
+                    w.kv(out, key, *value);
+                }
+            }
+            w.finish(out);
+        }
+        Reply::Created { created } => encode_u64_reply(out, op, id, u64::from(*created)),
+        Reply::Count(n) => encode_u64_reply(out, op, id, *n),
+        Reply::Topics(topics) => encode_topics_reply(out, id, topics),
+        Reply::Error { code, message } => {
+            let code = ErrorCode::from_u8(*code).unwrap_or_else(|| panic!("error code {code} is not an ErrorCode"));
+            encode_error(out, op, id, code, message);
+        }
+    }
+}
+
+/// The bytes of an expected frame.
+pub fn encode(expect: &Expect) -> Vec<u8> {
+    let mut out = Vec::new();
+    match expect {
+        Expect::Request(f) => encode_request(&mut out, f.request_id, &f.request),
+        Expect::Reply(f) => encode_reply(&mut out, f),
+    }
+    out
+}

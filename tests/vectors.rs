@@ -1,0 +1,830 @@
+//! Generates docs/vectors/protocol-v1.json, the protocol's test vectors for
+//! client writers, from the codec, and fails when the file in the tree is
+//! not what the codec gives.
+//!
+//! A vector is a frame's bytes with every field decoded: the examples of
+//! docs/protocol.md (tests/common/frames.rs, the list tests/protocol_doc.rs
+//! holds the doc to) and the edge cases below. Each one is checked before it
+//! is written: a valid frame must decode to the frame it was built from and
+//! consume all its bytes, a grown reply must decode to the same frame, and a
+//! refused request must get the error code it names from the broker's own
+//! decoder. The JSON is written by hand (`J` below) rather than with
+//! serde_json: the crate has no serde, and the check compares text, so it
+//! needs no parser.
+//!
+//! To add a vector: add it to one of the lists below (or, for a new doc
+//! example, to `doc_frames` and the doc), then run
+//! `RUNNEL_WRITE_VECTORS=1 cargo test --release --test vectors` and commit the
+//! file. Without the variable the test compares and prints the first
+//! difference. docs/vectors/README.md describes the format.
+
+mod common;
+
+use std::fmt::Write as _;
+
+use common::frames::*;
+use runnel::codec::*;
+use runnel::limits::Limits;
+
+const VECTORS_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/vectors/protocol-v1.json");
+
+// ---------------------------------------------------------------------------
+// The vectors.
+// ---------------------------------------------------------------------------
+
+/// What a vector holds.
+enum Kind {
+    /// A frame as the codec encodes it.
+    Frame(Expect),
+    /// A reply with these bytes after its layout, which a client ignores
+    /// (docs/protocol.md, "Replies may grow").
+    Grown(Expect, &'static [u8]),
+    /// Request bytes the broker refuses with `code`; `closes` when it also
+    /// closes the connection (the frame boundary is lost).
+    Refused { bytes: Vec<u8>, code: ErrorCode, closes: bool },
+}
+
+struct Vector {
+    name: &'static str,
+    description: &'static str,
+    /// One of docs/protocol.md's examples.
+    doc_example: bool,
+    kind: Kind,
+}
+
+fn vector(name: &'static str, description: &'static str, kind: Kind) -> Vector {
+    Vector { name, description, doc_example: false, kind }
+}
+
+fn frame(name: &'static str, description: &'static str, expect: Expect) -> Vector {
+    vector(name, description, Kind::Frame(expect))
+}
+
+fn refused(name: &'static str, description: &'static str, bytes: Vec<u8>, code: ErrorCode) -> Vector {
+    vector(name, description, Kind::Refused { bytes, code, closes: false })
+}
+
+/// A frame from raw parts, for bytes no encoder writes.
+fn raw(op: u8, request_id: u32, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let start = begin_frame(&mut out, op, 0, request_id);
+    out.extend_from_slice(body);
+    end_frame(&mut out, start);
+    out
+}
+
+fn encoded(request_id: u32, request: Request<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_request(&mut out, request_id, &request);
+    out
+}
+
+/// Valid requests and their replies beyond the doc's examples: HELLO,
+/// PRODUCE, STATS and NACK.
+fn more_frames() -> Vec<Vector> {
+    let jobs = "jobs";
+    vec![
+        frame(
+            "hello-token-request",
+            "HELLO with a token, as a broker run with --auth-token requires; versions 1 to 2.",
+            request(16, Request::Hello { min_version: 1, max_version: 2, token: b"s3cret" }),
+        ),
+        frame(
+            "hello-version-reply",
+            "An error reply to HELLO: no common version (VERSION, status 3). The connection stays open. The message text is an example.",
+            error(op::HELLO, 16, ErrorCode::Version, "this broker speaks versions 1..=1"),
+        ),
+        vector(
+            "hello-grown-reply",
+            "A HELLO reply with 4 bytes after its layout, as a later broker may send: a client decodes the same fields and ignores the rest of the frame.",
+            Kind::Grown(
+                reply(op::HELLO, 1, Reply::Hello { version: 1, limits: DecodeLimits::from(&Limits::default()) }),
+                &[0, 0, 0, 2],
+            ),
+        ),
+        frame(
+            "produce-empty-payload-request",
+            "PRODUCE a batch of one message with an empty payload: a message of 0 bytes is a message.",
+            request(17, Request::Produce { topic: jobs, batch: batch(&[b""]) }),
+        ),
+        frame(
+            "produce-empty-payload-reply",
+            "Stored as id 3.",
+            reply(op::PRODUCE, 17, Reply::Produced { first_id: 3, count: 1 }),
+        ),
+        frame(
+            "stats-all-request",
+            "STATS with an empty topic: the broker section and every topic.",
+            request(18, Request::Stats { topic: "" }),
+        ),
+        frame(
+            "stats-all-reply",
+            "The broker section, then every topic (dead-letter topics included) in byte order of their names, each with a few keys.",
+            reply(
+                op::STATS,
+                18,
+                Reply::Stats(vec![
+                    ("", vec![("topics", 2), ("output_bytes_max", 32 << 20), ("fetch_bytes_max", 8 << 20)]),
+                    (jobs, vec![("ready", 1), ("next_id", 4)]),
+                    ("jobs.dlq", vec![("ready", 2), ("next_id", 3)]),
+                ]),
+            ),
+        ),
+        frame(
+            "nack-dead-letter-request",
+            "NACK with the DEAD_LETTER flag: move message 3 to jobs.dlq at once (delay_ms is ignored).",
+            request(19, Request::Nack { topic: jobs, delay_ms: 0, flags: NACK_FLAG_DEAD_LETTER, ids: ids(&[3]) }),
+        ),
+        frame(
+            "nack-dead-letter-reply",
+            "The reply to NACK: done 1, none failed.",
+            reply(op::NACK, 19, Reply::Ids { done: 1, failed: vec![] }),
+        ),
+    ]
+}
+
+/// Edge cases of FETCH, ACK and the admin replies.
+fn edge_frames() -> Vec<Vector> {
+    let jobs = "jobs";
+    vec![
+        frame(
+            "fetch-long-poll-request",
+            "FETCH one message, waiting up to 1 s, with a 10 s ack timeout.",
+            request(
+                20,
+                Request::Fetch { topic: jobs, max_messages: 1, max_bytes: 0, wait_ms: 1000, ack_timeout_ms: 10_000 },
+            ),
+        ),
+        frame(
+            "fetch-empty-reply",
+            "A FETCH reply with 0 messages: the wait passed and nothing was ready.",
+            reply(op::FETCH, 20, Reply::Messages { topic: jobs, messages: vec![] }),
+        ),
+        frame(
+            "fetch-dlq-mixed-reply",
+            "A FETCH reply from jobs.dlq with both message layouts: a dead letter (reason ack_timeout, empty payload, on its 3rd delivery here) and a message produced to jobs.dlq by hand, without dead-letter fields.",
+            reply(
+                op::FETCH,
+                21,
+                Reply::Messages {
+                    topic: "jobs.dlq",
+                    messages: vec![
+                        message(
+                            2,
+                            3,
+                            Some(DeadInfo { origin_id: 5, origin_deliveries: 16, reason: DeadReason::AckTimeout }),
+                            b"",
+                        ),
+                        message(3, 1, None, b"by hand"),
+                    ],
+                },
+            ),
+        ),
+        frame(
+            "ack-duplicate-request",
+            "ACK ids 9, 2 and 2 again: there is no message 9.",
+            request(22, Request::Ack { topic: jobs, ids: ids(&[9, 2, 2]) }),
+        ),
+        frame(
+            "ack-duplicate-reply",
+            "Each id counts once, in done or in failed, and failed keeps the request's order: 2 is acknowledged once, and fails the second time.",
+            reply(op::ACK, 22, Reply::Ids { done: 1, failed: vec![9, 2] }),
+        ),
+        frame(
+            "create-topic-existing-reply",
+            "CREATE_TOPIC of a topic that exists: created 0 (its settings are now the request's).",
+            reply(op::CREATE_TOPIC, 11, Reply::Created { created: false }),
+        ),
+        frame(
+            "list-topics-empty-reply",
+            "LIST_TOPICS on a broker with no topic.",
+            reply(op::LIST_TOPICS, 12, Reply::Topics(vec![])),
+        ),
+        frame(
+            "fetch-bad-argument-reply",
+            "An error reply to FETCH with max_messages 0 (BAD_ARGUMENT, status 16). The message text is an example.",
+            error(op::FETCH, 25, ErrorCode::BadArgument, "max_messages must be at least 1"),
+        ),
+    ]
+}
+
+/// Requests the broker's decoder refuses, each a check of which error
+/// wins (docs/protocol.md, "When several errors apply").
+fn refusals() -> Vec<Vector> {
+    let limits = DecodeLimits::from(&Limits::default());
+    let jobs = "jobs";
+    let empty = Batch { count: 0, bytes: &[] };
+    let mut too_large_body = Vec::new();
+    put_str(&mut too_large_body, jobs.as_bytes());
+    put_u32(&mut too_large_body, 1);
+    put_u32(&mut too_large_body, limits.message_bytes_max + 1);
+    vec![
+        refused(
+            "produce-empty-batch-request",
+            "PRODUCE with no messages: BATCH_TOO_LARGE.",
+            encoded(30, Request::Produce { topic: jobs, batch: empty }),
+            ErrorCode::BatchTooLarge,
+        ),
+        refused(
+            "ack-no-ids-request",
+            "ACK with no ids: BATCH_TOO_LARGE.",
+            encoded(31, Request::Ack { topic: jobs, ids: ids(&[]) }),
+            ErrorCode::BatchTooLarge,
+        ),
+        refused(
+            "produce-bad-topic-request",
+            "PRODUCE of no messages to the topic \"no way\": BAD_TOPIC, because the topic comes before the count in the layout.",
+            encoded(32, Request::Produce { topic: "no way", batch: empty }),
+            ErrorCode::BadTopic,
+        ),
+        refused(
+            "produce-message-too-large-request",
+            "PRODUCE of one message whose length is message_bytes_max + 1: MESSAGE_TOO_LARGE, judged from the length field before the payload (which is not there).",
+            raw(op::PRODUCE, 33, &too_large_body),
+            ErrorCode::MessageTooLarge,
+        ),
+        refused(
+            "nack-unknown-flag-request",
+            "NACK with flags 0x02, a bit this version does not define: MALFORMED.",
+            encoded(34, Request::Nack { topic: jobs, delay_ms: 0, flags: 0x02, ids: ids(&[1]) }),
+            ErrorCode::Malformed,
+        ),
+        refused(
+            "ping-trailing-byte-request",
+            "PING with one byte of body: bytes left over after the layout make a request MALFORMED.",
+            raw(op::PING, 35, &[0]),
+            ErrorCode::Malformed,
+        ),
+        refused(
+            "ping-reply-bit-request",
+            "A request whose op has the reply bit set (0x82): MALFORMED, not UNKNOWN_OP.",
+            raw(op::PING | REPLY_BIT, 36, &[]),
+            ErrorCode::Malformed,
+        ),
+    ]
+}
+
+/// Refused requests paired with the error replies that answer them (a pair
+/// shares its name up to `-request` / `-reply`).
+fn refusal_pairs() -> Vec<Vector> {
+    let limits = DecodeLimits::from(&Limits::default());
+    let oversized = |op: u8, rid: u32| {
+        let mut header = raw(op, rid, &[]);
+        header[..4].copy_from_slice(&(limits.frame_bytes_max - 3).to_le_bytes());
+        header
+    };
+    vec![
+        refused(
+            "unknown-op-request",
+            "A request with op 0x7f, which no version defines: UNKNOWN_OP. The connection stays usable.",
+            raw(0x7f, 23, &[]),
+            ErrorCode::UnknownOp,
+        ),
+        frame(
+            "unknown-op-reply",
+            "The error reply to op 0x7f: op 0xff (the request's op with the reply bit, even for UNKNOWN_OP). The message text is an example.",
+            error(0x7f, 23, ErrorCode::UnknownOp, "unknown opcode 0x7f"),
+        ),
+        refused(
+            "frame-too-large-request",
+            "The header of a PRODUCE frame one byte longer than frame_bytes_max (len 8388605): the broker answers FRAME_TOO_LARGE once the header is there, discards the frame's bytes as they arrive, and goes on with the next frame.",
+            oversized(op::PRODUCE, 24),
+            ErrorCode::FrameTooLarge,
+        ),
+        frame(
+            "frame-too-large-reply",
+            "The error reply to an oversized frame: its op and request id. The message text is an example.",
+            error(
+                op::PRODUCE,
+                24,
+                ErrorCode::FrameTooLarge,
+                "frame is 8388609 bytes, more than frame_bytes_max (8388608)",
+            ),
+        ),
+        refused(
+            "frame-too-large-unknown-op-request",
+            "The header of an oversized frame with op 0x7f: FRAME_TOO_LARGE wins, because nothing else of an oversized frame is looked at.",
+            oversized(0x7f, 26),
+            ErrorCode::FrameTooLarge,
+        ),
+        vector(
+            "short-len-request",
+            "A frame whose len is 4, below the minimum of 8: MALFORMED, and the broker closes the connection, because the frame boundary is lost.",
+            Kind::Refused { bytes: vec![4, 0, 0, 0, op::PING, 0, 0, 0], code: ErrorCode::Malformed, closes: true },
+        ),
+        frame(
+            "short-len-reply",
+            "The error reply to a frame whose len is below 8: op 0x80 and request id 0, since it answers no request. The message text is an example.",
+            error(0, 0, ErrorCode::Malformed, "frame length below the 8-byte minimum; frame boundary lost"),
+        ),
+    ]
+}
+
+/// Every vector, the doc's examples first.
+fn vectors() -> Vec<Vector> {
+    let doc = doc_frames().into_iter().map(|f| Vector {
+        name: f.name,
+        description: f.description,
+        doc_example: true,
+        kind: Kind::Frame(f.expect),
+    });
+    doc.chain(more_frames()).chain(edge_frames()).chain(refusals()).chain(refusal_pairs()).collect()
+}
+
+// ---------------------------------------------------------------------------
+// JSON, by hand.
+// ---------------------------------------------------------------------------
+
+/// A JSON value; object keys keep their order (the order of the layout).
+enum J {
+    Null,
+    Bool(bool),
+    Num(u64),
+    Str(String),
+    Arr(Vec<J>),
+    Obj(Vec<(&'static str, J)>),
+}
+
+/// The largest integer every JSON reader holds exactly (2^53 - 1, the
+/// largest a double holds exactly): no vector may carry a larger one.
+const JSON_INT_MAX: u64 = (1 << 53) - 1;
+
+fn num(v: impl Into<u64>) -> J {
+    let v = v.into();
+    assert!(v <= JSON_INT_MAX, "{v} is too large for a JSON number every reader holds exactly");
+    J::Num(v)
+}
+
+fn text(s: &str) -> J {
+    J::Str(s.to_string())
+}
+
+fn hex(bytes: &[u8]) -> J {
+    J::Str(bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    }))
+}
+
+/// Objects whose one-line form is at most this long are written on one line.
+const INLINE_CHARS_MAX: usize = 100;
+
+impl J {
+    fn is_scalar(&self) -> bool {
+        !matches!(self, J::Arr(_) | J::Obj(_))
+    }
+
+    /// The value on one line.
+    fn inline(&self) -> String {
+        let mut out = String::new();
+        match self {
+            J::Null => out.push_str("null"),
+            J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            J::Num(n) => out.push_str(&n.to_string()),
+            J::Str(s) => write_str(&mut out, s),
+            J::Arr(items) => {
+                let items: Vec<String> = items.iter().map(J::inline).collect();
+                out = format!("[{}]", items.join(", "));
+            }
+            J::Obj(fields) => {
+                let fields: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\": {}", v.inline())).collect();
+                out = format!("{{{}}}", fields.join(", "));
+            }
+        }
+        out
+    }
+
+    /// The value, indented by `indent` spaces after its first line: arrays
+    /// of scalars and short flat objects on one line, the rest one item a
+    /// line.
+    fn write(&self, out: &mut String, indent: usize) {
+        let (items, open, close): (Vec<(Option<&str>, &J)>, char, char) = match self {
+            J::Arr(items) if !items.iter().all(J::is_scalar) => (items.iter().map(|v| (None, v)).collect(), '[', ']'),
+            J::Obj(fields) if !self.fits_one_line() => (fields.iter().map(|(k, v)| (Some(*k), v)).collect(), '{', '}'),
+            _ => return out.push_str(&self.inline()),
+        };
+        out.push(open);
+        for (i, (key, value)) in items.iter().enumerate() {
+            out.push('\n');
+            out.push_str(&" ".repeat(indent + 2));
+            if let Some(k) = key {
+                let _ = write!(out, "\"{k}\": ");
+            }
+            value.write(out, indent + 2);
+            if i + 1 < items.len() {
+                out.push(',');
+            }
+        }
+        out.push('\n');
+        out.push_str(&" ".repeat(indent));
+        out.push(close);
+    }
+
+    fn fits_one_line(&self) -> bool {
+        match self {
+            J::Obj(fields) => fields.iter().all(|(_, v)| v.is_scalar()) && self.inline().len() <= INLINE_CHARS_MAX,
+            _ => true,
+        }
+    }
+}
+
+/// A JSON string: quotes, backslashes and control characters escaped.
+fn write_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+// ---------------------------------------------------------------------------
+// Decoded fields, as JSON.
+// ---------------------------------------------------------------------------
+
+fn op_name(op: u8) -> J {
+    let name = match op {
+        op::HELLO => "HELLO",
+        op::PING => "PING",
+        op::PRODUCE => "PRODUCE",
+        op::FETCH => "FETCH",
+        op::ACK => "ACK",
+        op::NACK => "NACK",
+        op::TOUCH => "TOUCH",
+        op::STATS => "STATS",
+        op::CREATE_TOPIC => "CREATE_TOPIC",
+        op::DELETE_TOPIC => "DELETE_TOPIC",
+        op::PURGE_TOPIC => "PURGE_TOPIC",
+        op::LIST_TOPICS => "LIST_TOPICS",
+        op::REDRIVE => "REDRIVE",
+        _ => return J::Null,
+    };
+    text(name)
+}
+
+/// The header's fields, as far as the bytes go.
+fn header_json(bytes: &[u8]) -> J {
+    let len = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    match read_header(bytes) {
+        Ok(Some(h)) => J::Obj(vec![
+            ("len", num(len)),
+            ("op", num(h.op)),
+            ("status", num(h.status)),
+            ("flags", num(h.flags)),
+            ("request_id", num(h.request_id)),
+        ]),
+        _ => J::Obj(vec![("len", num(len))]),
+    }
+}
+
+fn id_list(ids: impl Iterator<Item = u64>) -> J {
+    J::Arr(ids.map(num).collect())
+}
+
+fn request_body(r: &Request<'_>) -> J {
+    let topic = |t: &str| ("topic", text(t));
+    J::Obj(match *r {
+        Request::Hello { min_version, max_version, token } => {
+            vec![("min_version", num(min_version)), ("max_version", num(max_version)), ("token", hex(token))]
+        }
+        Request::Ping | Request::ListTopics => vec![],
+        Request::Produce { topic: t, batch } => {
+            let messages = batch.iter().map(|p| J::Obj(vec![("len", num(p.len() as u64)), ("payload", hex(p))]));
+            vec![topic(t), ("count", num(batch.count)), ("messages", J::Arr(messages.collect()))]
+        }
+        Request::Fetch { topic: t, max_messages, max_bytes, wait_ms, ack_timeout_ms } => vec![
+            topic(t),
+            ("max_messages", num(max_messages)),
+            ("max_bytes", num(max_bytes)),
+            ("wait_ms", num(wait_ms)),
+            ("ack_timeout_ms", num(ack_timeout_ms)),
+        ],
+        Request::Ack { topic: t, ids } => {
+            vec![topic(t), ("count", num(ids.len() as u64)), ("ids", id_list(ids.iter()))]
+        }
+        Request::Nack { topic: t, delay_ms, flags, ids } => vec![
+            topic(t),
+            ("delay_ms", num(delay_ms)),
+            ("flags", num(flags)),
+            ("count", num(ids.len() as u64)),
+            ("ids", id_list(ids.iter())),
+        ],
+        Request::Touch { topic: t, ack_timeout_ms, ids } => vec![
+            topic(t),
+            ("ack_timeout_ms", num(ack_timeout_ms)),
+            ("count", num(ids.len() as u64)),
+            ("ids", id_list(ids.iter())),
+        ],
+        Request::Stats { topic: t } | Request::DeleteTopic { topic: t } | Request::PurgeTopic { topic: t } => {
+            vec![topic(t)]
+        }
+        Request::CreateTopic { topic: t, settings } => vec![
+            topic(t),
+            ("ack_timeout_ms", num(settings.ack_timeout_ms)),
+            ("max_deliveries", num(settings.max_deliveries)),
+        ],
+        Request::Redrive { topic: t, max_messages } => vec![topic(t), ("max_messages", num(max_messages))],
+    })
+}
+
+fn message_json(m: &Message<'_>) -> J {
+    let mut fields = vec![("id", num(m.id)), ("born_ms", num(m.born_ms)), ("delivery_count", num(m.delivery_count))];
+    match m.dead {
+        None => fields.push(("flags", num(0u8))),
+        Some(d) => fields.extend([
+            ("flags", num(MSG_FLAG_DEAD)),
+            ("origin_id", num(d.origin_id)),
+            ("origin_deliveries", num(d.origin_deliveries)),
+            ("reason", num(d.reason as u8)),
+            ("reason_name", text(d.reason.name())),
+        ]),
+    }
+    fields.extend([("len", num(m.payload.len() as u64)), ("payload", hex(m.payload))]);
+    J::Obj(fields)
+}
+
+fn reply_body(r: &Reply<'_>) -> J {
+    J::Obj(match r {
+        Reply::Hello { version, limits } => vec![
+            ("version", num(*version)),
+            ("frame_bytes_max", num(limits.frame_bytes_max)),
+            ("message_bytes_max", num(limits.message_bytes_max)),
+            ("batch_messages_max", num(limits.batch_messages_max)),
+            ("topic_name_bytes_max", num(limits.topic_name_bytes_max)),
+        ],
+        Reply::Pong => vec![],
+        Reply::Produced { first_id, count } => vec![("first_id", num(*first_id)), ("count", num(*count))],
+        Reply::Messages { topic, messages } => vec![
+            ("topic", text(topic)),
+            ("count", num(messages.len() as u64)),
+            ("messages", J::Arr(messages.iter().map(message_json).collect())),
+        ],
+        Reply::Ids { done, failed } => vec![
+            ("done", num(*done)),
+            ("failed_count", num(failed.len() as u64)),
+            ("failed", id_list(failed.iter().copied())),
+        ],
+        Reply::Stats(sections) => {
+            let section = |(name, kvs): &(&str, Vec<(&str, u64)>)| {
+                let pairs = kvs.iter().map(|(k, v)| J::Obj(vec![("key", text(k)), ("value", num(*v))]));
+                J::Obj(vec![
+                    ("name", text(name)),
+                    ("key_count", num(kvs.len() as u64)),
+                    ("pairs", J::Arr(pairs.collect())),
+                ])
+            };
+            vec![("sections", J::Arr(sections.iter().map(section).collect()))]
+        }
+        Reply::Created { created } => vec![("created", num(u8::from(*created)))],
+        Reply::Count(n) => vec![("count", num(*n))],
+        Reply::Topics(topics) => {
+            let topic = |(name, s): &(&str, TopicSettings)| {
+                J::Obj(vec![
+                    ("name", text(name)),
+                    ("ack_timeout_ms", num(s.ack_timeout_ms)),
+                    ("max_deliveries", num(s.max_deliveries)),
+                ])
+            };
+            vec![("count", num(topics.len() as u64)), ("topics", J::Arr(topics.iter().map(topic).collect()))]
+        }
+        Reply::Error { message, .. } => vec![("message", text(message))],
+    })
+}
+
+fn status_name(status: u8) -> J {
+    match status {
+        0 => text("OK"),
+        s => ErrorCode::from_u8(s).map_or(J::Null, |c| text(c.name())),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Each vector checked against the codec, then written.
+// ---------------------------------------------------------------------------
+
+/// The limits requests are judged against: the broker's defaults.
+fn limits() -> DecodeLimits {
+    DecodeLimits::from(&Limits::default())
+}
+
+fn bytes_of(v: &Vector) -> Vec<u8> {
+    match &v.kind {
+        Kind::Frame(expect) => encode(expect),
+        Kind::Grown(expect, extra) => {
+            let mut bytes = encode(expect);
+            bytes.extend_from_slice(extra);
+            let len = (bytes.len() - 4) as u32;
+            bytes[..4].copy_from_slice(&len.to_le_bytes());
+            bytes
+        }
+        Kind::Refused { bytes, .. } => bytes.clone(),
+    }
+}
+
+fn direction(name: &str) -> &'static str {
+    if name.ends_with("-request") {
+        "request"
+    } else if name.ends_with("-reply") {
+        "reply"
+    } else {
+        panic!("vector {name}: a name ends in -request or -reply")
+    }
+}
+
+fn decode_whole_request<'a>(bytes: &'a [u8], name: &str) -> Frame<'a> {
+    match decode_request(bytes, &limits()) {
+        Ok(Decoded::Frame(f, n)) if n == bytes.len() => f,
+        other => panic!("vector {name}: decode_request gave {other:?} for {} bytes", bytes.len()),
+    }
+}
+
+fn decode_whole_reply<'a>(bytes: &'a [u8], name: &str) -> ReplyFrame<'a> {
+    match decode_reply(bytes, usize::MAX) {
+        Ok(Decoded::Frame(f, n)) if n == bytes.len() => f,
+        other => panic!("vector {name}: decode_reply gave {other:?} for {} bytes", bytes.len()),
+    }
+}
+
+fn refusal(bytes: &[u8], name: &str) -> DecodeError {
+    match decode_request(bytes, &limits()) {
+        Err(e) => e,
+        other => panic!("vector {name}: expected the decoder to refuse it, got {other:?}"),
+    }
+}
+
+/// Decodes a vector's bytes with the codec, checks the result against what
+/// the vector was built from, and returns the vector as JSON.
+fn vector_json(v: &Vector) -> J {
+    let bytes = bytes_of(v);
+    let dir = direction(v.name);
+    let mut fields = vec![
+        ("name", text(v.name)),
+        ("direction", text(dir)),
+        ("description", text(v.description)),
+        ("doc_example", J::Bool(v.doc_example)),
+        ("hex", hex(&bytes)),
+        ("header", header_json(&bytes)),
+    ];
+    match &v.kind {
+        Kind::Frame(Expect::Request(want)) => {
+            assert_eq!(dir, "request", "vector {} holds a request", v.name);
+            let got = decode_whole_request(&bytes, v.name);
+            assert_eq!(&got, want, "vector {}", v.name);
+            fields.extend([("op_name", op_name(got.request.op())), ("body", request_body(&got.request))]);
+        }
+        Kind::Frame(Expect::Reply(want)) | Kind::Grown(Expect::Reply(want), _) => {
+            assert_eq!(dir, "reply", "vector {} holds a reply", v.name);
+            let got = decode_whole_reply(&bytes, v.name);
+            assert_eq!(&got, want, "vector {}", v.name);
+            fields.extend([("op_name", op_name(got.op)), ("status_name", status_name(bytes[5]))]);
+            if let Kind::Grown(_, extra) = &v.kind {
+                fields.push(("bytes_past_layout", num(extra.len() as u64)));
+            }
+            fields.push(("body", reply_body(&got.reply)));
+        }
+        Kind::Grown(Expect::Request(_), _) => panic!("vector {}: only replies may grow", v.name),
+        Kind::Refused { code, closes, .. } => {
+            assert_eq!(dir, "request", "vector {} holds a request", v.name);
+            let e = refusal(&bytes, v.name);
+            assert_eq!((e.code, e.skip == Skip::Close), (*code, *closes), "vector {}: {e:?}", v.name);
+            let op = if bytes.len() >= HEADER_BYTES { op_name(bytes[4]) } else { J::Null };
+            let refused = J::Obj(vec![
+                ("code", num(*code as u8)),
+                ("name", text(code.name())),
+                ("closes_connection", J::Bool(*closes)),
+            ]);
+            fields.extend([("op_name", op), ("refused", refused)]);
+        }
+    }
+    J::Obj(fields)
+}
+
+/// The whole file, as the codec gives it.
+fn generate() -> String {
+    let l = limits();
+    let top = J::Obj(vec![
+        (
+            "description",
+            text(
+                "Test vectors of the runnel wire protocol (docs/protocol.md), generated from the broker's codec by \
+                 tests/vectors.rs. docs/vectors/README.md describes the format.",
+            ),
+        ),
+        ("protocol_version", num(VERSION_MAX)),
+        (
+            "limits",
+            J::Obj(vec![
+                ("frame_bytes_max", num(l.frame_bytes_max)),
+                ("message_bytes_max", num(l.message_bytes_max)),
+                ("batch_messages_max", num(l.batch_messages_max)),
+                ("topic_name_bytes_max", num(l.topic_name_bytes_max)),
+            ]),
+        ),
+        ("vectors", J::Arr(vectors().iter().map(vector_json).collect())),
+    ]);
+    let mut out = String::new();
+    top.write(&mut out, 0);
+    out.push('\n');
+    out
+}
+
+/// Where two texts first differ, with a few lines around it from each.
+fn first_difference(file: &str, codec: &str) -> String {
+    let (f, c): (Vec<&str>, Vec<&str>) = (file.lines().collect(), codec.lines().collect());
+    let at = f.iter().zip(&c).position(|(a, b)| a != b).unwrap_or(f.len().min(c.len()));
+    let from = at.saturating_sub(3);
+    let show = |lines: &[&str], mark: char| {
+        let to = (at + 6).min(lines.len());
+        lines[from.min(to)..to].iter().map(|l| format!("{mark} {l}")).collect::<Vec<_>>().join("\n")
+    };
+    format!(
+        "first difference at line {} ({} lines in the file, {} from the codec):\n{}\n---\n{}",
+        at + 1,
+        f.len(),
+        c.len(),
+        show(&f, '-'),
+        show(&c, '+')
+    )
+}
+
+// ---------------------------------------------------------------------------
+// The tests.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn the_vectors_file_is_what_the_codec_gives() {
+    let want = generate();
+    if std::env::var_os("RUNNEL_WRITE_VECTORS").is_some_and(|v| v == "1") {
+        std::fs::write(VECTORS_PATH, &want).unwrap_or_else(|e| panic!("cannot write {VECTORS_PATH}: {e}"));
+        eprintln!("wrote {VECTORS_PATH}");
+        return;
+    }
+    let have = std::fs::read_to_string(VECTORS_PATH).unwrap_or_default();
+    assert!(
+        have == want,
+        "{VECTORS_PATH} is not what the codec gives; if the change is meant, regenerate it with\n  \
+         RUNNEL_WRITE_VECTORS=1 cargo test --release --test vectors\nreview the diff and commit it.\n\n{}",
+        first_difference(&have, &want)
+    );
+}
+
+#[test]
+fn vector_names_are_unique() {
+    let all = vectors();
+    for (i, v) in all.iter().enumerate() {
+        assert!(!all[..i].iter().any(|w| w.name == v.name), "vector name {} is used twice", v.name);
+    }
+}
+
+/// Every op has a request and an OK reply, and there are error replies and
+/// refused requests.
+#[test]
+fn every_op_has_a_request_and_a_reply() {
+    let all = vectors();
+    let has = |want: &dyn Fn(&Expect) -> bool| {
+        all.iter().any(|v| matches!(&v.kind, Kind::Frame(e) | Kind::Grown(e, _) if want(e)))
+    };
+    for code in (0u8..REPLY_BIT).filter(|&o| !matches!(op_name(o), J::Null)) {
+        assert!(
+            has(&|e| matches!(e, Expect::Request(f) if f.request.op() == code)),
+            "no request vector of op {code:#04x}"
+        );
+        let ok_reply =
+            |e: &Expect| matches!(e, Expect::Reply(f) if f.op == code && !matches!(f.reply, Reply::Error { .. }));
+        assert!(has(&ok_reply), "no OK reply vector of op {code:#04x}");
+    }
+    assert!(has(&|e| matches!(e, Expect::Reply(ReplyFrame { reply: Reply::Error { .. }, .. }))));
+    assert!(all.iter().any(|v| matches!(v.kind, Kind::Refused { .. })));
+}
+
+/// A refused request and the error reply of the same name agree: the reply
+/// carries the op, request id and code the decoder gives for the request.
+#[test]
+fn refused_requests_match_their_error_replies() {
+    let all = vectors();
+    for v in &all {
+        let Kind::Refused { bytes, .. } = &v.kind else { continue };
+        let reply_name = v.name.replace("-request", "-reply");
+        let Some(r) = all.iter().find(|w| w.name == reply_name) else { continue };
+        let Kind::Frame(Expect::Reply(f)) = &r.kind else { panic!("{reply_name} is not a reply") };
+        let e = refusal(bytes, v.name);
+        let Reply::Error { code, .. } = f.reply else { panic!("{reply_name} is not an error reply") };
+        assert_eq!((f.op, f.request_id, code), (e.op, e.request_id, e.code as u8), "{} and {reply_name}", v.name);
+    }
+}
+
+#[test]
+fn json_strings_and_numbers_are_written_as_json_readers_expect() {
+    let mut out = String::new();
+    write_str(&mut out, "a\"b\\c\nd\u{1}é");
+    assert_eq!(out, r#""a\"b\\c\nd\u0001é""#);
+    assert_eq!(J::Arr(vec![num(1u8), J::Null, J::Bool(true)]).inline(), "[1, null, true]");
+    assert!(std::panic::catch_unwind(|| num(JSON_INT_MAX + 1)).is_err(), "2^53 must be refused");
+}
