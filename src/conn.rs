@@ -67,7 +67,7 @@ pub struct ConnState {
     pub out: Vec<u8>,
     pub(crate) out_pos: usize,
     /// A FETCH is parked: serve no more until the broker answers it (its
-    /// `Outbox::unblock` clears this).
+    /// `Outbox::unblock` clears this, with `unpark`).
     pub parked: bool,
     /// A held reply waits for this turn's commit: only held requests may
     /// follow it this turn. Whoever commits clears it after the commit.
@@ -97,6 +97,14 @@ impl ConnState {
             last_active_ms: now_ms,
             ..ConnState::default()
         }
+    }
+
+    /// The broker answered the parked FETCH at `now_ms` (with messages, at
+    /// the end of its wait, or at shutdown): serve again, and count idle
+    /// time from now, since a parked FETCH is not silence.
+    pub fn unpark(&mut self, now_ms: u64) {
+        self.parked = false;
+        self.last_active_ms = now_ms;
     }
 
     /// Bytes received and not yet decoded.

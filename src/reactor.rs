@@ -182,6 +182,9 @@ struct Lent<'a> {
     conns: &'a mut Slab<Conn>,
     hot: &'a mut Vec<usize>,
     dirty: &'a mut Vec<usize>,
+    /// The turn's clock, ms: a parked FETCH answered now restarts its
+    /// connection's idle clock.
+    now_ms: u64,
 }
 
 impl Outbox for Lent<'_> {
@@ -195,7 +198,7 @@ impl Outbox for Lent<'_> {
     }
     fn unblock(&mut self, key: usize) {
         if let Some(c) = self.conns.get_mut(key) {
-            c.state.parked = false;
+            c.state.unpark(self.now_ms);
             if !c.hot && !c.state.closing {
                 c.hot = true;
                 self.hot.push(key);
@@ -395,7 +398,7 @@ impl Reactor {
         self.hot_spare = hot;
         // 4. timers: the broker's (deadlines, delays, waits), then the
         // connections' (handshake, idle, frame timeouts)
-        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty };
+        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
         self.broker.advance(now, &mut lent);
         self.expire_connections(now);
         // 5. write: a slice of compaction, then one write of the turn's
@@ -409,7 +412,7 @@ impl Reactor {
         }
         // 7. release a slice of a removed segment, sync, publish the turn's
         // messages to parked FETCHes, release the held replies.
-        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty };
+        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
         let report = self.broker.sync(&mut written, now, &mut lent);
         for key in self.held.drain(..) {
             if let Some(c) = self.conns.get_mut(key) {
@@ -940,10 +943,10 @@ impl Reactor {
             let _ = self.poll.registry().deregister(&mut l);
         }
         let now = now_at(self.started);
-        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty };
+        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
         self.broker.shutdown(now, &mut lent);
         let mut written = self.broker.write();
-        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty };
+        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
         self.broker.sync(&mut written, now, &mut lent);
         self.flush(now, &written);
         self.end_unwritable();
