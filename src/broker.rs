@@ -24,7 +24,9 @@ use std::path::Path;
 use byteorder::{ByteOrder, LittleEndian};
 use slab::Slab;
 
-use crate::codec::{self, DeadInfo, DeadReason, DecodeLimits, ErrorCode, Frame, Message, Request, op};
+use crate::codec::{
+    self, DeadInfo, DeadReason, DecodeError, DecodeLimits, ErrorCode, Frame, Message, Request, Skip, op,
+};
 use crate::limits::Limits;
 use crate::log::{
     Committed, FsyncMode, Log, LogOptions, OpenError, Opener, ReadRecord, RecordKind, Recovery, WrittenTurn,
@@ -66,7 +68,9 @@ pub struct Now {
     pub wall_ms: u64,
 }
 
-/// Failed HELLOs after which an unauthenticated connection is closed.
+/// Frames that are not a successful HELLO (failed HELLOs and any other
+/// frame before one) after which a connection is closed, when the broker
+/// requires a token.
 const AUTH_FAILURES_MAX: u32 = 3;
 
 /// What the reactor should do with the connection after a request.
@@ -95,7 +99,8 @@ pub struct Session {
     pub consumer: ConsumerId,
     /// HELLO succeeded.
     pub hello: bool,
-    /// Failed authentications so far.
+    /// Frames since the last successful HELLO that were not a successful
+    /// HELLO, counted only when the broker requires a token.
     pub auth_failures: u32,
     /// Topics this connection has fetched from: where its in-flight
     /// messages can be, so a disconnect visits only those.
@@ -668,36 +673,75 @@ impl Broker {
         }
     }
 
+    /// A frame before a successful HELLO (docs/protocol.md, "Opening:
+    /// HELLO"): a HELLO is checked for its token first (so a peer without
+    /// it learns nothing else), then for a common version; any other op is
+    /// refused unread. A success resets the failure count.
     fn before_hello(&mut self, session: &mut Session, frame: &Frame<'_>, out: &mut Vec<u8>) -> Outcome {
         let rid = frame.request_id;
         let Request::Hello { min_version, max_version, token } = frame.request else {
-            let code =
-                if self.config.auth_token.is_some() { ErrorCode::Unauthenticated } else { ErrorCode::HelloRequired };
-            codec::encode_error(out, frame.request.op(), rid, code, "send HELLO first");
-            if self.config.auth_token.is_some() {
-                session.auth_failures += 1;
-                if session.auth_failures >= AUTH_FAILURES_MAX {
-                    return Outcome::Close;
-                }
-            }
-            return Outcome::Done;
+            let (code, message) = self.hello_required();
+            codec::encode_error(out, frame.request.op(), rid, code, message);
+            return self.failed_before_hello(session);
         };
+        // A token sent to a broker that requires none is ignored, so that
+        // clients can be given the token before the broker requires it.
         if let Some(expected) = &self.config.auth_token
             && !constant_time_eq(expected, token)
         {
-            session.auth_failures += 1;
             codec::encode_error(out, op::HELLO, rid, ErrorCode::Unauthenticated, "wrong or missing auth token");
-            return if session.auth_failures >= AUTH_FAILURES_MAX { Outcome::Close } else { Outcome::Done };
+            return self.failed_before_hello(session);
         }
         let version = max_version.min(codec::VERSION_MAX);
         if version < min_version.max(codec::VERSION_MIN) {
             let msg = format!("this broker speaks versions {}..={}", codec::VERSION_MIN, codec::VERSION_MAX);
             codec::encode_error(out, op::HELLO, rid, ErrorCode::Version, &msg);
-            return Outcome::Done;
+            return self.failed_before_hello(session);
         }
         session.hello = true;
+        session.auth_failures = 0;
         codec::encode_hello_reply(out, rid, version, &self.decode_limits);
         Outcome::Done
+    }
+
+    /// What a frame other than HELLO gets before a successful HELLO.
+    fn hello_required(&self) -> (ErrorCode, &'static str) {
+        match self.config.auth_token {
+            Some(_) => (ErrorCode::Unauthenticated, "send HELLO with the auth token first"),
+            None => (ErrorCode::HelloRequired, "send HELLO first"),
+        }
+    }
+
+    /// Counts a frame that was not a successful HELLO, when the broker
+    /// requires a token: the connection closes at `AUTH_FAILURES_MAX`, so a
+    /// peer without the token cannot keep sending until the handshake
+    /// timeout.
+    fn failed_before_hello(&self, session: &mut Session) -> Outcome {
+        if self.config.auth_token.is_none() {
+            return Outcome::Done;
+        }
+        session.auth_failures += 1;
+        if session.auth_failures >= AUTH_FAILURES_MAX { Outcome::Close } else { Outcome::Done }
+    }
+
+    /// The error to send for a frame the codec refused before a successful
+    /// HELLO, and what follows it. A lost frame boundary (MALFORMED, then
+    /// the close) and a frame over frame_bytes_max (FRAME_TOO_LARGE, and it
+    /// is discarded) keep their error, because they are about the byte
+    /// stream; so does a malformed HELLO. Any other op gets what any frame
+    /// but HELLO gets, whatever is wrong with it. Each one counts as a
+    /// failure when a token is required.
+    pub fn refuse_before_hello(&self, session: &mut Session, e: DecodeError) -> (DecodeError, Outcome) {
+        if e.skip == Skip::Close {
+            return (e, Outcome::Done);
+        }
+        let e = if e.code == ErrorCode::FrameTooLarge || e.op == op::HELLO {
+            e
+        } else {
+            let (code, message) = self.hello_required();
+            DecodeError { code, message: message.into(), ..e }
+        };
+        (e, self.failed_before_hello(session))
     }
 
     fn handle_now(
