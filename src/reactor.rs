@@ -33,8 +33,10 @@
 //! by the code's shape, not by care:
 //!
 //! - **No reply leaves before the `write` of the records it depends on.**
-//!   Writing to sockets is `flush`, and `flush` takes the `Written` value
-//!   that only the log write of step 5 returns. So a SIGKILL can never
+//!   Every reply to a request reaches its socket through `flush`, and
+//!   `flush` takes the `Written` value that only the log write of step 5
+//!   returns (the metrics listener and the TOO_MANY_CONNECTIONS refusal
+//!   write their own sockets: they answer no request). So a SIGKILL can never
 //!   undo an answered ACK, NACK or TOUCH: once the reply is out, its record
 //!   is in the page cache, which outlives the process (not the machine:
 //!   that is the sync's job, and an ack synced late only means redelivery).
