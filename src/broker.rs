@@ -11,8 +11,10 @@
 //! The durability rule lives here and in the reactor's loop order: a reply
 //! whose truth depends on the log (PRODUCE and the admin frames) is *held*
 //! — encoded into a scratch buffer, not into the connection's output — and
-//! only `commit`, after the log's write and `fdatasync`, moves it out (or
-//! replaces it with a STORAGE error). Produced messages stay invisible to
+//! only `sync`, after the log's write and `fdatasync`, moves it out (or
+//! replaces it with a STORAGE error). Every other reply goes to the output
+//! at once, but the reactor writes no output to a socket before the turn's
+//! `write` (`Written`), so even those never leave before their records. Produced messages stay invisible to
 //! consumers until then, so no consumer sees a message that could vanish.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -22,9 +24,13 @@ use std::path::Path;
 use byteorder::{ByteOrder, LittleEndian};
 use slab::Slab;
 
-use crate::codec::{self, DeadInfo, DeadReason, DecodeLimits, ErrorCode, Frame, Message, Request, op};
+use crate::codec::{
+    self, DeadInfo, DeadReason, DecodeError, DecodeLimits, ErrorCode, Frame, Message, Request, Skip, op,
+};
 use crate::limits::Limits;
-use crate::log::{FsyncMode, Log, LogOptions, OpenError, Opener, ReadRecord, RecordKind, Recovery};
+use crate::log::{
+    Committed, FsyncMode, Log, LogOptions, OpenError, Opener, ReadRecord, RecordKind, Recovery, WrittenTurn,
+};
 use crate::queue::{ConsumerId, FastMap, MsgId, Returned, Settings, Timers, Topic};
 use crate::wheel::{TimerKey, Wheel};
 
@@ -62,7 +68,9 @@ pub struct Now {
     pub wall_ms: u64,
 }
 
-/// Failed HELLOs after which an unauthenticated connection is closed.
+/// Frames that are not a successful HELLO (failed HELLOs and any other
+/// frame before one) after which a connection is closed, when the broker
+/// requires a token.
 const AUTH_FAILURES_MAX: u32 = 3;
 
 /// What the reactor should do with the connection after a request.
@@ -91,7 +99,8 @@ pub struct Session {
     pub consumer: ConsumerId,
     /// HELLO succeeded.
     pub hello: bool,
-    /// Failed authentications so far.
+    /// Frames since the last successful HELLO that were not a successful
+    /// HELLO, counted only when the broker requires a token.
     pub auth_failures: u32,
     /// Topics this connection has fetched from: where its in-flight
     /// messages can be, so a disconnect visits only those.
@@ -445,6 +454,27 @@ pub struct TopicMetrics {
     pub oldest_age_ms: u64,
 }
 
+/// A turn's records, written and not yet synced: what `Broker::write`
+/// returns and `Broker::sync` finishes. The reactor's flush takes one by
+/// reference, so that no reply can reach a socket in a turn before the
+/// turn's `write`: the only way to get one is to write.
+#[must_use = "a written turn must be synced (Broker::sync)"]
+pub struct Written {
+    /// The log's half-done commit (or why the write failed), until `sync`
+    /// takes it.
+    turn: Option<std::io::Result<WrittenTurn>>,
+    /// Whether `sync` will `fdatasync`.
+    syncs: bool,
+}
+
+impl Written {
+    /// Whether `Broker::sync` will `fdatasync`: then the replies that do
+    /// not wait for it are worth flushing first.
+    pub fn syncs(&self) -> bool {
+        self.syncs
+    }
+}
+
 /// What a turn's commit did, for the reactor's latency metrics.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TurnReport {
@@ -562,12 +592,6 @@ impl Broker {
         self.held.iter().any(|h| h.durable) || self.compactor.removal_pending() || self.stopping
     }
 
-    /// Whether the coming commit will fdatasync (the reactor flushes what
-    /// does not wait on it first).
-    pub fn will_sync(&self) -> bool {
-        self.log.fsync_mode() == FsyncMode::Turn && self.log.pending() && self.sync_wanted()
-    }
-
     /// Segments removed by compaction.
     pub fn compactions(&self) -> u64 {
         self.compactor.compactions
@@ -649,36 +673,75 @@ impl Broker {
         }
     }
 
+    /// A frame before a successful HELLO (docs/protocol.md, "Opening:
+    /// HELLO"): a HELLO is checked for its token first (so a peer without
+    /// it learns nothing else), then for a common version; any other op is
+    /// refused unread. A success resets the failure count.
     fn before_hello(&mut self, session: &mut Session, frame: &Frame<'_>, out: &mut Vec<u8>) -> Outcome {
         let rid = frame.request_id;
         let Request::Hello { min_version, max_version, token } = frame.request else {
-            let code =
-                if self.config.auth_token.is_some() { ErrorCode::Unauthenticated } else { ErrorCode::HelloRequired };
-            codec::encode_error(out, frame.request.op(), rid, code, "send HELLO first");
-            if self.config.auth_token.is_some() {
-                session.auth_failures += 1;
-                if session.auth_failures >= AUTH_FAILURES_MAX {
-                    return Outcome::Close;
-                }
-            }
-            return Outcome::Done;
+            let (code, message) = self.hello_required();
+            codec::encode_error(out, frame.request.op(), rid, code, message);
+            return self.failed_before_hello(session);
         };
+        // A token sent to a broker that requires none is ignored, so that
+        // clients can be given the token before the broker requires it.
         if let Some(expected) = &self.config.auth_token
             && !constant_time_eq(expected, token)
         {
-            session.auth_failures += 1;
             codec::encode_error(out, op::HELLO, rid, ErrorCode::Unauthenticated, "wrong or missing auth token");
-            return if session.auth_failures >= AUTH_FAILURES_MAX { Outcome::Close } else { Outcome::Done };
+            return self.failed_before_hello(session);
         }
         let version = max_version.min(codec::VERSION_MAX);
         if version < min_version.max(codec::VERSION_MIN) {
             let msg = format!("this broker speaks versions {}..={}", codec::VERSION_MIN, codec::VERSION_MAX);
             codec::encode_error(out, op::HELLO, rid, ErrorCode::Version, &msg);
-            return Outcome::Done;
+            return self.failed_before_hello(session);
         }
         session.hello = true;
+        session.auth_failures = 0;
         codec::encode_hello_reply(out, rid, version, &self.decode_limits);
         Outcome::Done
+    }
+
+    /// What a frame other than HELLO gets before a successful HELLO.
+    fn hello_required(&self) -> (ErrorCode, &'static str) {
+        match self.config.auth_token {
+            Some(_) => (ErrorCode::Unauthenticated, "send HELLO with the auth token first"),
+            None => (ErrorCode::HelloRequired, "send HELLO first"),
+        }
+    }
+
+    /// Counts a frame that was not a successful HELLO, when the broker
+    /// requires a token: the connection closes at `AUTH_FAILURES_MAX`, so a
+    /// peer without the token cannot keep sending until the handshake
+    /// timeout.
+    fn failed_before_hello(&self, session: &mut Session) -> Outcome {
+        if self.config.auth_token.is_none() {
+            return Outcome::Done;
+        }
+        session.auth_failures += 1;
+        if session.auth_failures >= AUTH_FAILURES_MAX { Outcome::Close } else { Outcome::Done }
+    }
+
+    /// The error to send for a frame the codec refused before a successful
+    /// HELLO, and what follows it. A lost frame boundary (MALFORMED, then
+    /// the close) and a frame over frame_bytes_max (FRAME_TOO_LARGE, and it
+    /// is discarded) keep their error, because they are about the byte
+    /// stream; so does a malformed HELLO. Any other op gets what any frame
+    /// but HELLO gets, whatever is wrong with it. Each one counts as a
+    /// failure when a token is required.
+    pub fn refuse_before_hello(&self, session: &mut Session, e: DecodeError) -> (DecodeError, Outcome) {
+        if e.skip == Skip::Close {
+            return (e, Outcome::Done);
+        }
+        let e = if e.code == ErrorCode::FrameTooLarge || e.op == op::HELLO {
+            e
+        } else {
+            let (code, message) = self.hello_required();
+            DecodeError { code, message: message.into(), ..e }
+        };
+        (e, self.failed_before_hello(session))
     }
 
     fn handle_now(
@@ -1190,19 +1253,58 @@ impl Broker {
         }
     }
 
-    /// Ends a turn's work: commits the log (one write, one `fdatasync`);
-    /// if the commit failed, withdraws the turn's produced messages; then
-    /// publishes this turn's messages and serves parked FETCHes; then
-    /// releases the held replies (or, if the commit failed, answers the
-    /// durable ones STORAGE).
+    /// Ends a turn's work in one call: `write`, then `sync`. For callers
+    /// that send no reply between the two (tests, the simulation).
     pub fn commit(&mut self, now: Now, outbox: &mut impl Outbox) -> TurnReport {
+        let mut written = self.write();
+        self.sync(&mut written, now, outbox)
+    }
+
+    /// The first half of a turn's end: a slice of compaction, then one
+    /// `write` of every record the turn appended. Its result is the proof
+    /// the reactor's flush asks for: a reply that does not wait for the
+    /// sync (an ACK, a delivery, an error) may leave once the records it
+    /// depends on are written, never before. Nothing may be appended to the
+    /// log until `sync`.
+    pub fn write(&mut self) -> Written {
+        self.compact_step();
+        let turn = self.log.write(self.sync_wanted());
+        let syncs = turn.as_ref().is_ok_and(|t| t.syncs());
+        Written { turn: Some(turn), syncs }
+    }
+
+    /// The second half: a slice of a removed segment's space is released
+    /// (no reply waits on that, so it comes after the early flush), then
+    /// the `fdatasync` (if the turn needs one); if the write or the sync
+    /// failed, withdraws the turn's produced messages; then publishes this
+    /// turn's messages and serves parked FETCHes; then releases the held
+    /// replies (or, if the commit failed, answers the durable ones STORAGE).
+    /// Once per `write`; a second call does nothing.
+    pub fn sync(&mut self, written: &mut Written, now: Now, outbox: &mut impl Outbox) -> TurnReport {
+        let Some(turn) = written.turn.take() else { return TurnReport::default() };
         if let Err(e) = self.log.release_step() {
             log::warn!("compaction could not release a removed segment's space: {e}");
         }
-        self.compact_step();
         let mut report = TurnReport::default();
-        let sync = self.sync_wanted();
-        let ok = match self.log.commit(sync) {
+        let committed = turn.and_then(|t| self.log.sync(t));
+        let ok = self.settle(committed, &mut report);
+        if !ok {
+            for (tid, first, count) in self.produced.drain(..) {
+                if let Some(e) = self.topics.by_id.get_mut(&tid) {
+                    e.topic.withdraw(first, count);
+                }
+            }
+        }
+        self.produced.clear();
+        self.publish(now, outbox);
+        self.release_held(ok, outbox, &mut report);
+        report
+    }
+
+    /// What a commit's outcome means for compaction, and its log line.
+    /// True if the turn's records are committed.
+    fn settle(&mut self, committed: std::io::Result<Committed>, report: &mut TurnReport) -> bool {
+        match committed {
             Ok(c) => {
                 report.sync_nanos = c.synced.then_some(c.nanos);
                 let last = self.log.segments().last().map_or(0, |s| s.base);
@@ -1222,20 +1324,16 @@ impl Broker {
                 );
                 false
             }
-        };
-        if !ok {
-            for (tid, first, count) in self.produced.drain(..) {
-                if let Some(e) = self.topics.by_id.get_mut(&tid) {
-                    e.topic.withdraw(first, count);
-                }
-            }
         }
-        self.produced.clear();
-        // The turn's messages reach their waiting consumers before the
-        // produces that made them are acknowledged: both go out in this
-        // turn's flush, and the consumer's is the one a message's
-        // end-to-end latency waits for (Redis serves its blocked readers
-        // first too).
+    }
+
+    /// Makes the turn's new ready messages visible and serves the parked
+    /// FETCHes on their topics. The turn's messages reach their waiting
+    /// consumers before the produces that made them are acknowledged: both
+    /// go out in this turn's flush, and the consumer's is the one a
+    /// message's end-to-end latency waits for (Redis serves its blocked
+    /// readers first too).
+    fn publish(&mut self, now: Now, outbox: &mut impl Outbox) {
         let touched = std::mem::take(&mut self.touched);
         for &tid in &touched {
             let Some(e) = self.topics.by_id.get_mut(&tid) else { continue };
@@ -1254,6 +1352,12 @@ impl Broker {
         }
         self.touched = touched;
         self.touched.clear();
+    }
+
+    /// Moves the held replies to their connections (a durable one becomes
+    /// STORAGE if the commit failed), then the replies decided for other
+    /// connections during the turn.
+    fn release_held(&mut self, ok: bool, outbox: &mut impl Outbox, report: &mut TurnReport) {
         for h in self.held.drain(..) {
             let Some(out) = outbox.out(h.conn) else { continue };
             if h.durable && !ok {
@@ -1278,7 +1382,6 @@ impl Broker {
                 }
             }
         }
-        report
     }
 
     /// A connection closed: drop its parked FETCH and return every message

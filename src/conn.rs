@@ -22,6 +22,9 @@ pub(crate) const IDLE_BUFFER_BYTES_MAX: usize = 256 << 10;
 /// it (docs/protocol.md, "Frames").
 const LENGTH_FIELD_BYTES: usize = 4;
 
+/// Why a connection ends when the broker says `Outcome::Close`.
+const AUTH_FAILURES_END: &str = "too many frames without a successful HELLO";
+
 /// What `ConnState::serve` asks of its caller.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Step {
@@ -67,7 +70,7 @@ pub struct ConnState {
     pub out: Vec<u8>,
     pub(crate) out_pos: usize,
     /// A FETCH is parked: serve no more until the broker answers it (its
-    /// `Outbox::unblock` clears this).
+    /// `Outbox::unblock` clears this, with `unpark`).
     pub parked: bool,
     /// A held reply waits for this turn's commit: only held requests may
     /// follow it this turn. Whoever commits clears it after the commit.
@@ -97,6 +100,14 @@ impl ConnState {
             last_active_ms: now_ms,
             ..ConnState::default()
         }
+    }
+
+    /// The broker answered the parked FETCH at `now_ms` (with messages, at
+    /// the end of its wait, or at shutdown): serve again, and count idle
+    /// time from now, since a parked FETCH is not silence.
+    pub fn unpark(&mut self, now_ms: u64) {
+        self.parked = false;
+        self.last_active_ms = now_ms;
     }
 
     /// Bytes received and not yet decoded.
@@ -237,7 +248,7 @@ impl ConnState {
                         Outcome::Held => self.held = true,
                         Outcome::Parked => self.parked = true,
                         Outcome::Close => {
-                            step = Step::End("too many failed authentications".into());
+                            step = Step::End(AUTH_FAILURES_END.into());
                             break;
                         }
                     }
@@ -247,6 +258,11 @@ impl ConnState {
                         step = Step::Resume;
                         break;
                     }
+                    let (e, outcome) = if self.session.hello {
+                        (e, Outcome::Done)
+                    } else {
+                        broker.refuse_before_hello(&mut self.session, e)
+                    };
                     codec::encode_error(&mut self.out, e.op, e.request_id, e.code, &e.message);
                     watch.refused(&e, rest);
                     match e.skip {
@@ -260,6 +276,10 @@ impl ConnState {
                             self.discard_bytes = (n - rest.len()) as u64;
                             used = input.len();
                         }
+                    }
+                    if outcome == Outcome::Close {
+                        step = Step::End(AUTH_FAILURES_END.into());
+                        break;
                     }
                 }
             }

@@ -202,6 +202,28 @@ pub struct LogStats {
     pub segments_removed: u64,
 }
 
+/// A turn's records, written by `Log::write` and not yet committed: what
+/// `Log::sync` needs to finish the turn.
+#[must_use = "a written turn must be synced (Log::sync)"]
+#[derive(Debug)]
+pub struct WrittenTurn {
+    /// Bytes written (0: the turn appended nothing).
+    bytes: u64,
+    /// Records in them.
+    records: u64,
+    /// Whether `sync` will `fdatasync` them.
+    sync: bool,
+    /// Nanoseconds the write took, for `Committed::nanos`.
+    write_nanos: u64,
+}
+
+impl WrittenTurn {
+    /// Whether `Log::sync` will `fdatasync` this turn.
+    pub fn syncs(&self) -> bool {
+        self.sync
+    }
+}
+
 /// What a commit did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Committed {
@@ -488,10 +510,6 @@ impl Log {
     pub fn fsync_mode(&self) -> FsyncMode {
         self.options.fsync
     }
-    /// Whether records wait in the turn buffer.
-    pub fn pending(&self) -> bool {
-        !self.buf.is_empty()
-    }
 
     /// Begins a record in the turn buffer; append its body to `body()`,
     /// then call `end`.
@@ -527,48 +545,88 @@ impl Log {
         self.withdrawable.push((start.0, self.buf.len()));
     }
 
-    /// Writes the turn's records with one write and, in `FsyncMode::Turn`
+    /// Writes the turn's records with one write, then, in `FsyncMode::Turn`
     /// when `sync` (something waits on it: a produce, an admin change, a
-    /// compaction), makes them durable with one `fdatasync`. A turn of only
-    /// acks and requeues is written and synced by the next sync; losing it
-    /// to a machine crash means redelivery, which at-least-once allows. Does
-    /// nothing when no record was appended. On error nothing of the turn counts as written: the
-    /// file is cut back to its durable length (now, or before the next write
-    /// if cutting fails too), withdrawable records are dropped, the others
-    /// wait for the next commit, and the caller must not acknowledge
-    /// anything that waited on this commit.
+    /// compaction), makes them durable with one `fdatasync`: `write`, then
+    /// `sync`, with nothing between them. The loop splits the two to send
+    /// the replies that need only the write in between.
     pub fn commit(&mut self, sync: bool) -> io::Result<Committed> {
+        let written = self.write(sync)?;
+        self.sync(written)
+    }
+
+    /// The first half of a commit: writes every record of the turn with one
+    /// `write` (into the page cache: from then on a crash of the process
+    /// cannot lose them, a crash of the machine can) and decides whether
+    /// `sync` will `fdatasync` them: when `sync` asks (something waits on
+    /// it) or the unsynced bytes would pass `UNSYNCED_BYTES_MAX`. A turn of
+    /// only acks and requeues is synced by a later turn; losing it to a
+    /// machine crash means redelivery, which at-least-once allows.
+    ///
+    /// Nothing may be appended between `write` and its `sync`. On error the
+    /// turn has failed as `sync` describes, and there is nothing to sync.
+    pub fn write(&mut self, sync: bool) -> io::Result<WrittenTurn> {
+        let started = Instant::now();
+        let mut turn = WrittenTurn { bytes: self.buf.len() as u64, records: 0, sync: false, write_nanos: 0 };
         if self.buf.is_empty() {
+            return Ok(turn);
+        }
+        match self.write_turn() {
+            Ok(()) => {
+                // After the write: a roll in it synced what was unsynced.
+                turn.sync = self.options.fsync == FsyncMode::Turn && (sync || self.unsynced_bytes_max_reached());
+                turn.records = std::mem::take(&mut self.buf_records);
+                turn.write_nanos = started.elapsed().as_nanos() as u64;
+                Ok(turn)
+            }
+            Err(e) => Err(self.fail_turn(e)),
+        }
+    }
+
+    /// The second half of a commit: the `fdatasync`, if `write` decided on
+    /// one, then the turn's records count as committed. Does nothing for a
+    /// turn that appended nothing. On error nothing of the turn counts as
+    /// written: the file is cut back to its committed length (now, or
+    /// before the next write if cutting fails too), withdrawable records
+    /// are dropped, the others wait for the next commit, and the caller
+    /// must not acknowledge anything that waited on this commit.
+    pub fn sync(&mut self, turn: WrittenTurn) -> io::Result<Committed> {
+        if turn.bytes == 0 {
             return Ok(Committed::default());
         }
+        assert_eq!(self.buf.len() as u64, turn.bytes, "records were appended between a turn's write and its sync");
         let started = Instant::now();
-        let result = self.write_turn(sync);
-        let records = std::mem::take(&mut self.buf_records);
-        let bytes = self.buf.len() as u64;
-        if result.is_err() {
-            self.keep_for_retry();
-            self.stats.failures += 1;
-            self.dirty = true;
-            // Best effort now; `write_turn` retries before the next write.
-            let _ = self.cut_back();
-        } else {
-            self.buf.clear();
-            self.withdrawable.clear();
-            if self.buf.capacity() > 64 << 20 {
-                self.buf = Vec::new();
+        if turn.sync {
+            let Some(f) = self.active.as_mut() else { unreachable!("the write opened it") };
+            if let Err(e) = f.sync_data() {
+                return Err(self.fail_turn(e));
             }
+            self.stats.fsyncs += 1;
         }
-        match result {
-            Ok(synced) => {
-                self.stats.commits += 1;
-                self.stats.records += records;
-                if synced {
-                    self.stats.fsyncs += 1;
-                }
-                Ok(Committed { bytes, synced, nanos: started.elapsed().as_nanos() as u64 })
-            }
-            Err(e) => Err(e),
+        if let Some(s) = self.segments.last_mut() {
+            s.bytes += turn.bytes;
         }
+        self.unsynced_bytes = if turn.sync { 0 } else { self.unsynced_bytes + turn.bytes };
+        self.buf.clear();
+        self.withdrawable.clear();
+        if self.buf.capacity() > 64 << 20 {
+            self.buf = Vec::new();
+        }
+        self.stats.commits += 1;
+        self.stats.records += turn.records;
+        let nanos = turn.write_nanos + started.elapsed().as_nanos() as u64;
+        Ok(Committed { bytes: turn.bytes, synced: turn.sync, nanos })
+    }
+
+    /// A write or sync failed: keeps the records for the next commit
+    /// (`keep_for_retry`) and cuts the file back to its committed length.
+    fn fail_turn(&mut self, e: io::Error) -> io::Error {
+        self.keep_for_retry();
+        self.stats.failures += 1;
+        self.dirty = true;
+        // Best effort now; `write_turn` retries before the next write.
+        let _ = self.cut_back();
+        e
     }
 
     /// After a failed commit: keeps every record but the withdrawable ones
@@ -614,7 +672,10 @@ impl Log {
         Ok(())
     }
 
-    fn write_turn(&mut self, sync: bool) -> io::Result<bool> {
+    /// Writes the turn buffer at the end of the active segment (rolling to
+    /// a new one first if it would pass its size); the segment's committed
+    /// length grows only in `sync`.
+    fn write_turn(&mut self) -> io::Result<()> {
         self.cut_back()?;
         let active_bytes = self.segments.last().map_or(0, |s| s.bytes);
         if active_bytes > 0 && active_bytes + self.buf.len() as u64 > self.options.segment_bytes_max {
@@ -626,7 +687,6 @@ impl Log {
             self.active = Some((self.opener)(&path)?);
             sync_dir(&self.dir)?;
         }
-        let synced = self.options.fsync == FsyncMode::Turn && (sync || self.unsynced_bytes_max_reached());
         let at = self.segments.last().map_or(0, |s| s.bytes);
         let end = at + self.buf.len() as u64;
         let Some(f) = self.active.as_mut() else { unreachable!("opened above") };
@@ -644,15 +704,7 @@ impl Log {
                 }
             }
         }
-        f.write_all_at(&self.buf, at)?;
-        if synced {
-            f.sync_data()?;
-        }
-        if let Some(s) = self.segments.last_mut() {
-            s.bytes += self.buf.len() as u64;
-        }
-        self.unsynced_bytes = if synced { 0 } else { self.unsynced_bytes + self.buf.len() as u64 };
-        Ok(synced)
+        f.write_all_at(&self.buf, at)
     }
 
     /// Unsynced bytes are bounded too: past `UNSYNCED_BYTES_MAX` a turn

@@ -14,26 +14,49 @@
 //!    broker holds;
 //! 4. **advance the timing wheel**: ack deadlines, NACK delays and long-poll
 //!    waits that passed;
-//! 5. **commit**: if this turn will `fdatasync`, first flush the replies
-//!    that do not depend on it (deliveries of messages made durable in
-//!    earlier turns, acks, errors); then a slice of a removed segment's
-//!    space is released (256 KiB) and a slice of compaction appends its
-//!    copies (at most 256 KiB), then one write and one `fdatasync` of every
-//!    record the turn appended (group commit), then the turn's new messages
-//!    become visible and go to parked FETCHes, then the held replies are
-//!    released — after the sync, never before, which is the durability
-//!    promise (deliveries first: they are what end-to-end latency waits
-//!    for);
-//! 6. **flush**: one write per connection with output; WRITABLE interest
+//! 5. **write**: a slice of compaction appends its copies (at most
+//!    256 KiB); then one `write` of every record the turn appended;
+//! 6. **flush early**, if the turn will `fdatasync`: the replies that need
+//!    only that write (acks, NACKs, TOUCHes, deliveries of messages made
+//!    durable in earlier turns, errors) leave now, so they do not wait for
+//!    a sync that is not theirs;
+//! 7. **sync**: a slice of a removed segment's space is released
+//!    (256 KiB), then one `fdatasync` of what step 5 wrote (group commit),
+//!    if anything waits on it; then the turn's new messages become visible and
+//!    go to parked FETCHes, then the held replies are released (deliveries
+//!    first: they are what end-to-end latency waits for);
+//! 8. **flush**: one write per connection with output; WRITABLE interest
 //!    only while output is left over;
-//! 7. **close** the connections that ended.
+//! 9. **close** the connections that ended.
 //!
-//! Held replies (PRODUCE, admin) are written into connection buffers only in
-//! step 5, after the sync, and reach sockets in step 6: a reply to a PRODUCE
-//! cannot leave before the sync that covers it, whatever the code in steps
-//! 3 and 4 does. That is Redis's `beforeSleep` rule. A connection may so
-//! see two writes in a turn that syncs: its other replies before the sync,
-//! its held ones after.
+//! Two rules make this order the durability promise, and both are enforced
+//! by the code's shape, not by care:
+//!
+//! - **No reply leaves before the `write` of the records it depends on.**
+//!   Every reply to a request reaches its socket through `flush`, and
+//!   `flush` takes the `Written` value that only the log write of step 5
+//!   returns (the metrics listener and the TOO_MANY_CONNECTIONS refusal
+//!   write their own sockets: they answer no request). So a SIGKILL can never
+//!   undo an answered ACK, NACK or TOUCH: once the reply is out, its record
+//!   is in the page cache, which outlives the process (not the machine:
+//!   that is the sync's job, and an ack synced late only means redelivery).
+//! - **No reply to a PRODUCE or an admin frame leaves before the
+//!   `fdatasync` that covers it.** The broker holds those replies (and the
+//!   produced messages) out of the connection buffers until step 7, after
+//!   the sync, whatever the code in steps 3 and 4 does. That is Redis's
+//!   `beforeSleep` rule. A connection may so see two writes in a turn that
+//!   syncs: its other replies before the sync, its held ones after.
+//!
+//! Nothing appends to the log between steps 5 and 7 (the log asserts it):
+//! a connection whose socket fails in the early flush is ended after the
+//! sync, since ending it can dead-letter its in-flight messages.
+//!
+//! If the write or the sync fails (a full disk), the held replies become
+//! STORAGE errors and the turn's records stay in the log's buffer for the
+//! next commit; the other replies are sent all the same, so that consumers
+//! keep working. On a failing disk an answered ACK therefore holds in
+//! memory but reaches the log only with the next commit that succeeds: a
+//! crash before it redelivers the message (at-least-once).
 //!
 //! Readiness is a hint (mio's docs): sockets are edge-triggered, so each is
 //! drained until WouldBlock or remembered in `hot` to be served next turn.
@@ -56,7 +79,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
-use crate::broker::{Broker, Config, Now, Outbox};
+use crate::broker::{Broker, Config, Now, Outbox, Written};
 use crate::codec::{self, ErrorCode};
 use crate::conn::{ConnState, IDLE_BUFFER_BYTES_MAX, Step};
 use crate::limits::Limits;
@@ -161,6 +184,9 @@ struct Lent<'a> {
     conns: &'a mut Slab<Conn>,
     hot: &'a mut Vec<usize>,
     dirty: &'a mut Vec<usize>,
+    /// The turn's clock, ms: a parked FETCH answered now restarts its
+    /// connection's idle clock.
+    now_ms: u64,
 }
 
 impl Outbox for Lent<'_> {
@@ -174,7 +200,7 @@ impl Outbox for Lent<'_> {
     }
     fn unblock(&mut self, key: usize) {
         if let Some(c) = self.conns.get_mut(key) {
-            c.state.parked = false;
+            c.state.unpark(self.now_ms);
             if !c.hot && !c.state.closing {
                 c.hot = true;
                 self.hot.push(key);
@@ -198,6 +224,10 @@ pub struct Reactor {
     dirty: Vec<usize>,
     /// Connections to close at the end of the turn.
     closing: Vec<usize>,
+    /// Connections whose socket failed in a flush, and why: ended after the
+    /// turn's sync, since nothing may append to the log between its write
+    /// and its sync.
+    unwritable: Vec<(usize, String)>,
     /// Where reads land before they are appended to a connection's input.
     scratch: Vec<u8>,
     started: Instant,
@@ -266,6 +296,7 @@ impl Reactor {
             hot_spare: Vec::new(),
             dirty: Vec::new(),
             closing: Vec::new(),
+            unwritable: Vec::new(),
             scratch: vec![0; READ_CHUNK_BYTES],
             started,
             next_consumer: 1,
@@ -369,18 +400,22 @@ impl Reactor {
         self.hot_spare = hot;
         // 4. timers: the broker's (deadlines, delays, waits), then the
         // connections' (handshake, idle, frame timeouts)
-        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty };
+        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
         self.broker.advance(now, &mut lent);
         self.expire_connections(now);
-        // 5. commit, then release held replies. Replies that do not wait on
-        // the log (deliveries of messages already durable, acks, errors) go
-        // out first when the commit will fdatasync, so they do not wait for
-        // a sync that is not theirs.
-        if self.broker.will_sync() {
-            self.flush(now);
+        // 5. write: a slice of compaction, then one write of the turn's
+        // records. No reply has left this turn yet.
+        let mut written = self.broker.write();
+        // 6. The replies that need only the write (acks, deliveries of
+        // messages made durable earlier, errors) go out before the sync, so
+        // they do not wait for a sync that is not theirs.
+        if written.syncs() {
+            self.flush(now, &written);
         }
-        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty };
-        let report = self.broker.commit(now, &mut lent);
+        // 7. release a slice of a removed segment, sync, publish the turn's
+        // messages to parked FETCHes, release the held replies.
+        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
+        let report = self.broker.sync(&mut written, now, &mut lent);
         for key in self.held.drain(..) {
             if let Some(c) = self.conns.get_mut(key) {
                 c.state.held = false;
@@ -393,9 +428,10 @@ impl Reactor {
             let ns = turn_started.elapsed().as_nanos() as u64;
             self.loop_metrics.produce_ack.observe(ns, report.produces_acked);
         }
-        // 6. flush
-        self.flush(now);
-        // 7. close
+        // 8. flush
+        self.flush(now, &written);
+        // 9. close
+        self.end_unwritable();
         self.close_ended();
         Ok(())
     }
@@ -617,8 +653,12 @@ impl Reactor {
         step
     }
 
-    /// Writes each dirty connection's output with one write.
-    fn flush(&mut self, now: Now) {
+    /// Writes each dirty connection's output with one write. Only after
+    /// the turn's log write (`written` proves it): a reply never leaves
+    /// before the records it depends on are written. A connection whose
+    /// socket fails is ended later, in `end_unwritable`, since ending one
+    /// can append records (its in-flight messages may be dead-lettered).
+    fn flush(&mut self, now: Now, _written: &Written) {
         let out_max = self.broker.config().limits.output_bytes_max as usize;
         // Taken and given back, so the list's buffer is reused every turn.
         let mut dirty = std::mem::take(&mut self.dirty);
@@ -685,9 +725,16 @@ impl Reactor {
         self.dirty = dirty;
         for (key, why) in after {
             match why {
-                Some(why) => self.end(key, &why),
+                Some(why) => self.unwritable.push((key, why)),
                 None => self.arm(key),
             }
+        }
+    }
+
+    /// Ends the connections whose socket failed in this turn's flushes.
+    fn end_unwritable(&mut self) {
+        for (key, why) in std::mem::take(&mut self.unwritable) {
+            self.end(key, &why);
         }
     }
 
@@ -898,10 +945,13 @@ impl Reactor {
             let _ = self.poll.registry().deregister(&mut l);
         }
         let now = now_at(self.started);
-        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty };
+        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
         self.broker.shutdown(now, &mut lent);
-        self.broker.commit(now, &mut lent);
-        self.flush(now);
+        let mut written = self.broker.write();
+        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
+        self.broker.sync(&mut written, now, &mut lent);
+        self.flush(now, &written);
+        self.end_unwritable();
         let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
         for key in keys {
             self.end(key, "shutdown");

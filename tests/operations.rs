@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{Server, TempDir};
 use runnel::broker::Config;
-use runnel::client::{Client, Fetch};
+use runnel::client::{Client, Fetch, OwnedReply};
 use runnel::codec::{self, ErrorCode, Request};
 use runnel::limits::Limits;
 use runnel::reactor::ServeConfig;
@@ -231,6 +231,39 @@ fn handshake_idle_and_frame_timeouts_close_connections() {
         busy.ping().unwrap();
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The idle clock restarts when a parked FETCH is answered, by a message or
+/// by the end of its wait: a consumer that polls again after its answer is
+/// not closed, however long its FETCH was parked.
+#[test]
+fn an_answered_long_poll_restarts_the_idle_clock() {
+    let limits = Limits { idle_timeout_ms: 1000, ..Limits::default() };
+    let (srv, _dir) = Server::start(Config { limits, ..Config::default() });
+    let long_poll =
+        |topic, wait_ms| Request::Fetch { topic, max_messages: 1, max_bytes: 0, wait_ms, ack_timeout_ms: 0 };
+    // Both park for longer than idle_timeout_ms: one until its wait ends,
+    // one until a message comes.
+    let mut waits = srv.client();
+    waits.send(&long_poll("quiet", 1500));
+    waits.flush().unwrap();
+    let mut gets = srv.client();
+    gets.send(&long_poll("busy", 60_000));
+    gets.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    let id = srv.client().produce("busy", b"at last").unwrap();
+    match gets.recv().unwrap() {
+        OwnedReply::Messages { messages, .. } => assert_eq!(messages.iter().map(|m| m.id).collect::<Vec<_>>(), [id]),
+        other => panic!("the long poll on busy got {other:?}"),
+    }
+    match waits.recv().unwrap() {
+        OwnedReply::Messages { messages, .. } => assert!(messages.is_empty()),
+        other => panic!("the long poll on quiet got {other:?}"),
+    }
+    // Long after the FETCHes were sent, soon after they were answered.
+    std::thread::sleep(Duration::from_millis(100));
+    waits.ping().expect("the connection whose wait ended is still open");
+    gets.ping().expect("the connection that got a message is still open");
 }
 
 /// Raises this process's open-file limit to its hard limit.
