@@ -114,6 +114,26 @@ impl ConnState {
         self.out.len() - self.out_pos
     }
 
+    /// After a write of `out`: an emptied buffer is cleared, and given back
+    /// if it is large; otherwise the written bytes are dropped once they
+    /// outnumber the unwritten ones, so the buffer of a peer that reads
+    /// steadily but never quite catches up does not grow with everything
+    /// ever sent to it (the copy costs at most the bytes written since the
+    /// last one).
+    pub(crate) fn settle_out(&mut self) {
+        let pending = self.pending_out_bytes();
+        if pending == 0 {
+            self.out.clear();
+            self.out_pos = 0;
+            if self.out.capacity() > IDLE_BUFFER_BYTES_MAX {
+                self.out = Vec::new();
+            }
+        } else if self.out_pos >= pending {
+            self.out.drain(..self.out_pos);
+            self.out_pos = 0;
+        }
+    }
+
     /// Serves what is buffered from earlier chunks: every complete frame is
     /// decoded and handed to the broker (connection `key`), whose replies go
     /// to `out`, until the input runs out or a stop: a parked FETCH, a held
@@ -297,5 +317,53 @@ impl ConnState {
         self.closing = true;
         broker.disconnect(key, &self.session);
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection whose output holds `len` bytes, `written` of them
+    /// written.
+    fn with_out(len: usize, written: usize) -> ConnState {
+        ConnState { out: (0..len).map(|i| i as u8).collect(), out_pos: written, ..ConnState::default() }
+    }
+
+    #[test]
+    fn written_bytes_are_dropped_once_they_outnumber_the_rest() {
+        let mut c = with_out(1000, 499);
+        c.settle_out();
+        assert_eq!((c.out.len(), c.out_pos), (1000, 499), "fewer written than pending: no copy");
+        let mut c = with_out(1000, 500);
+        c.settle_out();
+        assert_eq!((c.out.len(), c.out_pos), (500, 0));
+        assert_eq!(c.out[0], (500 % 256) as u8, "the unwritten bytes are kept, in order");
+    }
+
+    #[test]
+    fn a_reader_that_never_quite_catches_up_keeps_a_bounded_buffer() {
+        // Each turn 1000 bytes of replies come and 990 are written: the
+        // pending bytes grow slowly, everything written is dropped in time.
+        let mut c = ConnState::default();
+        for _ in 0..10_000 {
+            c.out.extend_from_slice(&[7; 1000]);
+            c.out_pos = (c.out_pos + 990).min(c.out.len());
+            c.settle_out();
+        }
+        let pending = c.pending_out_bytes();
+        assert_eq!(pending, 10_000 * 10);
+        assert!(c.out.capacity() <= 4 * pending, "capacity {} for {pending} pending bytes", c.out.capacity());
+    }
+
+    #[test]
+    fn an_emptied_buffer_is_kept_for_reuse_unless_it_is_large() {
+        let mut c = with_out(1000, 1000);
+        c.settle_out();
+        assert_eq!((c.out.len(), c.out_pos), (0, 0));
+        assert!(c.out.capacity() >= 1000, "a small idle buffer is kept for reuse");
+        let mut c = with_out(IDLE_BUFFER_BYTES_MAX + 1, IDLE_BUFFER_BYTES_MAX + 1);
+        c.settle_out();
+        assert_eq!(c.out.capacity(), 0);
     }
 }

@@ -58,7 +58,7 @@ use slab::Slab;
 
 use crate::broker::{Broker, Config, Now, Outbox};
 use crate::codec::{self, ErrorCode};
-use crate::conn::{ConnState, IDLE_BUFFER_BYTES_MAX, Step};
+use crate::conn::{ConnState, Step};
 use crate::limits::Limits;
 use crate::log::{LogOptions, OpenError};
 use crate::metrics::{self, HttpRequest, LoopMetrics};
@@ -644,14 +644,9 @@ impl Reactor {
                     }
                 }
             }
+            c.state.settle_out();
             let pending = c.state.pending_out_bytes();
-            if pending == 0 {
-                c.state.out.clear();
-                c.state.out_pos = 0;
-                if c.state.out.capacity() > IDLE_BUFFER_BYTES_MAX {
-                    c.state.out = Vec::new();
-                }
-            } else if pending > out_max && failed.is_none() {
+            if pending > out_max && failed.is_none() {
                 failed = Some(format!(
                     "pending output {pending} over output_bytes_max ({out_max}): the peer is not reading"
                 ));
