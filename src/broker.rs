@@ -428,6 +428,10 @@ pub struct BrokerStats {
     pub started_mono_ms: u64,
     /// Produce batches answered after a commit.
     pub produces_committed: u64,
+    /// Bytes the client connections' input and output buffers take (their
+    /// capacity), kept up to date by each connection as its buffers change
+    /// (`ConnState::account`).
+    pub buffered_bytes: u64,
 }
 
 /// One topic's numbers, for metrics.
@@ -1351,6 +1355,7 @@ impl Broker {
             ("recovery_truncated_bytes", self.recovery.truncated_bytes),
             ("recovery_repaired_bytes", self.recovery.repaired_bytes),
             ("fsync_turn", u64::from(self.log.fsync_mode() == FsyncMode::Turn)),
+            ("buffered_bytes", s.buffered_bytes),
         ] {
             w.kv(out, k, v);
         }

@@ -76,6 +76,12 @@ pub struct ConnState {
     /// output_bytes_max; whoever writes the output clears it (and serves
     /// again) once it drains below.
     pub paused: bool,
+    /// Capacity of `input`, bytes, as counted in the broker's
+    /// `stats.buffered_bytes` (`account`).
+    counted_input_bytes: usize,
+    /// Capacity of `out`, bytes, as counted in the broker's
+    /// `stats.buffered_bytes` (`account`).
+    counted_out_bytes: usize,
     /// Ending: `end` was called; nothing more is served.
     pub closing: bool,
     /// The peer shut its side (the reactor learns it from an event): a
@@ -114,6 +120,36 @@ impl ConnState {
         self.out.len() - self.out_pos
     }
 
+    /// Brings `total_bytes` (the broker's `stats.buffered_bytes`) up to
+    /// date with this connection's buffers: whoever changes them outside
+    /// `serve` (a write, a reply written through the broker's `Outbox`)
+    /// calls it after.
+    pub(crate) fn account(&mut self, total_bytes: &mut u64) {
+        self.account_input(total_bytes);
+        self.account_out(total_bytes);
+    }
+
+    fn account_input(&mut self, total_bytes: &mut u64) {
+        let now = self.input.capacity();
+        *total_bytes = *total_bytes - self.counted_input_bytes as u64 + now as u64;
+        self.counted_input_bytes = now;
+    }
+
+    fn account_out(&mut self, total_bytes: &mut u64) {
+        let now = self.out.capacity();
+        *total_bytes = *total_bytes - self.counted_out_bytes as u64 + now as u64;
+        self.counted_out_bytes = now;
+    }
+
+    /// Gives back both buffers and takes their bytes out of `total_bytes`:
+    /// the connection is gone.
+    pub(crate) fn release_buffers(&mut self, total_bytes: &mut u64) {
+        self.input = Vec::new();
+        self.out = Vec::new();
+        self.out_pos = 0;
+        self.account(total_bytes);
+    }
+
     /// After a write of `out`: an emptied buffer is cleared, and given back
     /// if it is large; otherwise the written bytes are dropped once they
     /// outnumber the unwritten ones, so the buffer of a peer that reads
@@ -145,7 +181,7 @@ impl ConnState {
         let (step, used) = self.serve_from(&input, key, broker, now, watch);
         self.input = input;
         self.input.drain(..used);
-        self.after_serve(step, now)
+        self.after_serve(step, broker, now)
     }
 
     /// Takes a chunk read from the peer and serves it as `serve` does: what
@@ -176,7 +212,7 @@ impl ConnState {
             if self.input.is_empty() {
                 let (step, used) = self.serve_from(chunk, key, broker, now, watch);
                 self.input.extend_from_slice(&chunk[used..]);
-                return self.after_serve(step, now);
+                return self.after_serve(step, broker, now);
             }
             let take = self.completing_bytes(chunk);
             self.input.extend_from_slice(&chunk[..take]);
@@ -187,6 +223,7 @@ impl ConnState {
             }
             if step != Step::Continue {
                 self.input.extend_from_slice(chunk);
+                self.account_input(&mut broker.stats.buffered_bytes);
                 return step;
             }
             if !self.input.is_empty() {
@@ -232,6 +269,8 @@ impl ConnState {
         let mut used = 0;
         let mut step = Step::Continue;
         while !self.closing && !self.parked {
+            // What the last frame's reply added counts before the next.
+            self.account_out(&mut broker.stats.buffered_bytes);
             // Backpressure: a peer with half the output limit pending gets
             // no more replies until it reads (the flush resumes it), so a
             // pipelining peer that does read never reaches the limit.
@@ -284,15 +323,18 @@ impl ConnState {
                 }
             }
         }
+        self.account_out(&mut broker.stats.buffered_bytes);
         (step, used)
     }
 
-    /// What every serve ends with: an idle buffer given back, the frame
-    /// timeout started or stopped, a parked FETCH's stop.
-    fn after_serve(&mut self, mut step: Step, now: Now) -> Step {
+    /// What every serve ends with: an idle buffer given back (and its
+    /// bytes counted), the frame timeout started or stopped, a parked
+    /// FETCH's stop.
+    fn after_serve(&mut self, mut step: Step, broker: &mut Broker, now: Now) -> Step {
         if self.input.is_empty() && self.input.capacity() > IDLE_BUFFER_BYTES_MAX {
             self.input = Vec::new();
         }
+        self.account_input(&mut broker.stats.buffered_bytes);
         // A frame that is still arriving (not one we chose to leave for
         // later) starts the frame timeout.
         let partial = step == Step::Continue && !self.parked && (!self.input.is_empty() || self.discard_bytes > 0);
@@ -365,5 +407,22 @@ mod tests {
         let mut c = with_out(IDLE_BUFFER_BYTES_MAX + 1, IDLE_BUFFER_BYTES_MAX + 1);
         c.settle_out();
         assert_eq!(c.out.capacity(), 0);
+    }
+
+    #[test]
+    fn the_count_follows_the_capacity_of_both_buffers() {
+        let mut total = 5u64; // another connection's bytes
+        let mut c = with_out(1000, 0);
+        c.input.reserve_exact(300);
+        c.account(&mut total);
+        let held = c.input.capacity() + c.out.capacity();
+        assert_eq!(c.counted_input_bytes + c.counted_out_bytes, held);
+        assert_eq!(total, 5 + held as u64);
+        c.out_pos = 1000;
+        c.settle_out();
+        c.account(&mut total);
+        assert_eq!(total, 5 + (c.input.capacity() + c.out.capacity()) as u64);
+        c.release_buffers(&mut total);
+        assert_eq!((total, c.counted_input_bytes + c.counted_out_bytes), (5, 0));
     }
 }

@@ -645,6 +645,7 @@ impl Reactor {
                 }
             }
             c.state.settle_out();
+            c.state.account(&mut self.broker.stats.buffered_bytes);
             let pending = c.state.pending_out_bytes();
             if pending > out_max && failed.is_none() {
                 failed = Some(format!(
@@ -880,6 +881,7 @@ impl Reactor {
         for key in std::mem::take(&mut self.closing) {
             if self.conns.contains(key) {
                 let mut c = self.conns.remove(key);
+                c.state.release_buffers(&mut self.broker.stats.buffered_bytes);
                 let _ = self.poll.registry().deregister(&mut c.stream);
             }
         }
