@@ -15,8 +15,17 @@ use crate::codec::{self, DecodeError, Decoded, Frame, Skip};
 use crate::queue::ConsumerId;
 
 /// Idle buffers larger than this are given back, so thousands of quiet
-/// connections cost little.
+/// connections cost little. (While the connections' buffers are full, every
+/// idle buffer is given back.)
 pub(crate) const IDLE_BUFFER_BYTES_MAX: usize = 256 << 10;
+
+/// While the connections' buffers are full (`buffered_bytes_max`), a
+/// connection whose own buffers hold this many bytes or more is read no
+/// further (it is starved) until it holds less or the total drops below the
+/// limit: the connections that hold the most stop growing, and one that
+/// reads its replies keeps being served. One read's worth, so a client with
+/// a few small replies pending is not starved.
+pub(crate) const FULL_HOLDING_BYTES_MAX: usize = 64 << 10;
 
 /// A frame starts with its length (u32 LE), which counts the bytes after
 /// it (docs/protocol.md, "Frames").
@@ -27,7 +36,8 @@ const LENGTH_FIELD_BYTES: usize = 4;
 pub enum Step {
     /// Everything decodable was served; read more.
     Continue,
-    /// Read no more now (a FETCH parked, or paused for output).
+    /// Read no more now (a FETCH parked, paused for output, or starved
+    /// while the connections' buffers are full).
     Stop,
     /// Input is left that must wait for the next turn (after the commit).
     Resume,
@@ -76,6 +86,10 @@ pub struct ConnState {
     /// output_bytes_max; whoever writes the output clears it (and serves
     /// again) once it drains below.
     pub paused: bool,
+    /// Decoding stopped because the connections' buffers are full and this
+    /// one holds FULL_HOLDING_BYTES_MAX or more; the reactor clears it and
+    /// serves again once it holds less or the buffers are no longer full.
+    pub starved: bool,
     /// Capacity of `input`, bytes, as counted in the broker's
     /// `stats.buffered_bytes` (`account`).
     counted_input_bytes: usize,
@@ -120,6 +134,11 @@ impl ConnState {
         self.out.len() - self.out_pos
     }
 
+    /// Bytes this connection's buffers take, as last counted.
+    pub(crate) fn buffered_bytes(&self) -> usize {
+        self.counted_input_bytes + self.counted_out_bytes
+    }
+
     /// Brings `total_bytes` (the broker's `stats.buffered_bytes`) up to
     /// date with this connection's buffers: whoever changes them outside
     /// `serve` (a write, a reply written through the broker's `Outbox`)
@@ -141,6 +160,27 @@ impl ConnState {
         self.counted_out_bytes = now;
     }
 
+    /// Whether to read and serve no more now because the connections'
+    /// buffers are full and this one holds FULL_HOLDING_BYTES_MAX or more;
+    /// if so, it is `starved`.
+    pub(crate) fn starve_if_full(&mut self, broker: &Broker) -> bool {
+        self.starved = self.buffered_bytes() >= FULL_HOLDING_BYTES_MAX && broker.buffers_full();
+        self.starved
+    }
+
+    /// Gives back the buffers that hold nothing (the buffers are full, so
+    /// every idle byte counts) and counts what is left in `total_bytes`.
+    pub(crate) fn give_back_idle(&mut self, total_bytes: &mut u64) {
+        if self.input.is_empty() {
+            self.input = Vec::new();
+        }
+        if self.pending_out_bytes() == 0 {
+            self.out = Vec::new();
+            self.out_pos = 0;
+        }
+        self.account(total_bytes);
+    }
+
     /// Gives back both buffers and takes their bytes out of `total_bytes`:
     /// the connection is gone.
     pub(crate) fn release_buffers(&mut self, total_bytes: &mut u64) {
@@ -151,17 +191,17 @@ impl ConnState {
     }
 
     /// After a write of `out`: an emptied buffer is cleared, and given back
-    /// if it is large; otherwise the written bytes are dropped once they
-    /// outnumber the unwritten ones, so the buffer of a peer that reads
-    /// steadily but never quite catches up does not grow with everything
-    /// ever sent to it (the copy costs at most the bytes written since the
-    /// last one).
-    pub(crate) fn settle_out(&mut self) {
+    /// if it is large or the buffers are `full`; otherwise the written
+    /// bytes are dropped once they outnumber the unwritten ones, so the
+    /// buffer of a peer that reads steadily but never quite catches up does
+    /// not grow with everything ever sent to it (the copy costs at most the
+    /// bytes written since the last one).
+    pub(crate) fn settle_out(&mut self, full: bool) {
         let pending = self.pending_out_bytes();
         if pending == 0 {
             self.out.clear();
             self.out_pos = 0;
-            if self.out.capacity() > IDLE_BUFFER_BYTES_MAX {
+            if full || self.out.capacity() > IDLE_BUFFER_BYTES_MAX {
                 self.out = Vec::new();
             }
         } else if self.out_pos >= pending {
@@ -279,6 +319,12 @@ impl ConnState {
                 step = Step::Stop;
                 break;
             }
+            // The same across connections: with the buffers full, one that
+            // holds much is not served until it holds less.
+            if self.starve_if_full(broker) {
+                step = Step::Stop;
+                break;
+            }
             let rest = &input[used..];
             match codec::decode_request(rest, &limits) {
                 Ok(Decoded::NeedMore) => break,
@@ -331,7 +377,8 @@ impl ConnState {
     /// bytes counted), the frame timeout started or stopped, a parked
     /// FETCH's stop.
     fn after_serve(&mut self, mut step: Step, broker: &mut Broker, now: Now) -> Step {
-        if self.input.is_empty() && self.input.capacity() > IDLE_BUFFER_BYTES_MAX {
+        let idle_max = if broker.buffers_full() { 0 } else { IDLE_BUFFER_BYTES_MAX };
+        if self.input.is_empty() && self.input.capacity() > idle_max {
             self.input = Vec::new();
         }
         self.account_input(&mut broker.stats.buffered_bytes);
@@ -375,10 +422,10 @@ mod tests {
     #[test]
     fn written_bytes_are_dropped_once_they_outnumber_the_rest() {
         let mut c = with_out(1000, 499);
-        c.settle_out();
+        c.settle_out(false);
         assert_eq!((c.out.len(), c.out_pos), (1000, 499), "fewer written than pending: no copy");
         let mut c = with_out(1000, 500);
-        c.settle_out();
+        c.settle_out(false);
         assert_eq!((c.out.len(), c.out_pos), (500, 0));
         assert_eq!(c.out[0], (500 % 256) as u8, "the unwritten bytes are kept, in order");
     }
@@ -391,7 +438,7 @@ mod tests {
         for _ in 0..10_000 {
             c.out.extend_from_slice(&[7; 1000]);
             c.out_pos = (c.out_pos + 990).min(c.out.len());
-            c.settle_out();
+            c.settle_out(false);
         }
         let pending = c.pending_out_bytes();
         assert_eq!(pending, 10_000 * 10);
@@ -399,13 +446,17 @@ mod tests {
     }
 
     #[test]
-    fn an_emptied_buffer_is_kept_for_reuse_unless_it_is_large() {
+    fn an_emptied_buffer_is_given_back_when_large_or_when_the_buffers_are_full() {
         let mut c = with_out(1000, 1000);
-        c.settle_out();
+        c.settle_out(false);
         assert_eq!((c.out.len(), c.out_pos), (0, 0));
         assert!(c.out.capacity() >= 1000, "a small idle buffer is kept for reuse");
+        c.out.extend_from_slice(&[1; 10]);
+        c.out_pos = 10;
+        c.settle_out(true);
+        assert_eq!(c.out.capacity(), 0, "the buffers are full: every idle buffer goes");
         let mut c = with_out(IDLE_BUFFER_BYTES_MAX + 1, IDLE_BUFFER_BYTES_MAX + 1);
-        c.settle_out();
+        c.settle_out(false);
         assert_eq!(c.out.capacity(), 0);
     }
 
@@ -416,13 +467,13 @@ mod tests {
         c.input.reserve_exact(300);
         c.account(&mut total);
         let held = c.input.capacity() + c.out.capacity();
-        assert_eq!(c.counted_input_bytes + c.counted_out_bytes, held);
+        assert_eq!(c.buffered_bytes(), held);
         assert_eq!(total, 5 + held as u64);
         c.out_pos = 1000;
-        c.settle_out();
+        c.settle_out(true);
         c.account(&mut total);
-        assert_eq!(total, 5 + (c.input.capacity() + c.out.capacity()) as u64);
+        assert_eq!(total, 5 + c.input.capacity() as u64);
         c.release_buffers(&mut total);
-        assert_eq!((total, c.counted_input_bytes + c.counted_out_bytes), (5, 0));
+        assert_eq!((total, c.buffered_bytes()), (5, 0));
     }
 }

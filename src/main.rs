@@ -39,8 +39,8 @@ usage:
 limits (runnel serve; defaults in docs/protocol.md and README.md):
   --frame-bytes-max --message-bytes-max --batch-messages-max --topic-name-bytes-max
   --topics-max --topic-messages-max --topic-bytes-max --connections-max
-  --output-bytes-max --fetch-bytes-max --fetch-wait-ms-max --read-bytes-per-turn-max
-  --handshake-timeout-ms --idle-timeout-ms --frame-timeout-ms
+  --output-bytes-max --buffered-bytes-max --fetch-bytes-max --fetch-wait-ms-max
+  --read-bytes-per-turn-max --handshake-timeout-ms --idle-timeout-ms --frame-timeout-ms
 
 defaults: --listen/--addr 127.0.0.1:7700, --data ./runnel-data, --fsync turn.
 RUST_LOG sets the log level (default info).";
@@ -160,6 +160,7 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), String> {
         topic_bytes_max,
         connections_max,
         output_bytes_max,
+        buffered_bytes_max,
         fetch_bytes_max,
         fetch_wait_ms_max,
         read_bytes_per_turn_max,
@@ -290,6 +291,7 @@ fn config_text(s: &Serve) -> String {
         ("topic-bytes-max", l.topic_bytes_max),
         ("connections-max", l.connections_max.into()),
         ("output-bytes-max", l.output_bytes_max.into()),
+        ("buffered-bytes-max", l.buffered_bytes_max),
         ("fetch-bytes-max", l.fetch_bytes_max.into()),
         ("fetch-wait-ms-max", l.fetch_wait_ms_max.into()),
         ("read-bytes-per-turn-max", l.read_bytes_per_turn_max.into()),

@@ -107,8 +107,15 @@ pub fn render(broker: &Broker, lm: &LoopMetrics, now: Now) -> String {
         &mut out,
         "runnel_buffered_bytes",
         "gauge",
-        "Bytes the client connections' input and output buffers take.",
+        "Bytes the client connections' input and output buffers take (bounded by buffered_bytes_max).",
         s.buffered_bytes,
+    );
+    metric(
+        &mut out,
+        "runnel_busy_replies_total",
+        "counter",
+        "Requests answered BUSY because the connection buffers were full.",
+        s.busy_replies,
     );
     metric(&mut out, "runnel_fsyncs_total", "counter", "fdatasync calls on the commit log.", log.stats.fsyncs);
     metric(&mut out, "runnel_log_bytes", "gauge", "Bytes in the commit log's segments.", log.bytes());

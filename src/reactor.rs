@@ -26,7 +26,11 @@
 //!    for);
 //! 6. **flush**: one write per connection with output; WRITABLE interest
 //!    only while output is left over;
-//! 7. **close** the connections that ended.
+//! 7. **close** the connections that ended;
+//! 8. **buffers**: when the connections' buffers have just become full
+//!    (`buffered_bytes_max`), give back every idle buffer and start the
+//!    clock of each connection that holds much; once they are no longer
+//!    full, serve the starved connections again.
 //!
 //! Held replies (PRODUCE, admin) are written into connection buffers only in
 //! step 5, after the sync, and reach sockets in step 6: a reply to a PRODUCE
@@ -58,7 +62,7 @@ use slab::Slab;
 
 use crate::broker::{Broker, Config, Now, Outbox};
 use crate::codec::{self, ErrorCode};
-use crate::conn::{ConnState, Step};
+use crate::conn::{ConnState, FULL_HOLDING_BYTES_MAX, Step};
 use crate::limits::Limits;
 use crate::log::{LogOptions, OpenError};
 use crate::metrics::{self, HttpRequest, LoopMetrics};
@@ -139,9 +143,13 @@ struct Conn {
     /// Its timeout timer and that timer's deadline, ms.
     timer: Option<(TimerKey, u64)>,
     /// Since when pending output has stayed at or above half of
-    /// output_bytes_max, ms: a peer that does not read is closed after
-    /// frame_timeout_ms of that (Redis's soft output limit).
+    /// output_bytes_max, or the connection has held FULL_HOLDING_BYTES_MAX
+    /// or more while the buffers were full, ms: a peer that does not read
+    /// is closed after frame_timeout_ms of that (Redis's soft output limit).
     backlog_since_ms: Option<u64>,
+    /// Listed in the reactor's `starved`, to be served again once the
+    /// buffers are no longer full.
+    starved_listed: bool,
 }
 
 /// A connection to the metrics listener: one request, one response.
@@ -209,6 +217,11 @@ pub struct Reactor {
     expired: Vec<(u64, usize)>,
     /// Connections with a held reply this turn.
     held: Vec<usize>,
+    /// Connections that stopped being served because the buffers were
+    /// full (`ConnState::starved`), each once.
+    starved: Vec<usize>,
+    /// The buffers were full at the end of the last turn.
+    buffers_were_full: bool,
     /// The metrics listener and its connections.
     metrics_listener: Option<TcpListener>,
     metrics_addr: Option<SocketAddr>,
@@ -274,6 +287,8 @@ impl Reactor {
             timers: Wheel::new(now.mono_ms),
             expired: Vec::new(),
             held: Vec::new(),
+            starved: Vec::new(),
+            buffers_were_full: false,
             metrics_listener,
             metrics_addr,
             http: Slab::new(),
@@ -397,6 +412,8 @@ impl Reactor {
         self.flush(now);
         // 7. close
         self.close_ended();
+        // 8. buffers
+        self.watch_buffers(now);
         Ok(())
     }
 
@@ -496,6 +513,7 @@ impl Reactor {
                 accepted_ms: now.mono_ms,
                 timer,
                 backlog_since_ms: None,
+                starved_listed: false,
             });
             self.broker.stats.connections = self.conns.len() as u64;
             log::debug!("accepted {peer} as connection {key}");
@@ -540,7 +558,19 @@ impl Reactor {
     /// turn is used.
     fn serve(&mut self, key: usize, now: Now) {
         self.serve_conn(key, now);
+        self.note_starved(key, now);
         self.arm(key);
+    }
+
+    /// A connection that stopped because the buffers are full is listed,
+    /// to be served again once they are not, and its backlog clock starts.
+    fn note_starved(&mut self, key: usize, now: Now) {
+        let Some(c) = self.conns.get_mut(key).filter(|c| c.state.starved) else { return };
+        if !c.starved_listed {
+            c.starved_listed = true;
+            self.starved.push(key);
+        }
+        c.backlog_since_ms.get_or_insert(now.mono_ms);
     }
 
     fn serve_conn(&mut self, key: usize, now: Now) {
@@ -575,6 +605,10 @@ impl Reactor {
                 return;
             }
             let Some(c) = self.conns.get_mut(key) else { return };
+            // What it would read now would only be buffered.
+            if c.state.starve_if_full(&self.broker) {
+                return;
+            }
             match c.stream.read(&mut self.scratch) {
                 Ok(0) => {
                     self.end(key, "peer closed");
@@ -644,7 +678,7 @@ impl Reactor {
                     }
                 }
             }
-            c.state.settle_out();
+            c.state.settle_out(self.broker.buffers_full());
             c.state.account(&mut self.broker.stats.buffered_bytes);
             let pending = c.state.pending_out_bytes();
             if pending > out_max && failed.is_none() {
@@ -652,14 +686,17 @@ impl Reactor {
                     "pending output {pending} over output_bytes_max ({out_max}): the peer is not reading"
                 ));
             }
-            if pending >= out_max / 2 {
+            // Starved, and still holding much: it has not read enough.
+            let starved = c.state.starved && c.state.buffered_bytes() >= FULL_HOLDING_BYTES_MAX;
+            if pending >= out_max / 2 || starved {
                 if c.backlog_since_ms.is_none() {
                     c.backlog_since_ms = Some(now.mono_ms);
                     after.push((key, None));
                 }
             } else {
                 c.backlog_since_ms = None;
-                if std::mem::take(&mut c.state.paused) && !c.hot && !c.state.closing {
+                let resume = std::mem::take(&mut c.state.paused) | std::mem::take(&mut c.state.starved);
+                if resume && !c.hot && !c.state.closing {
                     c.hot = true;
                     self.hot.push(key);
                 }
@@ -723,10 +760,24 @@ impl Reactor {
         }
     }
 
+    /// What keeps a connection's backlog clock running, as the reason to
+    /// close it when the clock runs out; None when nothing does.
+    fn backlog(c: &Conn, out_max: usize, full: bool) -> Option<&'static str> {
+        if c.state.pending_out_bytes() >= out_max / 2 {
+            Some("half of output_bytes_max left unread past frame_timeout_ms: the peer is not reading")
+        } else if full && c.state.buffered_bytes() >= FULL_HOLDING_BYTES_MAX {
+            Some("held 64 KiB or more past frame_timeout_ms while the buffers were full (buffered_bytes_max)")
+        } else {
+            None
+        }
+    }
+
     /// Closes the connections whose timeouts passed; re-arms the others.
     fn expire_connections(&mut self, now: Now) {
         let mut expired = std::mem::take(&mut self.expired);
         self.timers.advance(now.mono_ms, &mut expired);
+        let out_max = self.limits.output_bytes_max as usize;
+        let full = self.broker.buffers_full();
         for (_, token) in expired.drain(..) {
             if token >= HTTP_BASE {
                 self.http_timeout(token - HTTP_BASE);
@@ -734,13 +785,17 @@ impl Reactor {
             }
             let Some(c) = self.conns.get_mut(token) else { continue };
             c.timer = None;
+            let backlog = Self::backlog(c, out_max, full);
+            if backlog.is_none() {
+                c.backlog_since_ms = None;
+            }
             let l = &self.limits;
             let why = if !c.state.session.hello && now.mono_ms >= c.accepted_ms + u64::from(l.handshake_timeout_ms) {
                 Some("no HELLO within handshake_timeout_ms")
             } else if c.state.partial_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
                 Some("a frame stayed incomplete past frame_timeout_ms")
             } else if c.backlog_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
-                Some("half of output_bytes_max left unread past frame_timeout_ms: the peer is not reading")
+                backlog
             } else if l.idle_timeout_ms > 0
                 && !c.state.parked
                 && now.mono_ms >= c.state.last_active_ms + u64::from(l.idle_timeout_ms)
@@ -886,6 +941,41 @@ impl Reactor {
             }
         }
         self.broker.stats.connections = self.conns.len() as u64;
+    }
+
+    /// Step 8. When the buffers have just become full, every idle buffer is
+    /// given back and each connection that still holds
+    /// FULL_HOLDING_BYTES_MAX or more starts its backlog clock: one that
+    /// goes on holding that much for frame_timeout_ms is closed, whether or
+    /// not it sends more. Once they are no longer full, the starved
+    /// connections are served again.
+    fn watch_buffers(&mut self, now: Now) {
+        let full = self.broker.buffers_full();
+        if full && !self.buffers_were_full {
+            let mut holders = Vec::new();
+            for (key, c) in self.conns.iter_mut().filter(|(_, c)| !c.state.closing) {
+                c.state.give_back_idle(&mut self.broker.stats.buffered_bytes);
+                if c.state.buffered_bytes() >= FULL_HOLDING_BYTES_MAX && c.backlog_since_ms.is_none() {
+                    c.backlog_since_ms = Some(now.mono_ms);
+                    holders.push(key);
+                }
+            }
+            for key in holders {
+                self.arm(key);
+            }
+        }
+        if !full {
+            let mut starved = std::mem::take(&mut self.starved);
+            for key in starved.drain(..) {
+                let Some(c) = self.conns.get_mut(key) else { continue };
+                c.starved_listed = false;
+                if std::mem::take(&mut c.state.starved) {
+                    self.mark_hot(key);
+                }
+            }
+            self.starved = starved;
+        }
+        self.buffers_were_full = full;
     }
 
     /// After the last turn: stop accepting, then one more turn so parked

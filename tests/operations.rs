@@ -132,6 +132,7 @@ fn metrics_endpoint_serves_the_whole_exposition() {
         assert!(value(&samples, family, None) > 0.0, "{family}");
     }
     assert_eq!(types.get("runnel_buffered_bytes").map(String::as_str), Some("gauge"));
+    assert_eq!(value(&samples, "runnel_busy_replies_total", None), 0.0);
 }
 
 #[test]
