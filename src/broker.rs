@@ -437,6 +437,12 @@ pub struct BrokerStats {
     pub started_mono_ms: u64,
     /// Produce batches answered after a commit.
     pub produces_committed: u64,
+    /// Bytes the client connections' input and output buffers take (their
+    /// capacity), kept up to date by each connection as its buffers change
+    /// (`ConnState::account`). What `buffered_bytes_max` bounds.
+    pub buffered_bytes: u64,
+    /// Requests answered BUSY because the buffers were full (counter).
+    pub busy_replies: u64,
 }
 
 /// One topic's numbers, for metrics.
@@ -626,6 +632,20 @@ impl Broker {
     pub fn busy(&self) -> bool {
         self.compactor.busy() || self.log.releasing()
     }
+    /// Whether the client connections' buffers hold `buffered_bytes_max`
+    /// or more. While they do, requests with large replies are answered
+    /// BUSY and the connections that hold the most are not read.
+    pub fn buffers_full(&self) -> bool {
+        self.stats.buffered_bytes >= self.config.limits.buffered_bytes_max
+    }
+
+    /// The BUSY error, counted: a request with a large reply came while
+    /// the buffers were full, and nothing was done.
+    fn busy_error(&mut self) -> (ErrorCode, String) {
+        self.stats.busy_replies += 1;
+        (ErrorCode::Busy, BUSY_MESSAGE.into())
+    }
+
     /// Number of topics (dead-letter topics included).
     pub fn topic_count(&self) -> usize {
         self.topics.by_id.len()
@@ -787,7 +807,11 @@ impl Broker {
                     ack_timeout_ms,
                     timer: TimerKey::NONE,
                 };
+                let full = self.buffers_full();
                 let Some(e) = self.topics.by_id.get_mut(&tid) else { return Err(unknown(topic)) };
+                if full && e.topic.has_ready() {
+                    return Err(self.busy_error());
+                }
                 if wait_ms == 0 || e.topic.has_ready() {
                     deliver(e, &mut self.wheel, &w, now, out);
                     return Ok(Outcome::Done);
@@ -825,10 +849,17 @@ impl Broker {
                 if !topic.is_empty() && self.topics.id(topic).is_none() {
                     return Err(unknown(topic));
                 }
+                // One topic's section is small; every topic's grows with them.
+                if topic.is_empty() && self.buffers_full() {
+                    return Err(self.busy_error());
+                }
                 self.write_stats(topic, rid, now, out);
                 Ok(Outcome::Done)
             }
             Request::ListTopics => {
+                if self.buffers_full() {
+                    return Err(self.busy_error());
+                }
                 let mut list: Vec<(&str, codec::TopicSettings)> = self
                     .topics
                     .by_id
@@ -1335,20 +1366,9 @@ impl Broker {
     /// readers first too).
     fn publish(&mut self, now: Now, outbox: &mut impl Outbox) {
         let touched = std::mem::take(&mut self.touched);
+        let mut grown_bytes = 0;
         for &tid in &touched {
-            let Some(e) = self.topics.by_id.get_mut(&tid) else { continue };
-            e.touched = false;
-            e.topic.publish();
-            while e.topic.has_ready() {
-                let Some(key) = e.waiters.pop_front() else { break };
-                let Some(w) = self.waiters.try_remove(key) else { continue };
-                self.wheel.cancel(w.timer);
-                self.parked.remove(&w.conn);
-                if let Some(out) = outbox.out(w.conn) {
-                    deliver(e, &mut self.wheel, &w, now, out);
-                }
-                outbox.unblock(w.conn);
-            }
+            self.publish_topic(tid, now, outbox, &mut grown_bytes);
         }
         self.touched = touched;
         self.touched.clear();
@@ -1381,6 +1401,34 @@ impl Broker {
                     outbox.unblock(conn);
                 }
             }
+        }
+    }
+
+    /// Makes topic `tid`'s new messages ready and answers its parked
+    /// FETCHes while messages are ready: with messages, or BUSY when the
+    /// connections' buffers are full. `grown_bytes` counts the buffer
+    /// capacity these answers added, which the count does not see until the
+    /// reactor brings it up to date after the commit.
+    fn publish_topic(&mut self, tid: TopicId, now: Now, outbox: &mut impl Outbox, grown_bytes: &mut u64) {
+        let Some(e) = self.topics.by_id.get_mut(&tid) else { return };
+        e.touched = false;
+        e.topic.publish();
+        while e.topic.has_ready() {
+            let Some(key) = e.waiters.pop_front() else { break };
+            let Some(w) = self.waiters.try_remove(key) else { continue };
+            self.wheel.cancel(w.timer);
+            self.parked.remove(&w.conn);
+            if let Some(out) = outbox.out(w.conn) {
+                let before = out.capacity();
+                if self.stats.buffered_bytes + *grown_bytes >= self.config.limits.buffered_bytes_max {
+                    self.stats.busy_replies += 1;
+                    codec::encode_error(out, op::FETCH, w.request_id, ErrorCode::Busy, BUSY_MESSAGE);
+                } else {
+                    deliver(e, &mut self.wheel, &w, now, out);
+                }
+                *grown_bytes += out.capacity().saturating_sub(before) as u64;
+            }
+            outbox.unblock(w.conn);
         }
     }
 
@@ -1459,6 +1507,8 @@ impl Broker {
             ("output_bytes_max", self.config.limits.output_bytes_max.into()),
             ("fetch_bytes_max", self.config.limits.fetch_bytes_max.into()),
             ("idle_timeout_ms", self.config.limits.idle_timeout_ms.into()),
+            ("buffered_bytes", s.buffered_bytes),
+            ("busy_replies", s.busy_replies),
         ] {
             w.kv(out, k, v);
         }
@@ -1491,6 +1541,10 @@ impl Broker {
         w.finish(out);
     }
 }
+
+/// The message of a BUSY reply.
+const BUSY_MESSAGE: &str =
+    "the broker's connection buffers are full (buffered_bytes_max); nothing was done: back off and retry";
 
 /// Reasons in a Remove record (part of the log format).
 const REMOVE_ACKED: u8 = 1;

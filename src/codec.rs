@@ -85,6 +85,9 @@ pub enum ErrorCode {
     TooManyConnections = 15,
     /// A field has a value the operation cannot take.
     BadArgument = 16,
+    /// The broker's connection buffers are full (buffered_bytes_max): a
+    /// request with a large reply was not served.
+    Busy = 17,
 }
 
 impl ErrorCode {
@@ -107,6 +110,7 @@ impl ErrorCode {
             14 => ShuttingDown,
             15 => TooManyConnections,
             16 => BadArgument,
+            17 => Busy,
             _ => return None,
         })
     }
@@ -131,6 +135,7 @@ impl ErrorCode {
             ShuttingDown => "SHUTTING_DOWN",
             TooManyConnections => "TOO_MANY_CONNECTIONS",
             BadArgument => "BAD_ARGUMENT",
+            Busy => "BUSY",
         }
     }
 }

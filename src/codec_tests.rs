@@ -394,7 +394,7 @@ const MESSAGES: [Message<'static>; 7] = [
     Message { id: 11, born_ms: 6, delivery_count: 1, dead: None, payload: &[0x5a; 64] },
 ];
 
-const ALL_ERROR_CODES: [ErrorCode; 16] = [
+const ALL_ERROR_CODES: [ErrorCode; 17] = [
     ErrorCode::Malformed,
     ErrorCode::UnknownOp,
     ErrorCode::Version,
@@ -411,6 +411,7 @@ const ALL_ERROR_CODES: [ErrorCode; 16] = [
     ErrorCode::ShuttingDown,
     ErrorCode::TooManyConnections,
     ErrorCode::BadArgument,
+    ErrorCode::Busy,
 ];
 
 /// The longest key a STATS pair can carry: its length is a u8.
@@ -708,7 +709,7 @@ fn error_codes_and_dead_reasons_have_stable_numbers_and_names() {
         assert!(names.insert(code.name()), "{} twice", code.name());
     }
     assert_eq!(ErrorCode::from_u8(0), None);
-    assert_eq!(ErrorCode::from_u8(17), None);
+    assert_eq!(ErrorCode::from_u8(18), None);
     assert_eq!(ErrorCode::from_u8(0xff), None);
     let reasons = [DeadReason::AckTimeout, DeadReason::Nacked, DeadReason::Rejected, DeadReason::ConsumerLost];
     let mut names = BTreeSet::new();

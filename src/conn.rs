@@ -15,8 +15,17 @@ use crate::codec::{self, DecodeError, Decoded, Frame, Skip};
 use crate::queue::ConsumerId;
 
 /// Idle buffers larger than this are given back, so thousands of quiet
-/// connections cost little.
+/// connections cost little. (While the connections' buffers are full, every
+/// idle buffer is given back.)
 pub(crate) const IDLE_BUFFER_BYTES_MAX: usize = 256 << 10;
+
+/// While the connections' buffers are full (`buffered_bytes_max`), a
+/// connection whose own buffers hold this many bytes or more is read no
+/// further (it is starved) until it holds less or the total drops below the
+/// limit: the connections that hold the most stop growing, and one that
+/// reads its replies keeps being served. One read's worth, so a client with
+/// a few small replies pending is not starved.
+pub(crate) const FULL_HOLDING_BYTES_MAX: usize = 64 << 10;
 
 /// A frame starts with its length (u32 LE), which counts the bytes after
 /// it (docs/protocol.md, "Frames").
@@ -30,7 +39,8 @@ const AUTH_FAILURES_END: &str = "too many frames without a successful HELLO";
 pub enum Step {
     /// Everything decodable was served; read more.
     Continue,
-    /// Read no more now (a FETCH parked, or paused for output).
+    /// Read no more now (a FETCH parked, paused for output, or starved
+    /// while the connections' buffers are full).
     Stop,
     /// Input is left that must wait for the next turn (after the commit).
     Resume,
@@ -79,6 +89,16 @@ pub struct ConnState {
     /// output_bytes_max; whoever writes the output clears it (and serves
     /// again) once it drains below.
     pub paused: bool,
+    /// Decoding stopped because the connections' buffers are full and this
+    /// one holds FULL_HOLDING_BYTES_MAX or more; the reactor clears it and
+    /// serves again once it holds less or the buffers are no longer full.
+    pub starved: bool,
+    /// Capacity of `input`, bytes, as counted in the broker's
+    /// `stats.buffered_bytes` (`account`).
+    counted_input_bytes: usize,
+    /// Capacity of `out`, bytes, as counted in the broker's
+    /// `stats.buffered_bytes` (`account`).
+    counted_out_bytes: usize,
     /// Ending: `end` was called; nothing more is served.
     pub closing: bool,
     /// The peer shut its side (the reactor learns it from an event): a
@@ -125,6 +145,82 @@ impl ConnState {
         self.out.len() - self.out_pos
     }
 
+    /// Bytes this connection's buffers take, as last counted.
+    pub(crate) fn buffered_bytes(&self) -> usize {
+        self.counted_input_bytes + self.counted_out_bytes
+    }
+
+    /// Brings `total_bytes` (the broker's `stats.buffered_bytes`) up to
+    /// date with this connection's buffers: whoever changes them outside
+    /// `serve` (a write, a reply written through the broker's `Outbox`)
+    /// calls it after.
+    pub(crate) fn account(&mut self, total_bytes: &mut u64) {
+        self.account_input(total_bytes);
+        self.account_out(total_bytes);
+    }
+
+    fn account_input(&mut self, total_bytes: &mut u64) {
+        let now = self.input.capacity();
+        *total_bytes = *total_bytes - self.counted_input_bytes as u64 + now as u64;
+        self.counted_input_bytes = now;
+    }
+
+    fn account_out(&mut self, total_bytes: &mut u64) {
+        let now = self.out.capacity();
+        *total_bytes = *total_bytes - self.counted_out_bytes as u64 + now as u64;
+        self.counted_out_bytes = now;
+    }
+
+    /// Whether to read and serve no more now because the connections'
+    /// buffers are full and this one holds FULL_HOLDING_BYTES_MAX or more;
+    /// if so, it is `starved`.
+    pub(crate) fn starve_if_full(&mut self, broker: &Broker) -> bool {
+        self.starved = self.buffered_bytes() >= FULL_HOLDING_BYTES_MAX && broker.buffers_full();
+        self.starved
+    }
+
+    /// Gives back the buffers that hold nothing (the buffers are full, so
+    /// every idle byte counts) and counts what is left in `total_bytes`.
+    pub(crate) fn give_back_idle(&mut self, total_bytes: &mut u64) {
+        if self.input.is_empty() {
+            self.input = Vec::new();
+        }
+        if self.pending_out_bytes() == 0 {
+            self.out = Vec::new();
+            self.out_pos = 0;
+        }
+        self.account(total_bytes);
+    }
+
+    /// Gives back both buffers and takes their bytes out of `total_bytes`:
+    /// the connection is gone.
+    pub(crate) fn release_buffers(&mut self, total_bytes: &mut u64) {
+        self.input = Vec::new();
+        self.out = Vec::new();
+        self.out_pos = 0;
+        self.account(total_bytes);
+    }
+
+    /// After a write of `out`: an emptied buffer is cleared, and given back
+    /// if it is large or the buffers are `full`; otherwise the written
+    /// bytes are dropped once they outnumber the unwritten ones, so the
+    /// buffer of a peer that reads steadily but never quite catches up does
+    /// not grow with everything ever sent to it (the copy costs at most the
+    /// bytes written since the last one).
+    pub(crate) fn settle_out(&mut self, full: bool) {
+        let pending = self.pending_out_bytes();
+        if pending == 0 {
+            self.out.clear();
+            self.out_pos = 0;
+            if full || self.out.capacity() > IDLE_BUFFER_BYTES_MAX {
+                self.out = Vec::new();
+            }
+        } else if self.out_pos >= pending {
+            self.out.drain(..self.out_pos);
+            self.out_pos = 0;
+        }
+    }
+
     /// Serves what is buffered from earlier chunks: every complete frame is
     /// decoded and handed to the broker (connection `key`), whose replies go
     /// to `out`, until the input runs out or a stop: a parked FETCH, a held
@@ -136,7 +232,7 @@ impl ConnState {
         let (step, used) = self.serve_from(&input, key, broker, now, watch);
         self.input = input;
         self.input.drain(..used);
-        self.after_serve(step, now)
+        self.after_serve(step, broker, now)
     }
 
     /// Takes a chunk read from the peer and serves it as `serve` does: what
@@ -167,7 +263,7 @@ impl ConnState {
             if self.input.is_empty() {
                 let (step, used) = self.serve_from(chunk, key, broker, now, watch);
                 self.input.extend_from_slice(&chunk[used..]);
-                return self.after_serve(step, now);
+                return self.after_serve(step, broker, now);
             }
             let take = self.completing_bytes(chunk);
             self.input.extend_from_slice(&chunk[..take]);
@@ -178,6 +274,7 @@ impl ConnState {
             }
             if step != Step::Continue {
                 self.input.extend_from_slice(chunk);
+                self.account_input(&mut broker.stats.buffered_bytes);
                 return step;
             }
             if !self.input.is_empty() {
@@ -223,11 +320,19 @@ impl ConnState {
         let mut used = 0;
         let mut step = Step::Continue;
         while !self.closing && !self.parked {
+            // What the last frame's reply added counts before the next.
+            self.account_out(&mut broker.stats.buffered_bytes);
             // Backpressure: a peer with half the output limit pending gets
             // no more replies until it reads (the flush resumes it), so a
             // pipelining peer that does read never reaches the limit.
             if self.pending_out_bytes() >= out_max / 2 {
                 self.paused = true;
+                step = Step::Stop;
+                break;
+            }
+            // The same across connections: with the buffers full, one that
+            // holds much is not served until it holds less.
+            if self.starve_if_full(broker) {
                 step = Step::Stop;
                 break;
             }
@@ -284,15 +389,19 @@ impl ConnState {
                 }
             }
         }
+        self.account_out(&mut broker.stats.buffered_bytes);
         (step, used)
     }
 
-    /// What every serve ends with: an idle buffer given back, the frame
-    /// timeout started or stopped, a parked FETCH's stop.
-    fn after_serve(&mut self, mut step: Step, now: Now) -> Step {
-        if self.input.is_empty() && self.input.capacity() > IDLE_BUFFER_BYTES_MAX {
+    /// What every serve ends with: an idle buffer given back (and its
+    /// bytes counted), the frame timeout started or stopped, a parked
+    /// FETCH's stop.
+    fn after_serve(&mut self, mut step: Step, broker: &mut Broker, now: Now) -> Step {
+        let idle_max = if broker.buffers_full() { 0 } else { IDLE_BUFFER_BYTES_MAX };
+        if self.input.is_empty() && self.input.capacity() > idle_max {
             self.input = Vec::new();
         }
+        self.account_input(&mut broker.stats.buffered_bytes);
         // A frame that is still arriving (not one we chose to leave for
         // later) starts the frame timeout.
         let partial = step == Step::Continue && !self.parked && (!self.input.is_empty() || self.discard_bytes > 0);
@@ -317,5 +426,74 @@ impl ConnState {
         self.closing = true;
         broker.disconnect(key, &self.session);
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection whose output holds `len` bytes, `written` of them
+    /// written.
+    fn with_out(len: usize, written: usize) -> ConnState {
+        ConnState { out: (0..len).map(|i| i as u8).collect(), out_pos: written, ..ConnState::default() }
+    }
+
+    #[test]
+    fn written_bytes_are_dropped_once_they_outnumber_the_rest() {
+        let mut c = with_out(1000, 499);
+        c.settle_out(false);
+        assert_eq!((c.out.len(), c.out_pos), (1000, 499), "fewer written than pending: no copy");
+        let mut c = with_out(1000, 500);
+        c.settle_out(false);
+        assert_eq!((c.out.len(), c.out_pos), (500, 0));
+        assert_eq!(c.out[0], (500 % 256) as u8, "the unwritten bytes are kept, in order");
+    }
+
+    #[test]
+    fn a_reader_that_never_quite_catches_up_keeps_a_bounded_buffer() {
+        // Each turn 1000 bytes of replies come and 990 are written: the
+        // pending bytes grow slowly, everything written is dropped in time.
+        let mut c = ConnState::default();
+        for _ in 0..10_000 {
+            c.out.extend_from_slice(&[7; 1000]);
+            c.out_pos = (c.out_pos + 990).min(c.out.len());
+            c.settle_out(false);
+        }
+        let pending = c.pending_out_bytes();
+        assert_eq!(pending, 10_000 * 10);
+        assert!(c.out.capacity() <= 4 * pending, "capacity {} for {pending} pending bytes", c.out.capacity());
+    }
+
+    #[test]
+    fn an_emptied_buffer_is_given_back_when_large_or_when_the_buffers_are_full() {
+        let mut c = with_out(1000, 1000);
+        c.settle_out(false);
+        assert_eq!((c.out.len(), c.out_pos), (0, 0));
+        assert!(c.out.capacity() >= 1000, "a small idle buffer is kept for reuse");
+        c.out.extend_from_slice(&[1; 10]);
+        c.out_pos = 10;
+        c.settle_out(true);
+        assert_eq!(c.out.capacity(), 0, "the buffers are full: every idle buffer goes");
+        let mut c = with_out(IDLE_BUFFER_BYTES_MAX + 1, IDLE_BUFFER_BYTES_MAX + 1);
+        c.settle_out(false);
+        assert_eq!(c.out.capacity(), 0);
+    }
+
+    #[test]
+    fn the_count_follows_the_capacity_of_both_buffers() {
+        let mut total = 5u64; // another connection's bytes
+        let mut c = with_out(1000, 0);
+        c.input.reserve_exact(300);
+        c.account(&mut total);
+        let held = c.input.capacity() + c.out.capacity();
+        assert_eq!(c.buffered_bytes(), held);
+        assert_eq!(total, 5 + held as u64);
+        c.out_pos = 1000;
+        c.settle_out(true);
+        c.account(&mut total);
+        assert_eq!(total, 5 + c.input.capacity() as u64);
+        c.release_buffers(&mut total);
+        assert_eq!((total, c.buffered_bytes()), (5, 0));
     }
 }

@@ -40,6 +40,14 @@ pub struct Limits {
     /// broker buffer without end, and one that pipelines and reads is never
     /// cut off.
     pub output_bytes_max: u32,
+    /// Most bytes all client connections' buffers may take together: their
+    /// partial requests and unread replies, counted by the capacity of the
+    /// buffers. `output_bytes_max` and `frame_bytes_max` bound one
+    /// connection, not their sum; past this, the broker reads no more from
+    /// the connections that hold the most and answers requests with large
+    /// replies BUSY, so peers that do not read cannot take the machine's
+    /// memory between them.
+    pub buffered_bytes_max: u64,
     /// Most bytes of messages in one FETCH reply (a FETCH asking for more is
     /// clamped). Must fit in `output_bytes_max`.
     pub fetch_bytes_max: u32,
@@ -72,6 +80,7 @@ impl Default for Limits {
             topic_bytes_max: 1 << 30,
             connections_max: 10_000,
             output_bytes_max: 32 << 20,
+            buffered_bytes_max: 256 << 20,
             fetch_bytes_max: 8 << 20,
             fetch_wait_ms_max: 300_000,
             read_bytes_per_turn_max: 1 << 20,
@@ -122,6 +131,16 @@ impl Limits {
                 self.output_bytes_max, largest_reply
             ));
         }
+        // Output capacity grows by doubling over at most twice the pending
+        // bytes (written bytes are dropped once they outnumber the rest), and
+        // input over one frame: what one connection at its limits can hold.
+        let one_connection = 4 * u64::from(self.output_bytes_max) + 2 * u64::from(self.frame_bytes_max);
+        if self.buffered_bytes_max < one_connection {
+            return Err(format!(
+                "buffered-bytes-max ({}) must hold the buffers of one connection at its limits ({} bytes: 4 x output-bytes-max + 2 x frame-bytes-max), or a lone client could be refused",
+                self.buffered_bytes_max, one_connection
+            ));
+        }
         if self.batch_messages_max == 0 || self.topics_max == 0 || self.connections_max == 0 {
             return Err("batch-messages-max, topics-max and connections-max must be at least 1".into());
         }
@@ -165,5 +184,14 @@ mod tests {
         assert!(limits.check().unwrap_err().contains("output-bytes-max"));
         let limits = Limits { fetch_bytes_max: 10, ..Limits::default() };
         assert!(limits.check().unwrap_err().contains("fetch-bytes-max"));
+        let limits = Limits { buffered_bytes_max: 100 << 20, ..Limits::default() };
+        assert!(limits.check().unwrap_err().contains("buffered-bytes-max"));
+        let limits = Limits {
+            buffered_bytes_max: 100 << 20,
+            output_bytes_max: 18 << 20,
+            frame_bytes_max: 4 << 20,
+            ..Limits::default()
+        };
+        assert_eq!(limits.check(), Ok(()));
     }
 }

@@ -103,6 +103,20 @@ pub fn render(broker: &Broker, lm: &LoopMetrics, now: Now) -> String {
     metric(&mut out, "runnel_loop_turns_total", "counter", "Turns of the event loop.", s.turns);
     metric(&mut out, "runnel_received_bytes_total", "counter", "Bytes read from clients.", s.bytes_in);
     metric(&mut out, "runnel_sent_bytes_total", "counter", "Bytes written to clients.", s.bytes_out);
+    metric(
+        &mut out,
+        "runnel_buffered_bytes",
+        "gauge",
+        "Bytes the client connections' input and output buffers take (bounded by buffered_bytes_max).",
+        s.buffered_bytes,
+    );
+    metric(
+        &mut out,
+        "runnel_busy_replies_total",
+        "counter",
+        "Requests answered BUSY because the connection buffers were full.",
+        s.busy_replies,
+    );
     metric(&mut out, "runnel_fsyncs_total", "counter", "fdatasync calls on the commit log.", log.stats.fsyncs);
     metric(&mut out, "runnel_log_bytes", "gauge", "Bytes in the commit log's segments.", log.bytes());
     metric(&mut out, "runnel_log_segments", "gauge", "Segment files of the commit log.", log.segments().len() as u64);

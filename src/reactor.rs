@@ -27,7 +27,11 @@
 //!    first: they are what end-to-end latency waits for);
 //! 8. **flush**: one write per connection with output; WRITABLE interest
 //!    only while output is left over;
-//! 9. **close** the connections that ended.
+//! 9. **close** the connections that ended;
+//! 10. **buffers**: when the connections' buffers have just become full
+//!    (`buffered_bytes_max`), give back every idle buffer and start the
+//!    clock of each connection that holds much; once they are no longer
+//!    full, serve the starved connections again.
 //!
 //! Two rules make this order the durability promise, and both are enforced
 //! by the code's shape, not by care:
@@ -81,7 +85,7 @@ use slab::Slab;
 
 use crate::broker::{Broker, Config, Now, Outbox, Written};
 use crate::codec::{self, ErrorCode};
-use crate::conn::{ConnState, IDLE_BUFFER_BYTES_MAX, Step};
+use crate::conn::{ConnState, FULL_HOLDING_BYTES_MAX, Step};
 use crate::limits::Limits;
 use crate::log::{LogOptions, OpenError};
 use crate::metrics::{self, HttpRequest, LoopMetrics};
@@ -162,9 +166,13 @@ struct Conn {
     /// Its timeout timer and that timer's deadline, ms.
     timer: Option<(TimerKey, u64)>,
     /// Since when pending output has stayed at or above half of
-    /// output_bytes_max, ms: a peer that does not read is closed after
-    /// frame_timeout_ms of that (Redis's soft output limit).
+    /// output_bytes_max, or the connection has held FULL_HOLDING_BYTES_MAX
+    /// or more while the buffers were full, ms: a peer that does not read
+    /// is closed after frame_timeout_ms of that (Redis's soft output limit).
     backlog_since_ms: Option<u64>,
+    /// Listed in the reactor's `starved`, to be served again once the
+    /// buffers are no longer full.
+    starved_listed: bool,
 }
 
 /// A connection to the metrics listener: one request, one response.
@@ -239,6 +247,11 @@ pub struct Reactor {
     expired: Vec<(u64, usize)>,
     /// Connections with a held reply this turn.
     held: Vec<usize>,
+    /// Connections that stopped being served because the buffers were
+    /// full (`ConnState::starved`), each once.
+    starved: Vec<usize>,
+    /// The buffers were full at the end of the last turn.
+    buffers_were_full: bool,
     /// The metrics listener and its connections.
     metrics_listener: Option<TcpListener>,
     metrics_addr: Option<SocketAddr>,
@@ -305,6 +318,8 @@ impl Reactor {
             timers: Wheel::new(now.mono_ms),
             expired: Vec::new(),
             held: Vec::new(),
+            starved: Vec::new(),
+            buffers_were_full: false,
             metrics_listener,
             metrics_addr,
             http: Slab::new(),
@@ -433,6 +448,8 @@ impl Reactor {
         // 9. close
         self.end_unwritable();
         self.close_ended();
+        // 10. buffers
+        self.watch_buffers(now);
         Ok(())
     }
 
@@ -532,6 +549,7 @@ impl Reactor {
                 accepted_ms: now.mono_ms,
                 timer,
                 backlog_since_ms: None,
+                starved_listed: false,
             });
             self.broker.stats.connections = self.conns.len() as u64;
             log::debug!("accepted {peer} as connection {key}");
@@ -576,7 +594,19 @@ impl Reactor {
     /// turn is used.
     fn serve(&mut self, key: usize, now: Now) {
         self.serve_conn(key, now);
+        self.note_starved(key, now);
         self.arm(key);
+    }
+
+    /// A connection that stopped because the buffers are full is listed,
+    /// to be served again once they are not, and its backlog clock starts.
+    fn note_starved(&mut self, key: usize, now: Now) {
+        let Some(c) = self.conns.get_mut(key).filter(|c| c.state.starved) else { return };
+        if !c.starved_listed {
+            c.starved_listed = true;
+            self.starved.push(key);
+        }
+        c.backlog_since_ms.get_or_insert(now.mono_ms);
     }
 
     fn serve_conn(&mut self, key: usize, now: Now) {
@@ -611,6 +641,10 @@ impl Reactor {
                 return;
             }
             let Some(c) = self.conns.get_mut(key) else { return };
+            // What it would read now would only be buffered.
+            if c.state.starve_if_full(&self.broker) {
+                return;
+            }
             match c.stream.read(&mut self.scratch) {
                 Ok(0) => {
                     self.end(key, "peer closed");
@@ -684,26 +718,25 @@ impl Reactor {
                     }
                 }
             }
+            c.state.settle_out(self.broker.buffers_full());
+            c.state.account(&mut self.broker.stats.buffered_bytes);
             let pending = c.state.pending_out_bytes();
-            if pending == 0 {
-                c.state.out.clear();
-                c.state.out_pos = 0;
-                if c.state.out.capacity() > IDLE_BUFFER_BYTES_MAX {
-                    c.state.out = Vec::new();
-                }
-            } else if pending > out_max && failed.is_none() {
+            if pending > out_max && failed.is_none() {
                 failed = Some(format!(
                     "pending output {pending} over output_bytes_max ({out_max}): the peer is not reading"
                 ));
             }
-            if pending >= out_max / 2 {
+            // Starved, and still holding much: it has not read enough.
+            let starved = c.state.starved && c.state.buffered_bytes() >= FULL_HOLDING_BYTES_MAX;
+            if pending >= out_max / 2 || starved {
                 if c.backlog_since_ms.is_none() {
                     c.backlog_since_ms = Some(now.mono_ms);
                     after.push((key, None));
                 }
             } else {
                 c.backlog_since_ms = None;
-                if std::mem::take(&mut c.state.paused) && !c.hot && !c.state.closing {
+                let resume = std::mem::take(&mut c.state.paused) | std::mem::take(&mut c.state.starved);
+                if resume && !c.hot && !c.state.closing {
                     c.hot = true;
                     self.hot.push(key);
                 }
@@ -774,10 +807,24 @@ impl Reactor {
         }
     }
 
+    /// What keeps a connection's backlog clock running, as the reason to
+    /// close it when the clock runs out; None when nothing does.
+    fn backlog(c: &Conn, out_max: usize, full: bool) -> Option<&'static str> {
+        if c.state.pending_out_bytes() >= out_max / 2 {
+            Some("half of output_bytes_max left unread past frame_timeout_ms: the peer is not reading")
+        } else if full && c.state.buffered_bytes() >= FULL_HOLDING_BYTES_MAX {
+            Some("held 64 KiB or more past frame_timeout_ms while the buffers were full (buffered_bytes_max)")
+        } else {
+            None
+        }
+    }
+
     /// Closes the connections whose timeouts passed; re-arms the others.
     fn expire_connections(&mut self, now: Now) {
         let mut expired = std::mem::take(&mut self.expired);
         self.timers.advance(now.mono_ms, &mut expired);
+        let out_max = self.limits.output_bytes_max as usize;
+        let full = self.broker.buffers_full();
         for (_, token) in expired.drain(..) {
             if token >= HTTP_BASE {
                 self.http_timeout(token - HTTP_BASE);
@@ -785,13 +832,17 @@ impl Reactor {
             }
             let Some(c) = self.conns.get_mut(token) else { continue };
             c.timer = None;
+            let backlog = Self::backlog(c, out_max, full);
+            if backlog.is_none() {
+                c.backlog_since_ms = None;
+            }
             let l = &self.limits;
             let why = if !c.state.session.hello && now.mono_ms >= c.accepted_ms + u64::from(l.handshake_timeout_ms) {
                 Some("no HELLO within handshake_timeout_ms")
             } else if c.state.partial_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
                 Some("a frame stayed incomplete past frame_timeout_ms")
             } else if c.backlog_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
-                Some("half of output_bytes_max left unread past frame_timeout_ms: the peer is not reading")
+                backlog
             } else if l.idle_timeout_ms > 0
                 && !c.state.parked
                 && now.mono_ms >= c.state.last_active_ms + u64::from(l.idle_timeout_ms)
@@ -932,10 +983,46 @@ impl Reactor {
         for key in std::mem::take(&mut self.closing) {
             if self.conns.contains(key) {
                 let mut c = self.conns.remove(key);
+                c.state.release_buffers(&mut self.broker.stats.buffered_bytes);
                 let _ = self.poll.registry().deregister(&mut c.stream);
             }
         }
         self.broker.stats.connections = self.conns.len() as u64;
+    }
+
+    /// Step 8. When the buffers have just become full, every idle buffer is
+    /// given back and each connection that still holds
+    /// FULL_HOLDING_BYTES_MAX or more starts its backlog clock: one that
+    /// goes on holding that much for frame_timeout_ms is closed, whether or
+    /// not it sends more. Once they are no longer full, the starved
+    /// connections are served again.
+    fn watch_buffers(&mut self, now: Now) {
+        let full = self.broker.buffers_full();
+        if full && !self.buffers_were_full {
+            let mut holders = Vec::new();
+            for (key, c) in self.conns.iter_mut().filter(|(_, c)| !c.state.closing) {
+                c.state.give_back_idle(&mut self.broker.stats.buffered_bytes);
+                if c.state.buffered_bytes() >= FULL_HOLDING_BYTES_MAX && c.backlog_since_ms.is_none() {
+                    c.backlog_since_ms = Some(now.mono_ms);
+                    holders.push(key);
+                }
+            }
+            for key in holders {
+                self.arm(key);
+            }
+        }
+        if !full {
+            let mut starved = std::mem::take(&mut self.starved);
+            for key in starved.drain(..) {
+                let Some(c) = self.conns.get_mut(key) else { continue };
+                c.starved_listed = false;
+                if std::mem::take(&mut c.state.starved) {
+                    self.mark_hot(key);
+                }
+            }
+            self.starved = starved;
+        }
+        self.buffers_were_full = full;
     }
 
     /// After the last turn: stop accepting, then one more turn so parked

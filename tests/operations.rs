@@ -131,6 +131,8 @@ fn metrics_endpoint_serves_the_whole_exposition() {
     for family in ["runnel_loop_turns_total", "runnel_received_bytes_total", "runnel_sent_bytes_total"] {
         assert!(value(&samples, family, None) > 0.0, "{family}");
     }
+    assert_eq!(types.get("runnel_buffered_bytes").map(String::as_str), Some("gauge"));
+    assert_eq!(value(&samples, "runnel_busy_replies_total", None), 0.0);
 }
 
 #[test]

@@ -213,16 +213,16 @@ fn error_table_names_every_code() {
     let doc = doc();
     let heading = "## Error codes";
     let rows = table_rows(&doc, heading);
-    for n in 1..=16u8 {
+    for n in 1..=17u8 {
         let code = ErrorCode::from_u8(n).unwrap_or_else(|| panic!("ErrorCode::from_u8({n}) is None"));
         assert_eq!(code as u8, n);
         assert_row(&rows, heading, &n.to_string(), code.name());
     }
     // The table lists exactly the codes there are.
     assert_eq!(ErrorCode::from_u8(0), None);
-    assert_eq!(ErrorCode::from_u8(17), None);
+    assert_eq!(ErrorCode::from_u8(18), None);
     let numbered = rows.iter().filter(|r| r[0].parse::<u8>().is_ok()).count();
-    assert_eq!(numbered, 16, "the error table has rows for codes that do not exist");
+    assert_eq!(numbered, 17, "the error table has rows for codes that do not exist");
 }
 
 #[test]
@@ -263,7 +263,7 @@ fn limits_table_matches_the_defaults() {
     let heading = "## Limits";
     let rows = table_rows(&doc, heading);
     let d = Limits::default();
-    let limits: [(&str, u64); 15] = [
+    let limits: [(&str, u64); 16] = [
         ("frame_bytes_max", d.frame_bytes_max.into()),
         ("message_bytes_max", d.message_bytes_max.into()),
         ("batch_messages_max", d.batch_messages_max.into()),
@@ -273,6 +273,7 @@ fn limits_table_matches_the_defaults() {
         ("topic_bytes_max", d.topic_bytes_max),
         ("connections_max", d.connections_max.into()),
         ("output_bytes_max", d.output_bytes_max.into()),
+        ("buffered_bytes_max", d.buffered_bytes_max),
         ("fetch_bytes_max", d.fetch_bytes_max.into()),
         ("fetch_wait_ms_max", d.fetch_wait_ms_max.into()),
         ("read_bytes_per_turn_max", d.read_bytes_per_turn_max.into()),
