@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicBool;
 use runnel::client::{Client, Fetch};
 use runnel::codec::TopicSettings;
 use runnel::limits::Limits;
-use runnel::log::FsyncMode;
+use runnel::log::{FsyncMode, Log};
 use runnel::reactor::{Reactor, ServeConfig};
 
 /// Where `runnel serve` listens and clients connect by default.
@@ -24,7 +24,7 @@ runnel: a durable message broker on one thread
 
 usage:
   runnel serve   [--config FILE] [--print-config] [--listen ADDR] [--data DIR]
-                 [--fsync turn|never] [--no-auto-create] [--segment-bytes-max N] [--repair]
+                 [--fsync turn|never] [--no-auto-create] [--segment-bytes-max N] [--repair [--dry-run]]
                  [--ack-timeout-ms N] [--max-deliveries N] [--auth-token TOKEN]
                  [--metrics ADDR] [--pin-core N] [--spin-us N] [--<limit> N ...]
   runnel produce [--addr ADDR] [--batch N] TOPIC        each stdin line becomes one message
@@ -80,7 +80,7 @@ struct Args {
 }
 
 /// Flags that take no value.
-const SWITCHES: &[&str] = &["--json", "--repair", "--no-auto-create", "--print-config"];
+const SWITCHES: &[&str] = &["--json", "--repair", "--dry-run", "--no-auto-create", "--print-config"];
 
 impl Args {
     fn parse(args: &[String]) -> Result<Args, String> {
@@ -198,6 +198,9 @@ struct Serve {
     cfg: ServeConfig,
     pin_core: Option<usize>,
     print_config: bool,
+    /// Read the log through, report what a start (and --repair) would do,
+    /// change nothing, exit.
+    dry_run: bool,
 }
 
 fn parse_serve(raw: &[String]) -> Result<Serve, String> {
@@ -255,11 +258,12 @@ fn parse_serve(raw: &[String]) -> Result<Serve, String> {
     cfg.spin_us = a.num("--spin-us")?.unwrap_or(0);
     let pin_core = a.num("--pin-core")?;
     let print_config = a.switch("--print-config");
+    let dry_run = a.switch("--dry-run");
     a.done()?;
     if !a.words.is_empty() {
         return Err(format!("unexpected {:?}", a.words));
     }
-    Ok(Serve { cfg, pin_core, print_config })
+    Ok(Serve { cfg, pin_core, print_config, dry_run })
 }
 
 /// The effective configuration, in the config file's format.
@@ -362,6 +366,9 @@ fn serve(raw: &[String]) -> Result<(), String> {
         print!("{}", config_text(&s));
         return Ok(());
     }
+    if s.dry_run {
+        return dry_run(&s.cfg.data_dir);
+    }
     if let Some(core) = s.pin_core {
         pin_to_core(core)?;
         log::info!("pinned the event loop to CPU {core}");
@@ -392,6 +399,18 @@ fn serve(raw: &[String]) -> Result<(), String> {
     );
     reactor.run().map_err(|e| format!("event loop: {e}"))?;
     log::info!("stopped cleanly");
+    Ok(())
+}
+
+/// `runnel serve --repair --dry-run`: reads the log through and prints what a
+/// start finds and what --repair would drop, changing nothing. Fails (exit
+/// 1) when the log is damaged, so a script can tell.
+fn dry_run(data_dir: &std::path::Path) -> Result<(), String> {
+    let report = Log::inspect(data_dir).map_err(|e| e.to_string())?;
+    print!("{report}");
+    if report.damaged() {
+        return Err("the commit log is damaged: see above; nothing was changed".into());
+    }
     Ok(())
 }
 

@@ -230,12 +230,13 @@ impl Reactor {
             .map_err(|e: OpenError| e.to_string())?;
         let r = &broker.recovery;
         log::info!(
-            "recovered {} records, {} bytes in {} segments from {} in {} ms{}",
+            "recovered {} records, {} bytes in {} segments from {} in {} ms; the last run {}{}",
             r.records,
             r.bytes,
             r.segments,
             cfg.data_dir.display(),
             r.millis,
+            if r.clean_stop { "stopped cleanly" } else { "may have crashed" },
             if r.truncated_bytes > 0 {
                 format!(" (cut a torn tail of {} bytes)", r.truncated_bytes)
             } else {

@@ -2,6 +2,7 @@
 //! on its own temporary data directory.
 #![allow(dead_code)]
 
+pub mod logdir;
 pub mod wire;
 
 use std::net::SocketAddr;
