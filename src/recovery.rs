@@ -20,7 +20,7 @@
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read, Seek, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -153,6 +153,10 @@ pub struct Inspection {
     pub dropped_bytes: u64,
     /// Log bytes no file holds (`Missing`).
     pub missing_bytes: u64,
+    /// A clean-stop marker was found but the log goes on past its end (a
+    /// runnel that leaves no marker ran since): it is ignored, and a start
+    /// removes it.
+    pub outgrown_marker: bool,
 }
 
 impl Inspection {
@@ -168,6 +172,7 @@ impl Inspection {
             damage_count: 0,
             dropped_bytes: 0,
             missing_bytes: 0,
+            outgrown_marker: false,
         }
     }
 
@@ -221,6 +226,10 @@ impl fmt::Display for Inspection {
             LastStop::Clean { first, end } => {
                 writeln!(f, "the last run stopped cleanly, leaving log offsets {first}..{end}")?
             }
+            LastStop::MayHaveCrashed if self.outgrown_marker => writeln!(
+                f,
+                "the last run may have crashed ({CLEAN_STOP_FILE} is outgrown: the log goes on past its end; a start removes it)"
+            )?,
             LastStop::MayHaveCrashed => writeln!(f, "the last run may have crashed (no {CLEAN_STOP_FILE} marker)")?,
         }
         if let Some((file, at, bytes)) = &self.torn {
@@ -314,7 +323,11 @@ pub(super) fn recover(
     fs::create_dir_all(dir).map_err(io_error(dir))?;
     let lock = DirLock::take(dir, true)?;
     let mut bases = list_segments(dir, true)?;
-    let mut stop = read_last_stop(dir)?;
+    let (mut stop, outgrown) = last_stop(dir, &bases)?;
+    if outgrown {
+        let path = dir.join(CLEAN_STOP_FILE);
+        fs::remove_file(&path).and_then(|()| sync_dir(dir)).map_err(io_error(&path))?;
+    }
     let mut rec = Recovery::default();
     if options.repair {
         let (ins, plan) = scan(dir, &bases, stop)?;
@@ -355,8 +368,10 @@ pub(super) fn recover(
 pub(super) fn inspect(dir: &Path) -> Result<Inspection, OpenError> {
     let _lock = DirLock::take(dir, false)?;
     let bases = list_segments(dir, false)?;
-    let stop = read_last_stop(dir)?;
-    Ok(scan(dir, &bases, stop)?.0)
+    let (stop, outgrown) = last_stop(dir, &bases)?;
+    let (mut ins, _) = scan(dir, &bases, stop)?;
+    ins.outgrown_marker = outgrown;
+    Ok(ins)
 }
 
 /// The bases of the segment files in `dir`, in log order. With `tidy`,
@@ -884,6 +899,35 @@ fn renumber(dir: &Path, plan: &[Scanned]) -> Result<(), OpenError> {
 // ---------------------------------------------------------------------------
 // The clean-stop marker.
 // ---------------------------------------------------------------------------
+
+/// How the last run ended, and whether a clean-stop marker was found that
+/// the log has outgrown (then ignored): bytes lie past its `end`, in a
+/// later segment or other than zeros in the last. Only a later run writes
+/// there (space reserved ahead of the writes reads as zeros), and one that
+/// did not remove the marker was a runnel that leaves none.
+fn last_stop(dir: &Path, bases: &[u64]) -> Result<(LastStop, bool), OpenError> {
+    let stop = read_last_stop(dir)?;
+    let (LastStop::Clean { end, .. }, Some(&last)) = (stop, bases.last()) else { return Ok((stop, false)) };
+    let outgrown = last > end || {
+        let path = dir.join(segment_name(last));
+        let mut rest = Vec::new();
+        File::open(&path)
+            .and_then(|mut f| {
+                f.seek(io::SeekFrom::Start(end - last))?;
+                f.read_to_end(&mut rest)
+            })
+            .map_err(io_error(&path))?;
+        !all_zero(&rest)
+    };
+    if outgrown {
+        log::warn!(
+            "commit log: {CLEAN_STOP_FILE} in {} says the log ended at log offset {end}, but it goes on past it (a runnel that leaves no marker ran since): reading it as after a crash",
+            dir.display()
+        );
+        return Ok((LastStop::MayHaveCrashed, true));
+    }
+    Ok((stop, false))
+}
 
 /// Reads the clean-stop marker. A marker that cannot be parsed stops
 /// start-up: it was written whole (by a rename), so it is damage, and what

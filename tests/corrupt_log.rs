@@ -403,6 +403,32 @@ fn the_marker_goes_with_the_first_append_and_comes_back_with_the_next_clean_stop
     assert!(matches!(ins.last_stop, LastStop::Clean { end: e, .. } if e == end), "marked clean at {end}: {ins}");
 }
 
+/// A runnel that leaves no marker does not remove one either: run after a
+/// clean stop, it appends past the marker's end and leaves the marker as it
+/// was. That marker is outgrown: a start ignores it (reads the log as after
+/// a crash, here cutting the torn write the older run left) and removes it.
+#[test]
+fn a_marker_the_log_has_outgrown_is_ignored() {
+    let b = build();
+    let copy = copy_dir(b.dir.path(), "corrupt-outgrown");
+    let marker = copy.path().join(CLEAN_STOP_FILE);
+    let old_marker = fs::read(&marker).expect("read marker");
+    // The older run: appends, is killed mid-write, leaves the marker.
+    crashed(copy.path());
+    let srv = Server::start_in(Config::default(), LogOptions::default(), copy.path());
+    srv.client().produce("t", b"appended by a later run").expect("produce");
+    srv.stop();
+    let last = segments(copy.path()).pop().expect("a segment");
+    let r = *last_records(copy.path()).last().expect("a record");
+    fs::OpenOptions::new().write(true).open(&last).and_then(|f| f.set_len(r.start + 20)).expect("tear the write");
+    fs::write(&marker, &old_marker).expect("the marker as the clean stop left it");
+    let ins = Log::inspect(copy.path()).expect("inspect");
+    assert!(ins.outgrown_marker && ins.last_stop == LastStop::MayHaveCrashed && !ins.damaged(), "{ins}");
+    let broker = open(copy.path(), false).unwrap_or_else(|e| panic!("an outgrown marker must not stop start-up: {e}"));
+    assert_eq!(broker.recovery.truncated_bytes, 20, "the torn write is cut, as after a crash");
+    assert!(!marker.exists(), "the start removes the outgrown marker");
+}
+
 /// `runnel serve --repair --dry-run` prints what repair would drop, exits 1
 /// on a damaged log and 0 on a whole one, and changes nothing.
 #[test]
