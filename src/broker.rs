@@ -1319,6 +1319,15 @@ impl Broker {
         let mut report = TurnReport::default();
         let committed = turn.and_then(|t| self.log.sync(t));
         let ok = self.settle(committed, &mut report);
+        if ok && self.stopping {
+            // The last turn of a graceful stop: the log is whole, so the next
+            // start may take any damage in it for corruption, not a crash.
+            if let Err(e) = self.log.mark_clean_stop() {
+                log::warn!(
+                    "could not mark the commit log as stopped cleanly: {e}; the next start reads it as after a crash"
+                );
+            }
+        }
         if !ok {
             for (tid, first, count) in self.produced.drain(..) {
                 if let Some(e) = self.topics.by_id.get_mut(&tid) {

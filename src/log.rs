@@ -19,13 +19,17 @@
 //! replays them. Only this file touches files.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use byteorder::{ByteOrder, LittleEndian};
+
+#[path = "recovery.rs"]
+mod recovery;
+pub use recovery::{CLEAN_STOP_FILE, Damage, DamageKind, Inspection, LastStop};
 
 /// Bytes in a record header.
 pub const RECORD_HEADER_BYTES: usize = 12;
@@ -58,10 +62,6 @@ const RELEASE_BYTES_PER_TURN: u64 = 256 << 10;
 /// The suffix a removed segment's file takes until it is released: not a
 /// segment to recovery, which deletes it.
 const REMOVING_SUFFIX: &str = ".removing";
-/// The filesystem block: after a machine crash, a block of reserved space
-/// that the crash kept from being written reads as zeros even when later
-/// blocks of the same unsynced write made it to disk.
-const HOLE_BLOCK_BYTES: usize = 4096;
 
 /// What a record says. The numbers are part of the log format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -241,7 +241,7 @@ pub struct Log {
     options: LogOptions,
     /// Held for the life of the log: a second broker on the same directory
     /// fails to take it.
-    _lock: File,
+    _lock: recovery::DirLock,
     /// Segments in offset order; the last is the one appended to.
     segments: Vec<Segment>,
     /// The last segment, open for append.
@@ -263,6 +263,12 @@ pub struct Log {
     /// A failed write may have left bytes past the durable end of the
     /// active segment; they are cut before the next write.
     dirty: bool,
+    /// Whether the clean-stop marker is on disk: removed before the log
+    /// next changes.
+    clean_stop_marked: bool,
+    /// Base offset of the segment this run first appended to: with
+    /// `--fsync never`, the segments from it on are synced at a clean stop.
+    run_first_base: u64,
     pub stats: LogStats,
 }
 
@@ -285,14 +291,18 @@ pub struct ReadRecord<'a> {
 /// Why recovery stopped.
 #[derive(Debug)]
 pub enum OpenError {
-    /// Another process holds the directory.
+    /// Another process holds the directory (its path).
     Locked(PathBuf),
     Io(PathBuf, io::Error),
-    /// A record before the tail is damaged.
+    /// The log is damaged in a way a start does not cut on its own: the
+    /// first damage found (a segment's file and byte offset; for a gap, the
+    /// file after it at offset 0), and what a full read found, which is
+    /// what `--repair` would drop.
     Corrupt {
         file: PathBuf,
         offset: u64,
         why: String,
+        report: Option<Box<Inspection>>,
     },
     /// The broker could not apply a record.
     Apply {
@@ -305,18 +315,24 @@ pub enum OpenError {
 impl std::fmt::Display for OpenError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            OpenError::Locked(p) => write!(
-                f,
-                "data directory {} is locked by another runnel process (lock file {}); stop it or use another --data",
-                p.parent().unwrap_or(p).display(),
-                p.display()
-            ),
+            OpenError::Locked(p) => {
+                write!(
+                    f,
+                    "data directory {} is locked by another runnel process; stop it or use another --data",
+                    p.display()
+                )
+            }
             OpenError::Io(p, e) => write!(f, "{}: {e}", p.display()),
-            OpenError::Corrupt { file, offset, why } => write!(
-                f,
-                "commit log corrupt in {} at byte {offset}: {why}; start with --repair to keep the valid prefix and drop the rest",
-                file.display()
-            ),
+            OpenError::Corrupt { file, offset, why, report } => {
+                writeln!(f, "commit log corrupt in {} at byte {offset}: {why}", file.display())?;
+                if let Some(r) = report {
+                    write!(f, "{}", r.damage_text())?;
+                }
+                write!(
+                    f,
+                    "start with --repair to drop the damaged bytes and keep every valid record (docs/log-format.md, \"Repair\", says what dropping a record means), or with --repair --dry-run to see this again without changing anything"
+                )
+            }
             OpenError::Apply { file, offset, why } => {
                 write!(f, "commit log record in {} at byte {offset} cannot be applied: {why}", file.display())
             }
@@ -335,8 +351,14 @@ pub struct Recovery {
     /// Bytes cut from the tail of the last segment (a torn write, and the
     /// space reserved after it).
     pub truncated_bytes: u64,
-    /// Bytes dropped by --repair (corruption before the tail).
+    /// Bytes dropped by --repair (damaged stretches of segment files).
     pub repaired_bytes: u64,
+    /// The first damaged or missing stretches --repair found (listed up to
+    /// a bound; `repaired_bytes` counts them all).
+    pub damage: Vec<Damage>,
+    /// Whether the previous run stopped cleanly (its marker was found and
+    /// the log matched it).
+    pub clean_stop: bool,
     pub millis: u64,
 }
 
@@ -360,121 +382,13 @@ impl Log {
         opener: Opener,
         mut apply: impl FnMut(&ReadRecord<'_>) -> Result<(), String>,
     ) -> Result<(Log, Recovery), OpenError> {
-        let started = Instant::now();
-        let io = |p: &Path| {
-            let p = p.to_path_buf();
-            move |e| OpenError::Io(p, e)
-        };
-        fs::create_dir_all(dir).map_err(io(dir))?;
-        let lock_path = dir.join("LOCK");
-        let lock =
-            OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(io(&lock_path))?;
-        if lock.try_lock().is_err() {
-            return Err(OpenError::Locked(lock_path));
-        }
-        let mut bases = Vec::new();
-        for entry in fs::read_dir(dir).map_err(io(dir))? {
-            let entry = entry.map_err(io(dir))?;
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if name.ends_with(REMOVING_SUFFIX) {
-                // A removed segment that a stop interrupted releasing.
-                let path = entry.path();
-                fs::remove_file(&path).map_err(io(&path))?;
-                continue;
-            }
-            if let Some(stem) = name.strip_suffix(".log")
-                && let Ok(base) = stem.parse::<u64>()
-            {
-                bases.push(base);
-            }
-        }
-        bases.sort_unstable();
-        let mut rec = Recovery::default();
-        let mut segments = Vec::new();
-        let mut data = Vec::new();
-        let last = bases.len().saturating_sub(1);
-        let mut stop_after: Option<usize> = None;
-        for (n, &base) in bases.iter().enumerate() {
-            let path = dir.join(segment_name(base));
-            data.clear();
-            File::open(&path).and_then(|mut f| f.read_to_end(&mut data)).map_err(io(&path))?;
-            let mut pos = 0usize;
-            let mut damage: Option<String> = None;
-            while pos < data.len() {
-                match parse_record(&data[pos..]) {
-                    Ok((kind, version, body, used)) => {
-                        let r = ReadRecord { kind, version, body, offset: base + pos as u64, segment: base };
-                        apply(&r).map_err(|why| OpenError::Apply { file: path.clone(), offset: pos as u64, why })?;
-                        rec.records += 1;
-                        pos += used;
-                    }
-                    Err(why) => {
-                        damage = Some(why);
-                        break;
-                    }
-                }
-            }
-            // Space reserved ahead of the writes: the records end here.
-            if damage.is_some() && all_zero(&data[pos..]) {
-                damage = None;
-            }
-            if let Some(why) = damage {
-                let dropped = (data.len() - pos) as u64;
-                // A whole, CRC-valid record this build cannot read was written
-                // by a newer build: never mistake it for a torn tail.
-                let newer = why.starts_with(NEWER);
-                // A crash mid-write leaves damage only at the very end: if a
-                // whole record follows the damage, later turns wrote (and
-                // synced, and acknowledged) it, so this is corruption --
-                // unless a zero block of reserved space lies between: a
-                // machine crash can write later blocks of an unsynced turn
-                // and not an earlier one.
-                let torn = n == last
-                    && !newer
-                    && records_after(&data, pos + 1).is_none_or(|at| zero_block_within(&data, pos, at));
-                if torn {
-                    log::warn!(
-                        "commit log: cut a torn tail of {dropped} bytes from {} at byte {pos} ({why}); a crash interrupted its last write",
-                        path.display()
-                    );
-                    rec.truncated_bytes = dropped;
-                } else if options.repair {
-                    log::error!(
-                        "commit log: --repair dropped {dropped} bytes of {} from byte {pos} ({why}) and every later segment",
-                        path.display()
-                    );
-                    rec.repaired_bytes += dropped;
-                } else {
-                    return Err(OpenError::Corrupt { file: path, offset: pos as u64, why });
-                }
-                let f = OpenOptions::new().write(true).open(&path).map_err(io(&path))?;
-                f.set_len(pos as u64).map_err(io(&path))?;
-                f.sync_all().map_err(io(&path))?;
-                segments.push(Segment { base, bytes: pos as u64 });
-                if n != last {
-                    stop_after = Some(n);
-                    break;
-                }
-            } else {
-                segments.push(Segment { base, bytes: pos as u64 });
-            }
-        }
-        if let Some(n) = stop_after {
-            for &base in &bases[n + 1..] {
-                let path = dir.join(segment_name(base));
-                let len = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-                rec.repaired_bytes += len;
-                fs::remove_file(&path).map_err(io(&path))?;
-            }
-        }
-        rec.segments = segments.len();
-        rec.bytes = segments.iter().map(|s| s.bytes).sum();
-        rec.millis = started.elapsed().as_millis() as u64;
+        let recovered = recovery::recover(dir, &options, &mut apply)?;
+        let segments = recovered.segments;
         let mut log = Log {
             dir: dir.to_path_buf(),
             options,
-            _lock: lock,
+            _lock: recovered.lock,
+            run_first_base: segments.last().map_or(0, |s| s.base),
             segments,
             active: None,
             opener,
@@ -485,12 +399,13 @@ impl Log {
             reserved_bytes: 0,
             releasing: None,
             dirty: false,
+            clean_stop_marked: recovered.marked,
             stats: LogStats::default(),
         };
         if log.segments.is_empty() {
             log.segments.push(Segment { base: 0, bytes: 0 });
         }
-        Ok((log, rec))
+        Ok((log, recovered.recovery))
     }
 
     pub fn segments(&self) -> &[Segment] {
@@ -676,6 +591,7 @@ impl Log {
     /// a new one first if it would pass its size); the segment's committed
     /// length grows only in `sync`.
     fn write_turn(&mut self) -> io::Result<()> {
+        self.forget_clean_stop()?;
         self.cut_back()?;
         let active_bytes = self.segments.last().map_or(0, |s| s.bytes);
         if active_bytes > 0 && active_bytes + self.buf.len() as u64 > self.options.segment_bytes_max {
@@ -746,6 +662,7 @@ impl Log {
         if self.segments.len() < 2 || self.segments[0].base != base {
             return Err(io::Error::other(format!("segment {base} is not the oldest closed segment")));
         }
+        self.forget_clean_stop()?;
         // One file at a time: compaction waits for `releasing()`, so this
         // only finishes a release that something else hurried.
         if let Some((file, path, _)) = self.releasing.take() {
@@ -799,51 +716,6 @@ fn record_crc(rec: &[u8]) -> u32 {
     h.update(&rec[0..4]);
     h.update(&rec[8..RECORD_HEADER_BYTES + len]);
     h.finalize()
-}
-
-fn all_zero(data: &[u8]) -> bool {
-    data.iter().all(|&b| b == 0)
-}
-
-/// Whether a whole, aligned `HOLE_BLOCK_BYTES` block of zeros lies in
-/// `data[from..to]`.
-fn zero_block_within(data: &[u8], from: usize, to: usize) -> bool {
-    let mut b = from.next_multiple_of(HOLE_BLOCK_BYTES);
-    while b + HOLE_BLOCK_BYTES <= to {
-        if all_zero(&data[b..b + HOLE_BLOCK_BYTES]) {
-            return true;
-        }
-        b += HOLE_BLOCK_BYTES;
-    }
-    false
-}
-
-/// Where, somewhere in `data[from..]`, whole valid records start and run
-/// exactly to the end of the file (or to reserved zeros at its end): what
-/// later turns leave after a damaged record in the middle. A torn write
-/// leaves no such run (its tail ends inside a record), even if a payload it
-/// cut happens to hold bytes that look like a record. Cheap header checks
-/// reject almost every offset before a CRC is computed.
-fn records_after(data: &[u8], from: usize) -> Option<usize> {
-    let chain_to_end = |mut i: usize| {
-        while i < data.len() {
-            match parse_record(&data[i..]) {
-                Ok((_, _, _, used)) => i += used,
-                Err(_) => return all_zero(&data[i..]),
-            }
-        }
-        true
-    };
-    (from..data.len().saturating_sub(RECORD_HEADER_BYTES - 1)).find(|&i| {
-        let b = &data[i..];
-        RecordKind::from_u8(b[8]).is_some()
-            && b[9] == RECORD_VERSION
-            && b[10] == 0
-            && b[11] == 0
-            && (LittleEndian::read_u32(b) as usize) <= b.len() - RECORD_HEADER_BYTES
-            && parse_record(b).is_ok()
-            && chain_to_end(i)
-    })
 }
 
 /// How `parse_record` begins the reason for a record that is whole and

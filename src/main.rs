@@ -15,7 +15,7 @@ use std::sync::atomic::AtomicBool;
 use runnel::client::{Client, Fetch};
 use runnel::codec::{self, TopicSettings};
 use runnel::limits::Limits;
-use runnel::log::FsyncMode;
+use runnel::log::{FsyncMode, Log};
 use runnel::reactor::{Reactor, ServeConfig};
 
 /// Where `runnel serve` listens and clients connect by default.
@@ -143,7 +143,8 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--data", "DIR", "the commit log's directory, locked against a second broker"),
     ("--fsync", "turn|never", "answer a PRODUCE after the fdatasync that covers it, or after the write"),
     ("--segment-bytes-max", "N", "size of one log segment file"),
-    ("--repair", "", "start past mid-log corruption, keeping the valid prefix"),
+    ("--repair", "", "start past log corruption, dropping only the damaged records"),
+    ("--dry-run", "", "with --repair: report what a start (and repair) would drop, change nothing, exit"),
     ("--no-auto-create", "", "PRODUCE and FETCH on a missing topic get UNKNOWN_TOPIC"),
     ("--ack-timeout-ms", "MS", "a new topic's time to acknowledge a delivery"),
     ("--max-deliveries", "N", "a new topic's deliveries before a message moves to its .dlq"),
@@ -172,7 +173,12 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
 /// The configuration `runnel serve` runs with when given no flags.
 fn default_serve() -> Serve {
     let listen = DEFAULT_ADDR.parse().expect("DEFAULT_ADDR is an IP:PORT");
-    Serve { cfg: ServeConfig::new(listen, PathBuf::from(DEFAULT_DATA)), pin_core: None, print_config: false }
+    Serve {
+        cfg: ServeConfig::new(listen, PathBuf::from(DEFAULT_DATA)),
+        pin_core: None,
+        print_config: false,
+        dry_run: false,
+    }
 }
 
 /// `runnel serve`'s flags with their defaults.
@@ -512,6 +518,9 @@ struct Serve {
     cfg: ServeConfig,
     pin_core: Option<usize>,
     print_config: bool,
+    /// Read the log through, report what a start (and --repair) would do,
+    /// change nothing, exit.
+    dry_run: bool,
 }
 
 fn parse_serve(raw: &[String], sub: &Sub) -> Result<Serve, Exit> {
@@ -560,6 +569,7 @@ fn parse_serve(raw: &[String], sub: &Sub) -> Result<Serve, Exit> {
     cfg.spin_us = a.num("--spin-us")?.unwrap_or(0);
     s.pin_core = a.num("--pin-core")?;
     s.print_config = a.switch("--print-config");
+    s.dry_run = a.switch("--dry-run");
     a.done()?;
     a.no_words()?;
     Ok(s)
@@ -660,10 +670,25 @@ fn handle_signals(reactor: &mut Reactor) -> Result<(), String> {
     reactor.watch_signals(read).map_err(|e| format!("signal pipe: {e}"))
 }
 
+/// `runnel serve --repair --dry-run`: reads the log through and prints what a
+/// start finds and what --repair would drop, changing nothing. Fails (exit
+/// 1) when the log is damaged, so a script can tell.
+fn dry_run(data_dir: &std::path::Path) -> Result<(), Exit> {
+    let report = Log::inspect(data_dir).map_err(|e| e.to_string())?;
+    emit(report.to_string().as_bytes())?;
+    if report.damaged() {
+        return Err(Exit::Failed("the commit log is damaged: see above; nothing was changed".into()));
+    }
+    Ok(())
+}
+
 fn serve(raw: &[String], sub: &Sub) -> Result<(), Exit> {
     let s = parse_serve(raw, sub)?;
     if s.print_config {
         return emit(config_text(&s).as_bytes());
+    }
+    if s.dry_run {
+        return dry_run(&s.cfg.data_dir);
     }
     if let Some(core) = s.pin_core {
         pin_to_core(core)?;

@@ -29,9 +29,9 @@
 //!    only while output is left over;
 //! 9. **close** the connections that ended;
 //! 10. **buffers**: when the connections' buffers have just become full
-//!    (`buffered_bytes_max`), give back every idle buffer and start the
-//!    clock of each connection that holds much; once they are no longer
-//!    full, serve the starved connections again.
+//!     (`buffered_bytes_max`), give back every idle buffer and start the
+//!     clock of each connection that holds much; once they are no longer
+//!     full, serve the starved connections again.
 //!
 //! Two rules make this order the durability promise, and both are enforced
 //! by the code's shape, not by care:
@@ -273,12 +273,13 @@ impl Reactor {
             .map_err(|e: OpenError| e.to_string())?;
         let r = &broker.recovery;
         log::info!(
-            "recovered {} records, {} bytes in {} segments from {} in {} ms{}",
+            "recovered {} records, {} bytes in {} segments from {} in {} ms; the last run {}{}",
             r.records,
             r.bytes,
             r.segments,
             cfg.data_dir.display(),
             r.millis,
+            if r.clean_stop { "stopped cleanly" } else { "may have crashed" },
             if r.truncated_bytes > 0 {
                 format!(" (cut a torn tail of {} bytes)", r.truncated_bytes)
             } else {

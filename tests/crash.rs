@@ -708,7 +708,18 @@ fn second_broker_on_the_same_directory_is_refused() {
     let first = spawn_broker(data.path(), logs.path(), "first", seed);
     let mut c = client(first.addr).expect("connect");
     c.produce("t", b"before").expect("produce");
-    let mut second = spawn_only(data.path(), logs.path(), "second", free_port());
+    let first = assert_second_refused(first, data.path(), logs.path(), "second");
+    // The first is undisturbed.
+    c.produce("t", b"after").expect("the first broker must keep serving");
+    drop(c);
+    first.kill().expect("the first broker must still be running");
+}
+
+/// Starts a second broker on `data`, which `first` holds, and asserts that
+/// it exits at once saying the directory is locked and naming it. Returns
+/// `first`, killed if the assertion fails.
+fn assert_second_refused(first: Proc, data: &Path, logs: &Path, tag: &str) -> Proc {
+    let mut second = spawn_only(data, logs, tag, free_port());
     let deadline = Instant::now() + START_TIMEOUT;
     let status = loop {
         if let Some(s) = second.child.try_wait().expect("try_wait") {
@@ -723,14 +734,84 @@ fn second_broker_on_the_same_directory_is_refused() {
         thread::sleep(Duration::from_millis(10));
     };
     let err = read_stderr(&second.stderr);
-    assert!(!status.success(), "the second broker must fail; it exited with {status}:\n{err}");
-    assert!(err.contains("locked"), "the second broker's error must say the directory is locked:\n{err}");
-    let dir = data.path().display().to_string();
-    assert!(err.contains(&dir), "the second broker's error must name the directory {dir}:\n{err}");
-    // The first is undisturbed.
+    let dir = data.display().to_string();
+    if status.success() || !err.contains("locked") || !err.contains(&dir) {
+        let _ = first.kill();
+        panic!("the second broker must fail saying {dir} is locked; it exited with {status}:\n{err}");
+    }
+    first
+}
+
+/// The lock is on the data directory itself: deleting its `LOCK` file while
+/// a broker runs (a cleanup script, an operator) does not let a second
+/// broker start on it. Two brokers appending to one log lose acknowledged
+/// messages. And the lock goes with the process: once the first is killed,
+/// a broker starts.
+#[test]
+fn deleting_the_lock_file_does_not_let_a_second_broker_start() {
+    let seed = common::seed(0xc2a5_4004);
+    let data = TempDir::new("lock-deleted-data");
+    let logs = TempDir::new("lock-deleted-logs");
+    let first = spawn_broker(data.path(), logs.path(), "first", seed);
+    let mut c = client(first.addr).expect("connect");
+    c.produce("t", b"before").expect("produce");
+    std::fs::remove_file(data.path().join("LOCK")).expect("delete LOCK");
+    let first = assert_second_refused(first, data.path(), logs.path(), "second");
     c.produce("t", b"after").expect("the first broker must keep serving");
     drop(c);
     first.kill().expect("the first broker must still be running");
+    let again = spawn_broker(data.path(), logs.path(), "after-kill", seed);
+    let mut c = client(again.addr).expect("connect");
+    let got = c.fetch("t", Fetch { max_messages: 10, ..Fetch::default() }).expect("fetch");
+    assert_eq!(got.iter().map(|m| m.payload.as_slice()).collect::<Vec<_>>(), [b"before".as_slice(), b"after"]);
+    drop(c);
+    again.kill().expect("the broker after the kill must be running");
+}
+
+/// SIGTERM: a graceful stop; waits for the exit and asserts it was clean.
+fn stop_gracefully(mut p: Proc) {
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(p.child.id() as i32, libc::SIGTERM) }, 0);
+    let status = p.child.wait().expect("wait for the broker");
+    assert!(status.success(), "a graceful stop exits 0, got {status}:\n{}", read_stderr(&p.stderr));
+}
+
+/// A graceful stop marks the log clean, so that damage found after it is
+/// corruption. The mark must go with the next run's first append: when that
+/// run is killed mid-write, the next start must read the end of the log as
+/// a crash leaves it (a torn write, cut with a warning), not refuse it as
+/// damage after a clean stop.
+#[test]
+fn a_run_killed_after_a_clean_restart_is_read_as_a_crash() {
+    let seed = common::seed(0xc2a5_4005);
+    let data = TempDir::new("marker-data");
+    let logs = TempDir::new("marker-logs");
+    let marker = data.path().join(runnel::log::CLEAN_STOP_FILE);
+    let p = spawn_broker(data.path(), logs.path(), "first", seed);
+    client(p.addr).expect("connect").produce("t", b"one").expect("produce");
+    stop_gracefully(p);
+    assert!(marker.exists(), "a graceful stop marks the log clean");
+    let p = spawn_broker(data.path(), logs.path(), "second", seed);
+    let mut c = client(p.addr).expect("connect");
+    c.produce("t", &[b'x'; 4000]).expect("produce");
+    drop(c);
+    p.kill().expect("the second broker must be running");
+    assert!(!marker.exists(), "the second run appended: its kill must not pass for a clean stop");
+    // Tear its last record as a kill in the middle of its write would.
+    let last = data.path().join(format!("{:020}.log", segment_bases(data.path()).last().expect("a segment")));
+    let r = *common::logdir::records(&std::fs::read(&last).expect("read")).last().expect("a record");
+    std::fs::OpenOptions::new().write(true).open(&last).and_then(|f| f.set_len(r.start + 100)).expect("truncate");
+    let p = spawn_broker(data.path(), logs.path(), "third", seed);
+    let mut c = client(p.addr).expect("connect");
+    let got = c.fetch("t", Fetch { max_messages: 10, ..Fetch::default() }).expect("fetch");
+    assert_eq!(got.iter().map(|m| m.payload.as_slice()).collect::<Vec<_>>(), [b"one".as_slice()], "the prefix");
+    drop(c);
+    p.kill().expect("the third broker must be running");
+    let err = std::fs::read_dir(logs.path())
+        .expect("read logs")
+        .filter_map(|e| Some(read_stderr(&e.ok()?.path())))
+        .find(|e| e.contains("torn tail"));
+    assert!(err.is_some(), "the third start cut a torn tail (broker logs in {})", logs.path().display());
 }
 
 /// Rounds of `an_answered_ack_survives_sigkill` unless `RUNNEL_CRASH_ROUNDS`

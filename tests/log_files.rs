@@ -9,6 +9,11 @@
 //! Removing a segment (docs/log-format.md, "Compaction"): the file leaves
 //! the log at once by a rename and its space is released a slice per turn;
 //! a start deletes what a stop left half released.
+//!
+//! Damage in the last segment of a crashed run (docs/log-format.md, "What
+//! damage gives what" and "Repair"): a damaged record whose own length
+//! leads to a whole record is corruption even when the file ends torn, and
+//! repair does not trust a damaged length over the records it would skip.
 
 mod common;
 
@@ -231,4 +236,67 @@ fn a_start_deletes_a_half_released_segment_and_does_not_replay_it() {
         oldest.bytes / (RECORD_HEADER_BYTES + BODY_BYTES) as u64,
         "replay starts after the removed segment"
     );
+}
+
+/// Opens the log in `dir` with `--repair` and returns the bodies replayed.
+fn open_repair(dir: &Path) -> Vec<Vec<u8>> {
+    let mut bodies = Vec::new();
+    let opts = LogOptions { repair: true, ..options(64 << 20) };
+    Log::open(dir, opts, |r| {
+        bodies.push(r.body.to_vec());
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("--repair must start: {e}"));
+    bodies
+}
+
+/// Writes records 0..50, one a turn, and returns the segment's path.
+fn fifty(dir: &Path) -> PathBuf {
+    let (mut log, _) = open(dir, 64 << 20).expect("open");
+    write(&mut log, 0, 50, 1);
+    drop(log);
+    segment_files(dir).pop().expect("a segment")
+}
+
+fn assert_corrupt_at(opened: Opened, offset: u64) {
+    match opened {
+        Err(OpenError::Corrupt { offset: o, .. }) => assert_eq!(o, offset, "names the damaged record"),
+        Err(e) => panic!("expected OpenError::Corrupt, got {e}"),
+        Ok((_, bodies)) => panic!("damage with whole records after it must stop start-up; {} replayed", bodies.len()),
+    }
+}
+
+#[test]
+fn a_damaged_record_whose_length_leads_to_a_whole_record_is_not_torn_even_if_the_file_ends_torn() {
+    // A synced record damaged on disk, then later records, then a crash
+    // that tore the last write: the later records do not run to the end of
+    // the file, but the damaged record's own length leads to one of them,
+    // so later turns wrote them: corruption, not a torn tail.
+    let dir = TempDir::new("torn-after-damage");
+    let seg = fifty(dir.path());
+    let mut data = fs::read(&seg).expect("read");
+    data[record_bytes(10) as usize + 50] ^= 0x01;
+    data.truncate(record_bytes(49) as usize + 30);
+    fs::write(&seg, &data).expect("write");
+    assert_corrupt_at(open(dir.path(), 64 << 20), record_bytes(10));
+    let kept: Vec<Vec<u8>> = (0..49).filter(|&n| n != 10).map(body).collect();
+    assert_eq!(open_repair(dir.path()), kept, "repair drops the damaged record; the torn one is cut");
+}
+
+#[test]
+fn repair_resumes_at_the_next_record_when_a_length_field_is_damaged() {
+    // Record 20's length, damaged, points into the reserved zeros: trusted,
+    // it would drop every record after 20. The records inside the bytes it
+    // claims run to those zeros, so they are records, and only 20 is lost.
+    let dir = TempDir::new("bad-length");
+    let seg = fifty(dir.path());
+    let mut data = fs::read(&seg).expect("read");
+    assert!(data.len() as u64 > record_bytes(50) + 20_000, "setup: reserved space after the records");
+    let at = record_bytes(20) as usize;
+    data[at..at + 4].copy_from_slice(&20_000u32.to_le_bytes());
+    fs::write(&seg, &data).expect("write");
+    assert_corrupt_at(open(dir.path(), 64 << 20), record_bytes(20));
+    let kept: Vec<Vec<u8>> = (0..50).filter(|&n| n != 20).map(body).collect();
+    assert_eq!(open_repair(dir.path()), kept, "repair drops record 20 only");
+    assert_eq!(fs::metadata(&seg).expect("metadata").len(), record_bytes(49), "rewritten without it");
 }

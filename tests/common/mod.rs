@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod frames;
+pub mod logdir;
 pub mod wire;
 
 use std::net::SocketAddr;
