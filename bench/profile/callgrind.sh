@@ -3,13 +3,19 @@
 # runs `runnel serve --fsync never` under callgrind, drives a fixed load
 # (100 pipelined batches of 256 PRODUCEs of 128 B, then 100 FETCH+ACK rounds
 # of 256) with drive.py, stops the broker with SIGINT and prints the top
-# functions. Usage: bench/profile/callgrind.sh [path/to/runnel]
+# functions. Given the echo floor (target/release/runnel-floor) instead, it
+# counts the floor's instructions for the same load: what runnel spends
+# above that is its own. Usage: bench/profile/callgrind.sh [path/to/runnel]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 runnel=${1:-$here/../../target/release/runnel}
 out=$(mktemp -d)
+case "$(basename "$runnel")" in
+  runnel-floor*) args=(--listen 127.0.0.1:17731) ;;
+  *) args=(serve --listen 127.0.0.1:17731 --data "$out/data" --fsync never) ;;
+esac
 valgrind --tool=callgrind --callgrind-out-file="$out/cg.out" \
-  "$runnel" serve --listen 127.0.0.1:17731 --data "$out/data" --fsync never >"$out/vg.log" 2>&1 &
+  "$runnel" "${args[@]}" >"$out/vg.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do python3 -c 'import socket; socket.create_connection(("127.0.0.1",17731))' 2>/dev/null && break; sleep 0.1; done
 python3 "$here/drive.py"

@@ -2,9 +2,10 @@
 //! a `Producer` that pipelines produce requests, and a `Consumer` that
 //! fetches, hands each payload over, and acknowledges what it fetched.
 //!
-//! Each broker speaks its own protocol: runnel through `runnel::client`,
-//! Redis Streams through RESP (XADD; XREADGROUP + XACK) and beanstalkd
-//! through its text protocol (put; reserve-with-timeout + delete). The
+//! Each broker speaks its own protocol: runnel (and the echo floor, which
+//! speaks runnel's) through `runnel::client`, Redis Streams through RESP
+//! (XADD; XREADGROUP + XACK) and beanstalkd through its text protocol
+//! (put; reserve-with-timeout + delete). The
 //! workloads are written once against these two traits, so every broker
 //! gets the same load from the same loop.
 
@@ -134,7 +135,7 @@ pub struct SyncCounters {
 impl Target {
     pub fn producer(&self, topic: &str) -> Result<Box<dyn Producer>, String> {
         Ok(match self.kind {
-            Kind::Runnel => Box::new(runnel_conn::RunnelProducer::connect(self.addr, topic)?),
+            Kind::Runnel | Kind::Floor => Box::new(runnel_conn::RunnelProducer::connect(self.addr, topic)?),
             Kind::Redis => Box::new(redis_conn::RedisProducer::connect(self.addr, topic)?),
             Kind::Beanstalkd => Box::new(beanstalk_conn::BeanstalkProducer::connect(self.addr, topic)?),
         })
@@ -143,29 +144,30 @@ impl Target {
     /// A consumer; `name` tells consumers of one group apart (Redis).
     pub fn consumer(&self, topic: &str, name: &str) -> Result<Box<dyn Consumer>, String> {
         Ok(match self.kind {
-            Kind::Runnel => Box::new(runnel_conn::RunnelConsumer::connect(self.addr, topic)?),
+            Kind::Runnel | Kind::Floor => Box::new(runnel_conn::RunnelConsumer::connect(self.addr, topic)?),
             Kind::Redis => Box::new(redis_conn::RedisConsumer::connect(self.addr, topic, name)?),
             Kind::Beanstalkd => Box::new(beanstalk_conn::BeanstalkConsumer::connect(self.addr, topic)?),
         })
     }
 
     /// Makes `topic` ready before the first produce (Redis: the stream and
-    /// its consumer group; runnel and beanstalkd create topics and tubes on
-    /// first use).
+    /// its consumer group; runnel, the floor and beanstalkd create topics
+    /// and tubes on first use).
     pub fn prepare(&self, topic: &str) -> Result<(), String> {
         match self.kind {
             Kind::Redis => redis_conn::create_group(self.addr, topic),
-            Kind::Runnel | Kind::Beanstalkd => Ok(()),
+            Kind::Runnel | Kind::Beanstalkd | Kind::Floor => Ok(()),
         }
     }
 
     /// Frees what `topic` still holds after a run (Redis keeps acknowledged
-    /// entries in the stream until they are deleted).
+    /// entries in the stream until they are deleted; the floor forgets a
+    /// message when it hands it out).
     pub fn cleanup(&self, topic: &str) -> Result<(), String> {
         match self.kind {
             Kind::Redis => redis_conn::delete_key(self.addr, topic),
             Kind::Runnel => runnel_conn::delete_topic(self.addr, topic),
-            Kind::Beanstalkd => Ok(()),
+            Kind::Beanstalkd | Kind::Floor => Ok(()),
         }
     }
 
@@ -173,7 +175,7 @@ impl Target {
     pub fn sync_counters(&self) -> Result<Option<SyncCounters>, String> {
         match self.kind {
             Kind::Runnel => runnel_conn::sync_counters(self.addr).map(Some),
-            Kind::Redis | Kind::Beanstalkd => Ok(None),
+            Kind::Redis | Kind::Beanstalkd | Kind::Floor => Ok(None),
         }
     }
 }

@@ -1,7 +1,9 @@
 //! runnel-bench: the same workloads against runnel, Redis Streams and
 //! beanstalkd, each started here on a private port and a temporary
 //! directory, durable against durable and non-durable against
-//! non-durable, with every runnel message checked for delivery.
+//! non-durable, with every runnel message checked for delivery; and
+//! against the echo floor (`runnel-floor`), the least a server of runnel's
+//! protocol spends, which every row is also given as a multiple of.
 //!
 //! See bench/README.md for the workloads, the durability pairing and the
 //! results of a full run.
@@ -28,16 +30,18 @@ use crate::server::{Kind, Server, Spec};
 use crate::workload::{Config, Ctx, Scale};
 
 const USAGE: &str = "\
-runnel-bench: runnel side by side with Redis Streams and beanstalkd
+runnel-bench: runnel side by side with Redis Streams and beanstalkd, and
+the echo floor of runnel's protocol (runnel-floor) they are measured against
 
 usage:
-  runnel-bench [--quick] [--only runnel|redis|beanstalkd,...] [--workloads W1,...]
+  runnel-bench [--quick] [--only runnel|redis|beanstalkd|floor,...] [--workloads W1,...]
                [--server-core N] [--client-core N] [--out DIR] [--runnel PATH]
 
   --quick          a small version of every workload (well under a minute;
                    its numbers are not for comparison)
-  --only           brokers to run (default: all three; a peer missing from
-                   PATH is skipped with a note)
+  --only           servers to run (default: all four; a peer missing from
+                   PATH, or runnel-floor missing beside this program, is
+                   skipped with a note)
   --workloads      W1 produce throughput, W2 fan-in, W3 open-loop latency,
                    W4 work queue, W5 backlog, W3C latency while the log is
                    rewritten, W3S runnel's --spin-us, W3B latency with a
@@ -164,7 +168,8 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs the bench; Ok(false) when runnel failed a run or lost a message.
+/// Runs the bench; Ok(false) when runnel or the floor failed a run or lost
+/// a message.
 fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
     let started = Instant::now();
     latency::now_ns();
@@ -236,7 +241,8 @@ fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
         // drift in the machine's load touches every broker alike.
         for (order, config) in Config::all(w, &scale).into_iter().enumerate() {
             for &durability in config.durabilities() {
-                for (kind, program) in programs.iter().filter(|(k, _)| config.applies_to(*k)) {
+                for (kind, program) in programs.iter().filter(|(k, _)| config.applies_to(*k) && k.runs_with(durability))
+                {
                     let spec = Spec {
                         kind: *kind,
                         durability,
@@ -244,7 +250,7 @@ fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
                         cores: server_cores.clone(),
                         extra_args: config.server_args(*kind, &scale),
                     };
-                    runnel_ok &= run_config(&spec, config, order, &scale, &mut report) || *kind != Kind::Runnel;
+                    runnel_ok &= run_config(&spec, config, order, &scale, &mut report) || !kind.is_ours();
                 }
             }
         }
@@ -257,12 +263,13 @@ fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
     let md = report::write(&opts.out, &report)?;
     println!("{md}");
     println!("results, JSON and plots written to {}", opts.out.display());
-    for r in report.results.iter().filter(|r| r.broker == Kind::Runnel) {
+    for r in report.results.iter().filter(|r| r.broker.is_ours()) {
         if let Some(v) = r.verify.as_ref().filter(|v| !v.ok()) {
             eprintln!(
-                "runnel lost messages in {} {} {}: {} of {} never delivered; first missing (producer, index): {:?}",
+                "{} lost messages in {} {} {}: {} of {} never delivered; first missing (producer, index): {:?}",
+                r.broker.name(),
                 r.config.workload(),
-                r.durability.name(),
+                report::durability_label(r.broker, r.durability),
                 r.config.label(),
                 v.missing,
                 v.expected,
@@ -271,7 +278,9 @@ fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
         }
     }
     if !runnel_ok {
-        eprintln!("runnel-bench: FAILED: runnel failed a run or did not deliver every message (see above)");
+        eprintln!(
+            "runnel-bench: FAILED: runnel or the floor failed a run or did not deliver every message (see above)"
+        );
     }
     Ok(runnel_ok)
 }
@@ -310,7 +319,8 @@ fn run_config(spec: &Spec, config: Config, order: usize, scale: &Scale, report: 
             ok
         }
         Err(e) => {
-            let (w, kind, durability) = (config.workload(), spec.kind.name(), spec.durability.name());
+            let (w, kind, durability) =
+                (config.workload(), spec.kind.name(), report::durability_label(spec.kind, spec.durability));
             sys::progress(&format!("{w} {kind} {durability} {}: FAILED: {e}", config.label()));
             report.failures.push(Failure {
                 workload: w.to_string(),
@@ -357,7 +367,7 @@ fn progress_line(r: &workload::RunResult) -> String {
         "{} {} {} {}{}: {:.0} msgs/s{lat}{v}{}",
         r.config.workload(),
         r.broker.name(),
-        r.durability.name(),
+        report::durability_label(r.broker, r.durability),
         r.config.label(),
         if r.phase.is_empty() { String::new() } else { format!(" [{}]", r.phase) },
         r.msgs_per_s(),
@@ -391,7 +401,7 @@ fn machine() -> String {
 /// The version a broker reports, best effort.
 fn version(kind: Kind, program: &std::path::Path) -> String {
     let arg = match kind {
-        Kind::Runnel => return runnel_version(program),
+        Kind::Runnel | Kind::Floor => return runnel_version(program),
         Kind::Redis => "--version",
         Kind::Beanstalkd => "-v",
     };

@@ -1,6 +1,8 @@
 //! What a run leaves behind: `results.md` (the tables), `results.json`
 //! (every number), and one SVG latency-percentile plot per workload, all
-//! written by hand (no serialization or plotting crates).
+//! written by hand (no serialization or plotting crates). Where the echo
+//! floor ran the same configuration, each row also gives its server CPU per
+//! message and its latency percentiles as multiples of the floor's.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -237,6 +239,63 @@ fn notes(r: &RunResult) -> String {
     n.join("; ")
 }
 
+/// A row's figures as multiples of the floor's row of the same
+/// configuration (and phase): each is None where either side lacks it, or
+/// measured 0 (CPU under one /proc tick in a tiny run: a ratio of it would
+/// say nothing).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct VsFloor {
+    /// Server CPU per message ÷ the floor's.
+    pub cpu: Option<f64>,
+    /// Latency percentiles ÷ the floor's.
+    pub p50: Option<f64>,
+    pub p99: Option<f64>,
+    pub p999: Option<f64>,
+}
+
+/// `r` against the floor's row of its configuration, if the floor ran it
+/// (None for the floor's own rows).
+pub fn vs_floor(results: &[RunResult], r: &RunResult) -> Option<VsFloor> {
+    if r.broker == Kind::Floor {
+        return None;
+    }
+    let f = results.iter().find(|f| f.broker == Kind::Floor && f.config == r.config && f.phase == r.phase)?;
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if a > 0.0 && b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    let lat = |p: fn(&Latency) -> u64| {
+        ratio(r.latency.as_ref().map(|l| p(l) as f64), f.latency.as_ref().map(|l| p(l) as f64))
+    };
+    Some(VsFloor {
+        cpu: ratio(r.cpu_s_per_million(), f.cpu_s_per_million()),
+        p50: lat(|l| l.p50_ns),
+        p99: lat(|l| l.p99_ns),
+        p999: lat(|l| l.p999_ns),
+    })
+}
+
+fn fmt_times(v: Option<f64>) -> String {
+    v.map_or("—".into(), |v| format!("{v:.2}×"))
+}
+
+/// The two "÷ floor" cells of a row: CPU, and p50 / p99 / p99.9.
+fn floor_cells(v: Option<VsFloor>) -> (String, String) {
+    let Some(v) = v else { return ("—".into(), "—".into()) };
+    let n = |x: Option<f64>| x.map_or("—".into(), |x| format!("{x:.2}"));
+    let lat = if v.p50.is_none() && v.p99.is_none() && v.p999.is_none() {
+        "—".into()
+    } else {
+        format!("{} / {} / {}", n(v.p50), n(v.p99), n(v.p999))
+    };
+    (fmt_times(v.cpu), lat)
+}
+
+/// The durability column: the floor has no log to be durable with.
+pub fn durability_label(kind: Kind, durability: Durability) -> &'static str {
+    if kind == Kind::Floor { "no log" } else { durability.name() }
+}
+
 fn sorted(results: &[RunResult], workload: &str) -> Vec<RunResult> {
     let mut rows: Vec<RunResult> = results.iter().filter(|r| r.config.workload() == workload).cloned().collect();
     rows.sort_by(|a, b| {
@@ -305,43 +364,57 @@ pub fn markdown(report: &Report) -> String {
         if let Some(l) = rows.iter().find_map(|r| r.latency.as_ref()) {
             let _ = writeln!(s, "Latency: {}.\n", l.what);
         }
+        // The "÷ floor" columns, where the floor ran this workload.
+        let with_floor = rows.iter().any(|r| r.broker == Kind::Floor);
         let _ = writeln!(
             s,
-            "| broker | durability | config | msgs/s | MB/s | p50 | p99 | p99.9 | max | server CPU s / 1M msgs | notes |"
+            "| broker | durability | config | msgs/s | MB/s | p50 | p99 | p99.9 | max | server CPU s / 1M msgs |{} notes |",
+            if with_floor { " server CPU ÷ floor | p50 / p99 / p99.9 ÷ floor |" } else { "" }
         );
-        let _ = writeln!(s, "|---|---|---|--:|--:|--:|--:|--:|--:|--:|---|");
+        let _ =
+            writeln!(s, "|---|---|---|--:|--:|--:|--:|--:|--:|--:|{}---|", if with_floor { "--:|--:|" } else { "" });
         for r in &rows {
-            let lat = |f: fn(&Latency) -> u64| r.latency.as_ref().map_or("—".into(), |l| fmt_ns(f(l)));
-            let config =
-                if r.phase.is_empty() { r.config.label() } else { format!("{} {}", r.phase, r.config.label()) };
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} |",
-                r.broker.name(),
-                r.durability.name(),
-                config,
-                fmt_count(r.msgs_per_s()),
-                r.mb_per_s(),
-                lat(|l| l.p50_ns),
-                lat(|l| l.p99_ns),
-                lat(|l| l.p999_ns),
-                lat(|l| l.max_ns),
-                r.cpu_s_per_million().map_or("—".into(), |c| format!("{c:.2}")),
-                notes(r)
-            );
+            s.push_str(&row_line(report, r, with_floor));
         }
         for f in fails {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | FAILED | | | | | | | {} |",
+                "| {} | {} | {} | FAILED | | | | | | |{} {} |",
                 f.broker.name(),
-                f.durability.name(),
+                durability_label(f.broker, f.durability),
                 f.config,
+                if with_floor { " | |" } else { "" },
                 f.message.replace('|', "/")
             );
         }
     }
     s
+}
+
+/// One row of a workload's table, with the "÷ floor" cells if asked.
+fn row_line(report: &Report, r: &RunResult, with_floor: bool) -> String {
+    let lat = |f: fn(&Latency) -> u64| r.latency.as_ref().map_or("—".into(), |l| fmt_ns(f(l)));
+    let config = if r.phase.is_empty() { r.config.label() } else { format!("{} {}", r.phase, r.config.label()) };
+    let floor = if with_floor {
+        let (cpu, lat) = floor_cells(vs_floor(&report.results, r));
+        format!(" {cpu} | {lat} |")
+    } else {
+        String::new()
+    };
+    format!(
+        "| {} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} |{floor} {} |\n",
+        r.broker.name(),
+        durability_label(r.broker, r.durability),
+        config,
+        fmt_count(r.msgs_per_s()),
+        r.mb_per_s(),
+        lat(|l| l.p50_ns),
+        lat(|l| l.p99_ns),
+        lat(|l| l.p999_ns),
+        lat(|l| l.max_ns),
+        r.cpu_s_per_million().map_or("—".into(), |c| format!("{c:.2}")),
+        notes(r)
+    )
 }
 
 // ---------------------------------------------------------------------------
@@ -391,6 +464,17 @@ fn jlatency(l: &Option<Latency>) -> String {
     )
 }
 
+fn jvs_floor(v: Option<VsFloor>) -> String {
+    let Some(v) = v else { return "null".into() };
+    format!(
+        "{{\"server_cpu_per_msg\":{},\"p50\":{},\"p99\":{},\"p999\":{}}}",
+        jopt(v.cpu),
+        jopt(v.p50),
+        jopt(v.p99),
+        jopt(v.p999)
+    )
+}
+
 fn jverify(v: &Option<Verify>) -> String {
     let Some(v) = v else { return "null".into() };
     let first: Vec<String> = v.first_missing.iter().map(|(p, i)| format!("[{p},{i}]")).collect();
@@ -432,12 +516,12 @@ pub fn json(report: &Report) -> String {
         let notes: Vec<String> = r.notes.iter().map(|n| jstr(n)).collect();
         let _ = write!(
             s,
-            "{}\n{{\"workload\":{},\"phase\":{},\"broker\":{},\"durability\":{},\"config\":{},\"server_cores\":{},\"messages\":{},\"message_bytes\":{},\"seconds\":{},\"msgs_per_s\":{},\"mb_per_s\":{},\"server_cpu_s\":{},\"server_cpu_s_per_million\":{},\"latency\":{},\"extra\":{{{}}},\"notes\":[{}],\"verify\":{}}}",
+            "{}\n{{\"workload\":{},\"phase\":{},\"broker\":{},\"durability\":{},\"config\":{},\"server_cores\":{},\"messages\":{},\"message_bytes\":{},\"seconds\":{},\"msgs_per_s\":{},\"mb_per_s\":{},\"server_cpu_s\":{},\"server_cpu_s_per_million\":{},\"latency\":{},\"vs_floor\":{},\"extra\":{{{}}},\"notes\":[{}],\"verify\":{}}}",
             if i > 0 { "," } else { "" },
             jstr(r.config.workload()),
             jstr(r.phase),
             jstr(r.broker.name()),
-            jstr(r.durability.name()),
+            jstr(durability_label(r.broker, r.durability)),
             jstr(&r.config.label()),
             jstr(&r.server_cores),
             r.messages,
@@ -448,6 +532,7 @@ pub fn json(report: &Report) -> String {
             jopt(r.cpu_seconds),
             jopt(r.cpu_s_per_million()),
             jlatency(&r.latency),
+            jvs_floor(vs_floor(&report.results, r)),
             extra.join(","),
             notes.join(","),
             jverify(&r.verify)
@@ -461,7 +546,7 @@ pub fn json(report: &Report) -> String {
             if i > 0 { "," } else { "" },
             jstr(&f.workload),
             jstr(f.broker.name()),
-            jstr(f.durability.name()),
+            jstr(durability_label(f.broker, f.durability)),
             jstr(&f.config),
             jstr(&f.message)
         );
@@ -499,7 +584,7 @@ fn plots(report: &Report) -> BTreeMap<String, (String, Vec<Line>)> {
         out.entry(key).or_insert_with(|| (title, Vec::new())).1.push(Line {
             label: match &variant {
                 Some(v) => format!("{} {v}", r.broker.name()),
-                None => format!("{} {}", r.broker.name(), r.durability.name()),
+                None => format!("{} {}", r.broker.name(), durability_label(r.broker, r.durability)),
             },
             kind: r.broker,
             durability: r.durability,
@@ -515,6 +600,7 @@ fn color(k: Kind) -> &'static str {
         Kind::Runnel => "#1f6fd1",
         Kind::Redis => "#d1331f",
         Kind::Beanstalkd => "#2a9d3c",
+        Kind::Floor => "#777777",
     }
 }
 
@@ -640,6 +726,61 @@ mod tests {
     fn json_strings_are_escaped() {
         assert_eq!(jstr("a\"b\\c\n\u{1}"), r#""a\"b\\c\n\u0001""#);
         assert_eq!(jnum(f64::NAN), "null");
+    }
+
+    fn row(broker: Kind, durability: Durability, cpu_seconds: Option<f64>, p50_us: u64) -> RunResult {
+        use crate::workload::{Config, Produce};
+        let mut samples = crate::latency::Samples::default();
+        samples.push(p50_us * 1000);
+        RunResult {
+            config: Config::W1 { size: 128, produce: Produce::Depth(1) },
+            order: 0,
+            broker,
+            durability,
+            server_cores: "1".into(),
+            messages: 1_000_000,
+            size: 128,
+            seconds: 1.0,
+            cpu_seconds,
+            latency: samples.summarize("request round trip"),
+            extra: Vec::new(),
+            notes: Vec::new(),
+            verify: None,
+            phase: "",
+        }
+    }
+
+    #[test]
+    fn rows_are_divided_by_the_floor_of_their_configuration() {
+        let floor = row(Kind::Floor, Durability::Volatile, Some(4.0), 20);
+        let runnel = row(Kind::Runnel, Durability::Durable, Some(6.0), 50);
+        let redis = row(Kind::Redis, Durability::Volatile, Some(0.0), 30);
+        let mut other_config = row(Kind::Beanstalkd, Durability::Volatile, Some(8.0), 40);
+        other_config.config = crate::workload::Config::W1 { size: 16, produce: crate::workload::Produce::Depth(1) };
+        let results = vec![runnel.clone(), floor.clone(), redis.clone(), other_config.clone()];
+        let v = vs_floor(&results, &runnel).expect("a floor row");
+        assert_eq!((v.cpu, v.p50, v.p99), (Some(1.5), Some(2.5), Some(2.5)));
+        // Under one /proc tick: no CPU ratio, the latency one stays.
+        let v = vs_floor(&results, &redis).expect("a floor row");
+        assert_eq!((v.cpu, v.p50), (None, Some(1.5)));
+        assert_eq!(vs_floor(&results, &other_config), None, "no floor row of its configuration");
+        assert_eq!(vs_floor(&results, &floor), None, "the floor is not divided by itself");
+        let report = Report { results, ..Report::default() };
+        let md = markdown(&report);
+        assert!(md.contains("server CPU ÷ floor | p50 / p99 / p99.9 ÷ floor |"), "{md}");
+        assert!(md.contains("| 1.50× | 2.50 / 2.50 / 2.50 |"), "{md}");
+        assert!(md.contains("| floor | no log |"), "{md}");
+        let json = json(&report);
+        assert!(json.contains(r#""vs_floor":{"server_cpu_per_msg":1.5,"p50":2.5,"p99":2.5,"p999":2.5}"#), "{json}");
+        assert!(json.contains(r#""durability":"no log""#), "{json}");
+    }
+
+    #[test]
+    fn tables_without_a_floor_row_have_no_floor_columns() {
+        let report =
+            Report { results: vec![row(Kind::Runnel, Durability::Durable, Some(6.0), 50)], ..Report::default() };
+        assert!(!markdown(&report).contains("÷ floor"));
+        assert!(json(&report).contains(r#""vs_floor":null"#));
     }
 
     #[test]

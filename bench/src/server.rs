@@ -10,6 +10,10 @@
 //! In each durable row a produce is acknowledged only after an fsync that
 //! covers it; in each non-durable row it survives at best a crash of the
 //! process, never one of the machine.
+//!
+//! Beside them runs the echo floor (`runnel-floor`, bench/src/floor/): a
+//! server of runnel's protocol with no log and no queue semantics, run once
+//! per configuration, which every broker's CPU and latency are divided by.
 
 use std::fs;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -27,17 +31,40 @@ pub enum Kind {
     Runnel,
     Redis,
     Beanstalkd,
+    /// The echo floor, `runnel-floor`: runnel's protocol, no log.
+    Floor,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Runnel, Kind::Redis, Kind::Beanstalkd];
+    pub const ALL: [Kind; 4] = [Kind::Runnel, Kind::Redis, Kind::Beanstalkd, Kind::Floor];
 
     pub fn name(self) -> &'static str {
         match self {
             Kind::Runnel => "runnel",
             Kind::Redis => "redis",
             Kind::Beanstalkd => "beanstalkd",
+            Kind::Floor => "floor",
         }
+    }
+
+    /// Whether it speaks runnel's protocol (the bench drives it with
+    /// runnel's own client).
+    pub fn speaks_runnel(self) -> bool {
+        matches!(self, Kind::Runnel | Kind::Floor)
+    }
+
+    /// Whether it is this project's code: every message it acknowledged
+    /// must be delivered, or the bench fails (a peer's check is only
+    /// reported).
+    pub fn is_ours(self) -> bool {
+        matches!(self, Kind::Runnel | Kind::Floor)
+    }
+
+    /// Whether it runs with `d`. The floor keeps nothing, so durability
+    /// means nothing to it: it runs once per configuration, beside the
+    /// non-durable rows, and is the floor of the durable rows too.
+    pub fn runs_with(self, d: Durability) -> bool {
+        self != Kind::Floor || d == Durability::Volatile
     }
 
     pub fn parse(s: &str) -> Option<Kind> {
@@ -50,6 +77,7 @@ impl Kind {
             Kind::Runnel => "runnel",
             Kind::Redis => "redis-server",
             Kind::Beanstalkd => "beanstalkd",
+            Kind::Floor => "runnel-floor",
         }
     }
 }
@@ -156,7 +184,8 @@ pub fn find_on_path(name: &str) -> Option<PathBuf> {
 }
 
 /// The program for `kind`: `runnel` from `--runnel` (default: beside the
-/// bench's executable), the peers from PATH. Err says what is missing.
+/// bench's executable), `runnel-floor` beside the bench's executable, the
+/// peers from PATH. Err says what is missing.
 pub fn locate(kind: Kind, runnel: Option<&Path>) -> Result<PathBuf, String> {
     match kind {
         Kind::Runnel => {
@@ -173,6 +202,16 @@ pub fn locate(kind: Kind, runnel: Option<&Path>) -> Result<PathBuf, String> {
                     "runnel binary not found at {}; build it with `cargo build --release` or pass --runnel PATH",
                     p.display()
                 ))
+            }
+        }
+        Kind::Floor => {
+            let p = std::env::current_exe()
+                .map_err(|e| format!("cannot find the bench's own executable: {e}"))?
+                .with_file_name(kind.program());
+            if p.is_file() {
+                Ok(p)
+            } else {
+                Err(format!("{} not found; build it with `cargo build --release --workspace`", p.display()))
             }
         }
         _ => find_on_path(kind.program()).ok_or_else(|| {
@@ -278,12 +317,13 @@ impl Server {
         }
     }
 
-    /// Whether the server accepts a connection (runnel: and answers PING).
+    /// Whether the server accepts a connection (runnel and the floor: and
+    /// answer PING).
     fn answers(&self) -> bool {
         let Ok(stream) = TcpStream::connect_timeout(&self.addr(), Duration::from_millis(200)) else {
             return false;
         };
-        if self.kind != Kind::Runnel {
+        if !self.kind.speaks_runnel() {
             return true;
         }
         drop(stream);
@@ -438,6 +478,7 @@ fn server_args(spec: &Spec, port: u16, data: &Path) -> Vec<String> {
             }
             a
         }
+        (Kind::Floor, _) => vec!["--listen".into(), format!("127.0.0.1:{port}")],
     };
     a.extend(spec.extra_args.iter().cloned());
     a

@@ -256,13 +256,17 @@ impl Config {
     }
 
     /// Whether `kind` runs this configuration (batched produce is runnel's).
+    /// The echo floor runs what measures the path of a message through a
+    /// server (W1, W2, W3, W3B, W4); not W5 (memory of a backlog), W3C (a
+    /// log rewrite), W3S (runnel's flag) or R1 (recovery), which measure
+    /// what the floor leaves out.
     pub fn applies_to(&self, kind: Kind) -> bool {
         match self {
-            Config::W1 { produce: Produce::Batch(_), .. } | Config::W3Spin { .. } | Config::R1 { .. } => {
-                kind == Kind::Runnel
-            }
-            // beanstalkd has no log rewrite to compare with.
-            Config::W3Compact { .. } => kind != Kind::Beanstalkd,
+            Config::W1 { produce: Produce::Batch(_), .. } => kind.speaks_runnel(),
+            Config::W3Spin { .. } | Config::R1 { .. } => kind == Kind::Runnel,
+            Config::W5 => kind != Kind::Floor,
+            // beanstalkd has no log rewrite to compare with, the floor no log.
+            Config::W3Compact { .. } => matches!(kind, Kind::Runnel | Kind::Redis),
             // `--spin-us` is runnel's; every broker runs the plain loop.
             Config::W3Busy { spin_us, .. } => *spin_us == 0 || kind == Kind::Runnel,
             _ => true,
@@ -472,7 +476,7 @@ pub struct Ctx<'a> {
 impl Ctx<'_> {
     /// How long this broker's consumers may run after producing stopped.
     fn consume_max(&self) -> Duration {
-        if self.server.kind == Kind::Runnel { self.scale.runnel_consume_max } else { self.scale.peer_consume_max }
+        if self.server.kind.is_ours() { self.scale.runnel_consume_max } else { self.scale.peer_consume_max }
     }
 }
 
@@ -1448,7 +1452,7 @@ fn w3c(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
             }
             r
         }
-        Kind::Beanstalkd => return Err("W3C has no beanstalkd run".into()),
+        Kind::Beanstalkd | Kind::Floor => return Err(format!("W3C has no {} run", ctx.server.kind.name())),
     };
     // The backlog must have survived every rewrite.
     let mut seen = Seen::new(&idle_acked);
@@ -1561,4 +1565,28 @@ pub fn fsync_probe(scale: &Scale) -> Result<Latency, String> {
         s.push(v);
     }
     s.summarize("4 KiB write + fdatasync").ok_or_else(|| "fdatasync probe took no samples".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    #[test]
+    fn the_floor_runs_each_configuration_of_a_message_path_once() {
+        let scale = Scale::new(true);
+        let mut runs: BTreeMap<&str, usize> = BTreeMap::new();
+        for w in WORKLOADS {
+            for c in Config::all(w, &scale) {
+                for &d in c.durabilities() {
+                    if c.applies_to(Kind::Floor) && Kind::Floor.runs_with(d) {
+                        *runs.entry(w).or_default() += 1;
+                    }
+                }
+            }
+        }
+        let want: BTreeMap<&str, usize> = [("W1", 16), ("W2", 3), ("W3", 3), ("W3B", 2), ("W4", 1)].into();
+        assert_eq!(runs, want);
+    }
 }

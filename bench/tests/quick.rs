@@ -1,14 +1,15 @@
-//! Runs `runnel-bench --quick --only runnel` end to end: it must complete
-//! and runnel must deliver every message it acknowledged (the bench checks
-//! each one and exits non-zero otherwise). No speed is asserted: the bench
-//! measures speed, tests check behaviour.
+//! Runs `runnel-bench --quick --only runnel,floor` end to end: it must
+//! complete, runnel and the echo floor must deliver every message they
+//! acknowledged (the bench checks each one and exits non-zero otherwise),
+//! and runnel's rows must be given as ratios to the floor's. No speed is
+//! asserted: the bench measures speed, tests check behaviour.
 //!
 //! It runs without `--out`, as a user's quick try does, so it also checks
 //! that a quick run writes to a temporary directory and leaves the committed
 //! full-run results in bench/results as they were.
 //!
-//! The runnel binary is the one beside the bench's (target/<profile>/runnel),
-//! which `cargo test --workspace` builds.
+//! The runnel and runnel-floor binaries are the ones beside the bench's
+//! (target/<profile>/), which `cargo test --workspace` builds.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -25,7 +26,7 @@ fn quick_run_delivers_every_runnel_message() {
         runnel.display()
     );
     let result = Command::new(&bench)
-        .args(["--quick", "--only", "runnel"])
+        .args(["--quick", "--only", "runnel,floor"])
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", bench.display()));
     let stdout = String::from_utf8_lossy(&result.stdout);
@@ -46,6 +47,8 @@ fn quick_run_delivers_every_runnel_message() {
     for w in ["W1", "W2", "W3", "W4", "W5", "W3C", "W3S", "W3B", "R1"] {
         assert!(json.contains(&format!("\"workload\":\"{w}\"")), "{w} did not run:\n{stderr}");
     }
+    assert!(json.contains("\"broker\":\"floor\""), "the floor did not run:\n{stderr}");
+    assert!(json.contains("\"vs_floor\":{"), "no row was given against the floor:\n{stdout}");
     assert!(out.join("results.md").is_file() && out.join("w3-10k.svg").is_file());
     let _ = std::fs::remove_dir_all(&out);
 }
