@@ -31,6 +31,9 @@ use crate::wheel::{TimerKey, Wheel};
 #[path = "compactor.rs"]
 mod compactor;
 use compactor::Compactor;
+#[path = "failure_log.rs"]
+mod failure_log;
+use failure_log::FailureLog;
 
 /// A topic's number in the log: assigned at creation, never reused.
 pub type TopicId = u32;
@@ -480,6 +483,8 @@ pub struct Broker {
     expired: Vec<(u64, Timer)>,
     /// Cleans the log's oldest segments.
     compactor: Compactor,
+    /// Storage failures, logged at a bounded rate.
+    failures: FailureLog,
     /// Shutting down: the last commit syncs whatever it writes.
     stopping: bool,
     pub stats: BrokerStats,
@@ -535,6 +540,7 @@ impl Broker {
             failed_ids: Vec::new(),
             expired: Vec::new(),
             compactor,
+            failures: FailureLog::default(),
             stopping: false,
             stats: BrokerStats { recovery_ms: recovery.millis, started_mono_ms: now.mono_ms, ..BrokerStats::default() },
             recovery,
@@ -1205,6 +1211,9 @@ impl Broker {
         let ok = match self.log.commit(sync) {
             Ok(c) => {
                 report.sync_nanos = c.synced.then_some(c.nanos);
+                if c.bytes > 0 {
+                    self.failures.worked(now.mono_ms);
+                }
                 let last = self.log.segments().last().map_or(0, |s| s.base);
                 if let Some(base) = self.compactor.committed(last) {
                     match self.log.remove_oldest(base) {
@@ -1216,9 +1225,12 @@ impl Broker {
             }
             Err(e) => {
                 self.compactor.failed();
-                log::error!(
-                    "STORAGE: commit log write/fdatasync failed: {e}; {} held replies answered STORAGE, nothing acknowledged; will retry on later turns",
-                    self.held.iter().filter(|h| h.durable).count()
+                let held = self.held.iter().filter(|h| h.durable).count();
+                self.failures.failed(
+                    now.mono_ms,
+                    format_args!(
+                        "commit log write/fdatasync failed: {e}; {held} held replies answered STORAGE, nothing acknowledged; will retry on later turns"
+                    ),
                 );
                 false
             }
