@@ -884,6 +884,7 @@ impl Broker {
                 codec::put_u32(self.log.body(), tid);
                 codec::put_u64(self.log.body(), below);
                 self.log.end(at);
+                self.compactor.nudge();
                 codec::encode_u64_reply(out, op::PURGE_TOPIC, rid, removed);
                 Ok(())
             }
@@ -947,6 +948,7 @@ impl Broker {
         self.log.end(at);
         self.compactor.note_delete();
         self.compactor.forget_topic(tid);
+        self.compactor.nudge();
         self.produced.retain(|p| p.0 != tid);
         for key in e.waiters.drain(..) {
             let w = self.waiters.remove(key);

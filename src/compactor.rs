@@ -11,9 +11,10 @@
 //! before it, so removing a prefix of the log never leaves one of them
 //! pointing at something still present (or resurrects what it removed).
 //!
-//! When: once the log is more than twice the live data plus two segments.
-//! A segment whose messages are all acknowledged costs nothing to clean (no
-//! copies); one holding a few live messages costs those few. The work runs
+//! When: as soon as no message of the oldest segment is live (nothing to
+//! copy, only a few records to restate), and otherwise once the log is more
+//! than twice the live data plus two segments; one holding a few live
+//! messages costs those few. The work runs
 //! in slices of at most `COMPACT_BYTES_PER_TURN` per loop turn, so it never
 //! stalls the loop; the copies ride in the turn's own group commit.
 //!
@@ -84,8 +85,15 @@ pub(super) struct Compactor {
     job: Option<Job>,
     /// A segment whose copies are in this turn's commit: removed after it.
     remove_after_commit: Option<u64>,
+    /// How many ranges at the start of a segment's manifest are known to
+    /// hold no live message, and which segment: a message never comes back
+    /// to life, so the check for a dead segment resumes where it stopped.
+    dead_ranges: (u64, usize),
     /// Turns until the next check for work.
     countdown: u32,
+    /// Check for work at the next commit whatever the countdown (a segment
+    /// was just removed, and the next may be due too).
+    recheck: bool,
     /// Segments removed.
     pub compactions: u64,
 }
@@ -113,6 +121,11 @@ impl Compactor {
     /// A Delete record was appended this turn.
     pub(super) fn note_delete(&mut self) {
         self.turn_deletes = true;
+    }
+    /// Messages were freed in bulk (PURGE, DELETE): look for work at this
+    /// turn's commit.
+    pub(super) fn nudge(&mut self) {
+        self.countdown = 0;
     }
 
     /// A topic was deleted: its Topic records need no restating.
@@ -151,6 +164,7 @@ impl Compactor {
         self.manifests.remove(&removable);
         self.delete_segments.remove(&removable);
         self.compactions += 1;
+        self.recheck = true;
         Some(removable)
     }
 
@@ -163,7 +177,7 @@ impl Compactor {
 
     /// Whether a compaction is under way (the loop should not sleep).
     pub(super) fn busy(&self) -> bool {
-        self.job.is_some() || self.remove_after_commit.is_some()
+        self.job.is_some() || self.remove_after_commit.is_some() || self.recheck
     }
 
     /// Whether a segment waits for this turn's commit to be removed: that
@@ -193,17 +207,19 @@ impl Broker {
         self.compactor.job = job;
     }
 
-    /// The oldest segment, if the log is due for cleaning.
+    /// The oldest segment, if it is due for cleaning.
     fn compaction_due(&mut self) -> Option<u64> {
         let segments = self.log.segments();
         // One removed segment's space is released at a time.
-        if segments.len() < 3 || self.log.releasing() {
+        if segments.len() < 2 || self.log.releasing() {
             return None;
         }
-        if self.compactor.countdown > 0 {
+        let (count, oldest) = (segments.len(), segments[0].base);
+        if !self.compactor.recheck && self.compactor.countdown > 0 {
             self.compactor.countdown -= 1;
             return None;
         }
+        self.compactor.recheck = false;
         let live: u64 = self
             .topics
             .by_id
@@ -211,12 +227,30 @@ impl Broker {
             .map(|e| e.topic.seq.live_bytes() + e.topic.seq.live() * RECORD_MESSAGE_OVERHEAD_BYTES)
             .sum();
         let segment_bytes = self.log.segment_bytes_max();
-        if self.log.bytes() > 2 * live + 2 * segment_bytes {
-            return Some(segments[0].base);
+        if (count >= 3 && self.log.bytes() > 2 * live + 2 * segment_bytes) || self.segment_dead(oldest) {
+            return Some(oldest);
         }
         // Nothing due: look again in a while rather than every turn.
         self.compactor.countdown = CHECK_EVERY_TURNS;
         None
+    }
+
+    /// Whether no message that segment `base` stored is live.
+    fn segment_dead(&mut self, base: u64) -> bool {
+        let Some(ranges) = self.compactor.manifests.get(&base) else { return true };
+        let (segment, mut i) = self.compactor.dead_ranges;
+        if segment != base {
+            i = 0;
+        }
+        while let Some(r) = ranges.get(i) {
+            let e = self.topics.by_id.get(&r.topic);
+            if e.is_some_and(|e| e.topic.seq.next_live(r.lo, r.hi + 1).is_some()) {
+                break;
+            }
+            i += 1;
+        }
+        self.compactor.dead_ranges = (base, i);
+        i == ranges.len()
     }
 
     /// Copies live messages of the job's segment forward, within the turn's
