@@ -448,6 +448,15 @@ pub struct TopicMetrics {
     pub oldest_age_ms: u64,
 }
 
+/// What a turn's commit stored.
+#[derive(Clone, Copy, Debug)]
+struct Stored {
+    /// The turn's records other than client produces are written.
+    records: bool,
+    /// Its client produces are written too.
+    produces: bool,
+}
+
 /// What a turn's commit did, for the reactor's latency metrics.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TurnReport {
@@ -927,7 +936,14 @@ impl Broker {
 
     /// Appends a Topic record stating `tid`'s name, settings and next id.
     fn log_topic(&mut self, tid: TopicId) {
-        let Some(e) = self.topics.by_id.get(&tid) else { return };
+        if self.put_topic_record(tid) {
+            self.compactor.note_topic(tid);
+        }
+    }
+
+    /// Appends a Topic record for `tid`, if it exists; says whether it did.
+    fn put_topic_record(&mut self, tid: TopicId) -> bool {
+        let Some(e) = self.topics.by_id.get(&tid) else { return false };
         let at = self.log.begin(RecordKind::Topic);
         let b = self.log.body();
         codec::put_u32(b, tid);
@@ -936,7 +952,7 @@ impl Broker {
         codec::put_u16(b, e.topic.settings.max_deliveries);
         codec::put_str(b, e.topic.name.as_bytes());
         self.log.end(at);
-        self.compactor.note_topic(tid);
+        true
     }
 
     fn delete_topic(&mut self, tid: TopicId) -> u64 {
@@ -1202,42 +1218,11 @@ impl Broker {
     /// if the commit failed, withdraws the turn's produced messages; then
     /// publishes this turn's messages and serves parked FETCHes; then
     /// releases the held replies (or, if the commit failed, answers the
-    /// durable ones STORAGE).
+    /// durable ones STORAGE; on a full disk, only the produces).
     pub fn commit(&mut self, now: Now, outbox: &mut impl Outbox) -> TurnReport {
-        if let Err(e) = self.log.release_step() {
-            log::warn!("compaction could not release a removed segment's space: {e}");
-        }
-        self.compact_step();
         let mut report = TurnReport::default();
-        let sync = self.sync_wanted();
-        let ok = match self.log.commit(sync) {
-            Ok(c) => {
-                report.sync_nanos = c.synced.then_some(c.nanos);
-                if c.bytes > 0 {
-                    self.failures.worked(now.mono_ms);
-                }
-                let last = self.log.segments().last().map_or(0, |s| s.base);
-                if let Some(base) = self.compactor.committed(last) {
-                    match self.log.remove_oldest(base) {
-                        Ok(()) => log::debug!("compaction removed segment {base}"),
-                        Err(e) => log::warn!("compaction could not remove segment {base}: {e}"),
-                    }
-                }
-                true
-            }
-            Err(e) => {
-                self.compactor.failed();
-                let held = self.held.iter().filter(|h| h.durable).count();
-                self.failures.failed(
-                    now.mono_ms,
-                    format_args!(
-                        "commit log write/fdatasync failed: {e}; {held} held replies answered STORAGE, nothing acknowledged; will retry on later turns"
-                    ),
-                );
-                false
-            }
-        };
-        if !ok {
+        let stored = self.commit_log(now, &mut report);
+        if !stored.produces {
             for (tid, first, count) in self.produced.drain(..) {
                 if let Some(e) = self.topics.by_id.get_mut(&tid) {
                     e.topic.withdraw(first, count);
@@ -1270,8 +1255,13 @@ impl Broker {
         self.touched.clear();
         for h in self.held.drain(..) {
             let Some(out) = outbox.out(h.conn) else { continue };
-            if h.durable && !ok {
-                let msg = "the commit log could not write or sync; nothing was acknowledged, retry later";
+            let produce = h.op == op::PRODUCE;
+            if h.durable && !(if produce { stored.produces } else { stored.records }) {
+                let msg = if stored.records {
+                    "the disk is full: produces are refused until space is freed; nothing was acknowledged, retry later"
+                } else {
+                    "the commit log could not write or sync; nothing was acknowledged, retry later"
+                };
                 codec::encode_error(out, h.op, h.request_id, ErrorCode::Storage, msg);
             } else {
                 if h.op == op::PRODUCE && h.durable {
@@ -1293,6 +1283,49 @@ impl Broker {
             }
         }
         report
+    }
+
+    /// Commits the turn's records, after a step of compaction, and logs
+    /// storage failures at a bounded rate.
+    fn commit_log(&mut self, now: Now, report: &mut TurnReport) -> Stored {
+        if let Err(e) = self.log.release_step() {
+            log::warn!("compaction could not release a removed segment's space: {e}");
+        }
+        self.compact_step(now);
+        match self.log.commit(self.sync_wanted()) {
+            Ok(c) => {
+                report.sync_nanos = c.synced.then_some(c.nanos);
+                if c.withdrawn {
+                    self.compactor.failed();
+                    let n = self.produced.len();
+                    let what = if n > 0 {
+                        format!("PRODUCE answered STORAGE ({n} requests)")
+                    } else {
+                        "compaction's copies put off".into()
+                    };
+                    self.failures.failed(
+                        now.mono_ms,
+                        format_args!("the disk is full: {what}; the turn's acks and admin records were written"),
+                    );
+                } else if c.bytes > 0 {
+                    self.failures.worked(now.mono_ms);
+                }
+                let last = self.log.segments().last().map_or(0, |s| s.base);
+                self.compactor.committed(last);
+                Stored { records: true, produces: !c.withdrawn }
+            }
+            Err(e) => {
+                self.compactor.failed();
+                let held = self.held.iter().filter(|h| h.durable).count();
+                self.failures.failed(
+                    now.mono_ms,
+                    format_args!(
+                        "commit log write/fdatasync failed: {e}; {held} held replies answered STORAGE, nothing acknowledged; will retry on later turns"
+                    ),
+                );
+                Stored { records: false, produces: false }
+            }
+        }
     }
 
     /// A connection closed: drop its parked FETCH and return every message
