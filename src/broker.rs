@@ -37,6 +37,9 @@ use crate::wheel::{TimerKey, Wheel};
 #[path = "compactor.rs"]
 mod compactor;
 use compactor::Compactor;
+#[path = "failure_log.rs"]
+mod failure_log;
+use failure_log::FailureLog;
 
 /// A topic's number in the log: assigned at creation, never reused.
 pub type TopicId = u32;
@@ -481,6 +484,15 @@ impl Written {
     }
 }
 
+/// What a turn's commit stored.
+#[derive(Clone, Copy, Debug)]
+struct Stored {
+    /// The turn's records other than client produces are written.
+    records: bool,
+    /// Its client produces are written too.
+    produces: bool,
+}
+
 /// What a turn's commit did, for the reactor's latency metrics.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TurnReport {
@@ -516,6 +528,8 @@ pub struct Broker {
     expired: Vec<(u64, Timer)>,
     /// Cleans the log's oldest segments.
     compactor: Compactor,
+    /// Storage failures, logged at a bounded rate.
+    failures: FailureLog,
     /// Shutting down: the last commit syncs whatever it writes.
     stopping: bool,
     pub stats: BrokerStats,
@@ -571,6 +585,7 @@ impl Broker {
             failed_ids: Vec::new(),
             expired: Vec::new(),
             compactor,
+            failures: FailureLog::default(),
             stopping: false,
             stats: BrokerStats { recovery_ms: recovery.millis, started_mono_ms: now.mono_ms, ..BrokerStats::default() },
             recovery,
@@ -590,12 +605,12 @@ impl Broker {
     pub fn next_deadline_ms(&self) -> Option<u64> {
         self.wheel.next_deadline_ms()
     }
-    /// Whether this turn has anything to commit or release.
     /// Whether this turn's commit will fdatasync: something waits on it (a
-    /// held reply, a segment that may be removed once its copies are
-    /// durable, or the last turn).
+    /// held reply, or the last turn). Compaction needs no sync of the turn:
+    /// it syncs its copies with its restatement (`Log::commit_ahead`)
+    /// before it removes a segment.
     fn sync_wanted(&self) -> bool {
-        self.held.iter().any(|h| h.durable) || self.compactor.removal_pending() || self.stopping
+        self.held.iter().any(|h| h.durable) || self.stopping
     }
 
     /// Segments removed by compaction.
@@ -972,6 +987,7 @@ impl Broker {
                 codec::put_u32(self.log.body(), tid);
                 codec::put_u64(self.log.body(), below);
                 self.log.end(at);
+                self.compactor.nudge();
                 codec::encode_u64_reply(out, op::PURGE_TOPIC, rid, removed);
                 Ok(())
             }
@@ -1014,7 +1030,14 @@ impl Broker {
 
     /// Appends a Topic record stating `tid`'s name, settings and next id.
     fn log_topic(&mut self, tid: TopicId) {
-        let Some(e) = self.topics.by_id.get(&tid) else { return };
+        if self.put_topic_record(tid) {
+            self.compactor.note_topic(tid);
+        }
+    }
+
+    /// Appends a Topic record for `tid`, if it exists; says whether it did.
+    fn put_topic_record(&mut self, tid: TopicId) -> bool {
+        let Some(e) = self.topics.by_id.get(&tid) else { return false };
         let at = self.log.begin(RecordKind::Topic);
         let b = self.log.body();
         codec::put_u32(b, tid);
@@ -1023,7 +1046,7 @@ impl Broker {
         codec::put_u16(b, e.topic.settings.max_deliveries);
         codec::put_str(b, e.topic.name.as_bytes());
         self.log.end(at);
-        self.compactor.note_topic(tid);
+        true
     }
 
     fn delete_topic(&mut self, tid: TopicId) -> u64 {
@@ -1035,6 +1058,7 @@ impl Broker {
         self.log.end(at);
         self.compactor.note_delete();
         self.compactor.forget_topic(tid);
+        self.compactor.nudge();
         self.produced.retain(|p| p.0 != tid);
         for key in e.waiters.drain(..) {
             let w = self.waiters.remove(key);
@@ -1287,18 +1311,21 @@ impl Broker {
     /// Ends a turn's work in one call: `write`, then `sync`. For callers
     /// that send no reply between the two (tests, the simulation).
     pub fn commit(&mut self, now: Now, outbox: &mut impl Outbox) -> TurnReport {
-        let mut written = self.write();
+        let mut written = self.write(now);
         self.sync(&mut written, now, outbox)
     }
 
-    /// The first half of a turn's end: a slice of compaction, then one
-    /// `write` of every record the turn appended. Its result is the proof
+    /// The first half of a turn's end: a step of compaction (which may
+    /// write and sync a restatement of its own and remove a segment, or
+    /// append a slice of copies), then one `write` of every record the turn
+    /// appended. On a full disk that write may drop the turn's produces and
+    /// write the rest; `sync` answers them STORAGE. Its result is the proof
     /// the reactor's flush asks for: a reply that does not wait for the
     /// sync (an ACK, a delivery, an error) may leave once the records it
     /// depends on are written, never before. Nothing may be appended to the
     /// log until `sync`.
-    pub fn write(&mut self) -> Written {
-        self.compact_step();
+    pub fn write(&mut self, now: Now) -> Written {
+        self.compact_step(now);
         let turn = self.log.write(self.sync_wanted());
         let syncs = turn.as_ref().is_ok_and(|t| t.syncs());
         Written { turn: Some(turn), syncs }
@@ -1307,9 +1334,11 @@ impl Broker {
     /// The second half: a slice of a removed segment's space is released
     /// (no reply waits on that, so it comes after the early flush), then
     /// the `fdatasync` (if the turn needs one); if the write or the sync
-    /// failed, withdraws the turn's produced messages; then publishes this
-    /// turn's messages and serves parked FETCHes; then releases the held
-    /// replies (or, if the commit failed, answers the durable ones STORAGE).
+    /// failed, or the write dropped the produces, withdraws the turn's
+    /// produced messages; then publishes this turn's messages and serves
+    /// parked FETCHes; then releases the held replies (or answers STORAGE
+    /// to the durable ones whose records were not committed: all of them
+    /// if the commit failed, the produces alone if only they were dropped).
     /// Once per `write`; a second call does nothing.
     pub fn sync(&mut self, written: &mut Written, now: Now, outbox: &mut impl Outbox) -> TurnReport {
         let Some(turn) = written.turn.take() else { return TurnReport::default() };
@@ -1318,8 +1347,8 @@ impl Broker {
         }
         let mut report = TurnReport::default();
         let committed = turn.and_then(|t| self.log.sync(t));
-        let ok = self.settle(committed, &mut report);
-        if ok && self.stopping {
+        let stored = self.settle(committed, now, &mut report);
+        if stored.records && self.stopping {
             // The last turn of a graceful stop: the log is whole, so the next
             // start may take any damage in it for corruption, not a crash.
             if let Err(e) = self.log.mark_clean_stop() {
@@ -1328,7 +1357,7 @@ impl Broker {
                 );
             }
         }
-        if !ok {
+        if !stored.produces {
             for (tid, first, count) in self.produced.drain(..) {
                 if let Some(e) = self.topics.by_id.get_mut(&tid) {
                     e.topic.withdraw(first, count);
@@ -1337,32 +1366,45 @@ impl Broker {
         }
         self.produced.clear();
         self.publish(now, outbox);
-        self.release_held(ok, outbox, &mut report);
+        self.release_held(stored, outbox, &mut report);
         report
     }
 
-    /// What a commit's outcome means for compaction, and its log line.
-    /// True if the turn's records are committed.
-    fn settle(&mut self, committed: std::io::Result<Committed>, report: &mut TurnReport) -> bool {
+    /// What a commit's outcome means for compaction, and its log line
+    /// (storage failures at a bounded rate). Says what the turn stored.
+    fn settle(&mut self, committed: std::io::Result<Committed>, now: Now, report: &mut TurnReport) -> Stored {
         match committed {
             Ok(c) => {
                 report.sync_nanos = c.synced.then_some(c.nanos);
-                let last = self.log.segments().last().map_or(0, |s| s.base);
-                if let Some(base) = self.compactor.committed(last) {
-                    match self.log.remove_oldest(base) {
-                        Ok(()) => log::debug!("compaction removed segment {base}"),
-                        Err(e) => log::warn!("compaction could not remove segment {base}: {e}"),
-                    }
+                if c.withdrawn {
+                    self.compactor.failed();
+                    let n = self.produced.len();
+                    let what = if n > 0 {
+                        format!("PRODUCE answered STORAGE ({n} requests)")
+                    } else {
+                        "compaction's copies put off".into()
+                    };
+                    self.failures.failed(
+                        now.mono_ms,
+                        format_args!("the disk is full: {what}; the turn's acks and admin records were written"),
+                    );
+                } else if c.bytes > 0 {
+                    self.failures.worked(now.mono_ms);
                 }
-                true
+                let last = self.log.segments().last().map_or(0, |s| s.base);
+                self.compactor.committed(last);
+                Stored { records: true, produces: !c.withdrawn }
             }
             Err(e) => {
                 self.compactor.failed();
-                log::error!(
-                    "STORAGE: commit log write/fdatasync failed: {e}; {} held replies answered STORAGE, nothing acknowledged; will retry on later turns",
-                    self.held.iter().filter(|h| h.durable).count()
+                let held = self.held.iter().filter(|h| h.durable).count();
+                self.failures.failed(
+                    now.mono_ms,
+                    format_args!(
+                        "commit log write/fdatasync failed: {e}; {held} held replies answered STORAGE, nothing acknowledged; will retry on later turns"
+                    ),
                 );
-                false
+                Stored { records: false, produces: false }
             }
         }
     }
@@ -1384,13 +1426,18 @@ impl Broker {
     }
 
     /// Moves the held replies to their connections (a durable one becomes
-    /// STORAGE if the commit failed), then the replies decided for other
-    /// connections during the turn.
-    fn release_held(&mut self, ok: bool, outbox: &mut impl Outbox, report: &mut TurnReport) {
+    /// STORAGE if its records were not stored), then the replies decided
+    /// for other connections during the turn.
+    fn release_held(&mut self, stored: Stored, outbox: &mut impl Outbox, report: &mut TurnReport) {
         for h in self.held.drain(..) {
             let Some(out) = outbox.out(h.conn) else { continue };
-            if h.durable && !ok {
-                let msg = "the commit log could not write or sync; nothing was acknowledged, retry later";
+            let produce = h.op == op::PRODUCE;
+            if h.durable && !(if produce { stored.produces } else { stored.records }) {
+                let msg = if stored.records {
+                    "the disk is full: produces are refused until space is freed; nothing was acknowledged, retry later"
+                } else {
+                    "the commit log could not write or sync; nothing was acknowledged, retry later"
+                };
                 codec::encode_error(out, h.op, h.request_id, ErrorCode::Storage, msg);
             } else {
                 if h.op == op::PRODUCE && h.durable {

@@ -1,21 +1,42 @@
 //! Compaction: keeps the commit log from growing without bound under a
-//! steady produce/ack load.
+//! steady produce/ack load, and gives a full disk back once its messages
+//! are gone.
 //!
 //! The log is cleaned from its oldest end, one segment at a time, as in a
 //! log-structured store: every message of the oldest segment that is still
 //! live is re-appended at the head (same id, born time, delivery count and
-//! dead-letter info), as are the Topic records whose latest copy is there
-//! and the highest id any deleted topic had; once those copies are durable,
-//! the segment file is removed. Cleaning only the oldest segment keeps
-//! recovery simple: every Remove, Purge and Delete record refers to records
-//! before it, so removing a prefix of the log never leaves one of them
-//! pointing at something still present (or resurrects what it removed).
+//! dead-letter info); then the Topic records whose latest copy is there and
+//! the highest id any deleted topic had are restated, and the segment file
+//! is removed. Cleaning only the oldest segment keeps recovery simple: every
+//! Remove, Purge and Delete record refers to records before it, so removing
+//! a prefix of the log never leaves one of them pointing at something still
+//! present (or resurrects what it removed).
 //!
-//! When: once the log is more than twice the live data plus two segments.
-//! A segment whose messages are all acknowledged costs nothing to clean (no
-//! copies); one holding a few live messages costs those few. The work runs
-//! in slices of at most `COMPACT_BYTES_PER_TURN` per loop turn, so it never
-//! stalls the loop; the copies ride in the turn's own group commit.
+//! When: as soon as no message of the oldest segment is live (nothing to
+//! copy, only a few records to restate), and otherwise once the log is more
+//! than twice the live data plus two segments. While the disk is short of
+//! space (`Log::space_short`), once half the log is dead; and then the
+//! segment being appended to is closed early when most of the log is dead,
+//! so that a log of one segment (a small disk, 64 MiB segments) can be
+//! removed too. The copying runs in slices of at most
+//! `COMPACT_BYTES_PER_TURN` per loop turn, so it never stalls the loop.
+//!
+//! The order matters on a full disk. Copies ride in the turns' own commits
+//! as records the log drops if the commit fails; the job then starts over
+//! later, so a copy that cannot be written never piles up or holds up
+//! anything else. Once a segment's copies are written, its restatement is
+//! written and synced on its own, ahead of the turn's records
+//! (`Log::commit_ahead`), into the headroom the log keeps free for it, and
+//! only then is the segment removed. So freeing messages frees the disk
+//! even when the turn's own records (acks past the room kept for them) do
+//! not fit: they are written once the removal has made room.
+//!
+//! Every step of it belongs to the first half of the turn's end
+//! (`Broker::write`): it appends or writes records (the copies, the
+//! restatement) and changes segment files (closing the active one,
+//! removing the oldest), and nothing may do either between the turn's
+//! `write` and its `sync`. The second half only notes what was committed
+//! (`Compactor::committed`, `Compactor::failed`).
 //!
 //! The compactor keeps, for each segment, the ids of the messages its
 //! Produce records hold (a few ranges per segment), so it finds what to
@@ -23,9 +44,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{Broker, TopicId, put_message_record};
+use super::{Broker, Now, TopicId, put_message_record};
 use crate::codec;
-use crate::log::RecordKind;
+use crate::log::{HEADROOM_BYTES_MIN, RECORD_HEADER_BYTES, RecordKind};
 use crate::queue::MsgId;
 
 /// Most payload bytes copied forward per loop turn: some 30 µs of copying,
@@ -40,8 +61,17 @@ const COMPACT_MESSAGES_PER_TURN: u32 = 4096;
 /// Log bytes a message's record takes besides its payload (ids, times,
 /// lengths; dead-letter fields not counted).
 const RECORD_MESSAGE_OVERHEAD_BYTES: u64 = 8 + 8 + 2 + 1 + 4;
-/// Turns between checks of whether to compact, when there is no work.
+/// Log bytes of a Topic record besides its name.
+const TOPIC_RECORD_BYTES: u64 = RECORD_HEADER_BYTES as u64 + 4 + 8 + 4 + 2 + 2;
+/// Log bytes of the record that restates the id floor.
+const FLOOR_RECORD_BYTES: u64 = RECORD_HEADER_BYTES as u64 + 4 + 8;
+/// Turns between checks of whether to compact, when there is no work (and
+/// the space is not short: then every turn checks).
 const CHECK_EVERY_TURNS: u32 = 64;
+/// Turns before compaction tries again after a write of its own failed: a
+/// disk that refuses the copies or the restatement now will likely refuse
+/// them next turn too, and each try costs a slice of copying (or a sync).
+const RETRY_AFTER_TURNS: u32 = 64;
 /// Topic id of a Delete record that only restates the id floor.
 const FLOOR_TOPIC_ID: TopicId = u32::MAX;
 
@@ -64,6 +94,15 @@ struct Job {
     next: MsgId,
 }
 
+/// What a slice of copying left.
+enum Slice {
+    /// More to copy next turn.
+    More(Job),
+    /// Every live message is copied; `copied` says whether this slice
+    /// appended any (then they must be written before the segment goes).
+    Done { copied: bool },
+}
+
 /// What the compactor knows of the log, and its work in progress.
 #[derive(Default)]
 pub(super) struct Compactor {
@@ -73,19 +112,32 @@ pub(super) struct Compactor {
     topic_segment: HashMap<TopicId, u64>,
     /// Segments holding a Delete record (whose id floor must be restated).
     delete_segments: BTreeMap<u64, ()>,
-    /// This turn's records, attached to a segment once committed.
+    /// This turn's Produce records that a failed commit keeps (dead
+    /// letters, redrives), attached to a segment once committed.
     turn_ranges: Vec<Range>,
-    /// This turn's client produces: dropped with their records if the
-    /// commit fails.
-    turn_client_ranges: Vec<Range>,
+    /// This turn's client produces and compaction copies: dropped with
+    /// their records if the commit fails.
+    turn_withdrawable_ranges: Vec<Range>,
     turn_topics: Vec<TopicId>,
     turn_deletes: bool,
     /// The segment being cleaned.
     job: Option<Job>,
-    /// A segment whose copies are in this turn's commit: removed after it.
-    remove_after_commit: Option<u64>,
+    /// A segment whose last copies are in this turn's commit.
+    copied: Option<u64>,
+    /// A segment whose copies are all written: restated and removed by the
+    /// next turn's compaction step.
+    ready: Option<u64>,
+    /// How many ranges at the start of a segment's manifest are known to
+    /// hold no live message, and which segment: a message never comes back
+    /// to life, so the check for a dead segment resumes where it stopped.
+    dead_ranges: (u64, usize),
     /// Turns until the next check for work.
     countdown: u32,
+    /// Turns before trying again after a failed write of compaction's own.
+    backoff: u32,
+    /// Check for work at the next turn whatever the countdown (a segment
+    /// was just removed, and the next may be due too).
+    recheck: bool,
     /// Segments removed.
     pub compactions: u64,
 }
@@ -104,7 +156,7 @@ impl Compactor {
     }
     /// As `note_produce`, for a client's produce (withdrawn on failure).
     pub(super) fn note_client_produce(&mut self, topic: TopicId, id: MsgId) {
-        push_range(&mut self.turn_client_ranges, topic, id);
+        push_range(&mut self.turn_withdrawable_ranges, topic, id);
     }
     /// A Topic record for `topic` was appended this turn.
     pub(super) fn note_topic(&mut self, topic: TopicId) {
@@ -113,6 +165,12 @@ impl Compactor {
     /// A Delete record was appended this turn.
     pub(super) fn note_delete(&mut self) {
         self.turn_deletes = true;
+    }
+    /// Messages were freed in bulk (PURGE, DELETE): look for work at the
+    /// end of this turn, even right after a failure.
+    pub(super) fn nudge(&mut self) {
+        self.countdown = 0;
+        self.backoff = 0;
     }
 
     /// A topic was deleted: its Topic records need no restating.
@@ -132,10 +190,9 @@ impl Compactor {
     }
 
     /// The turn's records are durable in `segment` (the log's last).
-    /// Returns a segment that may now be removed.
-    pub(super) fn committed(&mut self, segment: u64) -> Option<u64> {
+    pub(super) fn committed(&mut self, segment: u64) {
         let m = self.manifests.entry(segment).or_default();
-        for r in self.turn_ranges.drain(..).chain(self.turn_client_ranges.drain(..)) {
+        for r in self.turn_ranges.drain(..).chain(self.turn_withdrawable_ranges.drain(..)) {
             match m.last_mut() {
                 Some(last) if last.topic == r.topic && last.hi + 1 == r.lo => last.hi = r.hi,
                 _ => m.push(r),
@@ -147,90 +204,164 @@ impl Compactor {
         if std::mem::take(&mut self.turn_deletes) {
             self.delete_segments.insert(segment, ());
         }
-        let removable = self.remove_after_commit.take()?;
-        self.manifests.remove(&removable);
-        self.delete_segments.remove(&removable);
-        self.compactions += 1;
-        Some(removable)
+        self.ready = self.copied.take();
     }
 
-    /// The turn's commit failed: the log dropped the client produces'
-    /// records and keeps the rest (copies included) for the next commit, so
-    /// only those notes go; the others are attached when it succeeds.
+    /// The turn's commit failed: the log dropped the client produces' and
+    /// the copies' records and keeps the rest for the next commit, so only
+    /// those notes go (the others are attached when it succeeds), and a
+    /// cleaning under way starts over later.
     pub(super) fn failed(&mut self) {
-        self.turn_client_ranges.clear();
+        self.turn_withdrawable_ranges.clear();
+        if self.job.is_some() || self.copied.is_some() {
+            self.job = None;
+            self.copied = None;
+            self.backoff = RETRY_AFTER_TURNS;
+        }
     }
 
-    /// Whether a compaction is under way (the loop should not sleep).
+    /// Whether compaction wants another turn soon (the loop should not
+    /// sleep).
     pub(super) fn busy(&self) -> bool {
-        self.job.is_some() || self.remove_after_commit.is_some()
+        self.job.is_some() || self.copied.is_some() || self.ready.is_some() || self.recheck
     }
 
-    /// Whether a segment waits for this turn's commit to be removed: that
-    /// commit must sync, so the copies are durable before the original
-    /// goes. (Slices before it need not sync: this sync covers them, and a
-    /// roll syncs the segment it leaves.)
-    pub(super) fn removal_pending(&self) -> bool {
-        self.remove_after_commit.is_some()
+    /// Segment `base` was restated into `last`, ahead of its removal.
+    fn restated(&mut self, base: u64, last: u64, topics: &[TopicId], floor: bool) {
+        for &t in topics {
+            self.topic_segment.insert(t, last);
+        }
+        if floor {
+            self.delete_segments.insert(last, ());
+        }
+        self.manifests.remove(&base);
+        self.delete_segments.remove(&base);
+        self.recheck = true;
     }
 }
 
 impl Broker {
-    /// Runs one slice of compaction, appending its copies to this turn's
-    /// records. Called at the start of the turn's commit.
-    pub(super) fn compact_step(&mut self) {
-        if self.compactor.remove_after_commit.is_some() {
+    /// Runs one step of compaction: restates and removes a segment whose
+    /// copies are written, or copies a slice of the oldest segment's live
+    /// messages into this turn's records. Called by `Broker::write`, before
+    /// the turn's records are written.
+    pub(super) fn compact_step(&mut self, now: Now) {
+        if let Some(base) = self.compactor.ready.take() {
+            self.finish_segment(base, now);
             return;
         }
-        let job = match self.compactor.job {
+        let job = match self.compactor.job.take() {
             Some(job) => job,
-            None => match self.compaction_due() {
+            None => match self.compaction_due(now) {
                 Some(base) => Job { base, range: 0, next: 0 },
                 None => return,
             },
         };
-        let job = self.copy_slice(job);
-        self.compactor.job = job;
+        let base = job.base;
+        match self.copy_slice(job) {
+            Slice::More(job) => self.compactor.job = Some(job),
+            Slice::Done { copied: true } => self.compactor.copied = Some(base),
+            Slice::Done { copied: false } => self.finish_segment(base, now),
+        }
     }
 
-    /// The oldest segment, if the log is due for cleaning.
-    fn compaction_due(&mut self) -> Option<u64> {
-        let segments = self.log.segments();
+    /// The oldest segment, if it is due for cleaning. While the space is
+    /// short, first closes the active segment if most of the log is dead.
+    fn compaction_due(&mut self, now: Now) -> Option<u64> {
+        let short = self.log.space_short();
         // One removed segment's space is released at a time.
-        if segments.len() < 3 || self.log.releasing() {
+        if self.log.releasing() {
             return None;
         }
-        if self.compactor.countdown > 0 {
-            self.compactor.countdown -= 1;
+        let c = &mut self.compactor;
+        if c.backoff > 0 {
+            c.backoff -= 1;
             return None;
         }
-        let live: u64 = self
-            .topics
-            .by_id
-            .values()
-            .map(|e| e.topic.seq.live_bytes() + e.topic.seq.live() * RECORD_MESSAGE_OVERHEAD_BYTES)
-            .sum();
-        let segment_bytes = self.log.segment_bytes_max();
-        if self.log.bytes() > 2 * live + 2 * segment_bytes {
-            return Some(segments[0].base);
+        if !short && !c.recheck && c.countdown > 0 {
+            c.countdown -= 1;
+            return None;
         }
+        c.recheck = false;
         // Nothing due: look again in a while rather than every turn.
-        self.compactor.countdown = CHECK_EVERY_TURNS;
-        None
+        c.countdown = CHECK_EVERY_TURNS;
+        let (live, restate) = self.live_and_restate_bytes();
+        self.log.set_headroom_bytes(restate);
+        if short && !self.close_active_if_dead(live, now) {
+            return None;
+        }
+        let segments = self.log.segments();
+        if segments.len() < 2 {
+            return None;
+        }
+        let oldest = segments[0].base;
+        let bytes = self.log.bytes();
+        let due = (short && bytes > 2 * live)
+            || (segments.len() >= 3 && bytes > 2 * live + 2 * self.log.segment_bytes_max())
+            || self.segment_dead(oldest);
+        due.then_some(oldest)
+    }
+
+    /// The log bytes of every live message, and of restating every topic
+    /// and the id floor (what the log's headroom must hold).
+    fn live_and_restate_bytes(&self) -> (u64, u64) {
+        let mut live = 0;
+        let mut restate = FLOOR_RECORD_BYTES;
+        for e in self.topics.by_id.values() {
+            live += e.topic.seq.live_bytes() + e.topic.seq.live() * RECORD_MESSAGE_OVERHEAD_BYTES;
+            restate += TOPIC_RECORD_BYTES + e.topic.name.len() as u64;
+        }
+        (live, restate)
+    }
+
+    /// Closes the active segment if at least half of it, and at least the
+    /// least headroom, would be freed by cleaning it (with the default
+    /// 64 MiB segments, a small disk fills before one closes by size).
+    /// Returns false if closing failed.
+    fn close_active_if_dead(&mut self, live: u64, now: Now) -> bool {
+        let active_bytes = self.log.segments().last().map_or(0, |s| s.bytes);
+        if active_bytes < HEADROOM_BYTES_MIN.max(2 * live) {
+            return true;
+        }
+        match self.log.close_active() {
+            Ok(_) => true,
+            Err(e) => {
+                self.compactor.backoff = RETRY_AFTER_TURNS;
+                self.failures.failed(now.mono_ms, format_args!("compaction could not close the active segment: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Whether no message that segment `base` stored is live.
+    fn segment_dead(&mut self, base: u64) -> bool {
+        let Some(ranges) = self.compactor.manifests.get(&base) else { return true };
+        let (segment, mut i) = self.compactor.dead_ranges;
+        if segment != base {
+            i = 0;
+        }
+        while let Some(r) = ranges.get(i) {
+            let e = self.topics.by_id.get(&r.topic);
+            if e.is_some_and(|e| e.topic.seq.next_live(r.lo, r.hi + 1).is_some()) {
+                break;
+            }
+            i += 1;
+        }
+        self.compactor.dead_ranges = (base, i);
+        i == ranges.len()
     }
 
     /// Copies live messages of the job's segment forward, within the turn's
-    /// budget. Returns the job to continue next turn, or None when the
-    /// segment is done (and will be removed after this turn's commit).
-    fn copy_slice(&mut self, mut job: Job) -> Option<Job> {
+    /// budget, as records dropped if the commit fails.
+    fn copy_slice(&mut self, mut job: Job) -> Slice {
         let mut bytes = 0u64;
         let mut messages = 0u32;
         let Some(ranges) = self.compactor.manifests.get(&job.base).cloned() else {
-            return self.finish_segment(job.base);
+            return Slice::Done { copied: false };
         };
         while let Some(r) = ranges.get(job.range) {
             if bytes >= COMPACT_BYTES_PER_TURN || messages >= COMPACT_MESSAGES_PER_TURN {
-                return Some(job);
+                return Slice::More(job);
             }
             let from = job.next.max(r.lo);
             let Some(e) = self.topics.by_id.get(&r.topic) else {
@@ -253,7 +384,7 @@ impl Broker {
                 };
                 let Some(m) = t.seq.get(live) else { break };
                 put_message_record(self.log.body(), live, m.born_ms, t.deliveries(live), t.dead_info(live), m.payload);
-                self.compactor.note_produce(r.topic, live);
+                push_range(&mut self.compactor.turn_withdrawable_ranges, r.topic, live);
                 bytes += m.payload.len() as u64 + RECORD_MESSAGE_OVERHEAD_BYTES;
                 messages += 1;
                 count += 1;
@@ -264,7 +395,7 @@ impl Broker {
             } else {
                 let b = self.log.body();
                 b[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
-                self.log.end(at);
+                self.log.end_withdrawable(at);
             }
             if id > r.hi {
                 job.range += 1;
@@ -273,27 +404,38 @@ impl Broker {
                 job.next = id;
             }
         }
-        self.finish_segment(job.base)
+        Slice::Done { copied: messages > 0 }
     }
 
-    /// Restates what the segment holds besides messages — its topics'
-    /// Topic records and the id floor if it held a Delete — and marks it
-    /// for removal after this turn's commit.
-    fn finish_segment(&mut self, base: u64) -> Option<Job> {
-        let topics: Vec<TopicId> =
+    /// Restates what segment `base` holds besides messages — its topics'
+    /// Topic records and the id floor if it held a Delete — ahead of the
+    /// turn's records, synced with the copies written before; then removes
+    /// the segment. If that write fails, tries again later.
+    fn finish_segment(&mut self, base: u64, now: Now) {
+        let aside = self.log.set_aside();
+        let mut topics: Vec<TopicId> =
             self.compactor.topic_segment.iter().filter(|(_, s)| **s == base).map(|(t, _)| *t).collect();
-        for t in topics {
-            self.compactor.topic_segment.remove(&t);
-            self.log_topic(t);
-        }
-        if self.compactor.delete_segments.contains_key(&base) {
+        topics.retain(|&t| self.put_topic_record(t));
+        let floor = self.compactor.delete_segments.contains_key(&base);
+        if floor {
             let at = self.log.begin(RecordKind::Delete);
             codec::put_u32(self.log.body(), FLOOR_TOPIC_ID);
             codec::put_u64(self.log.body(), self.topics.id_floor);
             self.log.end(at);
-            self.compactor.note_delete();
         }
-        self.compactor.remove_after_commit = Some(base);
-        None
+        if let Err(e) = self.log.commit_ahead(aside) {
+            self.compactor.backoff = RETRY_AFTER_TURNS;
+            self.failures.failed(now.mono_ms, format_args!("compaction could not restate segment {base}: {e}"));
+            return;
+        }
+        let last = self.log.segments().last().map_or(0, |s| s.base);
+        self.compactor.restated(base, last, &topics, floor);
+        match self.log.remove_oldest(base) {
+            Ok(()) => {
+                self.compactor.compactions += 1;
+                log::debug!("compaction removed segment {base}");
+            }
+            Err(e) => log::warn!("compaction could not remove segment {base}: {e}"),
+        }
     }
 }

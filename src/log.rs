@@ -54,6 +54,9 @@ pub const RECORD_BYTES_MAX: usize = 1 << 30;
 /// a durable depth-1 produce's sync by a third here (bench/README.md). The
 /// reserved tail reads as zeros until written; recovery knows that.
 const RESERVE_AHEAD_BYTES: u64 = 1 << 20;
+/// `Log::reserved_bytes` when the filesystem cannot reserve space (not
+/// retried before the next segment).
+const CANNOT_RESERVE: u64 = u64::MAX;
 /// Bytes of a removed segment's file released per turn. Unlinking a
 /// 64 MiB file frees its blocks in one call that took 14 ms here (the
 /// filesystem discards them as it goes), a stall of every connection; cut
@@ -62,6 +65,20 @@ const RELEASE_BYTES_PER_TURN: u64 = 256 << 10;
 /// The suffix a removed segment's file takes until it is released: not a
 /// segment to recovery, which deletes it.
 const REMOVING_SUFFIX: &str = ".removing";
+/// The least headroom: bytes of the disk that turns leave free (the active
+/// segment's reserved space past its records counts as free), so that
+/// compaction can always restate what a segment holds besides messages (a
+/// few Topic records and the id floor) and remove it, however full the
+/// disk is. The broker raises it to what restating every topic would take
+/// (`set_headroom_bytes`); 64 KiB restates about 1,500 topics with 20-byte
+/// names, and is nothing next to a segment.
+pub const HEADROOM_BYTES_MIN: u64 = 64 << 10;
+/// Bytes that a turn's produces (and compaction's copies) leave free past
+/// the headroom: room for the records that free the disk once produces
+/// have filled it — acks (this holds those of 130,000 messages), PURGE,
+/// DELETE, topic changes — so that those are still written, and
+/// acknowledged, on a disk that refuses produces.
+pub const PRODUCE_HEADROOM_BYTES: u64 = 1 << 20;
 
 /// What a record says. The numbers are part of the log format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,6 +153,12 @@ pub trait SegmentFile: Send {
     /// writes below `len` change neither its size nor its allocation
     /// (`fallocate`). Best effort: the log writes whether or not it worked.
     fn reserve(&mut self, len: u64) -> io::Result<()>;
+    /// Bytes free on the file's filesystem for an unprivileged writer
+    /// (`fstatvfs`); an error means unknown, and the log does not keep
+    /// headroom then.
+    fn free_bytes(&self) -> io::Result<u64> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
 }
 
 impl SegmentFile for File {
@@ -154,6 +177,17 @@ impl SegmentFile for File {
         // [0, len) and extends the size, never touching written data.
         let r = unsafe { libc::fallocate(self.as_raw_fd(), 0, 0, len) };
         if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    }
+    fn free_bytes(&self) -> io::Result<u64> {
+        // SAFETY: fstatvfs on a descriptor this File owns, into a zeroed
+        // struct it fills.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstatvfs(self.as_raw_fd(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // The field types differ between targets (u32 on some 32-bit ones).
+        #[allow(clippy::useless_conversion)]
+        Ok(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
     }
 }
 
@@ -196,7 +230,8 @@ pub struct LogStats {
     pub commits: u64,
     /// Records written.
     pub records: u64,
-    /// Failed writes or syncs.
+    /// Failed writes or syncs, and turns whose produces a full disk
+    /// refused.
     pub failures: u64,
     /// Segments removed by compaction.
     pub segments_removed: u64,
@@ -213,6 +248,9 @@ pub struct WrittenTurn {
     records: u64,
     /// Whether `sync` will `fdatasync` them.
     sync: bool,
+    /// Whether the turn's withdrawable records were dropped, not written,
+    /// for want of space (`Committed::withdrawn`).
+    withdrawn: bool,
     /// Nanoseconds the write took, for `Committed::nanos`.
     write_nanos: u64,
 }
@@ -233,6 +271,10 @@ pub struct Committed {
     pub synced: bool,
     /// Nanoseconds the write and sync took.
     pub nanos: u64,
+    /// The turn's withdrawable records (client produces, compaction's
+    /// copies) were dropped, not written: the disk has no room for them
+    /// and the headroom after them. The rest of the turn was written.
+    pub withdrawn: bool,
 }
 
 /// The commit log.
@@ -255,13 +297,22 @@ pub struct Log {
     withdrawable: Vec<(usize, usize)>,
     /// Bytes written to the active segment since its last fdatasync.
     unsynced_bytes: u64,
-    /// How far the active segment's space is reserved (0: not yet known).
+    /// How far the active segment's space is reserved (0: not yet known;
+    /// `CANNOT_RESERVE`: the filesystem cannot).
     reserved_bytes: u64,
+    /// Bytes of the disk that only `commit_ahead` may write into
+    /// (compaction's restatements): other turns leave them free.
+    headroom_bytes: u64,
+    /// At the last look the disk had no room for another reservation step
+    /// of produces past the headroom (or refused a write: ENOSPC), so
+    /// compaction reclaims eagerly.
+    space_short: bool,
     /// A removed segment's file, renamed, being cut to nothing a slice per
     /// turn, and its length left.
     releasing: Option<(File, PathBuf, u64)>,
-    /// A failed write may have left bytes past the durable end of the
-    /// active segment; they are cut before the next write.
+    /// A write may have left bytes past the committed end of the active
+    /// segment: set from a turn's write until its sync succeeds, and after
+    /// a failure until they are cut (before the next write).
     dirty: bool,
     /// Whether the clean-stop marker is on disk: removed before the log
     /// next changes.
@@ -270,6 +321,17 @@ pub struct Log {
     /// `--fsync never`, the segments from it on are synced at a clean stop.
     run_first_base: u64,
     pub stats: LogStats,
+}
+
+/// The turn's records, set aside while compaction writes its own ahead of
+/// them (`Log::set_aside`, `Log::commit_ahead`).
+pub struct Aside {
+    /// The turn buffer.
+    buf: Vec<u8>,
+    /// Records in it.
+    records: u64,
+    /// Byte ranges in it of records dropped if the commit fails.
+    withdrawable: Vec<(usize, usize)>,
 }
 
 /// Where a record begins in the turn buffer, for `end`.
@@ -397,6 +459,8 @@ impl Log {
             withdrawable: Vec::new(),
             unsynced_bytes: 0,
             reserved_bytes: 0,
+            headroom_bytes: HEADROOM_BYTES_MIN,
+            space_short: false,
             releasing: None,
             dirty: false,
             clean_stop_marked: recovered.marked,
@@ -478,36 +542,52 @@ impl Log {
     /// only acks and requeues is synced by a later turn; losing it to a
     /// machine crash means redelivery, which at-least-once allows.
     ///
+    /// A turn never writes into the headroom: on a disk without room for
+    /// its records and the headroom after them, it fails (ENOSPC) before
+    /// writing anything; on a disk with room for those but not for its
+    /// withdrawable records (client produces, compaction's copies) and
+    /// `PRODUCE_HEADROOM_BYTES` more, those are dropped and the rest is
+    /// written (`WrittenTurn::withdrawn`).
+    ///
     /// Nothing may be appended between `write` and its `sync`. On error the
     /// turn has failed as `sync` describes, and there is nothing to sync.
     pub fn write(&mut self, sync: bool) -> io::Result<WrittenTurn> {
+        self.write_with(sync, self.headroom_bytes)
+    }
+
+    /// `write`, leaving `headroom` bytes of the disk free after the records.
+    fn write_with(&mut self, sync: bool, headroom: u64) -> io::Result<WrittenTurn> {
         let started = Instant::now();
-        let mut turn = WrittenTurn { bytes: self.buf.len() as u64, records: 0, sync: false, write_nanos: 0 };
         if self.buf.is_empty() {
-            return Ok(turn);
+            return Ok(WrittenTurn { bytes: 0, records: 0, sync: false, withdrawn: false, write_nanos: 0 });
         }
-        match self.write_turn() {
-            Ok(()) => {
+        match self.write_turn(headroom) {
+            Ok(withdrawn) => Ok(WrittenTurn {
+                bytes: self.buf.len() as u64,
+                records: std::mem::take(&mut self.buf_records),
                 // After the write: a roll in it synced what was unsynced.
-                turn.sync = self.options.fsync == FsyncMode::Turn && (sync || self.unsynced_bytes_max_reached());
-                turn.records = std::mem::take(&mut self.buf_records);
-                turn.write_nanos = started.elapsed().as_nanos() as u64;
-                Ok(turn)
-            }
+                sync: !self.buf.is_empty()
+                    && self.options.fsync == FsyncMode::Turn
+                    && (sync || self.unsynced_bytes_max_reached()),
+                withdrawn,
+                write_nanos: started.elapsed().as_nanos() as u64,
+            }),
             Err(e) => Err(self.fail_turn(e)),
         }
     }
 
     /// The second half of a commit: the `fdatasync`, if `write` decided on
     /// one, then the turn's records count as committed. Does nothing for a
-    /// turn that appended nothing. On error nothing of the turn counts as
+    /// turn that wrote nothing. On error nothing of the turn counts as
     /// written: the file is cut back to its committed length (now, or
     /// before the next write if cutting fails too), withdrawable records
     /// are dropped, the others wait for the next commit, and the caller
     /// must not acknowledge anything that waited on this commit.
     pub fn sync(&mut self, turn: WrittenTurn) -> io::Result<Committed> {
+        // Produces refused for a full disk count as a failure too.
+        self.stats.failures += u64::from(turn.withdrawn);
         if turn.bytes == 0 {
-            return Ok(Committed::default());
+            return Ok(Committed { withdrawn: turn.withdrawn, ..Committed::default() });
         }
         assert_eq!(self.buf.len() as u64, turn.bytes, "records were appended between a turn's write and its sync");
         let started = Instant::now();
@@ -518,6 +598,7 @@ impl Log {
             }
             self.stats.fsyncs += 1;
         }
+        self.dirty = false;
         if let Some(s) = self.segments.last_mut() {
             s.bytes += turn.bytes;
         }
@@ -530,23 +611,88 @@ impl Log {
         self.stats.commits += 1;
         self.stats.records += turn.records;
         let nanos = turn.write_nanos + started.elapsed().as_nanos() as u64;
-        Ok(Committed { bytes: turn.bytes, synced: turn.sync, nanos })
+        Ok(Committed { bytes: turn.bytes, synced: turn.sync, nanos, withdrawn: turn.withdrawn })
     }
 
     /// A write or sync failed: keeps the records for the next commit
-    /// (`keep_for_retry`) and cuts the file back to its committed length.
+    /// (`keep_for_retry`) and cuts the file back to its committed length
+    /// if the write had begun (`dirty`).
     fn fail_turn(&mut self, e: io::Error) -> io::Error {
+        self.space_short |= is_no_space(&e);
         self.keep_for_retry();
         self.stats.failures += 1;
-        self.dirty = true;
         // Best effort now; `write_turn` retries before the next write.
         let _ = self.cut_back();
         e
     }
 
+    /// Sets the turn's records aside: what is appended from now until
+    /// `commit_ahead` is written before them.
+    pub fn set_aside(&mut self) -> Aside {
+        Aside {
+            buf: std::mem::take(&mut self.buf),
+            records: std::mem::take(&mut self.buf_records),
+            withdrawable: std::mem::take(&mut self.withdrawable),
+        }
+    }
+
+    /// Writes the records appended since `set_aside` and makes them durable
+    /// together with everything written before them (even when there are
+    /// none), then puts the turn's records back. Compaction restates what a
+    /// segment holds this way before removing it: ahead of the turn's
+    /// records, so a turn that does not fit on a full disk cannot hold up
+    /// the removal that would make room for it, and into the headroom,
+    /// which is kept for this. A whole commit of its own, so it comes
+    /// before the turn's `write`, never between that and its `sync`. On
+    /// error these records are dropped, not kept for the next commit: the
+    /// caller tries again later.
+    pub fn commit_ahead(&mut self, aside: Aside) -> io::Result<Committed> {
+        let result = if self.buf.is_empty() {
+            self.sync_written()
+        } else {
+            self.write_with(true, 0).and_then(|turn| self.sync(turn))
+        };
+        self.buf = aside.buf;
+        self.buf_records = aside.records;
+        self.withdrawable = aside.withdrawable;
+        result
+    }
+
+    /// Makes what earlier turns wrote to the active segment durable.
+    fn sync_written(&mut self) -> io::Result<Committed> {
+        let Some(f) = self.active.as_mut() else { return Ok(Committed::default()) };
+        if self.unsynced_bytes == 0 || self.options.fsync != FsyncMode::Turn {
+            return Ok(Committed::default());
+        }
+        let started = Instant::now();
+        if let Err(e) = f.sync_data() {
+            self.stats.failures += 1;
+            return Err(e);
+        }
+        self.unsynced_bytes = 0;
+        self.stats.fsyncs += 1;
+        Ok(Committed { bytes: 0, synced: true, nanos: started.elapsed().as_nanos() as u64, withdrawn: false })
+    }
+
     /// After a failed commit: keeps every record but the withdrawable ones
     /// for the next commit, up to `RETAIN_BYTES_MAX`.
     fn keep_for_retry(&mut self) {
+        self.drop_withdrawable();
+        if self.buf.len() > RETAIN_BYTES_MAX {
+            log::error!(
+                "commit log: {} bytes of records wait for a disk that keeps failing; dropping them (a restart may redeliver acknowledged messages)",
+                self.buf.len()
+            );
+            self.buf.clear();
+            self.buf_records = 0;
+        }
+    }
+
+    /// Drops the withdrawable records from the turn buffer.
+    fn drop_withdrawable(&mut self) {
+        if self.withdrawable.is_empty() {
+            return;
+        }
         let mut kept = Vec::with_capacity(self.buf.len());
         let mut at = 0;
         for (start, end) in self.withdrawable.drain(..) {
@@ -554,13 +700,6 @@ impl Log {
             at = end;
         }
         kept.extend_from_slice(&self.buf[at..]);
-        if kept.len() > RETAIN_BYTES_MAX {
-            log::error!(
-                "commit log: {} bytes of records wait for a disk that keeps failing; dropping them (a restart may redeliver acknowledged messages)",
-                kept.len()
-            );
-            kept.clear();
-        }
         // Count what is kept by walking the record headers.
         let (mut i, mut n) = (0, 0);
         while i + RECORD_HEADER_BYTES <= kept.len() {
@@ -571,8 +710,9 @@ impl Log {
         self.buf = kept;
     }
 
-    /// Cuts the active segment back to its durable length after a failure,
-    /// so a half-written record can never be followed by a good one.
+    /// Cuts the active segment back to its committed length after a
+    /// failure, so a half-written record can never be followed by a good
+    /// one.
     fn cut_back(&mut self) -> io::Result<()> {
         if !self.dirty {
             return Ok(());
@@ -588,39 +728,116 @@ impl Log {
     }
 
     /// Writes the turn buffer at the end of the active segment (rolling to
-    /// a new one first if it would pass its size); the segment's committed
-    /// length grows only in `sync`.
-    fn write_turn(&mut self) -> io::Result<()> {
+    /// a new one first if it would pass its size), leaving `headroom` bytes
+    /// of the disk free, and dropping the withdrawable records first if
+    /// there is no room for them and `PRODUCE_HEADROOM_BYTES` more; returns
+    /// whether it dropped them. The segment's committed length grows only
+    /// in `sync`.
+    fn write_turn(&mut self, headroom: u64) -> io::Result<bool> {
         self.forget_clean_stop()?;
         self.cut_back()?;
         let active_bytes = self.segments.last().map_or(0, |s| s.bytes);
         if active_bytes > 0 && active_bytes + self.buf.len() as u64 > self.options.segment_bytes_max {
             self.roll()?;
         }
+        self.open_active()?;
+        let at = self.segments.last().map_or(0, |s| s.bytes);
+        let mut withdrawn = false;
+        if self.withdrawable.is_empty() {
+            self.make_room(at, self.buf.len() as u64, headroom)?;
+        } else if self.make_room(at, self.buf.len() as u64, headroom + PRODUCE_HEADROOM_BYTES).is_err() {
+            // No room for the produces: the rest of the turn is written
+            // without them.
+            self.drop_withdrawable();
+            withdrawn = true;
+            self.make_room(at, self.buf.len() as u64, headroom)?;
+        }
+        if self.buf.is_empty() {
+            return Ok(withdrawn);
+        }
+        let Some(f) = self.active.as_mut() else { unreachable!("opened above") };
+        // Until the turn's sync is done, a failure may leave bytes past the
+        // committed end: the file is cut back before anything else is
+        // written. (A turn that failed before this wrote nothing and keeps
+        // the reserved space.)
+        self.dirty = true;
+        f.write_all_at(&self.buf, at)?;
+        Ok(withdrawn)
+    }
+
+    /// Opens the active segment's file if it is not open yet (the first
+    /// write after a start).
+    fn open_active(&mut self) -> io::Result<()> {
         if self.active.is_none() {
             let base = self.segments.last().map_or(0, |s| s.base);
             let path = self.dir.join(segment_name(base));
             self.active = Some((self.opener)(&path)?);
             sync_dir(&self.dir)?;
         }
-        let at = self.segments.last().map_or(0, |s| s.bytes);
-        let end = at + self.buf.len() as u64;
-        let Some(f) = self.active.as_mut() else { unreachable!("opened above") };
-        // A turn that takes the segment past its size is written as a plain
-        // append: the segment closes after it.
-        if end > self.reserved_bytes && end <= self.options.segment_bytes_max {
-            let want = end.next_multiple_of(RESERVE_AHEAD_BYTES).min(self.options.segment_bytes_max);
-            match f.reserve(want) {
-                Ok(()) => self.reserved_bytes = want,
-                Err(e) => {
-                    // Appends still work; they just sync the size too. Not
-                    // retried before the next segment.
-                    log::debug!("commit log: cannot reserve {want} bytes of the active segment: {e}");
-                    self.reserved_bytes = self.options.segment_bytes_max;
-                }
+        Ok(())
+    }
+
+    /// Reserves the active segment's space ahead of the writes, a
+    /// `RESERVE_AHEAD_BYTES` step at a time up to the segment size (a turn
+    /// that takes the segment past it is written as a plain append: the
+    /// segment closes after it). Returns whether it tried. A disk too full
+    /// for the step leaves the reservation as it is, to be tried again next
+    /// turn; a filesystem that cannot reserve at all gets plain appends for
+    /// the rest of the segment.
+    fn reserve_ahead(&mut self, end: u64) -> bool {
+        if end <= self.reserved_bytes || end > self.options.segment_bytes_max {
+            return false;
+        }
+        let Some(f) = self.active.as_mut() else { return false };
+        let want = end.next_multiple_of(RESERVE_AHEAD_BYTES).min(self.options.segment_bytes_max);
+        match f.reserve(want) {
+            Ok(()) => {
+                self.reserved_bytes = want;
+                // Room for a step; `make_room` looks closer.
+                self.space_short = false;
+            }
+            Err(e) if is_no_space(&e) => self.space_short = true,
+            Err(e) => {
+                // Appends still work; they just sync the size too.
+                log::debug!("commit log: cannot reserve {want} bytes of the active segment: {e}");
+                self.reserved_bytes = CANNOT_RESERVE;
             }
         }
-        f.write_all_at(&self.buf, at)
+        true
+    }
+
+    /// Makes room for `bytes` of records at `at` and checks that the disk
+    /// keeps `headroom` bytes free after them (the active segment's
+    /// reserved space past the records counts as free). A turn that would
+    /// leave less fails (ENOSPC) before it writes anything; `commit_ahead`
+    /// (no headroom) writes into what the headroom kept. The filesystem's
+    /// free space is looked up only when the reservation grows, when the
+    /// space was short at the last look, or when the turn does not fit in
+    /// the reservation; a filesystem that cannot say is not checked.
+    fn make_room(&mut self, at: u64, bytes: u64, headroom: u64) -> io::Result<()> {
+        let stepped = self.reserve_ahead(at + bytes);
+        if headroom == 0 {
+            return Ok(());
+        }
+        let owned = if self.reserved_bytes == CANNOT_RESERVE { 0 } else { self.reserved_bytes.saturating_sub(at) };
+        if !stepped && !self.space_short && owned >= bytes {
+            return Ok(());
+        }
+        let Some(f) = self.active.as_ref() else { return Ok(()) };
+        let Ok(free) = f.free_bytes() else { return Ok(()) };
+        let room = owned.saturating_add(free);
+        // Short: the next step of produces would not fit.
+        let produce_room = bytes + self.headroom_bytes + PRODUCE_HEADROOM_BYTES + RESERVE_AHEAD_BYTES;
+        self.space_short = room < produce_room;
+        if room >= bytes + headroom {
+            return Ok(());
+        }
+        Err(io::Error::new(
+            io::ErrorKind::StorageFull,
+            format!(
+                "{room} bytes free on the device: no room for {bytes} bytes of records and the {headroom} bytes kept free after them"
+            ),
+        ))
     }
 
     /// Unsynced bytes are bounded too: past `UNSYNCED_BYTES_MAX` a turn
@@ -630,12 +847,33 @@ impl Log {
         self.unsynced_bytes + self.buf.len() as u64 > UNSYNCED_BYTES_MAX
     }
 
+    /// Closes the active segment now, if it holds any record, and begins
+    /// the next: compaction removes only closed segments, and on a full disk
+    /// the segment being appended to may be the whole log. Returns whether
+    /// it closed one.
+    pub fn close_active(&mut self) -> io::Result<bool> {
+        if self.segments.last().is_none_or(|s| s.bytes == 0) {
+            return Ok(false);
+        }
+        self.forget_clean_stop()?;
+        self.cut_back()?;
+        self.roll()?;
+        Ok(true)
+    }
+
     /// Closes the active segment and starts the next, named by its offset.
     fn roll(&mut self) -> io::Result<()> {
+        // Both callers have done this already; a roll changes segment files
+        // (it cuts the closed one, creates the next), so it says so itself.
+        self.forget_clean_stop()?;
         let bytes = self.segments.last().map_or(0, |s| s.bytes);
+        // Opened even if nothing was written since the start, to cut the
+        // space a previous run reserved: on a full disk it is the room the
+        // next segment begins in.
+        self.open_active()?;
         if let Some(f) = self.active.as_mut() {
             // A closed segment keeps no reserved space: its file ends where
-            // its records do (also space reserved before a restart).
+            // its records do.
             f.set_len(bytes)?;
             // The next fdatasync covers only the new file: sync the old one now.
             if self.unsynced_bytes > 0 && self.options.fsync == FsyncMode::Turn {
@@ -657,7 +895,9 @@ impl Log {
     /// Removes segment `base`, which must be the oldest and not the one
     /// appended to (compaction has copied forward whatever in it was live).
     /// The file is renamed at once, so it is no longer part of the log, and
-    /// its space is released over the next turns (`release_step`).
+    /// its space is released over the next turns (`release_step`); while the
+    /// space is short it is unlinked at once instead: then the space is
+    /// wanted now, more than a stall of the loop is feared.
     pub fn remove_oldest(&mut self, base: u64) -> io::Result<()> {
         if self.segments.len() < 2 || self.segments[0].base != base {
             return Err(io::Error::other(format!("segment {base} is not the oldest closed segment")));
@@ -670,6 +910,12 @@ impl Log {
             fs::remove_file(&path)?;
         }
         let path = self.dir.join(segment_name(base));
+        if self.space_short {
+            fs::remove_file(&path)?;
+            self.segments.remove(0);
+            self.stats.segments_removed += 1;
+            return Ok(());
+        }
         let doomed = self.dir.join(format!("{}{REMOVING_SUFFIX}", segment_name(base)));
         fs::rename(&path, &doomed)?;
         self.segments.remove(0);
@@ -688,12 +934,14 @@ impl Log {
     }
 
     /// Releases the next `RELEASE_BYTES_PER_TURN` of a removed segment's
-    /// file, and the file itself once it is empty. One call per turn.
+    /// file, and the file itself once it is empty (or at once, when the
+    /// space is short). One call per turn.
     /// On an error the file is given up on (removed whole if it can be,
     /// else by the next start), so a failing disk cannot keep the loop busy.
     pub fn release_step(&mut self) -> io::Result<()> {
+        let short = self.space_short;
         let Some((file, _, len)) = self.releasing.as_mut() else { return Ok(()) };
-        *len = len.saturating_sub(RELEASE_BYTES_PER_TURN);
+        *len = if short { 0 } else { len.saturating_sub(RELEASE_BYTES_PER_TURN) };
         let cut = if *len > 0 { file.set_len(*len) } else { Ok(()) };
         if *len > 0 && cut.is_ok() {
             return Ok(());
@@ -704,6 +952,24 @@ impl Log {
         }
         cut
     }
+
+    /// Whether, at the last look, the disk had no room for another
+    /// reservation step of produces past the headroom (or refused a write):
+    /// compaction then frees what it can at once.
+    pub fn space_short(&self) -> bool {
+        self.space_short
+    }
+
+    /// Sets the headroom: at least `HEADROOM_BYTES_MIN`, and what the broker
+    /// says restating every topic takes.
+    pub fn set_headroom_bytes(&mut self, bytes: u64) {
+        self.headroom_bytes = bytes.max(HEADROOM_BYTES_MIN).next_multiple_of(recovery::HOLE_BLOCK_BYTES as u64);
+    }
+}
+
+/// Whether an error says the disk (or the user's quota) is full.
+fn is_no_space(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded)
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {

@@ -14,8 +14,10 @@
 //!    broker holds;
 //! 4. **advance the timing wheel**: ack deadlines, NACK delays and long-poll
 //!    waits that passed;
-//! 5. **write**: a slice of compaction appends its copies (at most
-//!    256 KiB); then one `write` of every record the turn appended;
+//! 5. **write**: a step of compaction: a slice of copies appended (at
+//!    most 256 KiB), or a cleaned segment's restatement written and synced
+//!    on its own and the segment removed; then one `write` of every record
+//!    the turn appended (on a full disk, without the turn's produces);
 //! 6. **flush early**, if the turn will `fdatasync`: the replies that need
 //!    only that write (acks, NACKs, TOUCHes, deliveries of messages made
 //!    durable in earlier turns, errors) leave now, so they do not wait for
@@ -58,7 +60,9 @@
 //! If the write or the sync fails (a full disk), the held replies become
 //! STORAGE errors and the turn's records stay in the log's buffer for the
 //! next commit; the other replies are sent all the same, so that consumers
-//! keep working. On a failing disk an answered ACK therefore holds in
+//! keep working. A disk with room for the turn's records but not for its
+//! produces (docs/log-format.md, "A full disk") gets the rest written and
+//! only the PRODUCE replies answered STORAGE. On a failing disk an answered ACK therefore holds in
 //! memory but reaches the log only with the next commit that succeeds: a
 //! crash before it redelivers the message (at-least-once).
 //!
@@ -419,9 +423,9 @@ impl Reactor {
         let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
         self.broker.advance(now, &mut lent);
         self.expire_connections(now);
-        // 5. write: a slice of compaction, then one write of the turn's
+        // 5. write: a step of compaction, then one write of the turn's
         // records. No reply has left this turn yet.
-        let mut written = self.broker.write();
+        let mut written = self.broker.write(now);
         // 6. The replies that need only the write (acks, deliveries of
         // messages made durable earlier, errors) go out before the sync, so
         // they do not wait for a sync that is not theirs.
@@ -1035,7 +1039,7 @@ impl Reactor {
         let now = now_at(self.started);
         let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
         self.broker.shutdown(now, &mut lent);
-        let mut written = self.broker.write();
+        let mut written = self.broker.write(now);
         let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
         self.broker.sync(&mut written, now, &mut lent);
         self.flush(now, &written);

@@ -52,7 +52,7 @@ const DAMAGE_LISTED_MAX: usize = 64;
 /// The filesystem block: after a machine crash, a block of reserved space
 /// that the crash kept from being written reads as zeros even when later
 /// blocks of the same unsynced write made it to disk.
-const HOLE_BLOCK_BYTES: usize = 4096;
+pub(super) const HOLE_BLOCK_BYTES: usize = 4096;
 
 // ---------------------------------------------------------------------------
 // What recovery reports.

@@ -10,6 +10,11 @@
 //! the log at once by a rename and its space is released a slice per turn;
 //! a start deletes what a stop left half released.
 //!
+//! The clean-stop marker (docs/log-format.md, "How the last run ended")
+//! goes before the log changes, also by the paths compaction takes on a
+//! full disk: closing the active segment early, writing a restatement
+//! ahead of the turn.
+//!
 //! Damage in the last segment of a crashed run (docs/log-format.md, "What
 //! damage gives what" and "Repair"): a damaged record whose own length
 //! leads to a whole record is corruption even when the file ends torn, and
@@ -21,7 +26,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use common::TempDir;
-use runnel::log::{FsyncMode, Log, LogOptions, OpenError, RECORD_HEADER_BYTES, RecordKind};
+use runnel::log::{CLEAN_STOP_FILE, FsyncMode, Log, LogOptions, OpenError, RECORD_HEADER_BYTES, RecordKind};
 
 /// Body bytes of each test record: with the header, 100 bytes, so records
 /// straddle 4 KiB blocks at varying offsets.
@@ -236,6 +241,51 @@ fn a_start_deletes_a_half_released_segment_and_does_not_replay_it() {
         oldest.bytes / (RECORD_HEADER_BYTES + BODY_BYTES) as u64,
         "replay starts after the removed segment"
     );
+}
+
+/// Stops a log of three segments cleanly and reopens it: the clean-stop
+/// marker is on disk, and the log is as the stop left it.
+fn reopened_after_a_clean_stop(dir: &Path) -> Log {
+    let mut log = three_segments(dir);
+    log.mark_clean_stop().expect("mark the clean stop");
+    drop(log);
+    let (log, rec) = Log::open(dir, options(1 << 20), |_| Ok(())).expect("reopen");
+    assert!(rec.clean_stop, "setup: read as a clean stop");
+    assert!(dir.join(CLEAN_STOP_FILE).exists(), "setup: the marker is kept until the log changes");
+    log
+}
+
+/// After a crash (no stop), the log in `dir` opens as after one: the
+/// marker, gone, vouches for nothing.
+fn assert_reopens_as_after_a_crash(dir: &Path) {
+    let (_, rec) = Log::open(dir, options(1 << 20), |_| Ok(())).expect("a start after the crash");
+    assert!(!rec.clean_stop, "read as a crash");
+}
+
+#[test]
+fn closing_the_active_segment_early_removes_the_clean_stop_marker_first() {
+    // Compaction closes the segment being written to when space is short,
+    // before the turn writes anything: the log changes there first.
+    let dir = TempDir::new("marker-close");
+    let mut log = reopened_after_a_clean_stop(dir.path());
+    assert!(log.close_active().expect("close the active segment"), "setup: it held records");
+    assert!(!dir.path().join(CLEAN_STOP_FILE).exists(), "the marker goes before the segment files change");
+    drop(log);
+    assert_reopens_as_after_a_crash(dir.path());
+}
+
+#[test]
+fn a_restatement_written_ahead_of_the_turn_removes_the_clean_stop_marker_first() {
+    let dir = TempDir::new("marker-ahead");
+    let mut log = reopened_after_a_clean_stop(dir.path());
+    let aside = log.set_aside();
+    let start = log.begin(RecordKind::Topic);
+    log.body().extend_from_slice(&body(1));
+    log.end(start);
+    log.commit_ahead(aside).expect("commit ahead");
+    assert!(!dir.path().join(CLEAN_STOP_FILE).exists(), "the marker goes before the restatement is written");
+    drop(log);
+    assert_reopens_as_after_a_crash(dir.path());
 }
 
 /// Opens the log in `dir` with `--repair` and returns the bodies replayed.

@@ -1,22 +1,25 @@
-//! A failed write or fdatasync never acknowledges what is not durable.
+//! A failed write or fdatasync never acknowledges what is not durable, and
+//! a full disk is not a dead end.
 //!
 //! The broker is driven directly (no sockets): frames in, `commit`, replies
 //! out, with the log's segment files wrapped in a `SegmentFile` whose writes
-//! or syncs fail on demand — the injectable failure the issue asks for,
-//! instead of filling a disk.
+//! or syncs fail on demand, or that allocates from a small disk of its own
+//! (`SmallDisk`) and fails as a full one does (ENOSPC) — what can be tested
+//! without mounting a filesystem. tests/full_disk.rs fills a real one.
 
 mod common;
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::io;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 
 use common::TempDir;
 use runnel::broker::{Broker, Config, Now, Outbox, Outcome, Session};
 use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Ids, Reply, ReplyFrame, Request};
-use runnel::log::{LogOptions, SegmentFile};
+use runnel::log::{LogOptions, Opener, SegmentFile};
 use std::os::unix::fs::FileExt;
 
 /// What the faulty file does next.
@@ -75,18 +78,25 @@ struct Harness {
     now: Now,
 }
 
+fn open_segment(p: &Path) -> io::Result<File> {
+    std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(p)
+}
+
 impl Harness {
     fn open(dir: &Path, mode: Option<Arc<AtomicU8>>) -> Harness {
+        let opener: Option<Opener> = mode.map(|mode| -> Opener {
+            Box::new(move |p: &Path| -> io::Result<Box<dyn SegmentFile>> {
+                Ok(Box::new(Faulty { file: open_segment(p)?, mode: mode.clone() }))
+            })
+        });
+        Harness::open_with(dir, opener, LogOptions::default())
+    }
+
+    fn open_with(dir: &Path, opener: Option<Opener>, options: LogOptions) -> Harness {
         let now = Now { mono_ms: 1, wall_ms: 1_700_000_000_000 };
-        let broker = match mode {
-            Some(mode) => {
-                let opener = Box::new(move |p: &Path| -> io::Result<Box<dyn SegmentFile>> {
-                    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(p)?;
-                    Ok(Box::new(Faulty { file, mode: mode.clone() }))
-                });
-                Broker::open_with(Config::default(), dir, LogOptions::default(), opener, now)
-            }
-            None => Broker::open(Config::default(), dir, LogOptions::default(), now),
+        let broker = match opener {
+            Some(opener) => Broker::open_with(Config::default(), dir, options, opener, now),
+            None => Broker::open(Config::default(), dir, options, now),
         }
         .expect("open broker");
         let mut h = Harness {
@@ -201,4 +211,352 @@ fn failed_and_torn_writes_leave_a_clean_log() {
         let payloads: Vec<Vec<u8>> = h.fetch_all("t").into_iter().map(|m| m.1).collect();
         assert_eq!(payloads, vec![b"one".to_vec(), b"two".to_vec()], "{name}");
     }
+}
+
+/// Bytes a file takes on `SmallDisk`: whole 4 KiB blocks.
+fn blocks(len: u64) -> u64 {
+    len.next_multiple_of(4096)
+}
+
+/// A disk of `capacity_bytes` shared by the segment files opened through
+/// `SmallDisk::opener`. A file's blocks count until it is renamed or
+/// removed (the log does both itself, which this cannot see: so it counts
+/// only the files still there).
+struct SmallDisk {
+    capacity_bytes: u64,
+    /// Bytes of blocks allocated to each file.
+    allocated: HashMap<PathBuf, u64>,
+}
+
+impl SmallDisk {
+    fn new(capacity_bytes: u64) -> Arc<Mutex<SmallDisk>> {
+        Arc::new(Mutex::new(SmallDisk { capacity_bytes, allocated: HashMap::new() }))
+    }
+
+    fn free_bytes(&self) -> u64 {
+        let used: u64 = self.allocated.iter().filter(|(p, _)| p.exists()).map(|(_, n)| n).sum();
+        self.capacity_bytes.saturating_sub(used)
+    }
+
+    fn opener(disk: &Arc<Mutex<SmallDisk>>) -> Opener {
+        let disk = disk.clone();
+        Box::new(move |p: &Path| -> io::Result<Box<dyn SegmentFile>> {
+            let file = open_segment(p)?;
+            let len = file.metadata()?.len();
+            disk.lock().expect("disk").allocated.entry(p.to_path_buf()).or_insert(blocks(len));
+            Ok(Box::new(OnSmallDisk { file, path: p.to_path_buf(), disk: disk.clone() }))
+        })
+    }
+}
+
+/// A segment file on a `SmallDisk`.
+struct OnSmallDisk {
+    file: File,
+    path: PathBuf,
+    disk: Arc<Mutex<SmallDisk>>,
+}
+
+impl OnSmallDisk {
+    /// Allocates blocks up to byte `len`, as far as the disk has room;
+    /// returns how far the file's blocks then reach.
+    fn grow(&mut self, len: u64) -> u64 {
+        let mut d = self.disk.lock().expect("disk");
+        let free = d.free_bytes();
+        let have = d.allocated.get(&self.path).copied().unwrap_or(0);
+        let reach = blocks(len).min(have + free / 4096 * 4096).max(have);
+        d.allocated.insert(self.path.clone(), reach);
+        reach
+    }
+}
+
+fn no_space() -> io::Error {
+    io::Error::from_raw_os_error(libc::ENOSPC)
+}
+
+impl SegmentFile for OnSmallDisk {
+    fn write_all_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let end = offset + buf.len() as u64;
+        let reach = self.grow(end);
+        if reach >= end {
+            return FileExt::write_all_at(&self.file, buf, offset);
+        }
+        // What fits is written, then ENOSPC: a real full disk's short write.
+        let fits = reach.saturating_sub(offset) as usize;
+        FileExt::write_all_at(&self.file, &buf[..fits], offset)?;
+        Err(no_space())
+    }
+    fn sync_data(&mut self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+    fn set_len(&mut self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)?;
+        let mut d = self.disk.lock().expect("disk");
+        if let Some(n) = d.allocated.get_mut(&self.path) {
+            *n = (*n).min(blocks(len));
+        }
+        Ok(())
+    }
+    fn reserve(&mut self, len: u64) -> io::Result<()> {
+        let before = self.disk.lock().expect("disk").allocated.get(&self.path).copied().unwrap_or(0);
+        if self.grow(len) < len {
+            // fallocate allocates all or nothing.
+            if let Some(n) = self.disk.lock().expect("disk").allocated.get_mut(&self.path) {
+                *n = before;
+            }
+            return Err(no_space());
+        }
+        SegmentFile::reserve(&mut self.file, len)
+    }
+    fn free_bytes(&self) -> io::Result<u64> {
+        Ok(self.disk.lock().expect("disk").free_bytes())
+    }
+}
+
+/// The small disk's size: a few thousand 500-byte messages fill it.
+const SMALL_DISK_BYTES: u64 = 3 << 20;
+
+/// How the data is freed.
+#[derive(Clone, Copy, Debug)]
+enum Free {
+    Purge,
+    Delete,
+    Ack,
+}
+
+impl Harness {
+    fn on_disk(dir: &Path, disk: &Arc<Mutex<SmallDisk>>, segment_bytes_max: u64) -> Harness {
+        let options = LogOptions { segment_bytes_max, ..LogOptions::default() };
+        Harness::open_with(dir, Some(SmallDisk::opener(disk)), options)
+    }
+
+    /// Produces 16-message batches of 500 bytes into "t" until STORAGE;
+    /// returns how many were acknowledged.
+    fn fill(&mut self) -> usize {
+        let payload = [b'p'; 500];
+        let batch = [payload.as_slice(); 16];
+        let mut acked = 0;
+        loop {
+            match self.produce("t", &batch) {
+                Reply::Produced { count, .. } => acked += count as usize,
+                r if storage_error(&r) => return acked,
+                r => panic!("filling: {r:?}"),
+            }
+            assert!(acked * 500 < 2 * SMALL_DISK_BYTES as usize, "the disk never filled");
+        }
+    }
+
+    fn free(&mut self, how: Free) {
+        match how {
+            Free::Purge => assert!(matches!(self.call(&Request::PurgeTopic { topic: "t" }), Reply::Count(_))),
+            Free::Delete => assert!(matches!(self.call(&Request::DeleteTopic { topic: "t" }), Reply::Count(_))),
+            Free::Ack => loop {
+                let ids: Vec<u64> = self.fetch_all("t").into_iter().map(|m| m.0).collect();
+                if ids.is_empty() {
+                    break;
+                }
+                for chunk in ids.chunks(1000) {
+                    assert!(matches!(self.ack("t", chunk), Reply::Ids { .. }));
+                }
+            },
+        }
+    }
+
+    /// Produces one message into "after", retrying for some turns while the
+    /// broker reclaims; panics if it never succeeds.
+    fn produce_again(&mut self, payload: &[u8]) -> u64 {
+        for _ in 0..1000 {
+            match self.produce("after", &[payload]) {
+                Reply::Produced { first_id, .. } => return first_id,
+                r if storage_error(&r) => continue,
+                r => panic!("produce after freeing: {r:?}"),
+            }
+        }
+        panic!("produces still answered STORAGE after 1,000 turns: the full disk was not reclaimed");
+    }
+}
+
+/// Fills a small disk, frees the data `how`, and checks that produces are
+/// acknowledged again, before and after a restart, and that nothing freed
+/// comes back.
+fn small_disk(segment_bytes_max: u64, how: Free) {
+    let name = format!("small-disk-{segment_bytes_max}-{how:?}");
+    let dir = TempDir::new(&name);
+    let disk = SmallDisk::new(SMALL_DISK_BYTES);
+    let mut h = Harness::on_disk(dir.path(), &disk, segment_bytes_max);
+    let filled = h.fill();
+    assert!(filled * 500 > SMALL_DISK_BYTES as usize / 2, "{name}: STORAGE after only {filled} messages");
+    h.free(how);
+    let a = h.produce_again(b"after-1");
+    // Room for much more than one message: a quarter of the disk.
+    let payload = [b'q'; 500];
+    for _ in 0..SMALL_DISK_BYTES / 4 / (16 * 500) {
+        assert!(matches!(h.produce("after", &[payload.as_slice(); 16]), Reply::Produced { .. }), "{name}");
+    }
+    drop(h);
+
+    let mut h = Harness::on_disk(dir.path(), &disk, segment_bytes_max);
+    assert!(h.fetch_all("t").is_empty(), "{name}: freed messages came back");
+    let after = h.fetch_all("after");
+    assert_eq!(after.first(), Some(&(a, b"after-1".to_vec())), "{name}");
+    assert_eq!(after.len() as u64, 1 + SMALL_DISK_BYTES / 4 / 500 / 16 * 16, "{name}");
+    h.produce_again(b"after-2");
+}
+
+#[test]
+fn a_full_disk_is_reclaimed_with_default_segments() {
+    for how in [Free::Purge, Free::Delete, Free::Ack] {
+        small_disk(64 << 20, how);
+    }
+}
+
+#[test]
+fn a_full_disk_is_reclaimed_with_small_segments() {
+    for how in [Free::Purge, Free::Delete, Free::Ack] {
+        small_disk(64 << 10, how);
+    }
+}
+
+/// Acking every other message of a full disk leaves half of every segment
+/// live: compaction wants to copy that half forward and the disk has no
+/// room for it. The copies are dropped and tried again later, never in the
+/// way of the acks, which are written (a restart keeps exactly the other
+/// half); a purge then frees the disk.
+#[test]
+fn a_copy_forward_without_room_holds_up_nothing() {
+    for segment_bytes_max in [64 << 20, 64 << 10] {
+        let dir = TempDir::new("small-disk-half");
+        let disk = SmallDisk::new(SMALL_DISK_BYTES);
+        let mut h = Harness::on_disk(dir.path(), &disk, segment_bytes_max);
+        h.fill();
+        let ids: Vec<u64> = h.fetch_all("t").into_iter().map(|m| m.0).collect();
+        let acked: Vec<u64> = ids.iter().copied().step_by(2).collect();
+        for chunk in acked.chunks(100) {
+            let r = h.ack("t", chunk);
+            assert!(matches!(r, Reply::Ids { done, .. } if done as usize == chunk.len()), "{r:?}");
+        }
+        drop(h);
+        let mut h = Harness::on_disk(dir.path(), &disk, segment_bytes_max);
+        let left: Vec<u64> = h.fetch_all("t").into_iter().map(|m| m.0).collect();
+        let want: Vec<u64> = ids.iter().copied().skip(1).step_by(2).collect();
+        assert_eq!(left, want, "{segment_bytes_max}: the unacked half, and nothing acked");
+        h.free(Free::Purge);
+        h.produce_again(b"after");
+    }
+}
+
+/// Restating many topics takes more than the least headroom: the log keeps
+/// what restating every topic takes free, even after the acks of a full
+/// disk have used all the space kept for them.
+#[test]
+fn many_topics_are_restated_on_a_full_disk() {
+    const TOPICS: usize = 1500;
+    let dir = TempDir::new("small-disk-topics");
+    let disk = SmallDisk::new(6 << 20);
+    let mut h = Harness::on_disk(dir.path(), &disk, 64 << 20);
+    // 1,500 Topic records of 136 bytes: 204 KB to restate.
+    let names: Vec<String> = (0..TOPICS).map(|i| format!("{i:0>100}")).collect();
+    for name in &names {
+        let settings = codec::TopicSettings { ack_timeout_ms: 0, max_deliveries: 0 };
+        assert!(matches!(h.call(&Request::CreateTopic { topic: name, settings }), Reply::Created { created: true }));
+    }
+    // Small messages, so that acking them all takes more than the 1 MiB
+    // kept for acks (8 bytes each).
+    let batch = [b"m".as_slice(); 1000];
+    let mut filled = 0;
+    while !storage_error(&h.produce("t", &batch)) {
+        filled += batch.len();
+    }
+    assert!(filled > 150_000, "setup: {filled} messages, whose acks take more than 1 MiB");
+    h.free(Free::Ack);
+    h.produce_again(b"after");
+    drop(h);
+
+    let mut h = Harness::on_disk(dir.path(), &disk, 64 << 20);
+    let Reply::Topics(topics) = h.call(&Request::ListTopics) else { panic!("list topics") };
+    assert_eq!(topics.len(), TOPICS + 2, "every topic, \"t\" and \"after\"");
+    assert!(h.fetch_all("t").is_empty(), "acked messages came back");
+    assert_eq!(h.fetch_all("after").len(), 1);
+}
+
+impl Harness {
+    /// Hands one request to the broker without ending the turn; returns the
+    /// request id and what it wrote into the output at once.
+    fn send(&mut self, req: &Request<'_>) -> (u32, Vec<u8>) {
+        let rid = self.next_rid;
+        self.next_rid += 1;
+        let mut out = Vec::new();
+        let outcome =
+            self.broker.handle(0, &mut self.session, &Frame { request_id: rid, request: *req }, self.now, &mut out);
+        assert_ne!(outcome, Outcome::Parked);
+        (rid, out)
+    }
+}
+
+/// Decodes the replies in `out`, by request id.
+fn replies(out: &[u8]) -> HashMap<u32, Reply<'_>> {
+    let mut got = HashMap::new();
+    let mut at = 0;
+    while at < out.len() {
+        let Ok(Decoded::Frame(ReplyFrame { request_id, reply, .. }, n)) = codec::decode_reply(&out[at..], usize::MAX)
+        else {
+            panic!("no whole reply at byte {at} of {out:?}");
+        };
+        got.insert(request_id, reply);
+        at += n;
+    }
+    got
+}
+
+/// On a full disk a turn's end still comes in two halves (src/reactor.rs,
+/// "The order of a turn"): the write drops the turn's produces and writes
+/// the rest, so an ACK answered in the turn may leave before the sync, and
+/// the sync answers the PRODUCE beside it STORAGE. A turn of produces
+/// alone writes nothing and syncs nothing, and is answered STORAGE too.
+#[test]
+fn on_a_full_disk_the_write_drops_only_the_produces() {
+    let dir = TempDir::new("small-disk-halves");
+    let disk = SmallDisk::new(SMALL_DISK_BYTES);
+    let mut h = Harness::on_disk(dir.path(), &disk, 64 << 20);
+    let filled = h.fill();
+    let ids: Vec<u64> = h.fetch_all("t").into_iter().map(|m| m.0).collect();
+    assert_eq!(ids.len(), filled, "setup: every acknowledged message is in flight");
+
+    let mut body = Vec::new();
+    codec::encode_ids(&mut body, &ids[..1]);
+    let (ack_rid, mut out) = h.send(&Request::Ack { topic: "t", ids: Ids { bytes: &body } });
+    assert!(!out.is_empty(), "the ACK is answered at once");
+    // As large as the batch that found the disk full.
+    let refused = [b'r'; 500];
+    let mut batch = Vec::new();
+    codec::encode_batch(&mut batch, &[refused.as_slice(); 16]);
+    let produce = Request::Produce { topic: "t", batch: Batch { count: 16, bytes: &batch } };
+    let (produce_rid, held) = h.send(&produce);
+    assert!(held.is_empty(), "the PRODUCE's reply is held");
+
+    let mut written = h.broker.write(h.now);
+    assert!(written.syncs(), "the ACK's record is written, and the held PRODUCE asks for a sync");
+    // Here the loop flushes the ACK's reply: its record is written.
+    let mut outs = Outs::default();
+    h.broker.sync(&mut written, h.now, &mut outs);
+    out.extend_from_slice(&outs.0.remove(&0).unwrap_or_default());
+    let got = replies(&out);
+    assert!(matches!(got[&ack_rid], Reply::Ids { done: 1, .. }), "ACK: {:?}", got[&ack_rid]);
+    assert!(storage_error(&got[&produce_rid]), "PRODUCE: {:?}", got[&produce_rid]);
+
+    // Produces alone: nothing is written, and they are refused all the same.
+    let (produce_rid, _) = h.send(&produce);
+    let mut written = h.broker.write(h.now);
+    assert!(!written.syncs(), "nothing left to write, nothing to sync");
+    let mut outs = Outs::default();
+    h.broker.sync(&mut written, h.now, &mut outs);
+    let out = outs.0.remove(&0).unwrap_or_default();
+    let got = replies(&out);
+    assert!(storage_error(&got[&produce_rid]), "PRODUCE alone: {:?}", got[&produce_rid]);
+    drop(h);
+
+    // After a restart: the acked message is gone, the refused ones never came.
+    let mut h = Harness::on_disk(dir.path(), &disk, 64 << 20);
+    let left: Vec<(u64, Vec<u8>)> = h.fetch_all("t");
+    assert_eq!(left.iter().map(|m| m.0).collect::<Vec<_>>(), ids[1..], "every message but the acked one");
+    assert!(!left.iter().any(|m| m.1 == refused), "a refused produce was stored");
 }

@@ -146,7 +146,7 @@ fn a_turn_writes_then_syncs_then_delivers_then_acknowledges() {
     assert_eq!(produce(&mut broker, &mut producer, 7, b"second"), Outcome::Held, "a durable produce waits");
     assert_eq!(take(&events), [], "nothing is written while requests are served");
 
-    let mut written = broker.write();
+    let mut written = broker.write(NOW);
     let at_write = take(&events);
     assert!(matches!(at_write[..], [Event::Write(n)] if n > 0), "write: one write, no sync: {at_write:?}");
     assert!(written.syncs(), "the held PRODUCE needs a sync");
@@ -180,7 +180,7 @@ fn a_turn_of_only_acks_writes_and_does_not_sync() {
     let mut ids = Vec::new();
     codec::encode_ids(&mut ids, &[1]);
     handle(&mut broker, ACKER_CONN, &mut acker, 5, Request::Ack { topic: "t", ids: Ids { bytes: &ids } });
-    let mut written = broker.write();
+    let mut written = broker.write(NOW);
     assert!(!written.syncs(), "nothing waits on a sync");
     broker.sync(&mut written, NOW, &mut Recording { outs: Default::default(), events: events.clone() });
     let got = take(&events);
