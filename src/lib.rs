@@ -11,7 +11,11 @@
 //! - `broker`: applies requests to the queues and drives a turn;
 //! - `reactor`: the one mio loop, its connections and the clock;
 //! - `client`: a blocking client that speaks only the wire protocol;
+//! - `sys`: the operating-system calls std and mio do not wrap, the only
+//!   `unsafe` code;
 //! - `testkit`: seeded randomness shared by the tests (not the broker's).
+
+#![deny(unsafe_code)]
 
 pub mod broker;
 pub mod client;
@@ -22,6 +26,8 @@ pub mod log;
 pub mod metrics;
 pub mod queue;
 pub mod reactor;
+#[allow(unsafe_code)] // the one place for it: each block has its SAFETY note
+pub mod sys;
 #[doc(hidden)]
 pub mod testkit;
 pub mod wheel;

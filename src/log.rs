@@ -21,7 +21,6 @@
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -149,11 +148,7 @@ impl SegmentFile for File {
         File::set_len(self, len)
     }
     fn reserve(&mut self, len: u64) -> io::Result<()> {
-        let len = libc::off_t::try_from(len).map_err(|_| io::Error::other("reservation past off_t"))?;
-        // SAFETY: fallocate on a descriptor this File owns; mode 0 allocates
-        // [0, len) and extends the size, never touching written data.
-        let r = unsafe { libc::fallocate(self.as_raw_fd(), 0, 0, len) };
-        if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+        crate::sys::allocate(self, len)
     }
 }
 

@@ -5,6 +5,8 @@
 //! with their defaults): that description is both its `--help` and the set
 //! of flags its parser accepts, so the two cannot drift apart.
 
+#![deny(unsafe_code)]
+
 use std::fmt::Display;
 use std::io::{self, BufRead, Write};
 use std::path::PathBuf;
@@ -17,6 +19,7 @@ use runnel::codec::{self, TopicSettings};
 use runnel::limits::Limits;
 use runnel::log::{FsyncMode, Log};
 use runnel::reactor::{Reactor, ServeConfig};
+use runnel::sys;
 
 /// Where `runnel serve` listens and clients connect by default.
 const DEFAULT_ADDR: &str = "127.0.0.1:7700";
@@ -616,45 +619,6 @@ fn config_text(s: &Serve) -> String {
     lines.join("\n") + "\n"
 }
 
-/// Pins the calling thread (the loop) to one CPU.
-fn pin_to_core(core: usize) -> Result<(), String> {
-    if core >= libc::CPU_SETSIZE as usize {
-        return Err(format!("--pin-core {core}: beyond the CPU set size"));
-    }
-    // SAFETY: cpu_set_t is plain data, zeroed is its empty set; CPU_SET
-    // writes inside it (core is below CPU_SETSIZE); sched_setaffinity reads
-    // exactly size_of::<cpu_set_t>() bytes from it.
-    let rc = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(core, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if rc != 0 {
-        return Err(format!("--pin-core {core}: {}", io::Error::last_os_error()));
-    }
-    Ok(())
-}
-
-/// Raises the open-file limit to its hard limit: every connection is a
-/// file descriptor. Returns the limit in force.
-fn raise_fd_limit() -> Option<u64> {
-    // SAFETY: getrlimit and setrlimit read and write one rlimit struct that
-    // lives on this stack frame.
-    unsafe {
-        let mut lim: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return None;
-        }
-        if lim.rlim_cur < lim.rlim_max {
-            let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                lim = raised;
-            }
-        }
-        Some(lim.rlim_cur as u64)
-    }
-}
-
 /// SIGTERM and SIGINT: the first starts a graceful shutdown (the handler
 /// writes a byte the loop sees), the second exits at once.
 fn handle_signals(reactor: &mut Reactor) -> Result<(), String> {
@@ -691,10 +655,10 @@ fn serve(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         return dry_run(&s.cfg.data_dir);
     }
     if let Some(core) = s.pin_core {
-        pin_to_core(core)?;
+        sys::pin_to_core(core).map_err(|e| format!("--pin-core {core}: {e}"))?;
         log::info!("pinned the event loop to CPU {core}");
     }
-    if let Some(fds) = raise_fd_limit() {
+    if let Some(fds) = sys::raise_fd_limit() {
         let need = u64::from(s.cfg.broker.limits.connections_max) + 64;
         if fds < need {
             log::warn!(

@@ -89,6 +89,7 @@ use crate::conn::{ConnState, FULL_HOLDING_BYTES_MAX, Step};
 use crate::limits::Limits;
 use crate::log::{LogOptions, OpenError};
 use crate::metrics::{self, HttpRequest, LoopMetrics};
+use crate::sys;
 use crate::wheel::{TimerKey, Wheel};
 
 const LISTENER: Token = Token(usize::MAX - 1);
@@ -1058,50 +1059,9 @@ impl Reactor {
 /// net.core.somaxconn.
 const LISTEN_BACKLOG: i32 = 4096;
 
-/// Binds a non-blocking listener with `LISTEN_BACKLOG` (std and mio bind
-/// with 128 and give no way to choose).
+/// Binds a non-blocking listener with `LISTEN_BACKLOG`.
 fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
-    let domain = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
-    // SAFETY: plain socket syscalls on a descriptor this function owns; the
-    // sockaddr is built in a zeroed sockaddr_storage large enough for both
-    // families, and its length passed exactly. On error the descriptor is
-    // closed by the OwnedFd.
-    unsafe {
-        let fd = libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let owned = <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd);
-        let one: libc::c_int = 1;
-        let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        if libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, (&one as *const libc::c_int).cast(), len) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut storage: libc::sockaddr_storage = std::mem::zeroed();
-        let sa_len = match addr {
-            SocketAddr::V4(a) => {
-                let sin = &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>();
-                sin.sin_family = libc::AF_INET as libc::sa_family_t;
-                sin.sin_port = a.port().to_be();
-                sin.sin_addr = libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) };
-                std::mem::size_of::<libc::sockaddr_in>()
-            }
-            SocketAddr::V6(a) => {
-                let sin6 = &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
-                sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-                sin6.sin6_port = a.port().to_be();
-                sin6.sin6_addr = libc::in6_addr { s6_addr: a.ip().octets() };
-                sin6.sin6_flowinfo = a.flowinfo();
-                sin6.sin6_scope_id = a.scope_id();
-                std::mem::size_of::<libc::sockaddr_in6>()
-            }
-        };
-        let sa = (&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr>();
-        if libc::bind(fd, sa, sa_len as libc::socklen_t) != 0 || libc::listen(fd, LISTEN_BACKLOG) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(TcpListener::from_std(std::net::TcpListener::from(owned)))
-    }
+    sys::listen(addr, LISTEN_BACKLOG).map(TcpListener::from_std)
 }
 
 fn now_at(started: Instant) -> Now {

@@ -268,23 +268,10 @@ fn an_answered_long_poll_restarts_the_idle_clock() {
     gets.ping().expect("the connection that got a message is still open");
 }
 
-/// Raises this process's open-file limit to its hard limit.
-fn raise_fd_limit() -> u64 {
-    // SAFETY: getrlimit/setrlimit on a stack-local rlimit.
-    unsafe {
-        let mut lim: libc::rlimit = std::mem::zeroed();
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
-        lim.rlim_cur = lim.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-        lim.rlim_cur as u64
-    }
-}
-
 #[test]
 fn thousands_of_idle_connections_do_not_stop_a_normal_client() {
     // Both ends of every connection live in this process.
-    let fds = raise_fd_limit();
+    let fds = runnel::sys::raise_fd_limit().expect("read the open-file limit");
     let n = (((fds.saturating_sub(200)) / 2) as usize).min(4000);
     assert!(n >= 1000, "the open-file limit ({fds}) allows only {n} connections");
     let (srv, _dir) = Server::start(Config::default());
