@@ -10,6 +10,9 @@
 //! - `queue`: a topic's messages and its consumer state;
 //! - `broker`: applies requests to the queues and drives a turn;
 //! - `reactor`: the one mio loop, its connections and the clock;
+//! - `http`: the metrics listener (HTTP/1.x `GET /metrics`, `/healthz`) the
+//!   loop serves beside its clients;
+//! - `metrics`: histograms and the Prometheus exposition;
 //! - `client`: a blocking client that speaks only the wire protocol;
 //! - `sys`: the operating-system calls std and mio do not wrap, the only
 //!   `unsafe` code;
@@ -21,6 +24,7 @@ pub mod broker;
 pub mod client;
 pub mod codec;
 pub mod conn;
+pub mod http;
 pub mod limits;
 pub mod log;
 pub mod metrics;

@@ -1,10 +1,7 @@
-//! Prometheus metrics: latency histograms, the text exposition format, and
-//! the tiny HTTP/1.x request parser the reactor's metrics listener uses.
+//! Prometheus metrics: latency histograms and the text exposition format,
+//! which the metrics listener (`http.rs`) serves.
 //!
-//! No HTTP framework and no thread: the reactor accepts metrics connections
-//! on its own poll loop, hands the bytes of a request to `parse_request`,
-//! and writes what `respond` returns. Everything here is pure: it never
-//! touches a socket or reads a clock.
+//! Everything here is pure: it never touches a socket or reads a clock.
 
 use std::fmt::Write as _;
 
@@ -177,81 +174,9 @@ pub fn render(broker: &Broker, lm: &LoopMetrics, now: Now) -> String {
     out
 }
 
-/// A request the metrics listener understood, or why not.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HttpRequest {
-    Metrics,
-    Health,
-    /// The status to answer with: 400, 404, 405, 431, 505.
-    Refused(u16),
-}
-
-/// Largest request head the metrics listener buffers.
-pub const HTTP_REQUEST_BYTES_MAX: usize = 8 << 10;
-
-/// Parses the head of an HTTP/1.x request, if it has arrived whole.
-pub fn parse_request(buf: &[u8]) -> Option<HttpRequest> {
-    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return (buf.len() >= HTTP_REQUEST_BYTES_MAX).then_some(HttpRequest::Refused(431));
-    };
-    let head = &buf[..end];
-    let line = head.split(|b| *b == b'\n').next().unwrap_or(&[]);
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let mut parts = line.split(|b| *b == b' ');
-    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Some(HttpRequest::Refused(400));
-    };
-    if !version.starts_with(b"HTTP/1.") {
-        return Some(HttpRequest::Refused(if version.starts_with(b"HTTP/") { 505 } else { 400 }));
-    }
-    if method != b"GET" && method != b"HEAD" {
-        return Some(HttpRequest::Refused(405));
-    }
-    let path = target.split(|b| *b == b'?').next().unwrap_or(&[]);
-    Some(match path {
-        b"/metrics" => HttpRequest::Metrics,
-        b"/healthz" => HttpRequest::Health,
-        _ => HttpRequest::Refused(404),
-    })
-}
-
-/// A whole HTTP/1.1 response that closes the connection.
-pub fn response(status: u16, content_type: &str, body: &str) -> Vec<u8> {
-    let reason = match status {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        431 => "Request Header Fields Too Large",
-        505 => "HTTP Version Not Supported",
-        _ => "Error",
-    };
-    let mut out = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    out.extend_from_slice(body.as_bytes());
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn requests_are_parsed_or_refused() {
-        assert_eq!(parse_request(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), Some(HttpRequest::Metrics));
-        assert_eq!(parse_request(b"GET /healthz?x=1 HTTP/1.0\r\n\r\n"), Some(HttpRequest::Health));
-        assert_eq!(parse_request(b"GET /metrics HTTP/1.1\r\nHost"), None);
-        assert_eq!(parse_request(b"POST /metrics HTTP/1.1\r\n\r\n"), Some(HttpRequest::Refused(405)));
-        assert_eq!(parse_request(b"GET /nope HTTP/1.1\r\n\r\n"), Some(HttpRequest::Refused(404)));
-        assert_eq!(parse_request(b"garbage\r\n\r\n"), Some(HttpRequest::Refused(400)));
-        assert_eq!(parse_request(b"GET / HTTP/2\r\n\r\n"), Some(HttpRequest::Refused(505)));
-        assert_eq!(parse_request(&[b'a'; HTTP_REQUEST_BYTES_MAX]), Some(HttpRequest::Refused(431)));
-    }
 
     #[test]
     fn histogram_buckets_are_cumulative() {

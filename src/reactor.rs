@@ -39,11 +39,12 @@
 //! - **No reply leaves before the `write` of the records it depends on.**
 //!   Every reply to a request reaches its socket through `flush`, and
 //!   `flush` takes the `Written` value that only the log write of step 5
-//!   returns (the metrics listener and the TOO_MANY_CONNECTIONS refusal
-//!   write their own sockets: they answer no request). So a SIGKILL can never
-//!   undo an answered ACK, NACK or TOUCH: once the reply is out, its record
-//!   is in the page cache, which outlives the process (not the machine:
-//!   that is the sync's job, and an ack synced late only means redelivery).
+//!   returns (the metrics listener in `http.rs` and the TOO_MANY_CONNECTIONS
+//!   refusal write their own sockets: they answer no request). So a SIGKILL
+//!   can never undo an answered ACK, NACK or TOUCH: once the reply is out,
+//!   its record is in the page cache, which outlives the process (not the
+//!   machine: that is the sync's job, and an ack synced late only means
+//!   redelivery).
 //! - **No reply to a PRODUCE or an admin frame leaves before the
 //!   `fdatasync` that covers it.** The broker holds those replies (and the
 //!   produced messages) out of the connection buffers until step 7, after
@@ -86,9 +87,10 @@ use slab::Slab;
 use crate::broker::{Broker, Config, Now, Outbox, Written};
 use crate::codec::{self, ErrorCode};
 use crate::conn::{ConnState, FULL_HOLDING_BYTES_MAX, Step};
+use crate::http::{HttpKey, HttpServer, LoopParts};
 use crate::limits::Limits;
 use crate::log::{LogOptions, OpenError};
-use crate::metrics::{self, HttpRequest, LoopMetrics};
+use crate::metrics::{self, LoopMetrics};
 use crate::sys;
 use crate::wheel::{TimerKey, Wheel};
 
@@ -96,9 +98,6 @@ const LISTENER: Token = Token(usize::MAX - 1);
 const WAKER: Token = Token(usize::MAX - 2);
 const SIGNALS: Token = Token(usize::MAX - 3);
 const METRICS: Token = Token(usize::MAX - 4);
-/// Tokens of metrics (HTTP) connections start here; client connections
-/// use their slab key as their token, below it.
-const HTTP_BASE: usize = 1 << 40;
 /// Bytes read per `read` call: large enough that a busy producer needs few
 /// syscalls, small enough to keep in cache.
 const READ_CHUNK_BYTES: usize = 64 << 10;
@@ -176,16 +175,19 @@ struct Conn {
     starved_listed: bool,
 }
 
-/// A connection to the metrics listener: one request, one response.
-struct HttpConn {
-    stream: TcpStream,
-    /// The request head so far (at most `HTTP_REQUEST_BYTES_MAX`).
-    request: Vec<u8>,
-    /// The response; `out_pos` is how far writing got.
-    out: Vec<u8>,
-    out_pos: usize,
-    /// The handshake timeout: a request must arrive whole before it.
-    timer: TimerKey,
+/// What a timer in the reactor's wheel is for.
+#[derive(Clone, Copy, Debug)]
+enum Timed {
+    /// A client connection's timeout (handshake, idle, frame, backlog).
+    Conn(usize),
+    /// A metrics connection's timeout.
+    Http(HttpKey),
+}
+
+impl From<HttpKey> for Timed {
+    fn from(key: HttpKey) -> Timed {
+        Timed::Http(key)
+    }
 }
 
 /// The lent output buffers (see `broker::Outbox`).
@@ -243,9 +245,10 @@ pub struct Reactor {
     next_consumer: u64,
     stop: Arc<AtomicBool>,
     waker: Arc<Waker>,
-    /// Connection timeouts (handshake, idle, frame), by token.
-    timers: Wheel<usize>,
-    expired: Vec<(u64, usize)>,
+    /// Connection timeouts: handshake, idle, frame and backlog of client
+    /// connections, and the request timeout of metrics connections.
+    timers: Wheel<Timed>,
+    expired: Vec<(u64, Timed)>,
     /// Connections with a held reply this turn.
     held: Vec<usize>,
     /// Connections that stopped being served because the buffers were
@@ -253,10 +256,8 @@ pub struct Reactor {
     starved: Vec<usize>,
     /// The buffers were full at the end of the last turn.
     buffers_were_full: bool,
-    /// The metrics listener and its connections.
-    metrics_listener: Option<TcpListener>,
-    metrics_addr: Option<SocketAddr>,
-    http: Slab<HttpConn>,
+    /// The metrics listener and its connections (`--metrics`).
+    http: Option<HttpServer>,
     /// The read end of the signal self-pipe.
     signals: Option<mio::net::UnixStream>,
     spin: Duration,
@@ -292,14 +293,12 @@ impl Reactor {
         let local_addr = listener.local_addr().map_err(|e| e.to_string())?;
         poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(|e| e.to_string())?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(|e| e.to_string())?);
-        let (metrics_listener, metrics_addr) = match cfg.metrics {
+        let http = match cfg.metrics {
             Some(addr) => {
-                let mut l = listen(addr).map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
-                poll.registry().register(&mut l, METRICS, Interest::READABLE).map_err(|e| e.to_string())?;
-                let bound = l.local_addr().map_err(|e| e.to_string())?;
-                (Some(l), Some(bound))
+                let l = listen(addr).map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
+                Some(HttpServer::new(l, poll.registry(), METRICS, &cfg.broker.limits).map_err(|e| e.to_string())?)
             }
-            None => (None, None),
+            None => None,
         };
         Ok(Reactor {
             poll,
@@ -322,9 +321,7 @@ impl Reactor {
             held: Vec::new(),
             starved: Vec::new(),
             buffers_were_full: false,
-            metrics_listener,
-            metrics_addr,
-            http: Slab::new(),
+            http,
             signals: None,
             spin: Duration::from_micros(u64::from(cfg.spin_us)),
             loop_metrics: LoopMetrics::default(),
@@ -334,7 +331,7 @@ impl Reactor {
 
     /// The metrics listener's address, if `--metrics` was given.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.metrics_addr
+        self.http.as_ref().map(HttpServer::local_addr)
     }
 
     /// Watches the read end of a signal self-pipe: any byte on it starts a
@@ -391,7 +388,7 @@ impl Reactor {
                 WAKER => {}
                 SIGNALS => self.drain_signals(),
                 METRICS => self.accept_http(now),
-                Token(t) if t >= HTTP_BASE => self.serve_http(t - HTTP_BASE, now),
+                t if HttpKey::from_token(t).is_some() => self.serve_http(t, now),
                 Token(key) => {
                     if event.is_read_closed() || event.is_error() {
                         // Edge-triggered: this is said once. Remember it,
@@ -541,7 +538,7 @@ impl Reactor {
             let consumer = self.next_consumer;
             self.next_consumer += 1;
             let deadline = now.mono_ms + u64::from(self.limits.handshake_timeout_ms);
-            let timer = Some((self.timers.insert(deadline, key), deadline));
+            let timer = Some((self.timers.insert(deadline, Timed::Conn(key)), deadline));
             entry.insert(Conn {
                 stream,
                 state: ConnState::new(consumer, now.mono_ms),
@@ -803,9 +800,9 @@ impl Reactor {
             Some((_, at)) if at <= deadline => {}
             Some((t, _)) => {
                 self.timers.cancel(t);
-                c.timer = Some((self.timers.insert(deadline, key), deadline));
+                c.timer = Some((self.timers.insert(deadline, Timed::Conn(key)), deadline));
             }
-            None => c.timer = Some((self.timers.insert(deadline, key), deadline)),
+            None => c.timer = Some((self.timers.insert(deadline, Timed::Conn(key)), deadline)),
         }
     }
 
@@ -827,11 +824,14 @@ impl Reactor {
         self.timers.advance(now.mono_ms, &mut expired);
         let out_max = self.limits.output_bytes_max as usize;
         let full = self.broker.buffers_full();
-        for (_, token) in expired.drain(..) {
-            if token >= HTTP_BASE {
-                self.http_timeout(token - HTTP_BASE);
-                continue;
-            }
+        for (_, timed) in expired.drain(..) {
+            let token = match timed {
+                Timed::Conn(key) => key,
+                Timed::Http(key) => {
+                    self.http_timeout(key);
+                    continue;
+                }
+            };
             let Some(c) = self.conns.get_mut(token) else { continue };
             c.timer = None;
             let backlog = Self::backlog(c, out_max, full);
@@ -862,123 +862,24 @@ impl Reactor {
     }
 
     // -----------------------------------------------------------------------
-    // The metrics listener: GET /metrics and GET /healthz, one request per
-    // connection, on this same loop.
+    // The metrics listener (`http.rs`), on this same loop: it is lent the
+    // registry and the timers for each call.
     // -----------------------------------------------------------------------
 
     fn accept_http(&mut self, now: Now) {
-        let Some(listener) = self.metrics_listener.as_ref() else { return };
-        loop {
-            let mut stream = match listener.accept() {
-                Ok((s, _)) => s,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    log::warn!("metrics accept failed: {e}");
-                    return;
-                }
-            };
-            // Metrics connections are few and short; a flood is refused at
-            // the connection limit like any other.
-            if self.http.len() >= self.limits.connections_max as usize {
-                continue;
-            }
-            let entry = self.http.vacant_entry();
-            let key = entry.key();
-            let token = Token(HTTP_BASE + key);
-            if self.poll.registry().register(&mut stream, token, Interest::READABLE | Interest::WRITABLE).is_err() {
-                continue;
-            }
-            let deadline = now.mono_ms + u64::from(self.limits.handshake_timeout_ms);
-            let timer = self.timers.insert(deadline, HTTP_BASE + key);
-            entry.insert(HttpConn { stream, request: Vec::new(), out: Vec::new(), out_pos: 0, timer });
-        }
+        let Some(http) = self.http.as_mut() else { return };
+        http.accept(LoopParts { registry: self.poll.registry(), timers: &mut self.timers }, now.mono_ms);
     }
 
-    fn serve_http(&mut self, key: usize, now: Now) {
-        let Some(h) = self.http.get_mut(key) else { return };
-        if h.out.is_empty() {
-            let mut buf = [0u8; 2048];
-            loop {
-                if h.request.len() >= metrics::HTTP_REQUEST_BYTES_MAX && metrics::parse_request(&h.request).is_some() {
-                    break;
-                }
-                match h.stream.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        // Past the limit the rest is read and dropped, so
-                        // closing does not reset the connection under the
-                        // peer before it reads the 431.
-                        let room = metrics::HTTP_REQUEST_BYTES_MAX.saturating_sub(h.request.len());
-                        h.request.extend_from_slice(&buf[..n.min(room)]);
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => break,
-                }
-            }
-            let reply = match metrics::parse_request(&h.request) {
-                None => return,
-                Some(HttpRequest::Metrics) => {
-                    let body = metrics::render(&self.broker, &self.loop_metrics, now);
-                    metrics::response(200, "text/plain; version=0.0.4; charset=utf-8", &body)
-                }
-                Some(HttpRequest::Health) => metrics::response(200, "text/plain; charset=utf-8", "ok\n"),
-                Some(HttpRequest::Refused(status)) => {
-                    metrics::response(status, "text/plain; charset=utf-8", "refused\n")
-                }
-            };
-            h.out = reply;
-        }
-        self.write_http(key);
+    fn serve_http(&mut self, token: Token, now: Now) {
+        let (Some(http), Some(key)) = (self.http.as_mut(), HttpKey::from_token(token)) else { return };
+        let lp = LoopParts { registry: self.poll.registry(), timers: &mut self.timers };
+        http.serve(key, lp, || metrics::render(&self.broker, &self.loop_metrics, now));
     }
 
-    /// Writes what a metrics connection has left; closes it when done.
-    fn write_http(&mut self, key: usize) {
-        let Some(h) = self.http.get_mut(key) else { return };
-        let done = loop {
-            if h.out_pos >= h.out.len() {
-                break true;
-            }
-            match h.stream.write(&h.out[h.out_pos..]) {
-                Ok(n) => h.out_pos += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break false,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => break true,
-            }
-        };
-        if done {
-            // FIN first, and drop what the peer still sends, so the close
-            // does not turn into a reset that eats the response.
-            let _ = h.stream.shutdown(std::net::Shutdown::Write);
-            let mut sink = [0u8; 4096];
-            for _ in 0..16 {
-                if !matches!(h.stream.read(&mut sink), Ok(n) if n > 0) {
-                    break;
-                }
-            }
-            self.close_http(key);
-        }
-    }
-
-    fn http_timeout(&mut self, key: usize) {
-        let Some(h) = self.http.get_mut(key) else { return };
-        if h.out.is_empty() {
-            h.out = metrics::response(408, "text/plain; charset=utf-8", "request timeout\n");
-            let deadline = self.timers.now_ms() + u64::from(self.limits.handshake_timeout_ms);
-            h.timer = self.timers.insert(deadline, HTTP_BASE + key);
-            self.write_http(key);
-        } else {
-            // The peer is not reading its response either.
-            self.close_http(key);
-        }
-    }
-
-    fn close_http(&mut self, key: usize) {
-        if self.http.contains(key) {
-            let mut h = self.http.remove(key);
-            self.timers.cancel(h.timer);
-            let _ = self.poll.registry().deregister(&mut h.stream);
-        }
+    fn http_timeout(&mut self, key: HttpKey) {
+        let Some(http) = self.http.as_mut() else { return };
+        http.timeout(key, LoopParts { registry: self.poll.registry(), timers: &mut self.timers });
     }
 
     fn close_ended(&mut self) {
@@ -1046,9 +947,8 @@ impl Reactor {
             self.end(key, "shutdown");
         }
         self.close_ended();
-        let keys: Vec<usize> = self.http.iter().map(|(k, _)| k).collect();
-        for key in keys {
-            self.close_http(key);
+        if let Some(http) = self.http.as_mut() {
+            http.close_all(LoopParts { registry: self.poll.registry(), timers: &mut self.timers });
         }
     }
 }
