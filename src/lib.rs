@@ -14,6 +14,8 @@
 //!   loop serves beside its clients;
 //! - `metrics`: histograms and the Prometheus exposition;
 //! - `client`: a blocking client that speaks only the wire protocol;
+//! - `config`: `runnel serve`'s flags, config file and `--print-config`,
+//!   and the flag parser every subcommand uses;
 //! - `sys`: the operating-system calls std and mio do not wrap, the only
 //!   `unsafe` code;
 //! - `testkit`: seeded randomness shared by the tests (not the broker's).
@@ -23,6 +25,7 @@
 pub mod broker;
 pub mod client;
 pub mod codec;
+pub mod config;
 pub mod conn;
 pub mod http;
 pub mod limits;

@@ -75,7 +75,6 @@
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -84,12 +83,13 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
-use crate::broker::{Broker, Config, Now, Outbox, Written};
+use crate::broker::{Broker, Now, Outbox, Written};
 use crate::codec::{self, ErrorCode};
+use crate::config::ServeConfig;
 use crate::conn::{ConnState, FULL_HOLDING_BYTES_MAX, Step};
 use crate::http::{HttpKey, HttpServer, LoopParts};
 use crate::limits::Limits;
-use crate::log::{LogOptions, OpenError};
+use crate::log::OpenError;
 use crate::metrics::{self, LoopMetrics};
 use crate::sys;
 use crate::wheel::{TimerKey, Wheel};
@@ -103,34 +103,6 @@ const METRICS: Token = Token(usize::MAX - 4);
 const READ_CHUNK_BYTES: usize = 64 << 10;
 /// Readiness events taken per poll.
 const EVENTS_PER_POLL: usize = 1024;
-
-/// Everything `runnel serve` needs.
-#[derive(Clone, Debug)]
-pub struct ServeConfig {
-    pub listen: SocketAddr,
-    pub data_dir: PathBuf,
-    pub broker: Config,
-    pub log: LogOptions,
-    /// Where to serve Prometheus metrics over HTTP (`--metrics`).
-    pub metrics: Option<SocketAddr>,
-    /// Poll without blocking for up to this long before sleeping in
-    /// `epoll_wait` (`--spin-us`): trades a busy core for wake-up latency.
-    pub spin_us: u32,
-}
-
-impl ServeConfig {
-    /// A configuration with every default, listening on `listen`.
-    pub fn new(listen: SocketAddr, data_dir: PathBuf) -> ServeConfig {
-        ServeConfig {
-            listen,
-            data_dir,
-            broker: Config::default(),
-            log: LogOptions::default(),
-            metrics: None,
-            spin_us: 0,
-        }
-    }
-}
 
 /// Stops a running reactor from another thread (tests, signal handlers).
 #[derive(Clone)]

@@ -13,8 +13,8 @@ use common::{Server, TempDir};
 use runnel::broker::Config;
 use runnel::client::{Client, Fetch, OwnedReply};
 use runnel::codec::{self, ErrorCode, Request};
+use runnel::config::ServeConfig;
 use runnel::limits::Limits;
-use runnel::reactor::ServeConfig;
 
 fn with_metrics(config: Config, dir: &TempDir) -> Server {
     let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap(), dir.path().to_path_buf());

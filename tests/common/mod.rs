@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use runnel::broker::Config;
 use runnel::client::Client;
+use runnel::config::ServeConfig;
 use runnel::log::LogOptions;
-use runnel::reactor::{Handle, Reactor, ServeConfig};
+use runnel::reactor::{Handle, Reactor};
 
 /// A temporary directory removed on drop.
 pub struct TempDir(pub PathBuf);
