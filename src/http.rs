@@ -114,6 +114,7 @@ const TEXT_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
 
 /// A connection to the metrics listener: one request, one response.
 struct HttpConn {
+    /// The socket, registered with `HttpKey::token`.
     stream: TcpStream,
     /// The request head so far, bytes (at most `HTTP_REQUEST_BYTES_MAX`).
     request: Vec<u8>,
@@ -129,15 +130,19 @@ struct HttpConn {
 /// What a metrics call needs of the loop: where sockets are registered and
 /// the loop's timers, whose values say which connection a timer is for.
 pub(crate) struct LoopParts<'a, T> {
+    /// The poll's registry.
     pub(crate) registry: &'a Registry,
+    /// The loop's timer wheel (deadlines in ms of the reactor's clock).
     pub(crate) timers: &'a mut Wheel<T>,
 }
 
 /// The metrics listener and its connections.
 pub(crate) struct HttpServer {
+    /// The metrics listener, registered with the reactor's METRICS token.
     listener: TcpListener,
     /// Where it listens (the port chosen, when asked for port 0).
     addr: SocketAddr,
+    /// The open metrics connections.
     conns: Slab<HttpConn>,
     /// Most metrics connections at once (the broker's connections_max):
     /// past it a new one is closed unanswered.

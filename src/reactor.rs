@@ -79,6 +79,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
@@ -107,7 +108,9 @@ const EVENTS_PER_POLL: usize = 1024;
 /// Stops a running reactor from another thread (tests, signal handlers).
 #[derive(Clone)]
 pub struct Handle {
+    /// The reactor's stop flag.
     stop: Arc<AtomicBool>,
+    /// Wakes the reactor's poll to see the flag.
     waker: Arc<Waker>,
 }
 
@@ -124,6 +127,7 @@ impl Handle {
 /// One client connection: its socket and its place in the loop; what it
 /// says and is answered is in `state`.
 struct Conn {
+    /// The socket, registered with the connection's key as its token.
     stream: TcpStream,
     /// Input, output, session and the stops (parked, held, paused).
     state: ConnState,
@@ -147,11 +151,81 @@ struct Conn {
     starved_listed: bool,
 }
 
+/// A client connection's key: its place in `Conns`, its poll token, and
+/// the `conn` the broker and `ConnState` know it by (a bare `usize` on
+/// their side, converted at the call). A key is reused once its connection
+/// has closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ConnKey(usize);
+
+impl ConnKey {
+    /// The poll token of this connection's socket.
+    fn token(self) -> Token {
+        Token(self.0)
+    }
+}
+
+/// The client connections, by key.
+struct Conns(Slab<Conn>);
+
+impl Conns {
+    fn get_mut(&mut self, key: ConnKey) -> Option<&mut Conn> {
+        self.0.get_mut(key.0)
+    }
+    fn remove(&mut self, key: ConnKey) -> Option<Conn> {
+        self.0.try_remove(key.0)
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// The key the next `insert` will take.
+    fn vacant_key(&self) -> ConnKey {
+        ConnKey(self.0.vacant_key())
+    }
+    fn insert(&mut self, conn: Conn) -> ConnKey {
+        ConnKey(self.0.insert(conn))
+    }
+    fn keys(&self) -> Vec<ConnKey> {
+        self.0.iter().map(|(k, _)| ConnKey(k)).collect()
+    }
+    fn iter_mut(&mut self) -> impl Iterator<Item = (ConnKey, &mut Conn)> {
+        self.0.iter_mut().map(|(k, c)| (ConnKey(k), c))
+    }
+}
+
+/// What a poll token stands for.
+enum Source {
+    Listener,
+    Waker,
+    Signals,
+    /// The metrics listener.
+    Metrics,
+    /// A metrics connection.
+    Http(HttpKey),
+    /// A client connection.
+    Conn(ConnKey),
+}
+
+impl Source {
+    /// The fixed tokens sit at the top of the token space, metrics
+    /// connections' from `HTTP_TOKEN_BASE` below them, client connections'
+    /// below that.
+    fn of(token: Token) -> Source {
+        match token {
+            LISTENER => Source::Listener,
+            WAKER => Source::Waker,
+            SIGNALS => Source::Signals,
+            METRICS => Source::Metrics,
+            t => HttpKey::from_token(t).map_or(Source::Conn(ConnKey(t.0)), Source::Http),
+        }
+    }
+}
+
 /// What a timer in the reactor's wheel is for.
 #[derive(Clone, Copy, Debug)]
 enum Timed {
     /// A client connection's timeout (handshake, idle, frame, backlog).
-    Conn(usize),
+    Conn(ConnKey),
     /// A metrics connection's timeout.
     Http(HttpKey),
 }
@@ -164,16 +238,20 @@ impl From<HttpKey> for Timed {
 
 /// The lent output buffers (see `broker::Outbox`).
 struct Lent<'a> {
-    conns: &'a mut Slab<Conn>,
-    hot: &'a mut Vec<usize>,
-    dirty: &'a mut Vec<usize>,
+    /// The connections whose output buffers are lent.
+    conns: &'a mut Conns,
+    /// The reactor's `hot`: an unblocked connection is served next turn.
+    hot: &'a mut Vec<ConnKey>,
+    /// The reactor's `dirty`: a connection written to is flushed.
+    dirty: &'a mut Vec<ConnKey>,
     /// The turn's clock, ms: a parked FETCH answered now restarts its
     /// connection's idle clock.
     now_ms: u64,
 }
 
 impl Outbox for Lent<'_> {
-    fn out(&mut self, key: usize) -> Option<&mut Vec<u8>> {
+    fn out(&mut self, conn: usize) -> Option<&mut Vec<u8>> {
+        let key = ConnKey(conn);
         let c = self.conns.get_mut(key).filter(|c| !c.state.closing)?;
         if !c.dirty {
             c.dirty = true;
@@ -181,7 +259,8 @@ impl Outbox for Lent<'_> {
         }
         Some(&mut c.state.out)
     }
-    fn unblock(&mut self, key: usize) {
+    fn unblock(&mut self, conn: usize) {
+        let key = ConnKey(conn);
         if let Some(c) = self.conns.get_mut(key) {
             c.state.unpark(self.now_ms);
             if !c.hot && !c.state.closing {
@@ -194,46 +273,60 @@ impl Outbox for Lent<'_> {
 
 /// The broker's event loop.
 pub struct Reactor {
+    /// The one poll every socket is registered with.
     poll: Poll,
+    /// The client listener; None once a shutdown stopped accepting.
     listener: Option<TcpListener>,
+    /// Where the client listener is bound.
     local_addr: SocketAddr,
-    conns: Slab<Conn>,
+    /// The client connections.
+    conns: Conns,
+    /// The queues, the log, and the requests' handling.
     broker: Broker,
     /// Connections with undecoded input to serve next turn.
-    hot: Vec<usize>,
+    hot: Vec<ConnKey>,
     /// The other half of `hot`'s double buffer.
-    hot_spare: Vec<usize>,
+    hot_spare: Vec<ConnKey>,
     /// Connections with output to flush this turn.
-    dirty: Vec<usize>,
+    dirty: Vec<ConnKey>,
     /// Connections to close at the end of the turn.
-    closing: Vec<usize>,
+    closing: Vec<ConnKey>,
     /// Connections whose socket failed in a flush, and why: ended after the
     /// turn's sync, since nothing may append to the log between its write
     /// and its sync.
-    unwritable: Vec<(usize, String)>,
+    unwritable: Vec<(ConnKey, String)>,
     /// Where reads land before they are appended to a connection's input.
     scratch: Vec<u8>,
+    /// When the reactor started: its monotonic clock counts ms from here.
     started: Instant,
+    /// The consumer id the next accepted connection gets.
     next_consumer: u64,
+    /// Set by `Handle::shutdown` or a signal: stop after this turn.
     stop: Arc<AtomicBool>,
+    /// Wakes the poll when `stop` is set from another thread.
     waker: Arc<Waker>,
     /// Connection timeouts: handshake, idle, frame and backlog of client
     /// connections, and the request timeout of metrics connections.
     timers: Wheel<Timed>,
+    /// The timers that fired this turn (deadline ms, what for); kept to
+    /// reuse its buffer.
     expired: Vec<(u64, Timed)>,
     /// Connections with a held reply this turn.
-    held: Vec<usize>,
+    held: Vec<ConnKey>,
     /// Connections that stopped being served because the buffers were
     /// full (`ConnState::starved`), each once.
-    starved: Vec<usize>,
+    starved: Vec<ConnKey>,
     /// The buffers were full at the end of the last turn.
     buffers_were_full: bool,
     /// The metrics listener and its connections (`--metrics`).
     http: Option<HttpServer>,
     /// The read end of the signal self-pipe.
     signals: Option<mio::net::UnixStream>,
+    /// How long to poll without blocking before sleeping (`--spin-us`).
     spin: Duration,
+    /// What the loop measures of itself (fsync and produce-ack latency).
     loop_metrics: LoopMetrics,
+    /// The broker's limits, as configured.
     limits: Limits,
 }
 
@@ -276,7 +369,7 @@ impl Reactor {
             poll,
             listener: Some(listener),
             local_addr,
-            conns: Slab::new(),
+            conns: Conns(Slab::new()),
             broker,
             hot: Vec::new(),
             hot_spare: Vec::new(),
@@ -346,44 +439,7 @@ impl Reactor {
         let now = now_at(self.started);
         self.broker.stats.turns += 1;
         // 3. readiness
-        // Swapped with a spare list, so neither is reallocated each turn; the
-        // turn may mark connections hot again for the next one.
-        let mut hot = std::mem::replace(&mut self.hot, std::mem::take(&mut self.hot_spare));
-        for key in &hot {
-            if let Some(c) = self.conns.get_mut(*key) {
-                c.hot = false;
-            }
-        }
-        for event in events.iter() {
-            match event.token() {
-                LISTENER => self.accept(now),
-                WAKER => {}
-                SIGNALS => self.drain_signals(),
-                METRICS => self.accept_http(now),
-                t if HttpKey::from_token(t).is_some() => self.serve_http(t, now),
-                Token(key) => {
-                    if event.is_read_closed() || event.is_error() {
-                        // Edge-triggered: this is said once. Remember it,
-                        // for a connection that parks or pauses before it
-                        // reads to the EOF.
-                        if let Some(c) = self.conns.get_mut(key) {
-                            c.state.peer_closed = true;
-                        }
-                    }
-                    if event.is_writable() {
-                        self.mark_dirty(key);
-                    }
-                    if event.is_readable() || event.is_read_closed() || event.is_error() {
-                        self.serve(key, now);
-                    }
-                }
-            }
-        }
-        for &key in &hot {
-            self.serve(key, now);
-        }
-        hot.clear();
-        self.hot_spare = hot;
+        self.handle_readiness(events, now);
         // 4. timers: the broker's (deadlines, delays, waits), then the
         // connections' (handshake, idle, frame timeouts)
         let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
@@ -422,6 +478,51 @@ impl Reactor {
         // 10. buffers
         self.watch_buffers(now);
         Ok(())
+    }
+
+    /// Step 3: accepts, reads and serves every ready socket, then the
+    /// connections the last turn left with input to serve.
+    fn handle_readiness(&mut self, events: &Events, now: Now) {
+        // Swapped with a spare list, so neither is reallocated each turn; the
+        // turn may mark connections hot again for the next one.
+        let mut hot = std::mem::replace(&mut self.hot, std::mem::take(&mut self.hot_spare));
+        for key in &hot {
+            if let Some(c) = self.conns.get_mut(*key) {
+                c.hot = false;
+            }
+        }
+        for event in events.iter() {
+            match Source::of(event.token()) {
+                Source::Listener => self.accept(now),
+                Source::Waker => {}
+                Source::Signals => self.drain_signals(),
+                Source::Metrics => self.accept_http(now),
+                Source::Http(key) => self.serve_http(key, now),
+                Source::Conn(key) => self.ready(key, event, now),
+            }
+        }
+        for &key in &hot {
+            self.serve(key, now);
+        }
+        hot.clear();
+        self.hot_spare = hot;
+    }
+
+    /// A client connection's readiness event.
+    fn ready(&mut self, key: ConnKey, event: &Event, now: Now) {
+        if event.is_read_closed() || event.is_error() {
+            // Edge-triggered: this is said once. Remember it, for a
+            // connection that parks or pauses before it reads to the EOF.
+            if let Some(c) = self.conns.get_mut(key) {
+                c.state.peer_closed = true;
+            }
+        }
+        if event.is_writable() {
+            self.mark_dirty(key);
+        }
+        if event.is_readable() || event.is_read_closed() || event.is_error() {
+            self.serve(key, now);
+        }
     }
 
     fn poll_timeout(&self) -> Option<Duration> {
@@ -501,9 +602,8 @@ impl Reactor {
             }
             // Latency over packet count: replies go out in one write per turn.
             let _ = stream.set_nodelay(true);
-            let entry = self.conns.vacant_entry();
-            let key = entry.key();
-            if let Err(e) = self.poll.registry().register(&mut stream, Token(key), Interest::READABLE) {
+            let key = self.conns.vacant_key();
+            if let Err(e) = self.poll.registry().register(&mut stream, key.token(), Interest::READABLE) {
                 log::warn!("cannot register {peer}: {e}");
                 continue;
             }
@@ -511,7 +611,7 @@ impl Reactor {
             self.next_consumer += 1;
             let deadline = now.mono_ms + u64::from(self.limits.handshake_timeout_ms);
             let timer = Some((self.timers.insert(deadline, Timed::Conn(key)), deadline));
-            entry.insert(Conn {
+            let inserted = self.conns.insert(Conn {
                 stream,
                 state: ConnState::new(consumer, now.mono_ms),
                 hot: false,
@@ -522,12 +622,13 @@ impl Reactor {
                 backlog_since_ms: None,
                 starved_listed: false,
             });
+            assert_eq!(inserted, key, "a slab inserts at its vacant key");
             self.broker.stats.connections = self.conns.len() as u64;
-            log::debug!("accepted {peer} as connection {key}");
+            log::debug!("accepted {peer} as connection {}", key.0);
         }
     }
 
-    fn mark_dirty(&mut self, key: usize) {
+    fn mark_dirty(&mut self, key: ConnKey) {
         if let Some(c) = self.conns.get_mut(key)
             && !c.dirty
         {
@@ -536,7 +637,7 @@ impl Reactor {
         }
     }
 
-    fn mark_hot(&mut self, key: usize) {
+    fn mark_hot(&mut self, key: ConnKey) {
         if let Some(c) = self.conns.get_mut(key)
             && !c.hot
         {
@@ -547,12 +648,12 @@ impl Reactor {
 
     /// Ends a connection: the broker forgets it now (its in-flight messages
     /// return to ready); the socket closes after this turn's flush.
-    fn end(&mut self, key: usize, why: &str) {
+    fn end(&mut self, key: ConnKey, why: &str) {
         let Some(c) = self.conns.get_mut(key) else { return };
-        if !c.state.end(key, &mut self.broker) {
+        if !c.state.end(key.0, &mut self.broker) {
             return;
         }
-        log::debug!("closing connection {key}: {why}");
+        log::debug!("closing connection {}: {why}", key.0);
         if let Some((t, _)) = c.timer.take() {
             self.timers.cancel(t);
         }
@@ -563,7 +664,7 @@ impl Reactor {
     /// Serves a connection: decodes buffered frames, reads more, repeats,
     /// until WouldBlock, a stop (parked, held, closing), or its share of the
     /// turn is used.
-    fn serve(&mut self, key: usize, now: Now) {
+    fn serve(&mut self, key: ConnKey, now: Now) {
         self.serve_conn(key, now);
         self.note_starved(key, now);
         self.arm(key);
@@ -571,7 +672,7 @@ impl Reactor {
 
     /// A connection that stopped because the buffers are full is listed,
     /// to be served again once they are not, and its backlog clock starts.
-    fn note_starved(&mut self, key: usize, now: Now) {
+    fn note_starved(&mut self, key: ConnKey, now: Now) {
         let Some(c) = self.conns.get_mut(key).filter(|c| c.state.starved) else { return };
         if !c.starved_listed {
             c.starved_listed = true;
@@ -580,7 +681,7 @@ impl Reactor {
         c.backlog_since_ms.get_or_insert(now.mono_ms);
     }
 
-    fn serve_conn(&mut self, key: usize, now: Now) {
+    fn serve_conn(&mut self, key: ConnKey, now: Now) {
         let budget = self.broker.config().limits.read_bytes_per_turn_max as usize;
         let mut read = 0usize;
         // A read that returned less than asked for emptied the socket (a
@@ -642,12 +743,12 @@ impl Reactor {
     /// the scratch buffer (`ConnState::serve_chunk`), and notes what that
     /// leaves for the turn: a held reply to release after the commit,
     /// output to flush.
-    fn decode_input(&mut self, key: usize, now: Now, chunk: Option<usize>) -> Step {
+    fn decode_input(&mut self, key: ConnKey, now: Now, chunk: Option<usize>) -> Step {
         let Some(c) = self.conns.get_mut(key) else { return Step::Stop };
         let was_held = c.state.held;
         let step = match chunk {
-            Some(n) => c.state.serve_chunk(key, &self.scratch[..n], &mut self.broker, now, &mut ()),
-            None => c.state.serve(key, &mut self.broker, now, &mut ()),
+            Some(n) => c.state.serve_chunk(key.0, &self.scratch[..n], &mut self.broker, now, &mut ()),
+            None => c.state.serve(key.0, &mut self.broker, now, &mut ()),
         };
         if c.state.held && !was_held {
             self.held.push(key);
@@ -669,7 +770,7 @@ impl Reactor {
         let mut dirty = std::mem::take(&mut self.dirty);
         // What to do after the loop, which holds the connection borrowed:
         // end a connection (why), or arm its timer (a backlog began).
-        let mut after: Vec<(usize, Option<String>)> = Vec::new();
+        let mut after: Vec<(ConnKey, Option<String>)> = Vec::new();
         for key in dirty.drain(..) {
             let Some(c) = self.conns.get_mut(key) else { continue };
             c.dirty = false;
@@ -715,7 +816,7 @@ impl Reactor {
             let want_writable = pending > 0 && failed.is_none();
             if want_writable != c.writable {
                 let interest = if want_writable { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
-                if let Err(e) = self.poll.registry().reregister(&mut c.stream, Token(key), interest) {
+                if let Err(e) = self.poll.registry().reregister(&mut c.stream, key.token(), interest) {
                     failed = Some(format!("reregister: {e}"));
                 }
                 c.writable = want_writable;
@@ -765,7 +866,7 @@ impl Reactor {
     /// Makes sure a timer fires no later than the connection's deadline.
     /// Timers are re-armed lazily: one that fires early is re-armed then,
     /// so a busy connection costs no wheel work per request.
-    fn arm(&mut self, key: usize) {
+    fn arm(&mut self, key: ConnKey) {
         let Some(c) = self.conns.get_mut(key).filter(|c| !c.state.closing) else { return };
         let Some(deadline) = Self::deadline(c, &self.limits) else { return };
         match c.timer {
@@ -794,43 +895,46 @@ impl Reactor {
     fn expire_connections(&mut self, now: Now) {
         let mut expired = std::mem::take(&mut self.expired);
         self.timers.advance(now.mono_ms, &mut expired);
-        let out_max = self.limits.output_bytes_max as usize;
         let full = self.broker.buffers_full();
         for (_, timed) in expired.drain(..) {
-            let token = match timed {
-                Timed::Conn(key) => key,
-                Timed::Http(key) => {
-                    self.http_timeout(key);
-                    continue;
-                }
-            };
-            let Some(c) = self.conns.get_mut(token) else { continue };
-            c.timer = None;
-            let backlog = Self::backlog(c, out_max, full);
-            if backlog.is_none() {
-                c.backlog_since_ms = None;
-            }
-            let l = &self.limits;
-            let why = if !c.state.session.hello && now.mono_ms >= c.accepted_ms + u64::from(l.handshake_timeout_ms) {
-                Some("no HELLO within handshake_timeout_ms")
-            } else if c.state.partial_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
-                Some("a frame stayed incomplete past frame_timeout_ms")
-            } else if c.backlog_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
-                backlog
-            } else if l.idle_timeout_ms > 0
-                && !c.state.parked
-                && now.mono_ms >= c.state.last_active_ms + u64::from(l.idle_timeout_ms)
-            {
-                Some("idle past idle_timeout_ms")
-            } else {
-                None
-            };
-            match why {
-                Some(why) => self.end(token, why),
-                None => self.arm(token),
+            match timed {
+                Timed::Conn(key) => self.conn_timeout(key, now, full),
+                Timed::Http(key) => self.http_timeout(key),
             }
         }
         self.expired = expired;
+    }
+
+    /// A client connection's timer fired: ends it if one of its timeouts
+    /// passed (`full`: the buffers were full when the timers ran), or
+    /// re-arms it for the next.
+    fn conn_timeout(&mut self, key: ConnKey, now: Now, full: bool) {
+        let out_max = self.limits.output_bytes_max as usize;
+        let Some(c) = self.conns.get_mut(key) else { return };
+        c.timer = None;
+        let backlog = Self::backlog(c, out_max, full);
+        if backlog.is_none() {
+            c.backlog_since_ms = None;
+        }
+        let l = &self.limits;
+        let why = if !c.state.session.hello && now.mono_ms >= c.accepted_ms + u64::from(l.handshake_timeout_ms) {
+            Some("no HELLO within handshake_timeout_ms")
+        } else if c.state.partial_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
+            Some("a frame stayed incomplete past frame_timeout_ms")
+        } else if c.backlog_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
+            backlog
+        } else if l.idle_timeout_ms > 0
+            && !c.state.parked
+            && now.mono_ms >= c.state.last_active_ms + u64::from(l.idle_timeout_ms)
+        {
+            Some("idle past idle_timeout_ms")
+        } else {
+            None
+        };
+        match why {
+            Some(why) => self.end(key, why),
+            None => self.arm(key),
+        }
     }
 
     // -----------------------------------------------------------------------
@@ -843,8 +947,8 @@ impl Reactor {
         http.accept(LoopParts { registry: self.poll.registry(), timers: &mut self.timers }, now.mono_ms);
     }
 
-    fn serve_http(&mut self, token: Token, now: Now) {
-        let (Some(http), Some(key)) = (self.http.as_mut(), HttpKey::from_token(token)) else { return };
+    fn serve_http(&mut self, key: HttpKey, now: Now) {
+        let Some(http) = self.http.as_mut() else { return };
         let lp = LoopParts { registry: self.poll.registry(), timers: &mut self.timers };
         http.serve(key, lp, || metrics::render(&self.broker, &self.loop_metrics, now));
     }
@@ -856,8 +960,7 @@ impl Reactor {
 
     fn close_ended(&mut self) {
         for key in std::mem::take(&mut self.closing) {
-            if self.conns.contains(key) {
-                let mut c = self.conns.remove(key);
+            if let Some(mut c) = self.conns.remove(key) {
                 c.state.release_buffers(&mut self.broker.stats.buffered_bytes);
                 let _ = self.poll.registry().deregister(&mut c.stream);
             }
@@ -914,8 +1017,7 @@ impl Reactor {
         self.broker.sync(&mut written, now, &mut lent);
         self.flush(now, &written);
         self.end_unwritable();
-        let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
-        for key in keys {
+        for key in self.conns.keys() {
             self.end(key, "shutdown");
         }
         self.close_ended();
