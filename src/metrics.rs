@@ -94,56 +94,54 @@ type Family = (&'static str, &'static str, &'static str, fn(&TopicMetrics) -> u6
 /// Renders every metric in the Prometheus text exposition format 0.0.4.
 pub fn render(broker: &Broker, lm: &LoopMetrics, now: Now) -> String {
     let mut out = String::with_capacity(4096);
-    let s = &broker.stats;
-    let log = broker.log();
-    metric(&mut out, "runnel_connections", "gauge", "Open client connections.", s.connections);
-    metric(&mut out, "runnel_loop_turns_total", "counter", "Turns of the event loop.", s.turns);
-    metric(&mut out, "runnel_received_bytes_total", "counter", "Bytes read from clients.", s.bytes_in);
-    metric(&mut out, "runnel_sent_bytes_total", "counter", "Bytes written to clients.", s.bytes_out);
-    metric(
-        &mut out,
-        "runnel_buffered_bytes",
-        "gauge",
-        "Bytes the client connections' input and output buffers take (bounded by buffered_bytes_max).",
-        s.buffered_bytes,
-    );
-    metric(
-        &mut out,
-        "runnel_busy_replies_total",
-        "counter",
-        "Requests answered BUSY because the connection buffers were full.",
-        s.busy_replies,
-    );
-    metric(&mut out, "runnel_fsyncs_total", "counter", "fdatasync calls on the commit log.", log.stats.fsyncs);
-    metric(&mut out, "runnel_log_bytes", "gauge", "Bytes in the commit log's segments.", log.bytes());
-    metric(&mut out, "runnel_log_segments", "gauge", "Segment files of the commit log.", log.segments().len() as u64);
-    metric(
-        &mut out,
-        "runnel_log_compactions_total",
-        "counter",
-        "Segments removed by compaction.",
-        broker.compactions(),
-    );
-    metric(
-        &mut out,
-        "runnel_storage_failures_total",
-        "counter",
-        "Failed commit-log writes or syncs.",
-        log.stats.failures,
-    );
-    metric(&mut out, "runnel_topics", "gauge", "Topics, dead-letter topics included.", broker.topic_count() as u64);
-    let _ = writeln!(
-        out,
-        "# HELP runnel_recovery_seconds Time the last start took to replay the log.\n# TYPE runnel_recovery_seconds gauge\nrunnel_recovery_seconds {}",
-        seconds(s.recovery_ms * 1_000_000)
-    );
+    render_broker(&mut out, broker);
     lm.fsync.render(&mut out, "runnel_fsync_duration_seconds", "Write plus fdatasync of one turn's records.");
     lm.produce_ack.render(
         &mut out,
         "runnel_produce_ack_latency_seconds",
         "From the turn a PRODUCE was read in to its acknowledgement.",
     );
-    let topics = broker.topic_metrics(now);
+    render_topics(&mut out, &broker.topic_metrics(now));
+    out
+}
+
+/// The broker's own gauges and counters: connections, the loop, the log.
+fn render_broker(out: &mut String, broker: &Broker) {
+    let s = &broker.stats;
+    let log = broker.log();
+    metric(out, "runnel_connections", "gauge", "Open client connections.", s.connections);
+    metric(out, "runnel_loop_turns_total", "counter", "Turns of the event loop.", s.turns);
+    metric(out, "runnel_received_bytes_total", "counter", "Bytes read from clients.", s.bytes_in);
+    metric(out, "runnel_sent_bytes_total", "counter", "Bytes written to clients.", s.bytes_out);
+    metric(
+        out,
+        "runnel_buffered_bytes",
+        "gauge",
+        "Bytes the client connections' input and output buffers take (bounded by buffered_bytes_max).",
+        s.buffered_bytes,
+    );
+    metric(
+        out,
+        "runnel_busy_replies_total",
+        "counter",
+        "Requests answered BUSY because the connection buffers were full.",
+        s.busy_replies,
+    );
+    metric(out, "runnel_fsyncs_total", "counter", "fdatasync calls on the commit log.", log.stats.fsyncs);
+    metric(out, "runnel_log_bytes", "gauge", "Bytes in the commit log's segments.", log.bytes());
+    metric(out, "runnel_log_segments", "gauge", "Segment files of the commit log.", log.segments().len() as u64);
+    metric(out, "runnel_log_compactions_total", "counter", "Segments removed by compaction.", broker.compactions());
+    metric(out, "runnel_storage_failures_total", "counter", "Failed commit-log writes or syncs.", log.stats.failures);
+    metric(out, "runnel_topics", "gauge", "Topics, dead-letter topics included.", broker.topic_count() as u64);
+    let _ = writeln!(
+        out,
+        "# HELP runnel_recovery_seconds Time the last start took to replay the log.\n# TYPE runnel_recovery_seconds gauge\nrunnel_recovery_seconds {}",
+        seconds(s.recovery_ms * 1_000_000)
+    );
+}
+
+/// The per-topic families, one sample per topic in each.
+fn render_topics(out: &mut String, topics: &[TopicMetrics]) {
     let families: [Family; 12] = [
         ("runnel_topic_ready_messages", "gauge", "Messages ready for delivery.", |t| t.ready),
         ("runnel_topic_inflight_messages", "gauge", "Messages delivered and not acknowledged.", |t| t.inflight),
@@ -162,16 +160,15 @@ pub fn render(broker: &Broker, lm: &LoopMetrics, now: Now) -> String {
     ];
     for (name, kind, help, get) in families {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for t in &topics {
+        for t in topics {
             let _ = writeln!(out, "{name}{{topic=\"{}\"}} {}", label(&t.name), get(t));
         }
     }
     let name = "runnel_topic_oldest_unacked_age_seconds";
     let _ = writeln!(out, "# HELP {name} Age of the oldest unacknowledged message (0 when none).\n# TYPE {name} gauge");
-    for t in &topics {
+    for t in topics {
         let _ = writeln!(out, "{name}{{topic=\"{}\"}} {}", label(&t.name), seconds(t.oldest_age_ms * 1_000_000));
     }
-    out
 }
 
 #[cfg(test)]
