@@ -1,4 +1,6 @@
-//! Integration tests of every broker operation over real TCP.
+//! What each request does, over real TCP: HELLO and PING, PRODUCE and
+//! FETCH, ACK, NACK and TOUCH, the admin requests, pipelining, and delivery
+//! over time (redelivery, dead letters, long polls).
 //!
 //! Each test starts its own broker on port 0 (see `common::Server`) and talks
 //! to it with the blocking client, or with a raw socket where the test is
