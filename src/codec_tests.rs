@@ -267,13 +267,23 @@ impl Samples {
 
     /// Every request shape the codec knows, each valid under SMALL.
     fn requests(&self) -> Vec<(&'static str, Request<'_>)> {
-        let one_id = Ids { bytes: &self.one_id };
-        let many_ids = Ids { bytes: &self.many_ids_bytes };
-        vec![
+        let mut all = vec![
             ("hello without token", Request::Hello { min_version: 1, max_version: 1, token: b"" }),
             ("hello with token", Request::Hello { min_version: 1, max_version: 7, token: b"s3cret token\0\xff" }),
             ("hello extreme versions", Request::Hello { min_version: u16::MAX, max_version: 0, token: b"t" }),
             ("ping", Request::Ping),
+        ];
+        all.extend(self.message_requests());
+        all.extend(Self::admin_requests());
+        all
+    }
+
+    /// The requests that carry messages or ids: PRODUCE, FETCH, ACK, NACK,
+    /// TOUCH.
+    fn message_requests(&self) -> Vec<(&'static str, Request<'_>)> {
+        let one_id = Ids { bytes: &self.one_id };
+        let many_ids = Ids { bytes: &self.many_ids_bytes };
+        vec![
             ("produce one", Request::Produce { topic: "orders", batch: Batch { count: 1, bytes: &self.one } }),
             (
                 "produce many",
@@ -322,6 +332,12 @@ impl Samples {
                 Request::Nack { topic: "orders", delay_ms: u32::MAX, flags: NACK_FLAG_DEAD_LETTER, ids: one_id },
             ),
             ("touch", Request::Touch { topic: "orders", ack_timeout_ms: 5_000, ids: many_ids }),
+        ]
+    }
+
+    /// The admin requests: STATS and the topic operations.
+    fn admin_requests() -> Vec<(&'static str, Request<'static>)> {
+        vec![
             ("stats all", Request::Stats { topic: "" }),
             ("stats one", Request::Stats { topic: "orders" }),
             (
@@ -438,7 +454,15 @@ impl Recorder {
 /// byte range in `out` and what decoding it must give.
 fn encode_reply_samples(out: &mut Vec<u8>) -> Vec<(String, Range<usize>, ReplyFrame<'static>)> {
     let mut r = Recorder { start: out.len(), samples: Vec::new() };
+    encode_small_replies(out, &mut r);
+    encode_error_replies(out, &mut r);
+    encode_messages_replies(out, &mut r);
+    encode_listing_replies(out, &mut r);
+    r.samples
+}
 
+/// HELLO, PONG, PRODUCE's, the id lists', the counts' and CREATE's replies.
+fn encode_small_replies(out: &mut Vec<u8>, r: &mut Recorder) {
     encode_hello_reply(out, 1, 1, &SMALL);
     r.add(out, "hello", op::HELLO, 1, Reply::Hello { version: 1, limits: SMALL });
     encode_hello_reply(out, u32::MAX, u16::MAX, &DecodeLimits::CLIENT);
@@ -480,7 +504,10 @@ fn encode_reply_samples(out: &mut Vec<u8>) -> Vec<(String, Range<usize>, ReplyFr
     r.add(out, "created", op::CREATE_TOPIC, 21, Reply::Created { created: true });
     encode_u64_reply(out, op::CREATE_TOPIC, 22, 0);
     r.add(out, "not created", op::CREATE_TOPIC, 22, Reply::Created { created: false });
+}
 
+/// An error of every code, and errors with unusual text and ops.
+fn encode_error_replies(out: &mut Vec<u8>, r: &mut Recorder) {
     for (i, code) in ALL_ERROR_CODES.into_iter().enumerate() {
         let op = ALL_OPS[i % ALL_OPS.len()];
         let id = 30 + i as u32;
@@ -496,7 +523,10 @@ fn encode_reply_samples(out: &mut Vec<u8>) -> Vec<(String, Range<usize>, ReplyFr
     // The two connection errors answer no request: op 0x80, request id 0.
     encode_error(out, 0, 0, ErrorCode::TooManyConnections, "too many connections");
     r.add(out, "connection error", 0, 0, Reply::Error { code: 15, message: "too many connections" });
+}
 
+/// FETCH replies: none, a few, and dead letters to the longest topic.
+fn encode_messages_replies(out: &mut Vec<u8>, r: &mut Recorder) {
     let w = MessagesWriter::begin(out, 60, "orders");
     assert_eq!(w.count(), 0);
     w.finish(out);
@@ -520,7 +550,10 @@ fn encode_reply_samples(out: &mut Vec<u8>) -> Vec<(String, Range<usize>, ReplyFr
         62,
         Reply::Messages { topic: LONGEST_DLQ_TOPIC, messages: MESSAGES.to_vec() },
     );
+}
 
+/// STATS and LIST_TOPICS replies, empty and full.
+fn encode_listing_replies(out: &mut Vec<u8>, r: &mut Recorder) {
     StatsWriter::begin(out, 70).finish(out);
     r.add(out, "stats, no sections", op::STATS, 70, Reply::Stats(vec![]));
     let mut w = StatsWriter::begin(out, 71);
@@ -557,8 +590,6 @@ fn encode_reply_samples(out: &mut Vec<u8>) -> Vec<(String, Range<usize>, ReplyFr
     ];
     encode_topics_reply(out, 81, &topics);
     r.add(out, "topics", op::LIST_TOPICS, 81, Reply::Topics(topics.to_vec()));
-
-    r.samples
 }
 
 // ---------------------------------------------------------------------------
@@ -995,41 +1026,8 @@ fn random_reply_frame(rng: &mut Rng, out: &mut Vec<u8>) {
             let message = rng.ascii(len);
             encode_error(out, rng.below(0x80) as u8, request_id, code, &message);
         }
-        6 | 7 => {
-            let topic = rng.topic();
-            let mut w = MessagesWriter::begin(out, request_id, &topic);
-            for _ in 0..rng.below(6) {
-                let len = rng.range(0, 30);
-                let payload = rng.bytes(len);
-                let dead = rng.one_in(3).then(|| DeadInfo {
-                    origin_id: rng.next_u64(),
-                    origin_deliveries: rng.next_u64() as u16,
-                    reason: DeadReason::from_u8(rng.range(1, 4) as u8).expect("reasons are 1..=4"), // ok: test code, on the test's own data
-                });
-                let m = Message {
-                    id: rng.next_u64(),
-                    born_ms: rng.next_u64(),
-                    delivery_count: rng.next_u64() as u16,
-                    dead,
-                    payload: &payload,
-                };
-                w.push(out, &m);
-            }
-            w.finish(out);
-        }
-        8 => {
-            let mut w = StatsWriter::begin(out, request_id);
-            for _ in 0..rng.below(4) {
-                let name = if rng.one_in(3) { String::new() } else { rng.topic() };
-                w.section(out, &name);
-                for _ in 0..rng.below(5) {
-                    let len = rng.range(0, 20);
-                    let key = rng.ascii(len);
-                    w.kv(out, &key, rng.next_u64());
-                }
-            }
-            w.finish(out);
-        }
+        6 | 7 => random_messages_reply(rng, out, request_id),
+        8 => random_stats_reply(rng, out, request_id),
         _ => {
             let topics: Vec<(String, TopicSettings)> = (0..rng.below(5))
                 .map(|_| {
@@ -1042,6 +1040,45 @@ fn random_reply_frame(rng: &mut Rng, out: &mut Vec<u8>) {
             encode_topics_reply(out, request_id, &topics);
         }
     }
+}
+
+/// A FETCH reply of up to five random messages, some dead letters.
+fn random_messages_reply(rng: &mut Rng, out: &mut Vec<u8>, request_id: u32) {
+    let topic = rng.topic();
+    let mut w = MessagesWriter::begin(out, request_id, &topic);
+    for _ in 0..rng.below(6) {
+        let len = rng.range(0, 30);
+        let payload = rng.bytes(len);
+        let dead = rng.one_in(3).then(|| DeadInfo {
+            origin_id: rng.next_u64(),
+            origin_deliveries: rng.next_u64() as u16,
+            reason: DeadReason::from_u8(rng.range(1, 4) as u8).expect("reasons are 1..=4"), // ok: test code, on the test's own data
+        });
+        let m = Message {
+            id: rng.next_u64(),
+            born_ms: rng.next_u64(),
+            delivery_count: rng.next_u64() as u16,
+            dead,
+            payload: &payload,
+        };
+        w.push(out, &m);
+    }
+    w.finish(out);
+}
+
+/// A STATS reply of up to three random sections of random counters.
+fn random_stats_reply(rng: &mut Rng, out: &mut Vec<u8>, request_id: u32) {
+    let mut w = StatsWriter::begin(out, request_id);
+    for _ in 0..rng.below(4) {
+        let name = if rng.one_in(3) { String::new() } else { rng.topic() };
+        w.section(out, &name);
+        for _ in 0..rng.below(5) {
+            let len = rng.range(0, 20);
+            let key = rng.ascii(len);
+            w.kv(out, &key, rng.next_u64());
+        }
+    }
+    w.finish(out);
 }
 
 /// Decodes replies from `stream` fed in `pieces`, as a client would; each

@@ -21,7 +21,6 @@
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -172,22 +171,10 @@ impl SegmentFile for File {
         File::set_len(self, len)
     }
     fn reserve(&mut self, len: u64) -> io::Result<()> {
-        let len = libc::off_t::try_from(len).map_err(|_| io::Error::other("reservation past off_t"))?;
-        // SAFETY: fallocate on a descriptor this File owns; mode 0 allocates
-        // [0, len) and extends the size, never touching written data.
-        let r = unsafe { libc::fallocate(self.as_raw_fd(), 0, 0, len) };
-        if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+        crate::sys::allocate(self, len)
     }
     fn free_bytes(&self) -> io::Result<u64> {
-        // SAFETY: fstatvfs on a descriptor this File owns, into a zeroed
-        // struct it fills.
-        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        if unsafe { libc::fstatvfs(self.as_raw_fd(), &mut st) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // The field types differ between targets (u32 on some 32-bit ones).
-        #[allow(clippy::useless_conversion)]
-        Ok(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+        crate::sys::free_bytes(self)
     }
 }
 

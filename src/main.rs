@@ -3,25 +3,27 @@
 //!
 //! Every subcommand is described once, by a `Sub` (its words and its flags
 //! with their defaults): that description is both its `--help` and the set
-//! of flags its parser accepts, so the two cannot drift apart.
+//! of flags its parser accepts, so the two cannot drift apart. `serve`'s
+//! flags, its config file and `--print-config` are `runnel::config`, which
+//! tests share.
 
-use std::fmt::Display;
+#![deny(unsafe_code)]
+// Functions fit on a screen: the threshold is in clippy.toml, and CI runs
+// clippy with -D warnings, so a longer function fails the build.
+#![warn(clippy::too_many_lines)]
+
 use std::io::{self, BufRead, Write};
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use runnel::client::{Client, Fetch};
 use runnel::codec::{self, TopicSettings};
-use runnel::limits::Limits;
+use runnel::config::{Args, ArgsError, DEFAULT_ADDR, Flag, Serve, flag, serve_flags, switch};
 use runnel::log::{FsyncMode, Log};
-use runnel::reactor::{Reactor, ServeConfig};
+use runnel::reactor::Reactor;
+use runnel::sys;
 
-/// Where `runnel serve` listens and clients connect by default.
-const DEFAULT_ADDR: &str = "127.0.0.1:7700";
-/// Where `runnel serve` keeps its commit log by default.
-const DEFAULT_DATA: &str = "runnel-data";
 /// Lines `runnel produce` sends in one PRODUCE frame by default.
 const PRODUCE_BATCH_DEFAULT: usize = 256;
 /// How long each FETCH of `runnel consume` waits for a message by default.
@@ -37,27 +39,6 @@ const EXIT_STDOUT_CLOSED: u8 = 141;
 // ---------------------------------------------------------------------------
 // The subcommands and their flags, as `--help` shows them.
 // ---------------------------------------------------------------------------
-
-/// One flag of a subcommand.
-struct Flag {
-    /// The flag with its dashes, e.g. `--batch`.
-    name: &'static str,
-    /// What its value is called in the usage; empty for a switch, which is
-    /// off unless given.
-    value: &'static str,
-    /// Its default, as a user reads it; empty for a switch.
-    default: String,
-    /// What it does, in a few words.
-    what: &'static str,
-}
-
-fn flag(name: &'static str, value: &'static str, default: impl Display, what: &'static str) -> Flag {
-    Flag { name, value, default: default.to_string(), what }
-}
-
-fn switch(name: &'static str, what: &'static str) -> Flag {
-    Flag { name, value: "", default: String::new(), what }
-}
 
 /// A subcommand: what its usage says and which flags it accepts.
 struct Sub {
@@ -133,71 +114,6 @@ Every flag but --config is also a key of the config file: `key = value`, the
 flag without its dashes. RUNNEL_AUTH_TOKEN sets --auth-token; RUST_LOG sets
 the log level (default info). SIGTERM or SIGINT stops the broker gracefully.";
 
-/// `runnel serve`'s flags: the flag, its value's name (empty for a switch)
-/// and what it does. Their defaults are read from the default
-/// configuration, as `--print-config` writes it.
-const SERVE_FLAGS: &[(&str, &str, &str)] = &[
-    ("--config", "FILE", "read flags from FILE; the command line overrides them"),
-    ("--print-config", "", "print the effective configuration as a config file, and exit"),
-    ("--listen", "ADDR", "where clients connect"),
-    ("--data", "DIR", "the commit log's directory, locked against a second broker"),
-    ("--fsync", "turn|never", "answer a PRODUCE after the fdatasync that covers it, or after the write"),
-    ("--segment-bytes-max", "N", "size of one log segment file"),
-    ("--repair", "", "start past log corruption, dropping only the damaged records"),
-    ("--dry-run", "", "with --repair: report what a start (and repair) would drop, change nothing, exit"),
-    ("--no-auto-create", "", "PRODUCE and FETCH on a missing topic get UNKNOWN_TOPIC"),
-    ("--ack-timeout-ms", "MS", "a new topic's time to acknowledge a delivery"),
-    ("--max-deliveries", "N", "a new topic's deliveries before a message moves to its .dlq"),
-    ("--auth-token", "TOKEN", "the secret every HELLO must carry"),
-    ("--metrics", "ADDR", "serve GET /metrics and /healthz over HTTP here"),
-    ("--pin-core", "N", "pin the event loop to CPU N"),
-    ("--spin-us", "US", "poll without blocking for up to US µs before sleeping"),
-    ("--frame-bytes-max", "N", "largest frame a client may send"),
-    ("--message-bytes-max", "N", "largest payload of one message"),
-    ("--batch-messages-max", "N", "most messages in a PRODUCE, most ids in an ACK, NACK or TOUCH"),
-    ("--topic-name-bytes-max", "N", "longest topic name"),
-    ("--topics-max", "N", "most topics (dead-letter topics not counted)"),
-    ("--topic-messages-max", "N", "most unacknowledged messages in one topic"),
-    ("--topic-bytes-max", "N", "most unacknowledged payload bytes in one topic"),
-    ("--connections-max", "N", "most client connections at once"),
-    ("--output-bytes-max", "N", "most reply bytes waiting for one client"),
-    ("--buffered-bytes-max", "N", "most bytes all client connections' buffers may take together"),
-    ("--fetch-bytes-max", "N", "most message bytes in one FETCH reply"),
-    ("--fetch-wait-ms-max", "MS", "longest wait a FETCH may ask for"),
-    ("--read-bytes-per-turn-max", "N", "most bytes read from one connection in one loop turn"),
-    ("--handshake-timeout-ms", "MS", "time a new connection has to send HELLO"),
-    ("--idle-timeout-ms", "MS", "time a connection may stay silent; 0 for no limit"),
-    ("--frame-timeout-ms", "MS", "time a frame may stay incomplete"),
-];
-
-/// The configuration `runnel serve` runs with when given no flags.
-fn default_serve() -> Serve {
-    let listen = DEFAULT_ADDR.parse().expect("DEFAULT_ADDR is an IP:PORT");
-    Serve {
-        cfg: ServeConfig::new(listen, PathBuf::from(DEFAULT_DATA)),
-        pin_core: None,
-        print_config: false,
-        dry_run: false,
-    }
-}
-
-/// `runnel serve`'s flags with their defaults.
-fn serve_flags() -> Vec<Flag> {
-    let defaults = config_text(&default_serve());
-    let default_of = |name: &str| {
-        let key = name.trim_start_matches('-');
-        let v = defaults.lines().find_map(|l| l.strip_prefix(key)?.trim_start().strip_prefix('=').map(str::trim));
-        v.filter(|v| !v.is_empty()).unwrap_or("none").to_string()
-    };
-    SERVE_FLAGS
-        .iter()
-        .map(|&(name, value, what)| match value {
-            "" => switch(name, what),
-            _ => Flag { name, value, default: default_of(name), what },
-        })
-        .collect()
-}
-
 /// The one line a wrong command line is answered with.
 fn usage_line(sub: &Sub) -> String {
     let words = if sub.words.is_empty() { String::new() } else { format!(" {}", sub.words) };
@@ -270,6 +186,16 @@ enum Exit {
     StdoutClosed,
 }
 
+/// A command line or config file that was not taken.
+impl From<ArgsError> for Exit {
+    fn from(e: ArgsError) -> Exit {
+        match e {
+            ArgsError::Help => Exit::Help,
+            ArgsError::Usage(e) => Exit::Usage(e),
+        }
+    }
+}
+
 /// An error while doing the work (not while reading the arguments).
 impl From<String> for Exit {
     fn from(e: String) -> Exit {
@@ -326,7 +252,7 @@ fn run(cmd: &str, rest: &[String]) -> Result<(), Exit> {
         return Err(Exit::Usage(format!("unknown command {cmd:?}")));
     };
     let outcome = match sub.name {
-        "serve" => serve(rest, &sub),
+        "serve" => serve(rest),
         "produce" => produce(rest, &sub),
         "consume" => consume(rest, &sub),
         "stats" => stats(rest, &sub),
@@ -356,304 +282,8 @@ fn say(text: &str) {
 }
 
 // ---------------------------------------------------------------------------
-// Arguments.
+// The subcommands.
 // ---------------------------------------------------------------------------
-
-/// Parsed `--flag value` pairs, bare `--switch`es and positional words.
-struct Args {
-    flags: Vec<(String, Option<String>)>,
-    words: Vec<String>,
-}
-
-impl Args {
-    /// Splits `args` by `sub`'s flags. An unknown flag, or one without
-    /// its value, is refused by name; `-h`/`--help` asks for the usage; after
-    /// `--` every argument is a word (a topic may start with `-`).
-    fn parse(args: &[String], sub: &Sub) -> Result<Args, Exit> {
-        let mut flags = Vec::new();
-        let mut words = Vec::new();
-        let mut it = args.iter();
-        while let Some(a) = it.next() {
-            match a.as_str() {
-                "-h" | "--help" => return Err(Exit::Help),
-                "--" => {
-                    words.extend(it.by_ref().cloned());
-                    break;
-                }
-                w if !w.starts_with('-') || w == "-" => {
-                    words.push(a.clone());
-                    continue;
-                }
-                _ => {}
-            }
-            let (name, inline) = match a.split_once('=') {
-                Some((k, v)) if k.starts_with("--") => (k, Some(v.to_string())),
-                _ => (a.as_str(), None),
-            };
-            let Some(f) = sub.flags.iter().find(|f| f.name == name) else {
-                return Err(Exit::Usage(format!("unknown flag {name}")));
-            };
-            let value = match inline {
-                Some(v) => Some(v),
-                None if f.value.is_empty() => None,
-                None => {
-                    Some(it.next().cloned().ok_or_else(|| Exit::Usage(format!("{name} needs a value ({})", f.value)))?)
-                }
-            };
-            flags.push((name.to_string(), value));
-        }
-        Ok(Args { flags, words })
-    }
-    /// The value of the last `name` (a later flag overrides an earlier
-    /// one, and the command line a config file's).
-    fn take(&mut self, name: &str) -> Option<String> {
-        let i = self.flags.iter().rposition(|f| f.0 == name)?;
-        let v = self.flags.remove(i).1;
-        self.flags.retain(|f| f.0 != name);
-        // `key =` with nothing after it (as --print-config writes an unset
-        // option) means unset.
-        v.filter(|v| !v.is_empty())
-    }
-    /// A switch: present, or `name=true`; `name=false` turns it off.
-    fn switch(&mut self, name: &str) -> bool {
-        let i = self.flags.iter().rposition(|f| f.0 == name);
-        let on = i.is_some_and(|i| !matches!(self.flags[i].1.as_deref(), Some("false" | "0" | "no")));
-        self.flags.retain(|f| f.0 != name);
-        on
-    }
-    fn num<T: std::str::FromStr>(&mut self, name: &str) -> Result<Option<T>, Exit> {
-        match self.take(name) {
-            None => Ok(None),
-            Some(v) => v.parse().map(Some).map_err(|_| Exit::Usage(format!("{name}: {v:?} is not a valid number"))),
-        }
-    }
-    /// Fails on flags nobody took.
-    fn done(&self) -> Result<(), Exit> {
-        match self.flags.first() {
-            Some((k, _)) => Err(Exit::Usage(format!("unknown flag {k}"))),
-            None => Ok(()),
-        }
-    }
-    /// The one topic the command names.
-    fn topic(&self) -> Result<&str, Exit> {
-        match self.words.as_slice() {
-            [t] => Ok(t),
-            [] => Err(Exit::Usage("name a topic".into())),
-            _ => Err(Exit::Usage(format!("one topic, please, not {:?}", self.words))),
-        }
-    }
-    /// The topic the command names, if it names one.
-    fn optional_topic(&self) -> Result<Option<&str>, Exit> {
-        match self.words.as_slice() {
-            [] => Ok(None),
-            _ => self.topic().map(Some),
-        }
-    }
-    /// Fails on words for a command that takes none.
-    fn no_words(&self) -> Result<(), Exit> {
-        match self.words.first() {
-            Some(w) => Err(Exit::Usage(format!("unexpected argument {w:?}"))),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Sets the limit named by a `--flag`, if it is one. Every limit's flag is
-/// its field name with `-` for `_`.
-fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), Exit> {
-    macro_rules! limit {
-        ($($field:ident),*) => {$(
-            if let Some(v) = args.num(concat!("--", stringify!($field)).replace('_', "-").as_str())? {
-                l.$field = v;
-            }
-        )*};
-    }
-    limit!(
-        frame_bytes_max,
-        message_bytes_max,
-        batch_messages_max,
-        topic_name_bytes_max,
-        topics_max,
-        topic_messages_max,
-        topic_bytes_max,
-        connections_max,
-        output_bytes_max,
-        buffered_bytes_max,
-        fetch_bytes_max,
-        fetch_wait_ms_max,
-        read_bytes_per_turn_max,
-        handshake_timeout_ms,
-        idle_timeout_ms,
-        frame_timeout_ms
-    );
-    Ok(())
-}
-
-/// Reads a config file of `key = value` lines (`#` starts a comment); the
-/// keys are the `runnel serve` flags without their dashes. Returns them as
-/// flags, to be parsed before the command line's (which override them).
-fn config_file(path: &str, sub: &Sub) -> Result<Vec<String>, Exit> {
-    let text = std::fs::read_to_string(path).map_err(|e| Exit::Usage(format!("--config {path}: {e}")))?;
-    let mut args = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.split('#').next().unwrap_or("").trim();
-        if line.is_empty() {
-            continue;
-        }
-        let Some((k, v)) = line.split_once('=') else {
-            return Err(Exit::Usage(format!("{path}:{}: want `key = value`, got {line:?}", n + 1)));
-        };
-        let (k, v) = (k.trim(), v.trim().trim_matches('"'));
-        let flag = format!("--{k}");
-        if k == "config" || !sub.flags.iter().any(|f| f.name == flag) {
-            return Err(Exit::Usage(format!("{path}:{}: unknown key {k:?}", n + 1)));
-        }
-        args.push(format!("{flag}={v}"));
-    }
-    Ok(args)
-}
-
-/// Everything `runnel serve` was asked for.
-struct Serve {
-    cfg: ServeConfig,
-    pin_core: Option<usize>,
-    print_config: bool,
-    /// Read the log through, report what a start (and --repair) would do,
-    /// change nothing, exit.
-    dry_run: bool,
-}
-
-fn parse_serve(raw: &[String], sub: &Sub) -> Result<Serve, Exit> {
-    let mut a = Args::parse(raw, sub)?;
-    if let Some(path) = a.take("--config") {
-        let mut all = Args::parse(&config_file(&path, sub)?, sub)?;
-        // The command line's flags come last, so they win.
-        all.flags.append(&mut a.flags);
-        a.flags = all.flags;
-    }
-    let mut s = default_serve();
-    if let Some(listen) = a.take("--listen") {
-        s.cfg.listen = listen.parse().map_err(|e| Exit::Usage(format!("--listen {listen:?}: {e} (want IP:PORT)")))?;
-    }
-    if let Some(data) = a.take("--data") {
-        s.cfg.data_dir = PathBuf::from(data);
-    }
-    let config = &mut s.cfg.broker;
-    set_limit(&mut config.limits, &mut a)?;
-    config.auto_create = !a.switch("--no-auto-create");
-    if let Some(v) = a.num("--ack-timeout-ms")? {
-        config.defaults.ack_timeout_ms = v;
-    }
-    if let Some(v) = a.num("--max-deliveries")? {
-        config.defaults.max_deliveries = v;
-    }
-    config.auth_token = a
-        .take("--auth-token")
-        .or_else(|| std::env::var("RUNNEL_AUTH_TOKEN").ok())
-        .filter(|t| !t.is_empty())
-        .map(String::into_bytes);
-    let cfg = &mut s.cfg;
-    if let Some(v) = a.num("--segment-bytes-max")? {
-        cfg.log.segment_bytes_max = v;
-    }
-    cfg.log.repair = a.switch("--repair");
-    cfg.log.fsync = match a.take("--fsync").as_deref() {
-        None | Some("turn") => FsyncMode::Turn,
-        Some("never") => FsyncMode::Never,
-        Some(other) => return Err(Exit::Usage(format!("--fsync {other:?}: want turn or never"))),
-    };
-    cfg.metrics = match a.take("--metrics") {
-        Some(m) => Some(m.parse().map_err(|e| Exit::Usage(format!("--metrics {m:?}: {e} (want IP:PORT)")))?),
-        None => None,
-    };
-    cfg.spin_us = a.num("--spin-us")?.unwrap_or(0);
-    s.pin_core = a.num("--pin-core")?;
-    s.print_config = a.switch("--print-config");
-    s.dry_run = a.switch("--dry-run");
-    a.done()?;
-    a.no_words()?;
-    Ok(s)
-}
-
-/// The effective configuration, in the config file's format.
-fn config_text(s: &Serve) -> String {
-    let c = &s.cfg;
-    let l = &c.broker.limits;
-    let mut lines = vec![
-        format!("listen = {}", c.listen),
-        format!("data = {}", c.data_dir.display()),
-        format!("fsync = {}", if c.log.fsync == FsyncMode::Turn { "turn" } else { "never" }),
-        format!("segment-bytes-max = {}", c.log.segment_bytes_max),
-        format!("repair = {}", c.log.repair),
-        format!("no-auto-create = {}", !c.broker.auto_create),
-        format!("ack-timeout-ms = {}", c.broker.defaults.ack_timeout_ms),
-        format!("max-deliveries = {}", c.broker.defaults.max_deliveries),
-        format!("# auth-token is {} (never printed)", if c.broker.auth_token.is_some() { "set" } else { "not set" }),
-        format!("metrics = {}", c.metrics.map(|m| m.to_string()).unwrap_or_default()),
-        format!("spin-us = {}", c.spin_us),
-        format!("pin-core = {}", s.pin_core.map(|p| p.to_string()).unwrap_or_default()),
-    ];
-    for (k, v) in [
-        ("frame-bytes-max", u64::from(l.frame_bytes_max)),
-        ("message-bytes-max", l.message_bytes_max.into()),
-        ("batch-messages-max", l.batch_messages_max.into()),
-        ("topic-name-bytes-max", l.topic_name_bytes_max.into()),
-        ("topics-max", l.topics_max.into()),
-        ("topic-messages-max", l.topic_messages_max),
-        ("topic-bytes-max", l.topic_bytes_max),
-        ("connections-max", l.connections_max.into()),
-        ("output-bytes-max", l.output_bytes_max.into()),
-        ("buffered-bytes-max", l.buffered_bytes_max),
-        ("fetch-bytes-max", l.fetch_bytes_max.into()),
-        ("fetch-wait-ms-max", l.fetch_wait_ms_max.into()),
-        ("read-bytes-per-turn-max", l.read_bytes_per_turn_max.into()),
-        ("handshake-timeout-ms", l.handshake_timeout_ms.into()),
-        ("idle-timeout-ms", l.idle_timeout_ms.into()),
-        ("frame-timeout-ms", l.frame_timeout_ms.into()),
-    ] {
-        lines.push(format!("{k} = {v}"));
-    }
-    lines.join("\n") + "\n"
-}
-
-/// Pins the calling thread (the loop) to one CPU.
-fn pin_to_core(core: usize) -> Result<(), String> {
-    if core >= libc::CPU_SETSIZE as usize {
-        return Err(format!("--pin-core {core}: beyond the CPU set size"));
-    }
-    // SAFETY: cpu_set_t is plain data, zeroed is its empty set; CPU_SET
-    // writes inside it (core is below CPU_SETSIZE); sched_setaffinity reads
-    // exactly size_of::<cpu_set_t>() bytes from it.
-    let rc = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(core, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if rc != 0 {
-        return Err(format!("--pin-core {core}: {}", io::Error::last_os_error()));
-    }
-    Ok(())
-}
-
-/// Raises the open-file limit to its hard limit: every connection is a
-/// file descriptor. Returns the limit in force.
-fn raise_fd_limit() -> Option<u64> {
-    // SAFETY: getrlimit and setrlimit read and write one rlimit struct that
-    // lives on this stack frame.
-    unsafe {
-        let mut lim: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return None;
-        }
-        if lim.rlim_cur < lim.rlim_max {
-            let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                lim = raised;
-            }
-        }
-        Some(lim.rlim_cur as u64)
-    }
-}
 
 /// SIGTERM and SIGINT: the first starts a graceful shutdown (the handler
 /// writes a byte the loop sees), the second exits at once.
@@ -682,19 +312,19 @@ fn dry_run(data_dir: &std::path::Path) -> Result<(), Exit> {
     Ok(())
 }
 
-fn serve(raw: &[String], sub: &Sub) -> Result<(), Exit> {
-    let s = parse_serve(raw, sub)?;
+fn serve(raw: &[String]) -> Result<(), Exit> {
+    let s = Serve::parse(raw)?;
     if s.print_config {
-        return emit(config_text(&s).as_bytes());
+        return emit(s.config_text().as_bytes());
     }
     if s.dry_run {
         return dry_run(&s.cfg.data_dir);
     }
     if let Some(core) = s.pin_core {
-        pin_to_core(core)?;
+        sys::pin_to_core(core).map_err(|e| format!("--pin-core {core}: {e}"))?;
         log::info!("pinned the event loop to CPU {core}");
     }
-    if let Some(fds) = raise_fd_limit() {
+    if let Some(fds) = sys::raise_fd_limit() {
         let need = u64::from(s.cfg.broker.limits.connections_max) + 64;
         if fds < need {
             log::warn!(
@@ -735,7 +365,7 @@ fn connect(addr: &str) -> Result<Client, Exit> {
 }
 
 fn produce(raw: &[String], sub: &Sub) -> Result<(), Exit> {
-    let mut a = Args::parse(raw, sub)?;
+    let mut a = Args::parse(raw, &sub.flags)?;
     let addr = addr(&mut a);
     let batch_max: usize = a.num("--batch")?.unwrap_or(PRODUCE_BATCH_DEFAULT).max(1);
     a.done()?;
@@ -771,7 +401,7 @@ fn produce(raw: &[String], sub: &Sub) -> Result<(), Exit> {
 }
 
 fn consume(raw: &[String], sub: &Sub) -> Result<(), Exit> {
-    let mut a = Args::parse(raw, sub)?;
+    let mut a = Args::parse(raw, &sub.flags)?;
     let addr = addr(&mut a);
     let count: Option<u64> = a.num("--count")?;
     let wait_ms: u32 = a.num("--wait-ms")?.unwrap_or(CONSUME_WAIT_MS_DEFAULT);
@@ -807,7 +437,7 @@ fn consume(raw: &[String], sub: &Sub) -> Result<(), Exit> {
 const STAT_COLUMNS: &[&str] = &["ready", "inflight", "dead_lettered", "produced", "delivered", "redelivered", "acked"];
 
 fn stats(raw: &[String], sub: &Sub) -> Result<(), Exit> {
-    let mut a = Args::parse(raw, sub)?;
+    let mut a = Args::parse(raw, &sub.flags)?;
     let addr = addr(&mut a);
     let json = a.switch("--json");
     a.done()?;
@@ -857,7 +487,7 @@ fn json_escape(s: &str) -> String {
 
 /// `topics`, `create`, `delete`, `purge` and `redrive`: one request each.
 fn admin(raw: &[String], sub: &Sub) -> Result<(), Exit> {
-    let mut a = Args::parse(raw, sub)?;
+    let mut a = Args::parse(raw, &sub.flags)?;
     let addr = addr(&mut a);
     let settings = TopicSettings {
         ack_timeout_ms: a.num("--ack-timeout-ms")?.unwrap_or(0),
@@ -893,37 +523,6 @@ fn admin(raw: &[String], sub: &Sub) -> Result<(), Exit> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The key and value of each line `--print-config` writes for the
-    /// default configuration (its comments left out).
-    fn default_keys() -> Vec<(String, String)> {
-        let text = config_text(&default_serve());
-        let pairs = text.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_once('=').expect("key = value"));
-        pairs.map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect()
-    }
-
-    #[test]
-    fn every_config_key_is_a_flag_serve_help_lists() {
-        let sub = sub("serve").expect("serve");
-        for (k, _) in default_keys() {
-            let flag = format!("--{k}");
-            assert!(sub.flags.iter().any(|f| f.name == flag), "{flag} is a config key but not in `serve --help`");
-        }
-    }
-
-    #[test]
-    fn every_flag_serve_help_lists_is_accepted() {
-        let sub = sub("serve").expect("serve");
-        let keys = default_keys();
-        for f in sub.flags.iter().filter(|f| f.name != "--config") {
-            let key = f.name.trim_start_matches('-');
-            let value = keys.iter().find(|(k, _)| k == key).map_or("x", |(_, v)| v.as_str());
-            let arg = if f.value.is_empty() { f.name.to_string() } else { format!("{}={value}", f.name) };
-            if let Err(e) = parse_serve(std::slice::from_ref(&arg), &sub) {
-                panic!("`serve --help` lists {}, and `serve {arg}` fails: {e:?}", f.name);
-            }
-        }
-    }
 
     #[test]
     fn every_value_flag_shows_its_default() {

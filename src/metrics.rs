@@ -1,10 +1,7 @@
-//! Prometheus metrics: latency histograms, the text exposition format, and
-//! the tiny HTTP/1.x request parser the reactor's metrics listener uses.
+//! Prometheus metrics: latency histograms and the text exposition format,
+//! which the metrics listener (`http.rs`) serves.
 //!
-//! No HTTP framework and no thread: the reactor accepts metrics connections
-//! on its own poll loop, hands the bytes of a request to `parse_request`,
-//! and writes what `respond` returns. Everything here is pure: it never
-//! touches a socket or reads a clock.
+//! Everything here is pure: it never touches a socket or reads a clock.
 
 use std::fmt::Write as _;
 
@@ -97,56 +94,54 @@ type Family = (&'static str, &'static str, &'static str, fn(&TopicMetrics) -> u6
 /// Renders every metric in the Prometheus text exposition format 0.0.4.
 pub fn render(broker: &Broker, lm: &LoopMetrics, now: Now) -> String {
     let mut out = String::with_capacity(4096);
-    let s = &broker.stats;
-    let log = broker.log();
-    metric(&mut out, "runnel_connections", "gauge", "Open client connections.", s.connections);
-    metric(&mut out, "runnel_loop_turns_total", "counter", "Turns of the event loop.", s.turns);
-    metric(&mut out, "runnel_received_bytes_total", "counter", "Bytes read from clients.", s.bytes_in);
-    metric(&mut out, "runnel_sent_bytes_total", "counter", "Bytes written to clients.", s.bytes_out);
-    metric(
-        &mut out,
-        "runnel_buffered_bytes",
-        "gauge",
-        "Bytes the client connections' input and output buffers take (bounded by buffered_bytes_max).",
-        s.buffered_bytes,
-    );
-    metric(
-        &mut out,
-        "runnel_busy_replies_total",
-        "counter",
-        "Requests answered BUSY because the connection buffers were full.",
-        s.busy_replies,
-    );
-    metric(&mut out, "runnel_fsyncs_total", "counter", "fdatasync calls on the commit log.", log.stats.fsyncs);
-    metric(&mut out, "runnel_log_bytes", "gauge", "Bytes in the commit log's segments.", log.bytes());
-    metric(&mut out, "runnel_log_segments", "gauge", "Segment files of the commit log.", log.segments().len() as u64);
-    metric(
-        &mut out,
-        "runnel_log_compactions_total",
-        "counter",
-        "Segments removed by compaction.",
-        broker.compactions(),
-    );
-    metric(
-        &mut out,
-        "runnel_storage_failures_total",
-        "counter",
-        "Failed commit-log writes or syncs.",
-        log.stats.failures,
-    );
-    metric(&mut out, "runnel_topics", "gauge", "Topics, dead-letter topics included.", broker.topic_count() as u64);
-    let _ = writeln!(
-        out,
-        "# HELP runnel_recovery_seconds Time the last start took to replay the log.\n# TYPE runnel_recovery_seconds gauge\nrunnel_recovery_seconds {}",
-        seconds(s.recovery_ms * 1_000_000)
-    );
+    render_broker(&mut out, broker);
     lm.fsync.render(&mut out, "runnel_fsync_duration_seconds", "Write plus fdatasync of one turn's records.");
     lm.produce_ack.render(
         &mut out,
         "runnel_produce_ack_latency_seconds",
         "From the turn a PRODUCE was read in to its acknowledgement.",
     );
-    let topics = broker.topic_metrics(now);
+    render_topics(&mut out, &broker.topic_metrics(now));
+    out
+}
+
+/// The broker's own gauges and counters: connections, the loop, the log.
+fn render_broker(out: &mut String, broker: &Broker) {
+    let s = &broker.stats;
+    let log = broker.log();
+    metric(out, "runnel_connections", "gauge", "Open client connections.", s.connections);
+    metric(out, "runnel_loop_turns_total", "counter", "Turns of the event loop.", s.turns);
+    metric(out, "runnel_received_bytes_total", "counter", "Bytes read from clients.", s.bytes_in);
+    metric(out, "runnel_sent_bytes_total", "counter", "Bytes written to clients.", s.bytes_out);
+    metric(
+        out,
+        "runnel_buffered_bytes",
+        "gauge",
+        "Bytes the client connections' input and output buffers take (bounded by buffered_bytes_max).",
+        s.buffered_bytes,
+    );
+    metric(
+        out,
+        "runnel_busy_replies_total",
+        "counter",
+        "Requests answered BUSY because the connection buffers were full.",
+        s.busy_replies,
+    );
+    metric(out, "runnel_fsyncs_total", "counter", "fdatasync calls on the commit log.", log.stats.fsyncs);
+    metric(out, "runnel_log_bytes", "gauge", "Bytes in the commit log's segments.", log.bytes());
+    metric(out, "runnel_log_segments", "gauge", "Segment files of the commit log.", log.segments().len() as u64);
+    metric(out, "runnel_log_compactions_total", "counter", "Segments removed by compaction.", broker.compactions());
+    metric(out, "runnel_storage_failures_total", "counter", "Failed commit-log writes or syncs.", log.stats.failures);
+    metric(out, "runnel_topics", "gauge", "Topics, dead-letter topics included.", broker.topic_count() as u64);
+    let _ = writeln!(
+        out,
+        "# HELP runnel_recovery_seconds Time the last start took to replay the log.\n# TYPE runnel_recovery_seconds gauge\nrunnel_recovery_seconds {}",
+        seconds(s.recovery_ms * 1_000_000)
+    );
+}
+
+/// The per-topic families, one sample per topic in each.
+fn render_topics(out: &mut String, topics: &[TopicMetrics]) {
     let families: [Family; 12] = [
         ("runnel_topic_ready_messages", "gauge", "Messages ready for delivery.", |t| t.ready),
         ("runnel_topic_inflight_messages", "gauge", "Messages delivered and not acknowledged.", |t| t.inflight),
@@ -165,93 +160,20 @@ pub fn render(broker: &Broker, lm: &LoopMetrics, now: Now) -> String {
     ];
     for (name, kind, help, get) in families {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for t in &topics {
+        for t in topics {
             let _ = writeln!(out, "{name}{{topic=\"{}\"}} {}", label(&t.name), get(t));
         }
     }
     let name = "runnel_topic_oldest_unacked_age_seconds";
     let _ = writeln!(out, "# HELP {name} Age of the oldest unacknowledged message (0 when none).\n# TYPE {name} gauge");
-    for t in &topics {
+    for t in topics {
         let _ = writeln!(out, "{name}{{topic=\"{}\"}} {}", label(&t.name), seconds(t.oldest_age_ms * 1_000_000));
     }
-    out
-}
-
-/// A request the metrics listener understood, or why not.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HttpRequest {
-    Metrics,
-    Health,
-    /// The status to answer with: 400, 404, 405, 431, 505.
-    Refused(u16),
-}
-
-/// Largest request head the metrics listener buffers.
-pub const HTTP_REQUEST_BYTES_MAX: usize = 8 << 10;
-
-/// Parses the head of an HTTP/1.x request, if it has arrived whole.
-pub fn parse_request(buf: &[u8]) -> Option<HttpRequest> {
-    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return (buf.len() >= HTTP_REQUEST_BYTES_MAX).then_some(HttpRequest::Refused(431));
-    };
-    let head = &buf[..end];
-    let line = head.split(|b| *b == b'\n').next().unwrap_or(&[]);
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let mut parts = line.split(|b| *b == b' ');
-    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Some(HttpRequest::Refused(400));
-    };
-    if !version.starts_with(b"HTTP/1.") {
-        return Some(HttpRequest::Refused(if version.starts_with(b"HTTP/") { 505 } else { 400 }));
-    }
-    if method != b"GET" && method != b"HEAD" {
-        return Some(HttpRequest::Refused(405));
-    }
-    let path = target.split(|b| *b == b'?').next().unwrap_or(&[]);
-    Some(match path {
-        b"/metrics" => HttpRequest::Metrics,
-        b"/healthz" => HttpRequest::Health,
-        _ => HttpRequest::Refused(404),
-    })
-}
-
-/// A whole HTTP/1.1 response that closes the connection.
-pub fn response(status: u16, content_type: &str, body: &str) -> Vec<u8> {
-    let reason = match status {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        431 => "Request Header Fields Too Large",
-        505 => "HTTP Version Not Supported",
-        _ => "Error",
-    };
-    let mut out = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    out.extend_from_slice(body.as_bytes());
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn requests_are_parsed_or_refused() {
-        assert_eq!(parse_request(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), Some(HttpRequest::Metrics));
-        assert_eq!(parse_request(b"GET /healthz?x=1 HTTP/1.0\r\n\r\n"), Some(HttpRequest::Health));
-        assert_eq!(parse_request(b"GET /metrics HTTP/1.1\r\nHost"), None);
-        assert_eq!(parse_request(b"POST /metrics HTTP/1.1\r\n\r\n"), Some(HttpRequest::Refused(405)));
-        assert_eq!(parse_request(b"GET /nope HTTP/1.1\r\n\r\n"), Some(HttpRequest::Refused(404)));
-        assert_eq!(parse_request(b"garbage\r\n\r\n"), Some(HttpRequest::Refused(400)));
-        assert_eq!(parse_request(b"GET / HTTP/2\r\n\r\n"), Some(HttpRequest::Refused(505)));
-        assert_eq!(parse_request(&[b'a'; HTTP_REQUEST_BYTES_MAX]), Some(HttpRequest::Refused(431)));
-    }
 
     #[test]
     fn histogram_buckets_are_cumulative() {

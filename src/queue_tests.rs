@@ -1417,6 +1417,7 @@ fn pick_id(rng: &mut Rng, m: &Model, first_id: MsgId, wanted: impl Fn(State) -> 
     rng.range(first_id.saturating_sub(2), m.next_id + 2)
 }
 
+#[allow(clippy::too_many_lines)] // reshaped by the core work
 fn run_model(seed: u64, steps: usize) {
     let mut rng = Rng(seed);
     let is_dlq = rng.percent(20);

@@ -41,11 +41,12 @@
 //! - **No reply leaves before the `write` of the records it depends on.**
 //!   Every reply to a request reaches its socket through `flush`, and
 //!   `flush` takes the `Written` value that only the log write of step 5
-//!   returns (the metrics listener and the TOO_MANY_CONNECTIONS refusal
-//!   write their own sockets: they answer no request). So a SIGKILL can never
-//!   undo an answered ACK, NACK or TOUCH: once the reply is out, its record
-//!   is in the page cache, which outlives the process (not the machine:
-//!   that is the sync's job, and an ack synced late only means redelivery).
+//!   returns (the metrics listener in `http.rs` and the TOO_MANY_CONNECTIONS
+//!   refusal write their own sockets: they answer no request). So a SIGKILL
+//!   can never undo an answered ACK, NACK or TOUCH: once the reply is out,
+//!   its record is in the page cache, which outlives the process (not the
+//!   machine: that is the sync's job, and an ack synced late only means
+//!   redelivery).
 //! - **No reply to a PRODUCE or an admin frame leaves before the
 //!   `fdatasync` that covers it.** The broker holds those replies (and the
 //!   produced messages) out of the connection buffers until step 7, after
@@ -78,68 +79,42 @@
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
-use crate::broker::{Broker, Config, Now, Outbox, Written};
+use crate::broker::{Broker, Now, Outbox, Written};
 use crate::codec::{self, ErrorCode};
+use crate::config::ServeConfig;
 use crate::conn::{ConnState, FULL_HOLDING_BYTES_MAX, Step};
+use crate::http::{HttpKey, HttpServer, LoopParts};
 use crate::limits::Limits;
-use crate::log::{LogOptions, OpenError};
-use crate::metrics::{self, HttpRequest, LoopMetrics};
+use crate::log::OpenError;
+use crate::metrics::{self, LoopMetrics};
+use crate::sys;
 use crate::wheel::{TimerKey, Wheel};
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const WAKER: Token = Token(usize::MAX - 2);
 const SIGNALS: Token = Token(usize::MAX - 3);
 const METRICS: Token = Token(usize::MAX - 4);
-/// Tokens of metrics (HTTP) connections start here; client connections
-/// use their slab key as their token, below it.
-const HTTP_BASE: usize = 1 << 40;
 /// Bytes read per `read` call: large enough that a busy producer needs few
 /// syscalls, small enough to keep in cache.
 const READ_CHUNK_BYTES: usize = 64 << 10;
 /// Readiness events taken per poll.
 const EVENTS_PER_POLL: usize = 1024;
 
-/// Everything `runnel serve` needs.
-#[derive(Clone, Debug)]
-pub struct ServeConfig {
-    pub listen: SocketAddr,
-    pub data_dir: PathBuf,
-    pub broker: Config,
-    pub log: LogOptions,
-    /// Where to serve Prometheus metrics over HTTP (`--metrics`).
-    pub metrics: Option<SocketAddr>,
-    /// Poll without blocking for up to this long before sleeping in
-    /// `epoll_wait` (`--spin-us`): trades a busy core for wake-up latency.
-    pub spin_us: u32,
-}
-
-impl ServeConfig {
-    /// A configuration with every default, listening on `listen`.
-    pub fn new(listen: SocketAddr, data_dir: PathBuf) -> ServeConfig {
-        ServeConfig {
-            listen,
-            data_dir,
-            broker: Config::default(),
-            log: LogOptions::default(),
-            metrics: None,
-            spin_us: 0,
-        }
-    }
-}
-
 /// Stops a running reactor from another thread (tests, signal handlers).
 #[derive(Clone)]
 pub struct Handle {
+    /// The reactor's stop flag.
     stop: Arc<AtomicBool>,
+    /// Wakes the reactor's poll to see the flag.
     waker: Arc<Waker>,
 }
 
@@ -156,6 +131,7 @@ impl Handle {
 /// One client connection: its socket and its place in the loop; what it
 /// says and is answered is in `state`.
 struct Conn {
+    /// The socket, registered with the connection's key as its token.
     stream: TcpStream,
     /// Input, output, session and the stops (parked, held, paused).
     state: ConnState,
@@ -179,30 +155,107 @@ struct Conn {
     starved_listed: bool,
 }
 
-/// A connection to the metrics listener: one request, one response.
-struct HttpConn {
-    stream: TcpStream,
-    /// The request head so far (at most `HTTP_REQUEST_BYTES_MAX`).
-    request: Vec<u8>,
-    /// The response; `out_pos` is how far writing got.
-    out: Vec<u8>,
-    out_pos: usize,
-    /// The handshake timeout: a request must arrive whole before it.
-    timer: TimerKey,
+/// A client connection's key: its place in `Conns`, its poll token, and
+/// the `conn` the broker and `ConnState` know it by (a bare `usize` on
+/// their side, converted at the call). A key is reused once its connection
+/// has closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ConnKey(usize);
+
+impl ConnKey {
+    /// The poll token of this connection's socket.
+    fn token(self) -> Token {
+        Token(self.0)
+    }
+}
+
+/// The client connections, by key.
+struct Conns(Slab<Conn>);
+
+impl Conns {
+    fn get_mut(&mut self, key: ConnKey) -> Option<&mut Conn> {
+        self.0.get_mut(key.0)
+    }
+    fn remove(&mut self, key: ConnKey) -> Option<Conn> {
+        self.0.try_remove(key.0)
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// The key the next `insert` will take.
+    fn vacant_key(&self) -> ConnKey {
+        ConnKey(self.0.vacant_key())
+    }
+    fn insert(&mut self, conn: Conn) -> ConnKey {
+        ConnKey(self.0.insert(conn))
+    }
+    fn keys(&self) -> Vec<ConnKey> {
+        self.0.iter().map(|(k, _)| ConnKey(k)).collect()
+    }
+    fn iter_mut(&mut self) -> impl Iterator<Item = (ConnKey, &mut Conn)> {
+        self.0.iter_mut().map(|(k, c)| (ConnKey(k), c))
+    }
+}
+
+/// What a poll token stands for.
+enum Source {
+    Listener,
+    Waker,
+    Signals,
+    /// The metrics listener.
+    Metrics,
+    /// A metrics connection.
+    Http(HttpKey),
+    /// A client connection.
+    Conn(ConnKey),
+}
+
+impl Source {
+    /// The fixed tokens sit at the top of the token space, metrics
+    /// connections' from `HTTP_TOKEN_BASE` below them, client connections'
+    /// below that.
+    fn of(token: Token) -> Source {
+        match token {
+            LISTENER => Source::Listener,
+            WAKER => Source::Waker,
+            SIGNALS => Source::Signals,
+            METRICS => Source::Metrics,
+            t => HttpKey::from_token(t).map_or(Source::Conn(ConnKey(t.0)), Source::Http),
+        }
+    }
+}
+
+/// What a timer in the reactor's wheel is for.
+#[derive(Clone, Copy, Debug)]
+enum Timed {
+    /// A client connection's timeout (handshake, idle, frame, backlog).
+    Conn(ConnKey),
+    /// A metrics connection's timeout.
+    Http(HttpKey),
+}
+
+impl From<HttpKey> for Timed {
+    fn from(key: HttpKey) -> Timed {
+        Timed::Http(key)
+    }
 }
 
 /// The lent output buffers (see `broker::Outbox`).
 struct Lent<'a> {
-    conns: &'a mut Slab<Conn>,
-    hot: &'a mut Vec<usize>,
-    dirty: &'a mut Vec<usize>,
+    /// The connections whose output buffers are lent.
+    conns: &'a mut Conns,
+    /// The reactor's `hot`: an unblocked connection is served next turn.
+    hot: &'a mut Vec<ConnKey>,
+    /// The reactor's `dirty`: a connection written to is flushed.
+    dirty: &'a mut Vec<ConnKey>,
     /// The turn's clock, ms: a parked FETCH answered now restarts its
     /// connection's idle clock.
     now_ms: u64,
 }
 
 impl Outbox for Lent<'_> {
-    fn out(&mut self, key: usize) -> Option<&mut Vec<u8>> {
+    fn out(&mut self, conn: usize) -> Option<&mut Vec<u8>> {
+        let key = ConnKey(conn);
         let c = self.conns.get_mut(key).filter(|c| !c.state.closing)?;
         if !c.dirty {
             c.dirty = true;
@@ -210,7 +263,8 @@ impl Outbox for Lent<'_> {
         }
         Some(&mut c.state.out)
     }
-    fn unblock(&mut self, key: usize) {
+    fn unblock(&mut self, conn: usize) {
+        let key = ConnKey(conn);
         if let Some(c) = self.conns.get_mut(key) {
             c.state.unpark(self.now_ms);
             if !c.hot && !c.state.closing {
@@ -223,47 +277,60 @@ impl Outbox for Lent<'_> {
 
 /// The broker's event loop.
 pub struct Reactor {
+    /// The one poll every socket is registered with.
     poll: Poll,
+    /// The client listener; None once a shutdown stopped accepting.
     listener: Option<TcpListener>,
+    /// Where the client listener is bound.
     local_addr: SocketAddr,
-    conns: Slab<Conn>,
+    /// The client connections.
+    conns: Conns,
+    /// The queues, the log, and the requests' handling.
     broker: Broker,
     /// Connections with undecoded input to serve next turn.
-    hot: Vec<usize>,
+    hot: Vec<ConnKey>,
     /// The other half of `hot`'s double buffer.
-    hot_spare: Vec<usize>,
+    hot_spare: Vec<ConnKey>,
     /// Connections with output to flush this turn.
-    dirty: Vec<usize>,
+    dirty: Vec<ConnKey>,
     /// Connections to close at the end of the turn.
-    closing: Vec<usize>,
+    closing: Vec<ConnKey>,
     /// Connections whose socket failed in a flush, and why: ended after the
     /// turn's sync, since nothing may append to the log between its write
     /// and its sync.
-    unwritable: Vec<(usize, String)>,
+    unwritable: Vec<(ConnKey, String)>,
     /// Where reads land before they are appended to a connection's input.
     scratch: Vec<u8>,
+    /// When the reactor started: its monotonic clock counts ms from here.
     started: Instant,
+    /// The consumer id the next accepted connection gets.
     next_consumer: u64,
+    /// Set by `Handle::shutdown` or a signal: stop after this turn.
     stop: Arc<AtomicBool>,
+    /// Wakes the poll when `stop` is set from another thread.
     waker: Arc<Waker>,
-    /// Connection timeouts (handshake, idle, frame), by token.
-    timers: Wheel<usize>,
-    expired: Vec<(u64, usize)>,
+    /// Connection timeouts: handshake, idle, frame and backlog of client
+    /// connections, and the request timeout of metrics connections.
+    timers: Wheel<Timed>,
+    /// The timers that fired this turn (deadline ms, what for); kept to
+    /// reuse its buffer.
+    expired: Vec<(u64, Timed)>,
     /// Connections with a held reply this turn.
-    held: Vec<usize>,
+    held: Vec<ConnKey>,
     /// Connections that stopped being served because the buffers were
     /// full (`ConnState::starved`), each once.
-    starved: Vec<usize>,
+    starved: Vec<ConnKey>,
     /// The buffers were full at the end of the last turn.
     buffers_were_full: bool,
-    /// The metrics listener and its connections.
-    metrics_listener: Option<TcpListener>,
-    metrics_addr: Option<SocketAddr>,
-    http: Slab<HttpConn>,
+    /// The metrics listener and its connections (`--metrics`).
+    http: Option<HttpServer>,
     /// The read end of the signal self-pipe.
     signals: Option<mio::net::UnixStream>,
+    /// How long to poll without blocking before sleeping (`--spin-us`).
     spin: Duration,
+    /// What the loop measures of itself (fsync and produce-ack latency).
     loop_metrics: LoopMetrics,
+    /// The broker's limits, as configured.
     limits: Limits,
 }
 
@@ -295,20 +362,18 @@ impl Reactor {
         let local_addr = listener.local_addr().map_err(|e| e.to_string())?;
         poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(|e| e.to_string())?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(|e| e.to_string())?);
-        let (metrics_listener, metrics_addr) = match cfg.metrics {
+        let http = match cfg.metrics {
             Some(addr) => {
-                let mut l = listen(addr).map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
-                poll.registry().register(&mut l, METRICS, Interest::READABLE).map_err(|e| e.to_string())?;
-                let bound = l.local_addr().map_err(|e| e.to_string())?;
-                (Some(l), Some(bound))
+                let l = listen(addr).map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
+                Some(HttpServer::new(l, poll.registry(), METRICS, &cfg.broker.limits).map_err(|e| e.to_string())?)
             }
-            None => (None, None),
+            None => None,
         };
         Ok(Reactor {
             poll,
             listener: Some(listener),
             local_addr,
-            conns: Slab::new(),
+            conns: Conns(Slab::new()),
             broker,
             hot: Vec::new(),
             hot_spare: Vec::new(),
@@ -325,9 +390,7 @@ impl Reactor {
             held: Vec::new(),
             starved: Vec::new(),
             buffers_were_full: false,
-            metrics_listener,
-            metrics_addr,
-            http: Slab::new(),
+            http,
             signals: None,
             spin: Duration::from_micros(u64::from(cfg.spin_us)),
             loop_metrics: LoopMetrics::default(),
@@ -337,7 +400,7 @@ impl Reactor {
 
     /// The metrics listener's address, if `--metrics` was given.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.metrics_addr
+        self.http.as_ref().map(HttpServer::local_addr)
     }
 
     /// Watches the read end of a signal self-pipe: any byte on it starts a
@@ -380,44 +443,7 @@ impl Reactor {
         let now = now_at(self.started);
         self.broker.stats.turns += 1;
         // 3. readiness
-        // Swapped with a spare list, so neither is reallocated each turn; the
-        // turn may mark connections hot again for the next one.
-        let mut hot = std::mem::replace(&mut self.hot, std::mem::take(&mut self.hot_spare));
-        for key in &hot {
-            if let Some(c) = self.conns.get_mut(*key) {
-                c.hot = false;
-            }
-        }
-        for event in events.iter() {
-            match event.token() {
-                LISTENER => self.accept(now),
-                WAKER => {}
-                SIGNALS => self.drain_signals(),
-                METRICS => self.accept_http(now),
-                Token(t) if t >= HTTP_BASE => self.serve_http(t - HTTP_BASE, now),
-                Token(key) => {
-                    if event.is_read_closed() || event.is_error() {
-                        // Edge-triggered: this is said once. Remember it,
-                        // for a connection that parks or pauses before it
-                        // reads to the EOF.
-                        if let Some(c) = self.conns.get_mut(key) {
-                            c.state.peer_closed = true;
-                        }
-                    }
-                    if event.is_writable() {
-                        self.mark_dirty(key);
-                    }
-                    if event.is_readable() || event.is_read_closed() || event.is_error() {
-                        self.serve(key, now);
-                    }
-                }
-            }
-        }
-        for &key in &hot {
-            self.serve(key, now);
-        }
-        hot.clear();
-        self.hot_spare = hot;
+        self.handle_readiness(events, now);
         // 4. timers: the broker's (deadlines, delays, waits), then the
         // connections' (handshake, idle, frame timeouts)
         let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
@@ -456,6 +482,51 @@ impl Reactor {
         // 10. buffers
         self.watch_buffers(now);
         Ok(())
+    }
+
+    /// Step 3: accepts, reads and serves every ready socket, then the
+    /// connections the last turn left with input to serve.
+    fn handle_readiness(&mut self, events: &Events, now: Now) {
+        // Swapped with a spare list, so neither is reallocated each turn; the
+        // turn may mark connections hot again for the next one.
+        let mut hot = std::mem::replace(&mut self.hot, std::mem::take(&mut self.hot_spare));
+        for key in &hot {
+            if let Some(c) = self.conns.get_mut(*key) {
+                c.hot = false;
+            }
+        }
+        for event in events.iter() {
+            match Source::of(event.token()) {
+                Source::Listener => self.accept(now),
+                Source::Waker => {}
+                Source::Signals => self.drain_signals(),
+                Source::Metrics => self.accept_http(now),
+                Source::Http(key) => self.serve_http(key, now),
+                Source::Conn(key) => self.ready(key, event, now),
+            }
+        }
+        for &key in &hot {
+            self.serve(key, now);
+        }
+        hot.clear();
+        self.hot_spare = hot;
+    }
+
+    /// A client connection's readiness event.
+    fn ready(&mut self, key: ConnKey, event: &Event, now: Now) {
+        if event.is_read_closed() || event.is_error() {
+            // Edge-triggered: this is said once. Remember it, for a
+            // connection that parks or pauses before it reads to the EOF.
+            if let Some(c) = self.conns.get_mut(key) {
+                c.state.peer_closed = true;
+            }
+        }
+        if event.is_writable() {
+            self.mark_dirty(key);
+        }
+        if event.is_readable() || event.is_read_closed() || event.is_error() {
+            self.serve(key, now);
+        }
     }
 
     fn poll_timeout(&self) -> Option<Duration> {
@@ -535,17 +606,16 @@ impl Reactor {
             }
             // Latency over packet count: replies go out in one write per turn.
             let _ = stream.set_nodelay(true);
-            let entry = self.conns.vacant_entry();
-            let key = entry.key();
-            if let Err(e) = self.poll.registry().register(&mut stream, Token(key), Interest::READABLE) {
+            let key = self.conns.vacant_key();
+            if let Err(e) = self.poll.registry().register(&mut stream, key.token(), Interest::READABLE) {
                 log::warn!("cannot register {peer}: {e}");
                 continue;
             }
             let consumer = self.next_consumer;
             self.next_consumer += 1;
             let deadline = now.mono_ms + u64::from(self.limits.handshake_timeout_ms);
-            let timer = Some((self.timers.insert(deadline, key), deadline));
-            entry.insert(Conn {
+            let timer = Some((self.timers.insert(deadline, Timed::Conn(key)), deadline));
+            let inserted = self.conns.insert(Conn {
                 stream,
                 state: ConnState::new(consumer, now.mono_ms),
                 hot: false,
@@ -556,12 +626,13 @@ impl Reactor {
                 backlog_since_ms: None,
                 starved_listed: false,
             });
+            assert_eq!(inserted, key, "a slab inserts at its vacant key");
             self.broker.stats.connections = self.conns.len() as u64;
-            log::debug!("accepted {peer} as connection {key}");
+            log::debug!("accepted {peer} as connection {}", key.0);
         }
     }
 
-    fn mark_dirty(&mut self, key: usize) {
+    fn mark_dirty(&mut self, key: ConnKey) {
         if let Some(c) = self.conns.get_mut(key)
             && !c.dirty
         {
@@ -570,7 +641,7 @@ impl Reactor {
         }
     }
 
-    fn mark_hot(&mut self, key: usize) {
+    fn mark_hot(&mut self, key: ConnKey) {
         if let Some(c) = self.conns.get_mut(key)
             && !c.hot
         {
@@ -581,12 +652,12 @@ impl Reactor {
 
     /// Ends a connection: the broker forgets it now (its in-flight messages
     /// return to ready); the socket closes after this turn's flush.
-    fn end(&mut self, key: usize, why: &str) {
+    fn end(&mut self, key: ConnKey, why: &str) {
         let Some(c) = self.conns.get_mut(key) else { return };
-        if !c.state.end(key, &mut self.broker) {
+        if !c.state.end(key.0, &mut self.broker) {
             return;
         }
-        log::debug!("closing connection {key}: {why}");
+        log::debug!("closing connection {}: {why}", key.0);
         if let Some((t, _)) = c.timer.take() {
             self.timers.cancel(t);
         }
@@ -597,7 +668,7 @@ impl Reactor {
     /// Serves a connection: decodes buffered frames, reads more, repeats,
     /// until WouldBlock, a stop (parked, held, closing), or its share of the
     /// turn is used.
-    fn serve(&mut self, key: usize, now: Now) {
+    fn serve(&mut self, key: ConnKey, now: Now) {
         self.serve_conn(key, now);
         self.note_starved(key, now);
         self.arm(key);
@@ -605,7 +676,7 @@ impl Reactor {
 
     /// A connection that stopped because the buffers are full is listed,
     /// to be served again once they are not, and its backlog clock starts.
-    fn note_starved(&mut self, key: usize, now: Now) {
+    fn note_starved(&mut self, key: ConnKey, now: Now) {
         let Some(c) = self.conns.get_mut(key).filter(|c| c.state.starved) else { return };
         if !c.starved_listed {
             c.starved_listed = true;
@@ -614,7 +685,7 @@ impl Reactor {
         c.backlog_since_ms.get_or_insert(now.mono_ms);
     }
 
-    fn serve_conn(&mut self, key: usize, now: Now) {
+    fn serve_conn(&mut self, key: ConnKey, now: Now) {
         let budget = self.broker.config().limits.read_bytes_per_turn_max as usize;
         let mut read = 0usize;
         // A read that returned less than asked for emptied the socket (a
@@ -676,12 +747,12 @@ impl Reactor {
     /// the scratch buffer (`ConnState::serve_chunk`), and notes what that
     /// leaves for the turn: a held reply to release after the commit,
     /// output to flush.
-    fn decode_input(&mut self, key: usize, now: Now, chunk: Option<usize>) -> Step {
+    fn decode_input(&mut self, key: ConnKey, now: Now, chunk: Option<usize>) -> Step {
         let Some(c) = self.conns.get_mut(key) else { return Step::Stop };
         let was_held = c.state.held;
         let step = match chunk {
-            Some(n) => c.state.serve_chunk(key, &self.scratch[..n], &mut self.broker, now, &mut ()),
-            None => c.state.serve(key, &mut self.broker, now, &mut ()),
+            Some(n) => c.state.serve_chunk(key.0, &self.scratch[..n], &mut self.broker, now, &mut ()),
+            None => c.state.serve(key.0, &mut self.broker, now, &mut ()),
         };
         if c.state.held && !was_held {
             self.held.push(key);
@@ -703,7 +774,7 @@ impl Reactor {
         let mut dirty = std::mem::take(&mut self.dirty);
         // What to do after the loop, which holds the connection borrowed:
         // end a connection (why), or arm its timer (a backlog began).
-        let mut after: Vec<(usize, Option<String>)> = Vec::new();
+        let mut after: Vec<(ConnKey, Option<String>)> = Vec::new();
         for key in dirty.drain(..) {
             let Some(c) = self.conns.get_mut(key) else { continue };
             c.dirty = false;
@@ -749,7 +820,7 @@ impl Reactor {
             let want_writable = pending > 0 && failed.is_none();
             if want_writable != c.writable {
                 let interest = if want_writable { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
-                if let Err(e) = self.poll.registry().reregister(&mut c.stream, Token(key), interest) {
+                if let Err(e) = self.poll.registry().reregister(&mut c.stream, key.token(), interest) {
                     failed = Some(format!("reregister: {e}"));
                 }
                 c.writable = want_writable;
@@ -799,16 +870,16 @@ impl Reactor {
     /// Makes sure a timer fires no later than the connection's deadline.
     /// Timers are re-armed lazily: one that fires early is re-armed then,
     /// so a busy connection costs no wheel work per request.
-    fn arm(&mut self, key: usize) {
+    fn arm(&mut self, key: ConnKey) {
         let Some(c) = self.conns.get_mut(key).filter(|c| !c.state.closing) else { return };
         let Some(deadline) = Self::deadline(c, &self.limits) else { return };
         match c.timer {
             Some((_, at)) if at <= deadline => {}
             Some((t, _)) => {
                 self.timers.cancel(t);
-                c.timer = Some((self.timers.insert(deadline, key), deadline));
+                c.timer = Some((self.timers.insert(deadline, Timed::Conn(key)), deadline));
             }
-            None => c.timer = Some((self.timers.insert(deadline, key), deadline)),
+            None => c.timer = Some((self.timers.insert(deadline, Timed::Conn(key)), deadline)),
         }
     }
 
@@ -828,166 +899,72 @@ impl Reactor {
     fn expire_connections(&mut self, now: Now) {
         let mut expired = std::mem::take(&mut self.expired);
         self.timers.advance(now.mono_ms, &mut expired);
-        let out_max = self.limits.output_bytes_max as usize;
         let full = self.broker.buffers_full();
-        for (_, token) in expired.drain(..) {
-            if token >= HTTP_BASE {
-                self.http_timeout(token - HTTP_BASE);
-                continue;
-            }
-            let Some(c) = self.conns.get_mut(token) else { continue };
-            c.timer = None;
-            let backlog = Self::backlog(c, out_max, full);
-            if backlog.is_none() {
-                c.backlog_since_ms = None;
-            }
-            let l = &self.limits;
-            let why = if !c.state.session.hello && now.mono_ms >= c.accepted_ms + u64::from(l.handshake_timeout_ms) {
-                Some("no HELLO within handshake_timeout_ms")
-            } else if c.state.partial_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
-                Some("a frame stayed incomplete past frame_timeout_ms")
-            } else if c.backlog_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
-                backlog
-            } else if l.idle_timeout_ms > 0
-                && !c.state.parked
-                && now.mono_ms >= c.state.last_active_ms + u64::from(l.idle_timeout_ms)
-            {
-                Some("idle past idle_timeout_ms")
-            } else {
-                None
-            };
-            match why {
-                Some(why) => self.end(token, why),
-                None => self.arm(token),
+        for (_, timed) in expired.drain(..) {
+            match timed {
+                Timed::Conn(key) => self.conn_timeout(key, now, full),
+                Timed::Http(key) => self.http_timeout(key),
             }
         }
         self.expired = expired;
     }
 
+    /// A client connection's timer fired: ends it if one of its timeouts
+    /// passed (`full`: the buffers were full when the timers ran), or
+    /// re-arms it for the next.
+    fn conn_timeout(&mut self, key: ConnKey, now: Now, full: bool) {
+        let out_max = self.limits.output_bytes_max as usize;
+        let Some(c) = self.conns.get_mut(key) else { return };
+        c.timer = None;
+        let backlog = Self::backlog(c, out_max, full);
+        if backlog.is_none() {
+            c.backlog_since_ms = None;
+        }
+        let l = &self.limits;
+        let why = if !c.state.session.hello && now.mono_ms >= c.accepted_ms + u64::from(l.handshake_timeout_ms) {
+            Some("no HELLO within handshake_timeout_ms")
+        } else if c.state.partial_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
+            Some("a frame stayed incomplete past frame_timeout_ms")
+        } else if c.backlog_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
+            backlog
+        } else if l.idle_timeout_ms > 0
+            && !c.state.parked
+            && now.mono_ms >= c.state.last_active_ms + u64::from(l.idle_timeout_ms)
+        {
+            Some("idle past idle_timeout_ms")
+        } else {
+            None
+        };
+        match why {
+            Some(why) => self.end(key, why),
+            None => self.arm(key),
+        }
+    }
+
     // -----------------------------------------------------------------------
-    // The metrics listener: GET /metrics and GET /healthz, one request per
-    // connection, on this same loop.
+    // The metrics listener (`http.rs`), on this same loop: it is lent the
+    // registry and the timers for each call.
     // -----------------------------------------------------------------------
 
     fn accept_http(&mut self, now: Now) {
-        let Some(listener) = self.metrics_listener.as_ref() else { return };
-        loop {
-            let mut stream = match listener.accept() {
-                Ok((s, _)) => s,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    log::warn!("metrics accept failed: {e}");
-                    return;
-                }
-            };
-            // Metrics connections are few and short; a flood is refused at
-            // the connection limit like any other.
-            if self.http.len() >= self.limits.connections_max as usize {
-                continue;
-            }
-            let entry = self.http.vacant_entry();
-            let key = entry.key();
-            let token = Token(HTTP_BASE + key);
-            if self.poll.registry().register(&mut stream, token, Interest::READABLE | Interest::WRITABLE).is_err() {
-                continue;
-            }
-            let deadline = now.mono_ms + u64::from(self.limits.handshake_timeout_ms);
-            let timer = self.timers.insert(deadline, HTTP_BASE + key);
-            entry.insert(HttpConn { stream, request: Vec::new(), out: Vec::new(), out_pos: 0, timer });
-        }
+        let Some(http) = self.http.as_mut() else { return };
+        http.accept(LoopParts { registry: self.poll.registry(), timers: &mut self.timers }, now.mono_ms);
     }
 
-    fn serve_http(&mut self, key: usize, now: Now) {
-        let Some(h) = self.http.get_mut(key) else { return };
-        if h.out.is_empty() {
-            let mut buf = [0u8; 2048];
-            loop {
-                if h.request.len() >= metrics::HTTP_REQUEST_BYTES_MAX && metrics::parse_request(&h.request).is_some() {
-                    break;
-                }
-                match h.stream.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        // Past the limit the rest is read and dropped, so
-                        // closing does not reset the connection under the
-                        // peer before it reads the 431.
-                        let room = metrics::HTTP_REQUEST_BYTES_MAX.saturating_sub(h.request.len());
-                        h.request.extend_from_slice(&buf[..n.min(room)]);
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => break,
-                }
-            }
-            let reply = match metrics::parse_request(&h.request) {
-                None => return,
-                Some(HttpRequest::Metrics) => {
-                    let body = metrics::render(&self.broker, &self.loop_metrics, now);
-                    metrics::response(200, "text/plain; version=0.0.4; charset=utf-8", &body)
-                }
-                Some(HttpRequest::Health) => metrics::response(200, "text/plain; charset=utf-8", "ok\n"),
-                Some(HttpRequest::Refused(status)) => {
-                    metrics::response(status, "text/plain; charset=utf-8", "refused\n")
-                }
-            };
-            h.out = reply;
-        }
-        self.write_http(key);
+    fn serve_http(&mut self, key: HttpKey, now: Now) {
+        let Some(http) = self.http.as_mut() else { return };
+        let lp = LoopParts { registry: self.poll.registry(), timers: &mut self.timers };
+        http.serve(key, lp, || metrics::render(&self.broker, &self.loop_metrics, now));
     }
 
-    /// Writes what a metrics connection has left; closes it when done.
-    fn write_http(&mut self, key: usize) {
-        let Some(h) = self.http.get_mut(key) else { return };
-        let done = loop {
-            if h.out_pos >= h.out.len() {
-                break true;
-            }
-            match h.stream.write(&h.out[h.out_pos..]) {
-                Ok(n) => h.out_pos += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break false,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => break true,
-            }
-        };
-        if done {
-            // FIN first, and drop what the peer still sends, so the close
-            // does not turn into a reset that eats the response.
-            let _ = h.stream.shutdown(std::net::Shutdown::Write);
-            let mut sink = [0u8; 4096];
-            for _ in 0..16 {
-                if !matches!(h.stream.read(&mut sink), Ok(n) if n > 0) {
-                    break;
-                }
-            }
-            self.close_http(key);
-        }
-    }
-
-    fn http_timeout(&mut self, key: usize) {
-        let Some(h) = self.http.get_mut(key) else { return };
-        if h.out.is_empty() {
-            h.out = metrics::response(408, "text/plain; charset=utf-8", "request timeout\n");
-            let deadline = self.timers.now_ms() + u64::from(self.limits.handshake_timeout_ms);
-            h.timer = self.timers.insert(deadline, HTTP_BASE + key);
-            self.write_http(key);
-        } else {
-            // The peer is not reading its response either.
-            self.close_http(key);
-        }
-    }
-
-    fn close_http(&mut self, key: usize) {
-        if self.http.contains(key) {
-            let mut h = self.http.remove(key);
-            self.timers.cancel(h.timer);
-            let _ = self.poll.registry().deregister(&mut h.stream);
-        }
+    fn http_timeout(&mut self, key: HttpKey) {
+        let Some(http) = self.http.as_mut() else { return };
+        http.timeout(key, LoopParts { registry: self.poll.registry(), timers: &mut self.timers });
     }
 
     fn close_ended(&mut self) {
         for key in std::mem::take(&mut self.closing) {
-            if self.conns.contains(key) {
-                let mut c = self.conns.remove(key);
+            if let Some(mut c) = self.conns.remove(key) {
                 c.state.release_buffers(&mut self.broker.stats.buffered_bytes);
                 let _ = self.poll.registry().deregister(&mut c.stream);
             }
@@ -1044,14 +1021,12 @@ impl Reactor {
         self.broker.sync(&mut written, now, &mut lent);
         self.flush(now, &written);
         self.end_unwritable();
-        let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
-        for key in keys {
+        for key in self.conns.keys() {
             self.end(key, "shutdown");
         }
         self.close_ended();
-        let keys: Vec<usize> = self.http.iter().map(|(k, _)| k).collect();
-        for key in keys {
-            self.close_http(key);
+        if let Some(http) = self.http.as_mut() {
+            http.close_all(LoopParts { registry: self.poll.registry(), timers: &mut self.timers });
         }
     }
 }
@@ -1062,50 +1037,9 @@ impl Reactor {
 /// net.core.somaxconn.
 const LISTEN_BACKLOG: i32 = 4096;
 
-/// Binds a non-blocking listener with `LISTEN_BACKLOG` (std and mio bind
-/// with 128 and give no way to choose).
+/// Binds a non-blocking listener with `LISTEN_BACKLOG`.
 fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
-    let domain = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
-    // SAFETY: plain socket syscalls on a descriptor this function owns; the
-    // sockaddr is built in a zeroed sockaddr_storage large enough for both
-    // families, and its length passed exactly. On error the descriptor is
-    // closed by the OwnedFd.
-    unsafe {
-        let fd = libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let owned = <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd);
-        let one: libc::c_int = 1;
-        let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        if libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, (&one as *const libc::c_int).cast(), len) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut storage: libc::sockaddr_storage = std::mem::zeroed();
-        let sa_len = match addr {
-            SocketAddr::V4(a) => {
-                let sin = &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>();
-                sin.sin_family = libc::AF_INET as libc::sa_family_t;
-                sin.sin_port = a.port().to_be();
-                sin.sin_addr = libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) };
-                std::mem::size_of::<libc::sockaddr_in>()
-            }
-            SocketAddr::V6(a) => {
-                let sin6 = &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
-                sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-                sin6.sin6_port = a.port().to_be();
-                sin6.sin6_addr = libc::in6_addr { s6_addr: a.ip().octets() };
-                sin6.sin6_flowinfo = a.flowinfo();
-                sin6.sin6_scope_id = a.scope_id();
-                std::mem::size_of::<libc::sockaddr_in6>()
-            }
-        };
-        let sa = (&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr>();
-        if libc::bind(fd, sa, sa_len as libc::socklen_t) != 0 || libc::listen(fd, LISTEN_BACKLOG) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(TcpListener::from_std(std::net::TcpListener::from(owned)))
-    }
+    sys::listen(addr, LISTEN_BACKLOG).map(TcpListener::from_std)
 }
 
 fn now_at(started: Instant) -> Now {

@@ -117,6 +117,33 @@ fn every_flag_a_client_help_lists_is_accepted() {
 }
 
 #[test]
+fn config_file_keys_are_the_flags_and_flags_override_them() {
+    let dir = TempDir::new("config");
+    let path = dir.path().join("runnel.conf");
+    std::fs::write(
+        &path,
+        "# a comment\nfsync = never\nmax-deliveries = 5\nidle-timeout-ms = 1234\nno-auto-create = true\n",
+    )
+    .unwrap();
+    let out = runnel(&["serve", "--config", path.to_str().unwrap(), "--max-deliveries", "7", "--print-config"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for line in ["fsync = never", "max-deliveries = 7", "idle-timeout-ms = 1234", "no-auto-create = true"] {
+        assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+    }
+    // What --print-config prints is itself a config file that says the same.
+    let printed = dir.path().join("printed.conf");
+    std::fs::write(&printed, &text).unwrap();
+    let again = runnel(&["serve", "--config", printed.to_str().unwrap(), "--print-config"]);
+    assert_eq!(String::from_utf8(again.stdout).unwrap(), text);
+    // An unknown key is refused by name.
+    std::fs::write(&path, "no-such-key = 1\n").unwrap();
+    let bad = runnel(&["serve", "--config", path.to_str().unwrap(), "--print-config"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("no-such-key"));
+}
+
+#[test]
 fn top_level_help_lists_every_subcommand() {
     for args in [["--help"], ["-h"], ["help"]] {
         let out = runnel(&args);

@@ -179,7 +179,7 @@ fn failed_ids_keep_request_order_and_duplicates_count_each_time() {
 /// topics, not its origin's settings. `.dlq` names are otherwise ordinary:
 /// PRODUCE and CREATE_TOPIC accept them (a message produced there has no
 /// dead-letter fields), and STATS's `topics` counts them (`topics_max`
-/// does not: tests/bad_input.rs).
+/// does not: tests/broker_limits.rs).
 #[test]
 fn a_dlq_topic_gets_the_broker_defaults_and_accepts_produce_and_create() {
     let defaults = Settings { ack_timeout_ms: 45_000, max_deliveries: 7 };

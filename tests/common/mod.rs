@@ -13,9 +13,11 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use runnel::broker::Config;
-use runnel::client::Client;
+use runnel::client::{Client, IdsResult};
+use runnel::config::ServeConfig;
+use runnel::limits::Limits;
 use runnel::log::LogOptions;
-use runnel::reactor::{Handle, Reactor, ServeConfig};
+use runnel::reactor::{Handle, Reactor};
 
 /// A temporary directory removed on drop.
 pub struct TempDir(pub PathBuf);
@@ -98,6 +100,39 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.stop_inner();
     }
+}
+
+/// Small limits that pass `Limits::check`: a frame holds one message of
+/// message_bytes_max to a topic of topic_name_bytes_max, with room to spare.
+pub fn small_limits() -> Limits {
+    let l = Limits {
+        frame_bytes_max: 2048,
+        message_bytes_max: 1024,
+        batch_messages_max: 8,
+        topic_name_bytes_max: 16,
+        fetch_bytes_max: 1024,
+        ..Limits::default()
+    };
+    l.check().expect("small limits are consistent");
+    l
+}
+
+/// A broker with `limits` (checked first) and every other setting at its
+/// default, on its own temporary directory.
+pub fn start(limits: Limits) -> (Server, TempDir) {
+    limits.check().expect("limits are consistent");
+    Server::start(Config { limits, ..Config::default() })
+}
+
+/// A fresh client can PING and round-trip a message: the broker is alive.
+pub fn assert_serving(srv: &Server, what: &str) {
+    let mut c = srv.client();
+    c.ping().unwrap_or_else(|e| panic!("{what}: PING failed: {e}"));
+    let id = c.produce("probe", what.as_bytes()).unwrap_or_else(|e| panic!("{what}: PRODUCE failed: {e}"));
+    let got = c.fetch("probe", wire::now(1)).unwrap_or_else(|e| panic!("{what}: FETCH failed: {e}"));
+    assert_eq!(got.len(), 1, "{what}");
+    assert_eq!((got[0].id, got[0].payload.as_slice()), (id, what.as_bytes()), "{what}");
+    assert_eq!(c.ack("probe", &[id]).unwrap(), IdsResult { done: 1, failed: vec![] }, "{what}");
 }
 
 /// Seeded randomness, shared with the unit tests and the fuzz simulation.

@@ -52,6 +52,13 @@ pub fn encode(rid: u32, req: &Request<'_>) -> Vec<u8> {
     out
 }
 
+/// Rewrites a frame's `len` field to match its bytes.
+pub fn reframe(mut frame: Vec<u8>) -> Vec<u8> {
+    let len = (frame.len() - 4) as u32;
+    frame[..4].copy_from_slice(&len.to_le_bytes());
+    frame
+}
+
 pub fn batch_body<P: AsRef<[u8]>>(payloads: &[P]) -> Vec<u8> {
     let mut b = Vec::new();
     codec::encode_batch(&mut b, payloads);

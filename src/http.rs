@@ -1,0 +1,329 @@
+//! The metrics listener: `GET /metrics` and `GET /healthz` over HTTP/1.x,
+//! one request per connection, served on the reactor's own poll loop.
+//!
+//! No HTTP framework and no thread: a scrape is rare and small, so it costs
+//! the loop one accept, one read and one write. The reactor hands this file
+//! the readiness of the listener and of its connections; it reads a request
+//! head (at most `HTTP_REQUEST_BYTES_MAX`), parses it with the pure
+//! `parse_request`, and writes what `response` builds. A request that does
+//! not arrive whole within `handshake_timeout_ms` gets 408; a response not
+//! read within as long again is dropped with its connection.
+//!
+//! The sockets of these connections are written here, not through the
+//! reactor's flush: they answer no request of the protocol, so no reply
+//! here ever waits for the log.
+
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Interest, Registry, Token};
+use slab::Slab;
+
+use crate::limits::Limits;
+use crate::wheel::{TimerKey, Wheel};
+
+/// Largest request head the metrics listener buffers.
+pub const HTTP_REQUEST_BYTES_MAX: usize = 8 << 10;
+
+/// Poll tokens of metrics connections start here (`HttpKey::token`); the
+/// reactor's client connections use the tokens below it.
+pub(crate) const HTTP_TOKEN_BASE: usize = 1 << 40;
+
+/// A metrics connection's key in the listener's slab. Its poll token is
+/// `HTTP_TOKEN_BASE` past it, so it can never be taken for a client
+/// connection's key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct HttpKey(usize);
+
+impl HttpKey {
+    /// The poll token of this connection's socket.
+    pub(crate) fn token(self) -> Token {
+        Token(HTTP_TOKEN_BASE + self.0)
+    }
+
+    /// The connection a poll token stands for, if it is a metrics
+    /// connection's (tokens at or past `HTTP_TOKEN_BASE`, below the
+    /// reactor's fixed tokens, which it checks first).
+    pub(crate) fn from_token(token: Token) -> Option<HttpKey> {
+        token.0.checked_sub(HTTP_TOKEN_BASE).map(HttpKey)
+    }
+}
+
+/// A request the metrics listener understood, or why not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HttpRequest {
+    Metrics,
+    Health,
+    /// The status to answer with: 400, 404, 405, 431, 505.
+    Refused(u16),
+}
+
+/// Parses the head of an HTTP/1.x request, if it has arrived whole.
+pub fn parse_request(buf: &[u8]) -> Option<HttpRequest> {
+    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return (buf.len() >= HTTP_REQUEST_BYTES_MAX).then_some(HttpRequest::Refused(431));
+    };
+    let head = &buf[..end];
+    let line = head.split(|b| *b == b'\n').next().unwrap_or(&[]);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut parts = line.split(|b| *b == b' ');
+    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Some(HttpRequest::Refused(400));
+    };
+    if !version.starts_with(b"HTTP/1.") {
+        return Some(HttpRequest::Refused(if version.starts_with(b"HTTP/") { 505 } else { 400 }));
+    }
+    if method != b"GET" && method != b"HEAD" {
+        return Some(HttpRequest::Refused(405));
+    }
+    let path = target.split(|b| *b == b'?').next().unwrap_or(&[]);
+    Some(match path {
+        b"/metrics" => HttpRequest::Metrics,
+        b"/healthz" => HttpRequest::Health,
+        _ => HttpRequest::Refused(404),
+    })
+}
+
+/// A whole HTTP/1.1 response that closes the connection.
+pub fn response(status: u16, content_type: &str, body: &str) -> Vec<u8> {
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        431 => "Request Header Fields Too Large",
+        505 => "HTTP Version Not Supported",
+        _ => "Error",
+    };
+    let mut out = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(body.as_bytes());
+    out
+}
+
+/// The content type of the Prometheus text exposition format.
+const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// The content type of every other response.
+const TEXT_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
+
+/// A connection to the metrics listener: one request, one response.
+struct HttpConn {
+    /// The socket, registered with `HttpKey::token`.
+    stream: TcpStream,
+    /// The request head so far, bytes (at most `HTTP_REQUEST_BYTES_MAX`).
+    request: Vec<u8>,
+    /// The response, bytes; empty until the request is whole.
+    out: Vec<u8>,
+    /// How many bytes of `out` are written.
+    out_pos: usize,
+    /// The timeout: first for the request to arrive whole, then for the
+    /// response to be read.
+    timer: TimerKey,
+}
+
+/// What a metrics call needs of the loop: where sockets are registered and
+/// the loop's timers, whose values say which connection a timer is for.
+pub(crate) struct LoopParts<'a, T> {
+    /// The poll's registry.
+    pub(crate) registry: &'a Registry,
+    /// The loop's timer wheel (deadlines in ms of the reactor's clock).
+    pub(crate) timers: &'a mut Wheel<T>,
+}
+
+/// The metrics listener and its connections.
+pub(crate) struct HttpServer {
+    /// The metrics listener, registered with the reactor's METRICS token.
+    listener: TcpListener,
+    /// Where it listens (the port chosen, when asked for port 0).
+    addr: SocketAddr,
+    /// The open metrics connections.
+    conns: Slab<HttpConn>,
+    /// Most metrics connections at once (the broker's connections_max):
+    /// past it a new one is closed unanswered.
+    conns_max: usize,
+    /// How long a request may take to arrive whole, and then its response
+    /// to be read, ms (the broker's handshake_timeout_ms).
+    timeout_ms: u64,
+}
+
+impl HttpServer {
+    /// Serves on `listener`, registered with `token`.
+    pub(crate) fn new(
+        mut listener: TcpListener,
+        registry: &Registry,
+        token: Token,
+        limits: &Limits,
+    ) -> io::Result<HttpServer> {
+        registry.register(&mut listener, token, Interest::READABLE)?;
+        let addr = listener.local_addr()?;
+        Ok(HttpServer {
+            listener,
+            addr,
+            conns: Slab::new(),
+            conns_max: limits.connections_max as usize,
+            timeout_ms: u64::from(limits.handshake_timeout_ms),
+        })
+    }
+
+    /// Where it listens.
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Accepts every pending connection and starts its request timeout.
+    pub(crate) fn accept<T: From<HttpKey>>(&mut self, lp: LoopParts<'_, T>, now_ms: u64) {
+        loop {
+            let mut stream = match self.listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    log::warn!("metrics accept failed: {e}");
+                    return;
+                }
+            };
+            // Metrics connections are few and short; a flood is refused at
+            // the connection limit like any other.
+            if self.conns.len() >= self.conns_max {
+                continue;
+            }
+            let entry = self.conns.vacant_entry();
+            let key = HttpKey(entry.key());
+            let interest = Interest::READABLE | Interest::WRITABLE;
+            if lp.registry.register(&mut stream, key.token(), interest).is_err() {
+                continue;
+            }
+            let timer = lp.timers.insert(now_ms + self.timeout_ms, T::from(key));
+            entry.insert(HttpConn { stream, request: Vec::new(), out: Vec::new(), out_pos: 0, timer });
+        }
+    }
+
+    /// Serves a ready connection: reads its request until it is whole, then
+    /// answers it (`render` gives the metrics body, called only for
+    /// `/metrics`) and writes the response.
+    pub(crate) fn serve<T>(&mut self, key: HttpKey, lp: LoopParts<'_, T>, render: impl FnOnce() -> String) {
+        let Some(h) = self.conns.get_mut(key.0) else { return };
+        if h.out.is_empty() {
+            read_request(h);
+            h.out = match parse_request(&h.request) {
+                None => return,
+                Some(HttpRequest::Metrics) => response(200, METRICS_CONTENT_TYPE, &render()),
+                Some(HttpRequest::Health) => response(200, TEXT_CONTENT_TYPE, "ok\n"),
+                Some(HttpRequest::Refused(status)) => response(status, TEXT_CONTENT_TYPE, "refused\n"),
+            };
+        }
+        self.write(key, lp);
+    }
+
+    /// A connection's timer fired: a request still incomplete gets 408 (and
+    /// as long again to be read); a response still unread is dropped.
+    pub(crate) fn timeout<T: From<HttpKey>>(&mut self, key: HttpKey, lp: LoopParts<'_, T>) {
+        let Some(h) = self.conns.get_mut(key.0) else { return };
+        if h.out.is_empty() {
+            h.out = response(408, TEXT_CONTENT_TYPE, "request timeout\n");
+            let deadline = lp.timers.now_ms() + self.timeout_ms;
+            h.timer = lp.timers.insert(deadline, T::from(key));
+            self.write(key, lp);
+        } else {
+            // The peer is not reading its response either.
+            self.close(key, lp);
+        }
+    }
+
+    /// Closes every connection (the broker is stopping).
+    pub(crate) fn close_all<T>(&mut self, lp: LoopParts<'_, T>) {
+        let keys: Vec<HttpKey> = self.conns.iter().map(|(k, _)| HttpKey(k)).collect();
+        for key in keys {
+            self.close(key, LoopParts { registry: lp.registry, timers: &mut *lp.timers });
+        }
+    }
+
+    /// Writes what a connection has left; closes it when done.
+    fn write<T>(&mut self, key: HttpKey, lp: LoopParts<'_, T>) {
+        let Some(h) = self.conns.get_mut(key.0) else { return };
+        let done = loop {
+            if h.out_pos >= h.out.len() {
+                break true;
+            }
+            match h.stream.write(&h.out[h.out_pos..]) {
+                Ok(n) => h.out_pos += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break true,
+            }
+        };
+        if done {
+            // FIN first, and drop what the peer still sends, so the close
+            // does not turn into a reset that eats the response.
+            let _ = h.stream.shutdown(std::net::Shutdown::Write);
+            let mut sink = [0u8; 4096];
+            for _ in 0..16 {
+                if !matches!(h.stream.read(&mut sink), Ok(n) if n > 0) {
+                    break;
+                }
+            }
+            self.close(key, lp);
+        }
+    }
+
+    fn close<T>(&mut self, key: HttpKey, lp: LoopParts<'_, T>) {
+        if let Some(mut h) = self.conns.try_remove(key.0) {
+            lp.timers.cancel(h.timer);
+            let _ = lp.registry.deregister(&mut h.stream);
+        }
+    }
+}
+
+/// Reads what the socket holds into the request head, until it would
+/// block, ends, or the head is whole past its limit.
+fn read_request(h: &mut HttpConn) {
+    let mut buf = [0u8; 2048];
+    loop {
+        if h.request.len() >= HTTP_REQUEST_BYTES_MAX && parse_request(&h.request).is_some() {
+            return;
+        }
+        match h.stream.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                // Past the limit the rest is read and dropped, so closing
+                // does not reset the connection under the peer before it
+                // reads the 431.
+                let room = HTTP_REQUEST_BYTES_MAX.saturating_sub(h.request.len());
+                h.request.extend_from_slice(&buf[..n.min(room)]);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_parsed_or_refused() {
+        assert_eq!(parse_request(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), Some(HttpRequest::Metrics));
+        assert_eq!(parse_request(b"GET /healthz?x=1 HTTP/1.0\r\n\r\n"), Some(HttpRequest::Health));
+        assert_eq!(parse_request(b"GET /metrics HTTP/1.1\r\nHost"), None);
+        assert_eq!(parse_request(b"POST /metrics HTTP/1.1\r\n\r\n"), Some(HttpRequest::Refused(405)));
+        assert_eq!(parse_request(b"GET /nope HTTP/1.1\r\n\r\n"), Some(HttpRequest::Refused(404)));
+        assert_eq!(parse_request(b"garbage\r\n\r\n"), Some(HttpRequest::Refused(400)));
+        assert_eq!(parse_request(b"GET / HTTP/2\r\n\r\n"), Some(HttpRequest::Refused(505)));
+        assert_eq!(parse_request(&[b'a'; HTTP_REQUEST_BYTES_MAX]), Some(HttpRequest::Refused(431)));
+    }
+
+    #[test]
+    fn a_token_names_the_key_it_was_made_from() {
+        for key in [0, 1, 4095, 1 << 20] {
+            assert_eq!(HttpKey::from_token(HttpKey(key).token()), Some(HttpKey(key)));
+        }
+        assert_eq!(HttpKey::from_token(Token(HTTP_TOKEN_BASE - 1)), None, "a client connection's token");
+    }
+}

@@ -1,0 +1,186 @@
+//! Every call into the operating system that Rust's standard library and
+//! mio do not wrap, each behind a safe function: a listener with a chosen
+//! backlog, pinning the loop to a CPU, raising the open-file limit,
+//! reserving space in a file, and asking how much space its filesystem has
+//! free.
+//!
+//! The only `unsafe` code in the crate lives here (lib.rs denies it
+//! elsewhere), one block per function, each with a SAFETY note that says why
+//! the call cannot break memory safety. Callers get `io::Result`s and decide
+//! what a failure means; nothing here logs or panics.
+
+use std::fs::File;
+use std::io;
+use std::mem;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// Binds a non-blocking, close-on-exec TCP listener on `addr` (with
+/// `SO_REUSEADDR`) that lets the kernel complete up to `backlog`
+/// connections before they are accepted. std and mio listen with a backlog
+/// of 128 and give no way to choose.
+pub fn listen(addr: SocketAddr, backlog: i32) -> io::Result<std::net::TcpListener> {
+    let domain = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: socket(2) takes no pointers; the descriptor it returns is
+    // owned by the OwnedFd at once, so every early return closes it.
+    let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    let len = mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the option value is a c_int on this stack frame and `len` is
+    // exactly its size.
+    let rc = unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, (&raw const one).cast(), len) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let (storage, sa_len) = sockaddr(addr);
+    let sa = (&raw const storage).cast::<libc::sockaddr>();
+    // SAFETY: `sa` points at a sockaddr_storage on this stack frame that
+    // holds a sockaddr_in or sockaddr_in6 of exactly `sa_len` bytes; bind
+    // only reads it, during the call.
+    if unsafe { libc::bind(fd, sa, sa_len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: listen(2) takes no pointers.
+    if unsafe { libc::listen(fd, backlog) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(std::net::TcpListener::from(owned))
+}
+
+/// `addr` as the C socket address bind(2) takes, and its length.
+fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data; all zeros is a valid value
+    // (and the unused bytes of an address must be zero).
+    let mut storage: libc::sockaddr_storage = unsafe { mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is large enough and aligned enough
+            // for every socket address type (that is its purpose); the
+            // reference lives only inside this arm, while `storage` does.
+            let sin = unsafe { &mut *(&raw mut storage).cast::<libc::sockaddr_in>() };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr = libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) };
+            mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: as for the V4 arm.
+            let sin6 = unsafe { &mut *(&raw mut storage).cast::<libc::sockaddr_in6>() };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_addr = libc::in6_addr { s6_addr: a.ip().octets() };
+            sin6.sin6_flowinfo = a.flowinfo();
+            sin6.sin6_scope_id = a.scope_id();
+            mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
+}
+
+/// Pins the calling thread to CPU `core` (`sched_setaffinity`). A core at
+/// or past the CPU set's size is refused as `InvalidInput`.
+pub fn pin_to_core(core: usize) -> io::Result<()> {
+    if core >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "beyond the CPU set size"));
+    }
+    // SAFETY: cpu_set_t is plain data and all zeros is its empty set;
+    // CPU_SET writes inside it (core is below CPU_SETSIZE, checked above);
+    // sched_setaffinity reads exactly size_of::<cpu_set_t>() bytes of it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = mem::zeroed();
+        libc::CPU_SET(core, &mut set);
+        libc::sched_setaffinity(0, mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Raises this process's open-file limit (`RLIMIT_NOFILE`) to its hard
+/// limit, since every connection is a file descriptor. Returns the limit in
+/// force afterwards, or None if it cannot be read.
+pub fn raise_fd_limit() -> Option<u64> {
+    // SAFETY: getrlimit and setrlimit read and write one rlimit struct (plain
+    // data, valid when zeroed) that lives on this stack frame.
+    unsafe {
+        let mut lim: libc::rlimit = mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return None;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim = raised;
+            }
+        }
+        Some(lim.rlim_cur as u64)
+    }
+}
+
+/// Allocates `file`'s blocks for bytes `[0, len)` and extends its size to
+/// at least `len` (`fallocate` mode 0): writes below `len` then change
+/// neither its size nor its allocation. Written data is never touched.
+pub fn allocate(file: &File, len: u64) -> io::Result<()> {
+    let len = libc::off_t::try_from(len).map_err(|_| io::Error::other("reservation past off_t"))?;
+    // SAFETY: fallocate takes no pointers; the descriptor is borrowed from
+    // a File that stays open for the call.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// Bytes free on `file`'s filesystem for an unprivileged writer
+/// (`fstatvfs`: available blocks times the fragment size).
+pub fn free_bytes(file: &File) -> io::Result<u64> {
+    // SAFETY: statvfs is plain data, valid when zeroed; fstatvfs fills the
+    // one on this stack frame, and the descriptor is borrowed from a File
+    // that stays open for the call.
+    let (rc, st) = unsafe {
+        let mut st: libc::statvfs = mem::zeroed();
+        (libc::fstatvfs(file.as_raw_fd(), &mut st), st)
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The field types differ between targets (u32 on some 32-bit ones).
+    #[allow(clippy::useless_conversion)]
+    Ok(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listener_binds_both_families_and_accepts() {
+        for addr in ["127.0.0.1:0", "[::1]:0"] {
+            let Ok(l) = listen(addr.parse().expect("addr"), 16) else {
+                // A machine without IPv6 on loopback cannot bind [::1].
+                assert!(addr.starts_with('['), "cannot listen on {addr}");
+                continue;
+            };
+            let bound = l.local_addr().expect("local addr");
+            assert_ne!(bound.port(), 0, "{addr}: the kernel chose a port");
+            let _client = std::net::TcpStream::connect(bound).expect("connect");
+            l.set_nonblocking(false).expect("blocking accept for the test");
+            l.accept().expect("accept");
+        }
+    }
+
+    #[test]
+    fn the_free_space_of_a_file_s_filesystem_is_known() {
+        let f = File::open(std::env::temp_dir()).expect("open the temporary directory");
+        free_bytes(&f).expect("fstatvfs on an open descriptor");
+    }
+
+    #[test]
+    fn a_core_past_the_cpu_set_is_refused() {
+        let e = pin_to_core(libc::CPU_SETSIZE as usize).expect_err("refused");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
+}
