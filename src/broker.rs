@@ -21,17 +21,16 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Range;
 use std::path::Path;
 
-use byteorder::{ByteOrder, LittleEndian};
 use slab::Slab;
 
-use crate::codec::{
-    self, DeadInfo, DeadReason, DecodeError, DecodeLimits, ErrorCode, Frame, Message, Request, Skip, op,
-};
+use crate::codec::{self, DeadInfo, DecodeError, DecodeLimits, ErrorCode, Frame, Message, Request, Skip, op};
 use crate::limits::Limits;
-use crate::log::{
-    Committed, FsyncMode, Log, LogOptions, OpenError, Opener, ReadRecord, RecordKind, Recovery, WrittenTurn,
+use crate::log::{Committed, FsyncMode, Log, LogOptions, OpenError, Opener, ReadRecord, Recovery, WrittenTurn};
+use crate::queue::{ConsumerId, FastMap, GroupId, MsgId, Returned, Settings, Timers, Topic};
+use crate::record::{
+    DeleteRecord, MessageRecord, ProduceWriter, PurgeRecord, Record, RemoveReason, RemoveRecord, RequeueRecord,
+    TopicRecord,
 };
-use crate::queue::{ConsumerId, FastMap, MsgId, Returned, Settings, Timers, Topic};
 use crate::wheel::{TimerKey, Wheel};
 
 #[path = "compactor.rs"]
@@ -41,8 +40,7 @@ use compactor::Compactor;
 mod failure_log;
 use failure_log::FailureLog;
 
-/// A topic's number in the log: assigned at creation, never reused.
-pub type TopicId = u32;
+pub use crate::record::TopicId;
 
 /// The broker's configuration (the limits, and the behaviour flags).
 #[derive(Clone, Debug)]
@@ -205,7 +203,7 @@ impl Topics {
         self.id_floor = self.id_floor.max(topic.seq.next_id());
         self.by_id.insert(id, Entry { topic, id, waiters: VecDeque::new(), touched: false });
         self.name(id, name);
-        self.next_topic_id = self.next_topic_id.max(id + 1);
+        self.next_topic_id = self.next_topic_id.max(TopicId(id.0.saturating_add(1)));
     }
     /// Gives topic `id` its name (at creation, or when recovery meets the
     /// Topic record of a topic whose messages came first).
@@ -233,112 +231,91 @@ impl Topics {
     /// Topic record and its live messages at the head of the log, so a
     /// topic's messages may come before its Topic record (it is created
     /// nameless and named when the record comes) and in any id order.
-    #[allow(clippy::too_many_lines)] // reshaped by the core work
     fn replay(&mut self, r: &ReadRecord<'_>, notes: &mut Compactor) -> Result<(), String> {
-        let mut rd = Body { b: r.body, pos: 0 };
-        let topic_id = rd.u32()?;
-        match r.kind {
-            RecordKind::Topic => {
-                let next_id = rd.u64()?;
-                let settings = Settings { ack_timeout_ms: rd.u32()?, max_deliveries: rd.u16()? };
-                let name = rd.str()?;
-                match self.by_id.get_mut(&topic_id) {
-                    Some(e) => {
-                        e.topic.settings = settings;
-                        e.topic.seq.bump_next_id(next_id);
-                        if e.topic.name.is_empty() {
-                            self.name(topic_id, name);
-                        }
-                    }
-                    None => self.insert(topic_id, name, settings, next_id),
-                }
-                self.id_floor = self.id_floor.max(next_id);
-                notes.replayed_topic(r.segment, topic_id);
-            }
-            RecordKind::Delete => {
-                self.id_floor = self.id_floor.max(rd.u64()?);
-                self.remove(topic_id);
-                self.strays.remove(&topic_id);
+        match Record::decode(r.kind, r.version, r.body)? {
+            Record::Topic(t) => self.replay_topic(&t, r.segment, notes),
+            Record::Delete(d) => {
+                self.id_floor = self.id_floor.max(d.next_id);
+                self.remove(d.topic);
+                self.strays.remove(&d.topic);
                 notes.replayed_delete(r.segment);
             }
-            RecordKind::Purge => {
-                let below = rd.u64()?;
-                let e = self.entry(topic_id);
+            Record::Purge(p) => {
+                let e = self.entry(p.topic);
                 e.topic.purge(&mut NoTimers);
-                e.topic.seq.bump_next_id(below);
-                if let Some(strays) = self.strays.get_mut(&topic_id) {
-                    strays.retain(|id, _| *id >= below);
+                e.topic.seq.bump_next_id(p.below_id);
+                if let Some(strays) = self.strays.get_mut(&p.topic) {
+                    strays.retain(|id, _| *id >= p.below_id);
                 }
             }
-            RecordKind::Produce => {
-                let count = rd.u32()?;
-                for _ in 0..count {
-                    let id = rd.u64()?;
-                    let born_ms = rd.u64()?;
-                    let deliveries = rd.u16()?;
-                    let flags = rd.u8()?;
-                    let dead = if flags & codec::MSG_FLAG_DEAD != 0 {
-                        Some(DeadInfo {
-                            origin_id: rd.u64()?,
-                            origin_deliveries: rd.u16()?,
-                            reason: DeadReason::from_u8(rd.u8()?).ok_or("unknown dead-letter reason")?,
-                        })
-                    } else {
-                        None
-                    };
-                    let len = rd.u32()? as usize;
-                    let payload = rd.bytes(len)?;
-                    notes.replayed_produce(r.segment, topic_id, id);
-                    let t = &mut self.entry(topic_id).topic;
-                    if t.seq.contains(id) {
-                        t.restore_deliveries(id, deliveries);
-                    } else if id >= t.seq.next_id() {
-                        t.restore(id, born_ms, payload, deliveries, dead);
-                    } else {
-                        let strays = self.strays.entry(topic_id).or_default();
-                        let stray = strays.entry(id).or_insert_with(|| Stray {
-                            born_ms,
-                            deliveries,
-                            dead,
-                            payload: payload.to_vec(),
-                        });
-                        stray.deliveries = deliveries;
-                    }
+            Record::Produce { topic, messages } => {
+                for m in messages {
+                    let m = m?;
+                    notes.replayed_produce(r.segment, topic, m.id);
+                    self.replay_message(topic, &m);
                 }
             }
-            RecordKind::Remove => {
-                let _reason = rd.u8()?;
-                let count = rd.u32()?;
-                for _ in 0..count {
-                    let id = rd.u64()?;
-                    self.entry(topic_id).topic.release(id);
-                    if let Some(strays) = self.strays.get_mut(&topic_id) {
+            Record::Remove { topic, ids, .. } => {
+                for id in ids.iter() {
+                    self.entry(topic).topic.release(id);
+                    if let Some(strays) = self.strays.get_mut(&topic) {
                         strays.remove(&id);
                     }
                 }
             }
-            RecordKind::Requeue => {
-                let count = rd.u32()?;
-                for _ in 0..count {
-                    let id = rd.u64()?;
-                    let deliveries = rd.u16()?;
-                    self.entry(topic_id).topic.restore_deliveries(id, deliveries);
-                    if let Some(s) = self.strays.get_mut(&topic_id).and_then(|m| m.get_mut(&id)) {
+            Record::Requeue { topic, entries, .. } => {
+                for (id, deliveries) in entries.iter() {
+                    self.entry(topic).topic.restore_deliveries(id, deliveries);
+                    if let Some(s) = self.strays.get_mut(&topic).and_then(|m| m.get_mut(&id)) {
                         s.deliveries = deliveries;
                     }
                 }
             }
         }
-        if !rd.done() {
-            return Err("bytes left over after the record body".into());
-        }
         Ok(())
+    }
+
+    fn replay_topic(&mut self, t: &TopicRecord<'_>, segment: u64, notes: &mut Compactor) {
+        match self.by_id.get_mut(&t.topic) {
+            Some(e) => {
+                e.topic.settings = t.settings;
+                e.topic.seq.bump_next_id(t.next_id);
+                if e.topic.name.is_empty() {
+                    self.name(t.topic, t.name);
+                }
+            }
+            None => self.insert(t.topic, t.name, t.settings, t.next_id),
+        }
+        self.id_floor = self.id_floor.max(t.next_id);
+        notes.replayed_topic(segment, t.topic);
+    }
+
+    /// A message of a Produce record: stored, or only its delivery count
+    /// taken if it is stored already (a copy compaction wrote before the
+    /// original's segment was removed), or kept aside if it comes below the
+    /// topic's highest id so far (a copy moved forward by compaction).
+    fn replay_message(&mut self, topic: TopicId, m: &MessageRecord<'_>) {
+        let t = &mut self.entry(topic).topic;
+        if t.seq.contains(m.id) {
+            t.restore_deliveries(m.id, m.deliveries);
+        } else if m.id >= t.seq.next_id() {
+            t.restore(m.id, m.born_ms, m.payload, m.deliveries, m.dead);
+        } else {
+            let strays = self.strays.entry(topic).or_default();
+            let stray = strays.entry(m.id).or_insert_with(|| Stray {
+                born_ms: m.born_ms,
+                deliveries: m.deliveries,
+                dead: m.dead,
+                payload: m.payload.to_vec(),
+            });
+            stray.deliveries = m.deliveries;
+        }
     }
 
     /// The topic `id`, created nameless if recovery has not met its Topic
     /// record yet.
     fn entry(&mut self, id: TopicId) -> &mut Entry {
-        self.next_topic_id = self.next_topic_id.max(id + 1);
+        self.next_topic_id = self.next_topic_id.max(TopicId(id.0.saturating_add(1)));
         self.by_id.entry(id).or_insert_with(|| Entry {
             topic: Topic::new("", Settings::default(), 1),
             id,
@@ -369,40 +346,6 @@ impl Topics {
             e.topic.restore_done();
             self.id_floor = self.id_floor.max(e.topic.seq.next_id());
         }
-    }
-}
-
-/// A cursor over a record body.
-struct Body<'a> {
-    b: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Body<'a> {
-    fn bytes(&mut self, n: usize) -> Result<&'a [u8], String> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.b.len()).ok_or("record body too short")?;
-        let s = &self.b[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-    fn u8(&mut self) -> Result<u8, String> {
-        Ok(self.bytes(1)?[0])
-    }
-    fn u16(&mut self) -> Result<u16, String> {
-        self.bytes(2).map(LittleEndian::read_u16)
-    }
-    fn u32(&mut self) -> Result<u32, String> {
-        self.bytes(4).map(LittleEndian::read_u32)
-    }
-    fn u64(&mut self) -> Result<u64, String> {
-        self.bytes(8).map(LittleEndian::read_u64)
-    }
-    fn str(&mut self) -> Result<&'a str, String> {
-        let n = self.u16()? as usize;
-        std::str::from_utf8(self.bytes(n)?).map_err(|_| "topic name is not UTF-8".into())
-    }
-    fn done(&self) -> bool {
-        self.pos == self.b.len()
     }
 }
 
@@ -932,18 +875,15 @@ impl Broker {
                     ));
                 }
                 let first = t.seq.next_id();
-                let at = self.log.begin(RecordKind::Produce);
-                let b = self.log.body();
-                codec::put_u32(b, tid);
-                codec::put_u32(b, batch.count);
+                let mut w = ProduceWriter::begin(&mut self.log, tid);
                 for payload in batch.iter() {
-                    let (id, born) = t.append_born(now.wall_ms, payload);
-                    put_message_record(b, id, born, 0, None, payload);
+                    let (id, born_ms) = t.append_born(now.wall_ms, payload);
+                    w.push(&mut self.log, &MessageRecord { id, born_ms, deliveries: 0, dead: None, payload });
                     self.compactor.note_client_produce(tid, id);
                 }
                 // If the commit fails, this record goes (the produce is
                 // answered STORAGE and withdrawn); the turn's others stay.
-                self.log.end_withdrawable(at);
+                w.end_withdrawable(&mut self.log);
                 self.produced.push((tid, first, batch.count));
                 touch(e, &mut self.touched);
                 codec::encode_produce_reply(out, rid, first, batch.count);
@@ -985,11 +925,7 @@ impl Broker {
                 let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
                 let Some(e) = self.topics.by_id.get_mut(&tid) else { return Err(unknown(topic)) };
                 let removed = e.topic.purge(&mut TopicTimers { wheel: &mut self.wheel, topic: tid });
-                let below = e.topic.seq.next_id();
-                let at = self.log.begin(RecordKind::Purge);
-                codec::put_u32(self.log.body(), tid);
-                codec::put_u64(self.log.body(), below);
-                self.log.end(at);
+                PurgeRecord { topic: tid, below_id: e.topic.seq.next_id() }.append(&mut self.log);
                 self.compactor.nudge();
                 codec::encode_u64_reply(out, op::PURGE_TOPIC, rid, removed);
                 Ok(())
@@ -1041,24 +977,15 @@ impl Broker {
     /// Appends a Topic record for `tid`, if it exists; says whether it did.
     fn put_topic_record(&mut self, tid: TopicId) -> bool {
         let Some(e) = self.topics.by_id.get(&tid) else { return false };
-        let at = self.log.begin(RecordKind::Topic);
-        let b = self.log.body();
-        codec::put_u32(b, tid);
-        codec::put_u64(b, e.topic.seq.next_id());
-        codec::put_u32(b, e.topic.settings.ack_timeout_ms);
-        codec::put_u16(b, e.topic.settings.max_deliveries);
-        codec::put_str(b, e.topic.name.as_bytes());
-        self.log.end(at);
+        let t = &e.topic;
+        TopicRecord { topic: tid, next_id: t.seq.next_id(), settings: t.settings, name: &t.name }.append(&mut self.log);
         true
     }
 
     fn delete_topic(&mut self, tid: TopicId) -> u64 {
         let Some(mut e) = self.topics.remove(tid) else { return 0 };
         let removed = e.topic.purge(&mut TopicTimers { wheel: &mut self.wheel, topic: tid });
-        let at = self.log.begin(RecordKind::Delete);
-        codec::put_u32(self.log.body(), tid);
-        codec::put_u64(self.log.body(), e.topic.seq.next_id());
-        self.log.end(at);
+        DeleteRecord { topic: tid, next_id: e.topic.seq.next_id() }.append(&mut self.log);
         self.compactor.note_delete();
         self.compactor.forget_topic(tid);
         self.compactor.nudge();
@@ -1101,22 +1028,15 @@ impl Broker {
             }
         }
         if op == op::ACK && !self.done_ids.is_empty() {
-            self.log_ids(RecordKind::Remove, tid, REMOVE_ACKED);
+            self.log_removed(tid, RemoveReason::Acked);
         }
         codec::encode_ids_reply(out, op, rid, self.done_ids.len() as u32, &self.failed_ids);
     }
 
     /// Appends a Remove record for `done_ids`.
-    fn log_ids(&mut self, kind: RecordKind, tid: TopicId, reason: u8) {
-        let at = self.log.begin(kind);
-        let b = self.log.body();
-        codec::put_u32(b, tid);
-        b.push(reason);
-        codec::put_u32(b, self.done_ids.len() as u32);
-        for id in &self.done_ids {
-            codec::put_u64(b, *id);
-        }
-        self.log.end(at);
+    fn log_removed(&mut self, tid: TopicId, reason: RemoveReason) {
+        let ids = &self.done_ids;
+        RemoveRecord { topic: tid, group: GroupId::DEFAULT, reason, ids }.append(&mut self.log);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1165,15 +1085,7 @@ impl Broker {
         if entries.is_empty() {
             return;
         }
-        let at = self.log.begin(RecordKind::Requeue);
-        let b = self.log.body();
-        codec::put_u32(b, tid);
-        codec::put_u32(b, entries.len() as u32);
-        for (id, d) in entries {
-            codec::put_u64(b, *id);
-            codec::put_u16(b, *d);
-        }
-        self.log.end(at);
+        RequeueRecord { topic: tid, group: GroupId::DEFAULT, entries }.append(&mut self.log);
     }
 
     /// Moves message `id` of `tid` to `<topic>.dlq`. If the dead-letter
@@ -1206,19 +1118,20 @@ impl Broker {
             return;
         }
         let new_id = dst.topic.append_dead(m.born_ms, m.payload, info);
-        let at = self.log.begin(RecordKind::Produce);
-        let b = self.log.body();
-        codec::put_u32(b, dlq);
-        codec::put_u32(b, 1);
-        put_message_record(b, new_id, m.born_ms, 0, Some(info), m.payload);
-        self.log.end(at);
+        let mut w = ProduceWriter::begin(&mut self.log, dlq);
+        let dead = Some(info);
+        w.push(
+            &mut self.log,
+            &MessageRecord { id: new_id, born_ms: m.born_ms, deliveries: 0, dead, payload: m.payload },
+        );
+        w.end(&mut self.log);
         self.compactor.note_produce(dlq, new_id);
         src.topic.release(id);
         src.topic.counters.dead_lettered += 1;
         touch(dst, &mut self.touched);
         self.done_ids.clear();
         self.done_ids.push(id);
-        self.log_ids(RecordKind::Remove, tid, REMOVE_DEAD);
+        self.log_removed(tid, RemoveReason::DeadLettered);
     }
 
     fn requeue_undead(&mut self, tid: TopicId, id: MsgId, info: DeadInfo) {
@@ -1249,19 +1162,19 @@ impl Broker {
             }
             let new_id = dst.topic.append_kept(m.born_ms, m.payload);
             moved.push((new_id, m.id));
-            let at = log.begin(RecordKind::Produce);
-            let b = log.body();
-            codec::put_u32(b, tid);
-            codec::put_u32(b, 1);
-            put_message_record(b, new_id, m.born_ms, 0, None, m.payload);
-            log.end(at);
+            let mut w = ProduceWriter::begin(log, tid);
+            w.push(
+                log,
+                &MessageRecord { id: new_id, born_ms: m.born_ms, deliveries: 0, dead: None, payload: m.payload },
+            );
+            w.end(log);
             compactor.note_produce(tid, new_id);
             true
         });
         if n > 0 {
             touch(dst, &mut self.touched);
             self.done_ids.extend(moved.iter().map(|m| m.1));
-            self.log_ids(RecordKind::Remove, dlq, REMOVE_REDRIVEN);
+            self.log_removed(dlq, RemoveReason::Redriven);
         }
         Ok(n)
     }
@@ -1592,7 +1505,7 @@ impl Broker {
                 ("bytes", t.seq.live_bytes()),
                 ("next_id", t.seq.next_id()),
                 ("waiters", e.waiters.len() as u64),
-                ("id", u64::from(e.id)),
+                ("id", u64::from(e.id.0)),
             ] {
                 w.kv(out, k, v);
             }
@@ -1604,11 +1517,6 @@ impl Broker {
 /// The message of a BUSY reply.
 const BUSY_MESSAGE: &str =
     "the broker's connection buffers are full (buffered_bytes_max); nothing was done: back off and retry";
-
-/// Reasons in a Remove record (part of the log format).
-const REMOVE_ACKED: u8 = 1;
-const REMOVE_DEAD: u8 = 2;
-const REMOVE_REDRIVEN: u8 = 3;
 
 fn unknown(name: &str) -> (ErrorCode, String) {
     (ErrorCode::UnknownTopic, format!("no topic named {name}"))
@@ -1640,31 +1548,6 @@ fn deliver(e: &mut Entry, wheel: &mut Wheel<Timer>, w: &Waiter, now: Now, out: &
         }
     });
     writer.finish(out);
-}
-
-/// Appends one message to a Produce record body.
-fn put_message_record(
-    b: &mut Vec<u8>,
-    id: MsgId,
-    born_ms: u64,
-    deliveries: u16,
-    dead: Option<DeadInfo>,
-    payload: &[u8],
-) {
-    codec::put_u64(b, id);
-    codec::put_u64(b, born_ms);
-    codec::put_u16(b, deliveries);
-    match dead {
-        None => b.push(0),
-        Some(d) => {
-            b.push(codec::MSG_FLAG_DEAD);
-            codec::put_u64(b, d.origin_id);
-            codec::put_u16(b, d.origin_deliveries);
-            b.push(d.reason as u8);
-        }
-    }
-    codec::put_u32(b, payload.len() as u32);
-    b.extend_from_slice(payload);
 }
 
 /// Compares secrets in time independent of where they differ.

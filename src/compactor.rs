@@ -44,10 +44,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{Broker, Now, TopicId, put_message_record};
-use crate::codec;
-use crate::log::{HEADROOM_BYTES_MIN, RECORD_HEADER_BYTES, RecordKind};
+use super::{Broker, Now, TopicId};
+use crate::log::HEADROOM_BYTES_MIN;
 use crate::queue::MsgId;
+use crate::record::{self, DeleteRecord, MessageRecord, ProduceWriter};
 
 /// Most payload bytes copied forward per loop turn: some 30 µs of copying,
 /// and what a turn's write (and, with a produce, its fdatasync) carries
@@ -60,11 +60,7 @@ const COMPACT_BYTES_PER_TURN: u64 = 256 << 10;
 const COMPACT_MESSAGES_PER_TURN: u32 = 4096;
 /// Log bytes a message's record takes besides its payload (ids, times,
 /// lengths; dead-letter fields not counted).
-const RECORD_MESSAGE_OVERHEAD_BYTES: u64 = 8 + 8 + 2 + 1 + 4;
-/// Log bytes of a Topic record besides its name.
-const TOPIC_RECORD_BYTES: u64 = RECORD_HEADER_BYTES as u64 + 4 + 8 + 4 + 2 + 2;
-/// Log bytes of the record that restates the id floor.
-const FLOOR_RECORD_BYTES: u64 = RECORD_HEADER_BYTES as u64 + 4 + 8;
+const RECORD_MESSAGE_OVERHEAD_BYTES: u64 = record::message_record_bytes(0, false);
 /// Turns between checks of whether to compact, when there is no work (and
 /// the space is not short: then every turn checks).
 const CHECK_EVERY_TURNS: u32 = 64;
@@ -72,8 +68,6 @@ const CHECK_EVERY_TURNS: u32 = 64;
 /// disk that refuses the copies or the restatement now will likely refuse
 /// them next turn too, and each try costs a slice of copying (or a sync).
 const RETRY_AFTER_TURNS: u32 = 64;
-/// Topic id of a Delete record that only restates the id floor.
-const FLOOR_TOPIC_ID: TopicId = u32::MAX;
 
 /// Message ids `lo..=hi` of one topic, stored in one segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -306,10 +300,10 @@ impl Broker {
     /// and the id floor (what the log's headroom must hold).
     fn live_and_restate_bytes(&self) -> (u64, u64) {
         let mut live = 0;
-        let mut restate = FLOOR_RECORD_BYTES;
+        let mut restate = DeleteRecord::BYTES;
         for e in self.topics.by_id.values() {
             live += e.topic.seq.live_bytes() + e.topic.seq.live() * RECORD_MESSAGE_OVERHEAD_BYTES;
-            restate += TOPIC_RECORD_BYTES + e.topic.name.len() as u64;
+            restate += record::TopicRecord::bytes(e.topic.name.len());
         }
         (live, restate)
     }
@@ -372,31 +366,25 @@ impl Broker {
             let t = &e.topic;
             // One Produce record per run of live ids, within the budget.
             let mut id = from;
-            let mut count = 0u32;
-            let at = self.log.begin(RecordKind::Produce);
-            codec::put_u32(self.log.body(), r.topic);
-            let count_at = self.log.body().len();
-            codec::put_u32(self.log.body(), 0);
+            let mut w = ProduceWriter::begin(&mut self.log, r.topic);
             while bytes < COMPACT_BYTES_PER_TURN && messages < COMPACT_MESSAGES_PER_TURN {
                 let Some(live) = t.seq.next_live(id, r.hi + 1) else {
                     id = r.hi + 1;
                     break;
                 };
                 let Some(m) = t.seq.get(live) else { break };
-                put_message_record(self.log.body(), live, m.born_ms, t.deliveries(live), t.dead_info(live), m.payload);
+                let (deliveries, dead) = (t.deliveries(live), t.dead_info(live));
+                w.push(
+                    &mut self.log,
+                    &MessageRecord { id: live, born_ms: m.born_ms, deliveries, dead, payload: m.payload },
+                );
                 push_range(&mut self.compactor.turn_withdrawable_ranges, r.topic, live);
                 bytes += m.payload.len() as u64 + RECORD_MESSAGE_OVERHEAD_BYTES;
                 messages += 1;
-                count += 1;
                 id = live + 1;
             }
-            if count == 0 {
-                self.log.abandon(at);
-            } else {
-                let b = self.log.body();
-                b[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
-                self.log.end_withdrawable(at);
-            }
+            // A record with no message is dropped.
+            w.end_withdrawable(&mut self.log);
             if id > r.hi {
                 job.range += 1;
                 job.next = 0;
@@ -418,10 +406,7 @@ impl Broker {
         topics.retain(|&t| self.put_topic_record(t));
         let floor = self.compactor.delete_segments.contains_key(&base);
         if floor {
-            let at = self.log.begin(RecordKind::Delete);
-            codec::put_u32(self.log.body(), FLOOR_TOPIC_ID);
-            codec::put_u64(self.log.body(), self.topics.id_floor);
-            self.log.end(at);
+            DeleteRecord { topic: TopicId::FLOOR, next_id: self.topics.id_floor }.append(&mut self.log);
         }
         if let Err(e) = self.log.commit_ahead(aside) {
             self.compactor.backoff = RETRY_AFTER_TURNS;

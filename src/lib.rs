@@ -8,6 +8,8 @@
 //!   the decode/serve step, without socket or clock;
 //! - `wheel`: the hashed timing wheel for ack deadlines and delays;
 //! - `queue`: a topic's messages and its consumer state;
+//! - `record`: the commit log's records, typed, with their encoders and
+//!   decoders;
 //! - `broker`: applies requests to the queues and drives a turn;
 //! - `reactor`: the one mio loop, its connections and the clock;
 //! - `http`: the metrics listener (HTTP/1.x `GET /metrics`, `/healthz`) the
@@ -36,6 +38,7 @@ pub mod log;
 pub mod metrics;
 pub mod queue;
 pub mod reactor;
+pub mod record;
 #[allow(unsafe_code)] // the one place for it: each block has its SAFETY note
 pub mod sys;
 #[doc(hidden)]

@@ -96,8 +96,9 @@ pub const FRAME_HEADER_BYTES: u32 = 12;
 /// Bytes a PRODUCE body needs besides its topic name and payloads: the
 /// topic length, the count and each message's length field.
 const PRODUCE_OVERHEAD_BYTES: u64 = 2 + 4;
-/// Bytes each message adds to a FETCH reply besides its payload, at most.
-pub const FETCH_MESSAGE_OVERHEAD_BYTES: u32 = 8 + 8 + 2 + 1 + 8 + 2 + 1 + 4;
+/// Bytes each message adds to a FETCH reply besides its payload, at most
+/// (with the dead-letter fields): the wire layout's own count.
+pub const FETCH_MESSAGE_OVERHEAD_BYTES: u32 = crate::codec::message_wire_bytes(0, true) as u32;
 
 impl Limits {
     /// Checks that the limits can work together. Returns a sentence naming

@@ -9,14 +9,15 @@
 //! 0  u32 len      body bytes
 //! 4  u32 crc      CRC32 of bytes 0..4 and 8..12+len (everything but itself)
 //! 8  u8  kind     RecordKind
-//! 9  u8  version  format version of this kind's body (1)
+//! 9  u8  version  format version of this kind's body
 //! 10 u16 reserved 0
 //! 12 ... body
 //! ```
 //!
 //! The log knows nothing of topics or queues: it frames, writes, syncs,
-//! reads back and cuts files. The broker decides what the bodies say and
-//! replays them. Only this file touches files.
+//! reads back and cuts files. `record.rs` says what the bodies hold, and
+//! which (kind, version) pairs this build reads; the broker replays them.
+//! Only this file touches files.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -30,11 +31,10 @@ use byteorder::{ByteOrder, LittleEndian};
 mod recovery;
 pub use recovery::{CLEAN_STOP_FILE, Damage, DamageKind, Inspection, LastStop};
 
+pub use crate::record::RecordKind;
+
 /// Bytes in a record header.
 pub const RECORD_HEADER_BYTES: usize = 12;
-/// The body version this build writes. A reader must keep reading every
-/// older version; see docs/log-format.md for how to add one.
-pub const RECORD_VERSION: u8 = 1;
 /// Most bytes written without an fdatasync (turns that only acked): past
 /// it, the next turn syncs anyway.
 const UNSYNCED_BYTES_MAX: u64 = 4 << 20;
@@ -78,39 +78,6 @@ pub const HEADROOM_BYTES_MIN: u64 = 64 << 10;
 /// DELETE, topic changes — so that those are still written, and
 /// acknowledged, on a disk that refuses produces.
 pub const PRODUCE_HEADROOM_BYTES: u64 = 1 << 20;
-
-/// What a record says. The numbers are part of the log format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum RecordKind {
-    /// A topic was created, its settings changed, or compaction restated it.
-    Topic = 1,
-    /// A topic was deleted.
-    Delete = 2,
-    /// A topic was purged.
-    Purge = 3,
-    /// Messages were stored (produced, dead-lettered, redriven, or copied
-    /// forward by compaction).
-    Produce = 4,
-    /// Messages left a topic (acked, dead-lettered, redriven).
-    Remove = 5,
-    /// Messages went back to ready with a delivery count.
-    Requeue = 6,
-}
-
-impl RecordKind {
-    pub fn from_u8(v: u8) -> Option<RecordKind> {
-        Some(match v {
-            1 => RecordKind::Topic,
-            2 => RecordKind::Delete,
-            3 => RecordKind::Purge,
-            4 => RecordKind::Produce,
-            5 => RecordKind::Remove,
-            6 => RecordKind::Requeue,
-            _ => return None,
-        })
-    }
-}
 
 /// When the log makes writes durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -481,7 +448,7 @@ impl Log {
     /// then call `end`.
     pub fn begin(&mut self, kind: RecordKind) -> RecordStart {
         let at = self.buf.len();
-        self.buf.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, kind as u8, RECORD_VERSION, 0, 0]);
+        self.buf.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, kind as u8, kind.version(), 0, 0]);
         RecordStart(at)
     }
     /// The turn buffer, to append a record body to.
@@ -994,9 +961,10 @@ fn parse_record(buf: &[u8]) -> Result<(RecordKind, u8, &[u8], usize), String> {
     let kind = RecordKind::from_u8(buf[8])
         .ok_or_else(|| format!("{NEWER}: record kind {} is unknown to this build; run a newer runnel", buf[8]))?;
     let version = buf[9];
-    if version == 0 || version > RECORD_VERSION {
+    if !kind.reads(version) {
         return Err(format!(
-            "{NEWER}: record version {version}; this build reads 1..={RECORD_VERSION}; run a newer runnel"
+            "{NEWER}: {kind:?} record version {version}; this build reads 1..={}; run a newer runnel",
+            kind.version()
         ));
     }
     Ok((kind, version, &buf[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + len], RECORD_HEADER_BYTES + len))

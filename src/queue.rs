@@ -34,6 +34,17 @@ pub type MsgId = u64;
 /// reused, unlike a slab token).
 pub type ConsumerId = u64;
 
+/// A consumer group's number within its topic, never reused there. Every
+/// topic has the default group; records of log version 1, which name no
+/// group, mean it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GroupId(pub u32);
+
+impl GroupId {
+    /// The default group: the one every topic has.
+    pub const DEFAULT: GroupId = GroupId(0);
+}
+
 // ---------------------------------------------------------------------------
 // Seq: the ordered messages of a topic.
 // ---------------------------------------------------------------------------

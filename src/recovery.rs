@@ -28,8 +28,8 @@ use std::time::Instant;
 use byteorder::{ByteOrder, LittleEndian};
 
 use super::{
-    FsyncMode, Log, LogOptions, NEWER, OpenError, RECORD_HEADER_BYTES, RECORD_VERSION, REMOVING_SUFFIX, ReadRecord,
-    RecordKind, Recovery, Segment, parse_record, segment_name, sync_dir,
+    FsyncMode, Log, LogOptions, NEWER, OpenError, RECORD_HEADER_BYTES, REMOVING_SUFFIX, ReadRecord, RecordKind,
+    Recovery, Segment, parse_record, segment_name, sync_dir,
 };
 
 /// The marker a graceful stop leaves in the data directory: the log is
@@ -703,8 +703,7 @@ impl Anchored {
 fn valid_at(data: &[u8], i: usize) -> bool {
     let b = &data[i..];
     b.len() >= RECORD_HEADER_BYTES
-        && RecordKind::from_u8(b[8]).is_some()
-        && (1..=RECORD_VERSION).contains(&b[9])
+        && RecordKind::from_u8(b[8]).is_some_and(|k| k.reads(b[9]))
         && b[10] == 0
         && b[11] == 0
         && (LittleEndian::read_u32(b) as usize) <= b.len() - RECORD_HEADER_BYTES
