@@ -120,8 +120,8 @@ pub trait Outbox {
 /// What a timer in the wheel stands for.
 #[derive(Clone, Copy, Debug)]
 enum Timer {
-    /// An ack deadline or a NACK delay of a message.
-    Msg { topic: TopicId, id: MsgId },
+    /// An ack deadline or a NACK delay of a message, for a group.
+    Msg { topic: TopicId, group: GroupId, id: MsgId },
     /// The end of a parked FETCH's wait.
     Wait { waiter: usize },
 }
@@ -199,7 +199,7 @@ impl Topics {
         self.names.get(name).copied()
     }
     fn insert(&mut self, id: TopicId, name: &str, settings: Settings, first_id: MsgId) {
-        let topic = Topic::new(name, settings, first_id.max(self.id_floor));
+        let topic = Topic::new(name, is_dead_letter_name(name), settings, first_id.max(self.id_floor));
         self.id_floor = self.id_floor.max(topic.seq.next_id());
         self.by_id.insert(id, Entry { topic, id, waiters: VecDeque::new(), touched: false });
         self.name(id, name);
@@ -209,7 +209,7 @@ impl Topics {
     /// Topic record of a topic whose messages came first).
     fn name(&mut self, id: TopicId, name: &str) {
         let Some(e) = self.by_id.get_mut(&id) else { return };
-        e.topic.set_name(name);
+        e.topic.set_name(name, is_dead_letter_name(name));
         self.names.insert(name.into(), id);
         if !e.topic.is_dlq() {
             self.user_topics += 1;
@@ -257,7 +257,7 @@ impl Topics {
             }
             Record::Remove { topic, ids, .. } => {
                 for id in ids.iter() {
-                    self.entry(topic).topic.release(id);
+                    self.entry(topic).topic.restore_done_with(GroupId::DEFAULT, id);
                     if let Some(strays) = self.strays.get_mut(&topic) {
                         strays.remove(&id);
                     }
@@ -265,7 +265,7 @@ impl Topics {
             }
             Record::Requeue { topic, entries, .. } => {
                 for (id, deliveries) in entries.iter() {
-                    self.entry(topic).topic.restore_deliveries(id, deliveries);
+                    self.entry(topic).topic.restore_deliveries(GroupId::DEFAULT, id, deliveries);
                     if let Some(s) = self.strays.get_mut(&topic).and_then(|m| m.get_mut(&id)) {
                         s.deliveries = deliveries;
                     }
@@ -297,7 +297,7 @@ impl Topics {
     fn replay_message(&mut self, topic: TopicId, m: &MessageRecord<'_>) {
         let t = &mut self.entry(topic).topic;
         if t.seq.contains(m.id) {
-            t.restore_deliveries(m.id, m.deliveries);
+            t.restore_deliveries(GroupId::DEFAULT, m.id, m.deliveries);
         } else if m.id >= t.seq.next_id() {
             t.restore(m.id, m.born_ms, m.payload, m.deliveries, m.dead);
         } else {
@@ -317,7 +317,7 @@ impl Topics {
     fn entry(&mut self, id: TopicId) -> &mut Entry {
         self.next_topic_id = self.next_topic_id.max(TopicId(id.0.saturating_add(1)));
         self.by_id.entry(id).or_insert_with(|| Entry {
-            topic: Topic::new("", Settings::default(), 1),
+            topic: Topic::new("", false, Settings::default(), 1),
             id,
             waiters: VecDeque::new(),
             touched: false,
@@ -362,11 +362,12 @@ impl Timers for NoTimers {
 struct TopicTimers<'a> {
     wheel: &'a mut Wheel<Timer>,
     topic: TopicId,
+    group: GroupId,
 }
 
 impl Timers for TopicTimers<'_> {
     fn arm(&mut self, deadline_ms: u64, id: MsgId) -> TimerKey {
-        self.wheel.insert(deadline_ms, Timer::Msg { topic: self.topic, id })
+        self.wheel.insert(deadline_ms, Timer::Msg { topic: self.topic, group: self.group, id })
     }
     fn disarm(&mut self, key: TimerKey) {
         self.wheel.cancel(key);
@@ -570,15 +571,15 @@ impl Broker {
             .values()
             .map(|e| {
                 let t = &e.topic;
-                let dlq = self.topics.id(&format!("{}.dlq", t.name)).and_then(|d| self.topics.by_id.get(&d));
+                let dlq = self.topics.id(&dead_letter_name(&t.name)).and_then(|d| self.topics.by_id.get(&d));
                 TopicMetrics {
                     name: t.name.to_string(),
-                    ready: t.ready(),
-                    inflight: t.inflight(),
-                    delayed: t.delayed(),
+                    ready: t.ready(GroupId::DEFAULT),
+                    inflight: t.inflight(GroupId::DEFAULT),
+                    delayed: t.delayed(GroupId::DEFAULT),
                     dead_letter: dlq.map_or(0, |d| d.topic.seq.live()),
                     bytes: t.seq.live_bytes(),
-                    counters: t.counters,
+                    counters: t.counters(GroupId::DEFAULT),
                     oldest_age_ms: t.seq.oldest_born_ms().map_or(0, |b| now.wall_ms.saturating_sub(b)),
                 }
             })
@@ -769,10 +770,10 @@ impl Broker {
                 };
                 let full = self.buffers_full();
                 let Some(e) = self.topics.by_id.get_mut(&tid) else { return Err(unknown(topic)) };
-                if full && e.topic.has_ready() {
+                if full && e.topic.has_ready(GroupId::DEFAULT) {
                     return Err(self.busy_error());
                 }
-                if wait_ms == 0 || e.topic.has_ready() {
+                if wait_ms == 0 || e.topic.has_ready(GroupId::DEFAULT) {
                     deliver(e, &mut self.wheel, &w, now, out);
                     return Ok(Outcome::Done);
                 }
@@ -787,7 +788,7 @@ impl Broker {
             }
             Request::Ack { topic, ids } => {
                 let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
-                self.ids_op(tid, op::ACK, ids.iter(), rid, out, |t, id, timers| t.ack(id, timers));
+                self.ids_op(tid, op::ACK, ids.iter(), rid, out, |t, id, timers| t.ack(GroupId::DEFAULT, id, timers));
                 Ok(Outcome::Done)
             }
             Request::Touch { topic, ack_timeout_ms, ids } => {
@@ -796,7 +797,7 @@ impl Broker {
                 // own time is the last turn's, which may be long ago).
                 self.ids_op(tid, op::TOUCH, ids.iter(), rid, out, |t, id, timers| {
                     let timeout = if ack_timeout_ms == 0 { t.settings.ack_timeout_ms } else { ack_timeout_ms };
-                    t.touch(id, now.mono_ms + u64::from(timeout), timers)
+                    t.touch(GroupId::DEFAULT, id, now.mono_ms + u64::from(timeout), timers)
                 });
                 Ok(Outcome::Done)
             }
@@ -877,7 +878,7 @@ impl Broker {
                 let first = t.seq.next_id();
                 let mut w = ProduceWriter::begin(&mut self.log, tid);
                 for payload in batch.iter() {
-                    let (id, born_ms) = t.append_born(now.wall_ms, payload);
+                    let (id, born_ms) = t.produce(now.wall_ms, payload);
                     w.push(&mut self.log, &MessageRecord { id, born_ms, deliveries: 0, dead: None, payload });
                     self.compactor.note_client_produce(tid, id);
                 }
@@ -924,7 +925,8 @@ impl Broker {
             Request::PurgeTopic { topic } => {
                 let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
                 let Some(e) = self.topics.by_id.get_mut(&tid) else { return Err(unknown(topic)) };
-                let removed = e.topic.purge(&mut TopicTimers { wheel: &mut self.wheel, topic: tid });
+                let removed =
+                    e.topic.purge(&mut TopicTimers { wheel: &mut self.wheel, topic: tid, group: GroupId::DEFAULT });
                 PurgeRecord { topic: tid, below_id: e.topic.seq.next_id() }.append(&mut self.log);
                 self.compactor.nudge();
                 codec::encode_u64_reply(out, op::PURGE_TOPIC, rid, removed);
@@ -954,7 +956,7 @@ impl Broker {
     }
 
     fn create_topic(&mut self, name: &str) -> Result<TopicId, (ErrorCode, String)> {
-        let is_dlq = name.ends_with(".dlq");
+        let is_dlq = is_dead_letter_name(name);
         if !is_dlq && self.topics.user_topics >= self.config.limits.topics_max {
             return Err((
                 ErrorCode::TooManyTopics,
@@ -984,7 +986,7 @@ impl Broker {
 
     fn delete_topic(&mut self, tid: TopicId) -> u64 {
         let Some(mut e) = self.topics.remove(tid) else { return 0 };
-        let removed = e.topic.purge(&mut TopicTimers { wheel: &mut self.wheel, topic: tid });
+        let removed = e.topic.purge(&mut TopicTimers { wheel: &mut self.wheel, topic: tid, group: GroupId::DEFAULT });
         DeleteRecord { topic: tid, next_id: e.topic.seq.next_id() }.append(&mut self.log);
         self.compactor.note_delete();
         self.compactor.forget_topic(tid);
@@ -1018,7 +1020,7 @@ impl Broker {
         self.done_ids.clear();
         self.failed_ids.clear();
         if let Some(e) = self.topics.by_id.get_mut(&tid) {
-            let mut timers = TopicTimers { wheel: &mut self.wheel, topic: tid };
+            let mut timers = TopicTimers { wheel: &mut self.wheel, topic: tid, group: GroupId::DEFAULT };
             for id in ids {
                 if f(&mut e.topic, id, &mut timers) {
                     self.done_ids.push(id);
@@ -1056,13 +1058,13 @@ impl Broker {
         let mut requeued = Vec::new();
         let delay = (delay_ms > 0).then(|| now.mono_ms + u64::from(delay_ms));
         if let Some(e) = self.topics.by_id.get_mut(&tid) {
-            let mut timers = TopicTimers { wheel: &mut self.wheel, topic: tid };
+            let mut timers = TopicTimers { wheel: &mut self.wheel, topic: tid, group: GroupId::DEFAULT };
             for id in ids {
-                match e.topic.nack(id, delay, dead_letter, &mut timers) {
+                match e.topic.nack(GroupId::DEFAULT, id, delay, dead_letter, &mut timers) {
                     None => self.failed_ids.push(id),
                     Some(Returned::Retry) => {
                         self.done_ids.push(id);
-                        requeued.push((id, e.topic.deliveries(id)));
+                        requeued.push((id, e.topic.deliveries(GroupId::DEFAULT, id)));
                     }
                     Some(Returned::Dead(info)) => {
                         self.done_ids.push(id);
@@ -1092,7 +1094,7 @@ impl Broker {
     /// topic is full (or cannot be created), the message goes back to ready
     /// instead: it is never dropped.
     fn dead_letter(&mut self, tid: TopicId, id: MsgId, info: DeadInfo) {
-        let Some(name) = self.topics.by_id.get(&tid).map(|e| format!("{}.dlq", e.topic.name)) else { return };
+        let Some(name) = self.topics.by_id.get(&tid).map(|e| dead_letter_name(&e.topic.name)) else { return };
         let dlq = match self.topics.id(&name) {
             Some(d) => d,
             None => match self.create_topic(&name) {
@@ -1117,7 +1119,7 @@ impl Broker {
             self.requeue_undead(tid, id, info);
             return;
         }
-        let new_id = dst.topic.append_dead(m.born_ms, m.payload, info);
+        let new_id = dst.topic.append_moved(m.born_ms, m.payload, Some(info));
         let mut w = ProduceWriter::begin(&mut self.log, dlq);
         let dead = Some(info);
         w.push(
@@ -1126,8 +1128,7 @@ impl Broker {
         );
         w.end(&mut self.log);
         self.compactor.note_produce(dlq, new_id);
-        src.topic.release(id);
-        src.topic.counters.dead_lettered += 1;
+        src.topic.dead_lettered(GroupId::DEFAULT, id);
         touch(dst, &mut self.touched);
         self.done_ids.clear();
         self.done_ids.push(id);
@@ -1136,14 +1137,14 @@ impl Broker {
 
     fn requeue_undead(&mut self, tid: TopicId, id: MsgId, info: DeadInfo) {
         if let Some(e) = self.topics.by_id.get_mut(&tid) {
-            e.topic.requeue(id, info.origin_deliveries);
+            e.topic.requeue(GroupId::DEFAULT, id, info.origin_deliveries);
             touch(e, &mut self.touched);
         }
     }
 
     fn redrive(&mut self, topic: &str, max_messages: u32) -> Result<u64, (ErrorCode, String)> {
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
-        let dlq_name = format!("{topic}.dlq");
+        let dlq_name = dead_letter_name(topic);
         let dlq = self.topics.id(&dlq_name).ok_or_else(|| unknown(&dlq_name))?;
         let max = if max_messages == 0 { u64::MAX } else { u64::from(max_messages) };
         let l = &self.config.limits;
@@ -1154,13 +1155,13 @@ impl Broker {
         let mut moved = Vec::new();
         let log = &mut self.log;
         let compactor = &mut self.compactor;
-        let n = src.topic.drain_ready(max, |m, _| {
+        let n = src.topic.drain_ready(GroupId::DEFAULT, max, |m, _| {
             if dst.topic.seq.live() + 1 > l.topic_messages_max
                 || dst.topic.seq.live_bytes() + m.payload.len() as u64 > l.topic_bytes_max
             {
                 return false;
             }
-            let new_id = dst.topic.append_kept(m.born_ms, m.payload);
+            let new_id = dst.topic.append_moved(m.born_ms, m.payload, None);
             moved.push((new_id, m.id));
             let mut w = ProduceWriter::begin(log, tid);
             w.push(
@@ -1191,12 +1192,12 @@ impl Broker {
         let mut requeued: Vec<(TopicId, MsgId, u16)> = Vec::new();
         for (_, timer) in expired.drain(..) {
             match timer {
-                Timer::Msg { topic, id } => {
+                Timer::Msg { topic, group, id } => {
                     let Some(e) = self.topics.by_id.get_mut(&topic) else { continue };
-                    let mut timers = TopicTimers { wheel: &mut self.wheel, topic };
-                    match e.topic.timer_fired(id, &mut timers) {
+                    let mut timers = TopicTimers { wheel: &mut self.wheel, topic, group };
+                    match e.topic.timer_fired(group, id, &mut timers) {
                         Some(Returned::Retry) => {
-                            requeued.push((topic, id, e.topic.deliveries(id)));
+                            requeued.push((topic, id, e.topic.deliveries(group, id)));
                             touch(e, &mut self.touched);
                         }
                         Some(Returned::Dead(info)) => self.dead_letter(topic, id, info),
@@ -1385,7 +1386,7 @@ impl Broker {
         let Some(e) = self.topics.by_id.get_mut(&tid) else { return };
         e.touched = false;
         e.topic.publish();
-        while e.topic.has_ready() {
+        while e.topic.has_ready(GroupId::DEFAULT) {
             let Some(key) = e.waiters.pop_front() else { break };
             let Some(w) = self.waiters.try_remove(key) else { continue };
             self.wheel.cancel(w.timer);
@@ -1419,8 +1420,9 @@ impl Broker {
         for &tid in &session.fetched {
             let Some(e) = self.topics.by_id.get_mut(&tid) else { continue };
             let mut dead = Vec::new();
-            let mut timers = TopicTimers { wheel: &mut self.wheel, topic: tid };
-            let returned = e.topic.disconnect(session.consumer, &mut timers, |_, id, info| dead.push((id, info)));
+            let mut timers = TopicTimers { wheel: &mut self.wheel, topic: tid, group: GroupId::DEFAULT };
+            let returned =
+                e.topic.disconnect(GroupId::DEFAULT, session.consumer, &mut timers, |id, info| dead.push((id, info)));
             if returned > 0 {
                 touch(e, &mut self.touched);
             }
@@ -1489,12 +1491,12 @@ impl Broker {
         names.sort_unstable_by(|a, b| a.topic.name.cmp(&b.topic.name));
         for e in names {
             let t = &e.topic;
-            let c = &t.counters;
+            let c = &t.counters(GroupId::DEFAULT);
             w.section(out, &t.name);
             for (k, v) in [
-                ("ready", t.ready()),
-                ("inflight", t.inflight()),
-                ("delayed", t.delayed()),
+                ("ready", t.ready(GroupId::DEFAULT)),
+                ("inflight", t.inflight(GroupId::DEFAULT)),
+                ("delayed", t.delayed(GroupId::DEFAULT)),
                 ("produced", c.produced),
                 ("delivered", c.delivered),
                 ("redelivered", c.redelivered),
@@ -1518,6 +1520,17 @@ impl Broker {
 const BUSY_MESSAGE: &str =
     "the broker's connection buffers are full (buffered_bytes_max); nothing was done: back off and retry";
 
+/// The name of topic `name`'s dead-letter topic: the one place that
+/// names one.
+fn dead_letter_name(name: &str) -> String {
+    format!("{name}{}", codec::DEAD_LETTER_SUFFIX)
+}
+
+/// Whether `name` is a dead-letter topic's.
+fn is_dead_letter_name(name: &str) -> bool {
+    name.ends_with(codec::DEAD_LETTER_SUFFIX)
+}
+
 fn unknown(name: &str) -> (ErrorCode, String) {
     (ErrorCode::UnknownTopic, format!("no topic named {name}"))
 }
@@ -1534,14 +1547,14 @@ fn deliver(e: &mut Entry, wheel: &mut Wheel<Timer>, w: &Waiter, now: Now, out: &
     let timeout = if w.ack_timeout_ms == 0 { e.topic.settings.ack_timeout_ms } else { w.ack_timeout_ms };
     let deadline = now.mono_ms + u64::from(timeout);
     let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name);
-    let mut timers = TopicTimers { wheel, topic: e.id };
-    e.topic.fetch(w.consumer, w.max_messages, w.max_bytes, deadline, &mut timers, |t, d| {
-        if let Some(m) = t.seq.get(d.id) {
+    let mut timers = TopicTimers { wheel, topic: e.id, group: GroupId::DEFAULT };
+    e.topic.fetch(GroupId::DEFAULT, w.consumer, w.max_messages, w.max_bytes, deadline, &mut timers, |seq, d| {
+        if let Some(m) = seq.get(d.id) {
             let msg = Message {
                 id: d.id,
                 born_ms: m.born_ms,
                 delivery_count: d.deliveries,
-                dead: t.dead_info(d.id),
+                dead: seq.dead_info(d.id),
                 payload: m.payload,
             };
             writer.push(out, &msg);

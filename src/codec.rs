@@ -383,10 +383,14 @@ fn malformed(what: &str) -> BodyError {
     BodyError(ErrorCode::Malformed, what.to_string())
 }
 
+/// What a dead-letter topic's name adds to its topic's name (part of the
+/// protocol: a client fetches from `<topic>.dlq`).
+pub const DEAD_LETTER_SUFFIX: &str = ".dlq";
+
 /// Checks a topic name: 1..=max bytes (max + 4 for a `.dlq` name) of
 /// `[A-Za-z0-9._-]`. Shared by the decoder and the broker.
 pub fn check_topic_name(name: &[u8], name_bytes_max: u32) -> Result<&str, String> {
-    let max = name_bytes_max as usize + if name.ends_with(b".dlq") { 4 } else { 0 };
+    let max = name_bytes_max as usize + if name.ends_with(DEAD_LETTER_SUFFIX.as_bytes()) { 4 } else { 0 };
     if name.is_empty() {
         return Err("topic name is empty".into());
     }

@@ -46,7 +46,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::{Broker, Now, TopicId};
 use crate::log::HEADROOM_BYTES_MIN;
-use crate::queue::MsgId;
+use crate::queue::{GroupId, MsgId};
 use crate::record::{self, DeleteRecord, MessageRecord, ProduceWriter};
 
 /// Most payload bytes copied forward per loop turn: some 30 µs of copying,
@@ -373,7 +373,7 @@ impl Broker {
                     break;
                 };
                 let Some(m) = t.seq.get(live) else { break };
-                let (deliveries, dead) = (t.deliveries(live), t.dead_info(live));
+                let (deliveries, dead) = (t.deliveries(GroupId::DEFAULT, live), t.seq.dead_info(live));
                 w.push(
                     &mut self.log,
                     &MessageRecord { id: live, born_ms: m.born_ms, deliveries, dead, payload: m.payload },
