@@ -49,11 +49,11 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use runnel::broker::{Broker, Config, Now, Outbox};
+use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outbox};
 use runnel::codec::{
     self, Batch, DecodeError, Decoded, ErrorCode, Frame, HEADER_BYTES, Reply, Request, Skip, TopicSettings,
 };
-use runnel::conn::{ConnState, Step, Watch};
+use runnel::conn::{ConnState, Serve, Step, Watch};
 use runnel::limits::Limits;
 use runnel::log::{FsyncMode, LogOptions};
 use runnel::queue::Settings;
@@ -299,10 +299,10 @@ impl Watch for Seen<'_> {
 pub struct Conns(pub Vec<Conn>);
 
 impl Outbox for Conns {
-    fn out(&mut self, conn: usize) -> Option<&mut Vec<u8>> {
+    fn out(&mut self, ConnKey(conn): ConnKey) -> Option<&mut Vec<u8>> {
         self.0.get_mut(conn).filter(|c| !c.state.closing).map(|c| &mut c.state.out)
     }
-    fn unblock(&mut self, conn: usize) {
+    fn unblock(&mut self, ConnKey(conn): ConnKey) {
         if let Some(c) = self.0.get_mut(conn) {
             c.state.parked = false;
             if !c.state.closing {
@@ -319,6 +319,8 @@ impl Outbox for Conns {
 /// A broker on a data directory and its connections.
 pub struct Sim {
     pub broker: Broker,
+    /// The loop's counters, as the reactor keeps them.
+    pub loops: LoopStats,
     pub conns: Conns,
     pub now: Now,
     cfg: SimConfig,
@@ -344,6 +346,7 @@ impl Sim {
         broker.stats.recovery_ms = 0;
         Sim {
             broker,
+            loops: LoopStats::default(),
             conns: Conns::default(),
             now,
             cfg: cfg.clone(),
@@ -438,7 +441,7 @@ impl Sim {
     /// One turn, in the reactor's order: serve the connections with input,
     /// advance the timers, commit (which releases held replies), flush.
     pub fn turn(&mut self) {
-        self.broker.stats.turns += 1;
+        self.loops.turns += 1;
         for key in 0..self.conns.0.len() {
             let c = &mut self.conns.0[key];
             let ready = !c.socket.is_empty() || c.state.peer_closed;
@@ -451,7 +454,6 @@ impl Sim {
         self.broker.advance(self.now, &mut self.conns);
         self.broker.commit(self.now, &mut self.conns);
         for c in &mut self.conns.0 {
-            c.state.held = false;
             // A flush that always writes everything: the peer reads. A
             // connection paused for its output resumes.
             let out = std::mem::take(&mut c.state.out);
@@ -476,9 +478,10 @@ impl Sim {
                 dropped_bytes: &mut c.dropped_bytes,
                 discarded_bytes: &mut c.discarded_bytes,
             };
+            let mut cx = Serve { broker: &mut self.broker, loops: &mut self.loops, now: self.now };
             let step = match chunk.take() {
-                Some(bytes) => c.state.serve_chunk(key, &bytes, &mut self.broker, self.now, &mut seen),
-                None => c.state.serve(key, &mut self.broker, self.now, &mut seen),
+                Some(bytes) => c.state.serve_chunk(ConnKey(key), &bytes, &mut cx, &mut seen),
+                None => c.state.serve(ConnKey(key), &mut cx, &mut seen),
             };
             self.parked_fetches += usize::from(!was_parked && c.state.parked);
             c.pauses += usize::from(!was_paused && c.state.paused);
@@ -508,7 +511,7 @@ impl Sim {
     /// `Reactor::end`: the broker forgets the connection now.
     fn end(&mut self, key: usize, why: String) {
         let c = &mut self.conns.0[key];
-        if c.state.end(key, &mut self.broker) {
+        if c.state.end(ConnKey(key), &mut self.broker) {
             c.events.push(Event::End(why));
         }
     }
@@ -855,7 +858,7 @@ pub fn check_two_connections(cfg: &SimConfig, a: (&[u8], &[usize]), b: (&[u8], &
     let (pieces_a, pieces_b) = (split_at(a.0, a.1), split_at(b.0, b.1));
     sim.feed_all(&[(ka, &pieces_a), (kb, &pieces_b)], Arrival::OnePerTurn);
     let limits = *sim.broker.decode_limits();
-    let mut coverage = Coverage { parked: sim.parked_fetches, turns: sim.broker.stats.turns, ..Coverage::default() };
+    let mut coverage = Coverage { parked: sim.parked_fetches, turns: sim.loops.turns, ..Coverage::default() };
     for (key, len) in [(ka, a.0.len()), (kb, b.0.len())] {
         let c = sim.conn(key);
         let ctx = format!("{ctx} (connection {key})");
@@ -907,7 +910,7 @@ pub fn check_stream(cfg: &SimConfig, stream: &[u8], cuts: &[usize], ctx: &str) -
         ended: w.events.iter().find_map(|e| if let Event::End(why) = e { Some(why.clone()) } else { None }),
         parked: whole.parked_fetches,
         pauses: w.pauses,
-        turns: whole.broker.stats.turns,
+        turns: whole.loops.turns,
         compactions: 0,
     };
     let compactions = check_afterwards(whole, ctx);

@@ -10,7 +10,14 @@
 //! - `queue`: a topic's messages and its consumer state;
 //! - `record`: the commit log's records, typed, with their encoders and
 //!   decoders;
-//! - `broker`: applies requests to the queues and drives a turn;
+//! - `broker`: applies requests to the queues and drives a turn (the
+//!   topic table, parked fetches, the turn, dead letters, one function per
+//!   request, stats: `broker/`);
+//! - `replay`: recovery's second half, decoding each record read back and
+//!   applying it to the topic table;
+//! - `compactor`: cleans the log's oldest segments, reading the topic table
+//!   and writing the log;
+//! - `failure_log`: storage failures, logged at a bounded rate;
 //! - `reactor`: the one mio loop, its connections and the clock;
 //! - `http`: the metrics listener (HTTP/1.x `GET /metrics`, `/healthz`) the
 //!   loop serves beside its clients;
@@ -30,8 +37,10 @@
 pub mod broker;
 pub mod client;
 pub mod codec;
+mod compactor;
 pub mod config;
 pub mod conn;
+mod failure_log;
 pub mod http;
 pub mod limits;
 pub mod log;
@@ -39,6 +48,7 @@ pub mod metrics;
 pub mod queue;
 pub mod reactor;
 pub mod record;
+mod replay;
 #[allow(unsafe_code)] // the one place for it: each block has its SAFETY note
 pub mod sys;
 #[doc(hidden)]

@@ -88,10 +88,10 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
-use crate::broker::{Broker, Now, Outbox, Written};
+use crate::broker::{Broker, ConnKey, LoopStats, Now, Outbox, Written};
 use crate::codec::{self, ErrorCode};
 use crate::config::ServeConfig;
-use crate::conn::{ConnState, FULL_HOLDING_BYTES_MAX, Step};
+use crate::conn::{ConnState, FULL_HOLDING_BYTES_MAX, Serve, Step};
 use crate::http::{HttpKey, HttpServer, LoopParts};
 use crate::limits::Limits;
 use crate::log::OpenError;
@@ -155,18 +155,10 @@ struct Conn {
     starved_listed: bool,
 }
 
-/// A client connection's key: its place in `Conns`, its poll token, and
-/// the `conn` the broker and `ConnState` know it by (a bare `usize` on
-/// their side, converted at the call). A key is reused once its connection
-/// has closed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct ConnKey(usize);
-
-impl ConnKey {
-    /// The poll token of this connection's socket.
-    fn token(self) -> Token {
-        Token(self.0)
-    }
+/// The poll token of a client connection's socket: its key (`ConnKey`,
+/// its place in `Conns`, which the broker and `ConnState` know it by too).
+fn token(key: ConnKey) -> Token {
+    Token(key.0)
 }
 
 /// The client connections, by key.
@@ -251,11 +243,24 @@ struct Lent<'a> {
     /// The turn's clock, ms: a parked FETCH answered now restarts its
     /// connection's idle clock.
     now_ms: u64,
+    /// The connections' buffers, bytes, as counted when they were lent.
+    buffered_bytes: u64,
+}
+
+impl<'a> Lent<'a> {
+    fn new(
+        conns: &'a mut Conns,
+        hot: &'a mut Vec<ConnKey>,
+        dirty: &'a mut Vec<ConnKey>,
+        loops: &LoopStats,
+        now: Now,
+    ) -> Lent<'a> {
+        Lent { conns, hot, dirty, now_ms: now.mono_ms, buffered_bytes: loops.buffered_bytes }
+    }
 }
 
 impl Outbox for Lent<'_> {
-    fn out(&mut self, conn: usize) -> Option<&mut Vec<u8>> {
-        let key = ConnKey(conn);
+    fn out(&mut self, key: ConnKey) -> Option<&mut Vec<u8>> {
         let c = self.conns.get_mut(key).filter(|c| !c.state.closing)?;
         if !c.dirty {
             c.dirty = true;
@@ -263,8 +268,7 @@ impl Outbox for Lent<'_> {
         }
         Some(&mut c.state.out)
     }
-    fn unblock(&mut self, conn: usize) {
-        let key = ConnKey(conn);
+    fn unblock(&mut self, key: ConnKey) {
         if let Some(c) = self.conns.get_mut(key) {
             c.state.unpark(self.now_ms);
             if !c.hot && !c.state.closing {
@@ -272,6 +276,9 @@ impl Outbox for Lent<'_> {
                 self.hot.push(key);
             }
         }
+    }
+    fn buffered_bytes(&self) -> u64 {
+        self.buffered_bytes
     }
 }
 
@@ -315,8 +322,9 @@ pub struct Reactor {
     /// The timers that fired this turn (deadline ms, what for); kept to
     /// reuse its buffer.
     expired: Vec<(u64, Timed)>,
-    /// Connections with a held reply this turn.
-    held: Vec<ConnKey>,
+    /// What the loop counts (connections, turns, bytes, buffers), which
+    /// the broker reads for STATS and the buffers' limit.
+    loops: LoopStats,
     /// Connections that stopped being served because the buffers were
     /// full (`ConnState::starved`), each once.
     starved: Vec<ConnKey>,
@@ -387,7 +395,7 @@ impl Reactor {
             waker,
             timers: Wheel::new(now.mono_ms),
             expired: Vec::new(),
-            held: Vec::new(),
+            loops: LoopStats::default(),
             starved: Vec::new(),
             buffers_were_full: false,
             http,
@@ -441,12 +449,12 @@ impl Reactor {
         // 2. the clock, once
         let turn_started = Instant::now();
         let now = now_at(self.started);
-        self.broker.stats.turns += 1;
+        self.loops.turns += 1;
         // 3. readiness
         self.handle_readiness(events, now);
         // 4. timers: the broker's (deadlines, delays, waits), then the
         // connections' (handshake, idle, frame timeouts)
-        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
+        let mut lent = Lent::new(&mut self.conns, &mut self.hot, &mut self.dirty, &self.loops, now);
         self.broker.advance(now, &mut lent);
         self.expire_connections(now);
         // 5. write: a step of compaction, then one write of the turn's
@@ -460,13 +468,8 @@ impl Reactor {
         }
         // 7. release a slice of a removed segment, sync, publish the turn's
         // messages to parked FETCHes, release the held replies.
-        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
+        let mut lent = Lent::new(&mut self.conns, &mut self.hot, &mut self.dirty, &self.loops, now);
         let report = self.broker.sync(&mut written, now, &mut lent);
-        for key in self.held.drain(..) {
-            if let Some(c) = self.conns.get_mut(key) {
-                c.state.held = false;
-            }
-        }
         if let Some(ns) = report.sync_nanos {
             self.loop_metrics.fsync.observe(ns, 1);
         }
@@ -607,7 +610,7 @@ impl Reactor {
             // Latency over packet count: replies go out in one write per turn.
             let _ = stream.set_nodelay(true);
             let key = self.conns.vacant_key();
-            if let Err(e) = self.poll.registry().register(&mut stream, key.token(), Interest::READABLE) {
+            if let Err(e) = self.poll.registry().register(&mut stream, token(key), Interest::READABLE) {
                 log::warn!("cannot register {peer}: {e}");
                 continue;
             }
@@ -627,7 +630,7 @@ impl Reactor {
                 starved_listed: false,
             });
             assert_eq!(inserted, key, "a slab inserts at its vacant key");
-            self.broker.stats.connections = self.conns.len() as u64;
+            self.loops.connections = self.conns.len() as u64;
             log::debug!("accepted {peer} as connection {}", key.0);
         }
     }
@@ -654,7 +657,7 @@ impl Reactor {
     /// return to ready); the socket closes after this turn's flush.
     fn end(&mut self, key: ConnKey, why: &str) {
         let Some(c) = self.conns.get_mut(key) else { return };
-        if !c.state.end(key.0, &mut self.broker) {
+        if !c.state.end(key, &mut self.broker) {
             return;
         }
         log::debug!("closing connection {}: {why}", key.0);
@@ -718,7 +721,7 @@ impl Reactor {
             }
             let Some(c) = self.conns.get_mut(key) else { return };
             // What it would read now would only be buffered.
-            if c.state.starve_if_full(&self.broker) {
+            if c.state.starve_if_full(&self.broker, &self.loops) {
                 return;
             }
             match c.stream.read(&mut self.scratch) {
@@ -729,7 +732,7 @@ impl Reactor {
                 Ok(n) => {
                     read += n;
                     drained = n < self.scratch.len() && !c.state.peer_closed;
-                    self.broker.stats.bytes_in += n as u64;
+                    self.loops.bytes_in += n as u64;
                     step = self.decode_input(key, now, Some(n));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -749,14 +752,11 @@ impl Reactor {
     /// output to flush.
     fn decode_input(&mut self, key: ConnKey, now: Now, chunk: Option<usize>) -> Step {
         let Some(c) = self.conns.get_mut(key) else { return Step::Stop };
-        let was_held = c.state.held;
+        let mut cx = Serve { broker: &mut self.broker, loops: &mut self.loops, now };
         let step = match chunk {
-            Some(n) => c.state.serve_chunk(key.0, &self.scratch[..n], &mut self.broker, now, &mut ()),
-            None => c.state.serve(key.0, &mut self.broker, now, &mut ()),
+            Some(n) => c.state.serve_chunk(key, &self.scratch[..n], &mut cx, &mut ()),
+            None => c.state.serve(key, &mut cx, &mut ()),
         };
-        if c.state.held && !was_held {
-            self.held.push(key);
-        }
         if c.state.pending_out_bytes() > 0 {
             self.mark_dirty(key);
         }
@@ -783,7 +783,7 @@ impl Reactor {
                 match c.stream.write(&c.state.out[c.state.out_pos..]) {
                     Ok(n) => {
                         c.state.out_pos += n;
-                        self.broker.stats.bytes_out += n as u64;
+                        self.loops.bytes_out += n as u64;
                         break;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -794,8 +794,8 @@ impl Reactor {
                     }
                 }
             }
-            c.state.settle_out(self.broker.buffers_full());
-            c.state.account(&mut self.broker.stats.buffered_bytes);
+            c.state.settle_out(self.broker.buffers_full(self.loops.buffered_bytes));
+            c.state.account(&mut self.loops.buffered_bytes);
             let pending = c.state.pending_out_bytes();
             if pending > out_max && failed.is_none() {
                 failed = Some(format!(
@@ -820,7 +820,7 @@ impl Reactor {
             let want_writable = pending > 0 && failed.is_none();
             if want_writable != c.writable {
                 let interest = if want_writable { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
-                if let Err(e) = self.poll.registry().reregister(&mut c.stream, key.token(), interest) {
+                if let Err(e) = self.poll.registry().reregister(&mut c.stream, token(key), interest) {
                     failed = Some(format!("reregister: {e}"));
                 }
                 c.writable = want_writable;
@@ -899,7 +899,7 @@ impl Reactor {
     fn expire_connections(&mut self, now: Now) {
         let mut expired = std::mem::take(&mut self.expired);
         self.timers.advance(now.mono_ms, &mut expired);
-        let full = self.broker.buffers_full();
+        let full = self.broker.buffers_full(self.loops.buffered_bytes);
         for (_, timed) in expired.drain(..) {
             match timed {
                 Timed::Conn(key) => self.conn_timeout(key, now, full),
@@ -954,7 +954,7 @@ impl Reactor {
     fn serve_http(&mut self, key: HttpKey, now: Now) {
         let Some(http) = self.http.as_mut() else { return };
         let lp = LoopParts { registry: self.poll.registry(), timers: &mut self.timers };
-        http.serve(key, lp, || metrics::render(&self.broker, &self.loop_metrics, now));
+        http.serve(key, lp, || metrics::render(&self.broker, &self.loops, &self.loop_metrics, now));
     }
 
     fn http_timeout(&mut self, key: HttpKey) {
@@ -965,11 +965,11 @@ impl Reactor {
     fn close_ended(&mut self) {
         for key in std::mem::take(&mut self.closing) {
             if let Some(mut c) = self.conns.remove(key) {
-                c.state.release_buffers(&mut self.broker.stats.buffered_bytes);
+                c.state.release_buffers(&mut self.loops.buffered_bytes);
                 let _ = self.poll.registry().deregister(&mut c.stream);
             }
         }
-        self.broker.stats.connections = self.conns.len() as u64;
+        self.loops.connections = self.conns.len() as u64;
     }
 
     /// Step 8. When the buffers have just become full, every idle buffer is
@@ -979,11 +979,11 @@ impl Reactor {
     /// not it sends more. Once they are no longer full, the starved
     /// connections are served again.
     fn watch_buffers(&mut self, now: Now) {
-        let full = self.broker.buffers_full();
+        let full = self.broker.buffers_full(self.loops.buffered_bytes);
         if full && !self.buffers_were_full {
             let mut holders = Vec::new();
             for (key, c) in self.conns.iter_mut().filter(|(_, c)| !c.state.closing) {
-                c.state.give_back_idle(&mut self.broker.stats.buffered_bytes);
+                c.state.give_back_idle(&mut self.loops.buffered_bytes);
                 if c.state.buffered_bytes() >= FULL_HOLDING_BYTES_MAX && c.backlog_since_ms.is_none() {
                     c.backlog_since_ms = Some(now.mono_ms);
                     holders.push(key);
@@ -1014,10 +1014,10 @@ impl Reactor {
             let _ = self.poll.registry().deregister(&mut l);
         }
         let now = now_at(self.started);
-        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
+        let mut lent = Lent::new(&mut self.conns, &mut self.hot, &mut self.dirty, &self.loops, now);
         self.broker.shutdown(now, &mut lent);
         let mut written = self.broker.write(now);
-        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
+        let mut lent = Lent::new(&mut self.conns, &mut self.hot, &mut self.dirty, &self.loops, now);
         self.broker.sync(&mut written, now, &mut lent);
         self.flush(now, &written);
         self.end_unwritable();
