@@ -181,3 +181,42 @@ impl Timers for NoTimers {
     }
     fn disarm(&mut self, _: TimerKey) {}
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::broker::{Broker, Config, Now, TopicId};
+    use crate::log::{Log, LogOptions, OpenError};
+    use crate::queue::Settings;
+    use crate::record::{DeleteRecord, MessageRecord, ProduceWriter, TopicRecord};
+    use crate::testkit::TempDir;
+
+    /// A log holding what `write` appends, opened by a broker.
+    fn open_after(write: impl FnOnce(&mut Log)) -> Result<Broker, OpenError> {
+        let dir = TempDir::new("replay");
+        {
+            let (mut log, _) = Log::open(dir.path(), LogOptions::default(), |_| Ok(())).expect("open log");
+            write(&mut log);
+            log.commit(true).expect("commit");
+        }
+        Broker::open(Config::default(), dir.path(), LogOptions::default(), Now::default())
+    }
+
+    #[test]
+    fn only_a_delete_record_may_name_the_floor_topic_id() {
+        let floor = DeleteRecord { topic: TopicId::FLOOR, next_id: 500 };
+        let broker = open_after(|log| floor.append(log)).expect("the floor's restatement is read");
+        assert_eq!(broker.topic_count(), 0);
+        let settings = Settings::default();
+        let topic = TopicRecord { topic: TopicId::FLOOR, next_id: 1, settings, name: "t" };
+        let err = open_after(|log| topic.append(log)).err().expect("a Topic record with the floor id is refused");
+        assert!(matches!(&err, OpenError::Apply { why, .. } if why.contains("names no topic")), "{err}");
+        let err = open_after(|log| {
+            let mut w = ProduceWriter::begin(log, TopicId::FLOOR);
+            w.push(log, &MessageRecord { id: 1, born_ms: 0, deliveries: 0, dead: None, payload: b"m" });
+            w.end(log);
+        })
+        .err()
+        .expect("a Produce record with the floor id is refused");
+        assert!(matches!(&err, OpenError::Apply { why, .. } if why.contains("names no topic")), "{err}");
+    }
+}
