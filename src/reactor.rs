@@ -1,7 +1,8 @@
 //! The loop: one `mio::Poll` owns the listener and every connection, and one
 //! thread runs every turn. Nothing here blocks except `poll` itself.
 //!
-//! The order of a turn, written down once (see `Reactor::turn`):
+//! The order of a turn, written down once (see `Reactor::turn` and
+//! `run_turn`, which the simulation in `fuzz/sim.rs` runs too):
 //!
 //! 1. **poll**, with a timeout of the next timer deadline (0 when a
 //!    connection still has input to serve from last turn, none when idle);
@@ -441,49 +442,17 @@ impl Reactor {
         }
     }
 
-    /// One turn, in the order written at the top of this file.
+    /// One turn, in the order written at the top of this file: the poll
+    /// and the clock here, the rest in `run_turn`.
     fn turn(&mut self, events: &mut Events) -> io::Result<()> {
         // 1. poll
         let timeout = self.poll_timeout();
         self.poll_events(events, timeout)?;
         // 2. the clock, once
-        let turn_started = Instant::now();
+        let started = Instant::now();
         let now = now_at(self.started);
         self.loops.turns += 1;
-        // 3. readiness
-        self.handle_readiness(events, now);
-        // 4. timers: the broker's (deadlines, delays, waits), then the
-        // connections' (handshake, idle, frame timeouts)
-        let mut lent = Lent::new(&mut self.conns, &mut self.hot, &mut self.dirty, &self.loops, now);
-        self.broker.advance(now, &mut lent);
-        self.expire_connections(now);
-        // 5. write: a step of compaction, then one write of the turn's
-        // records. No reply has left this turn yet.
-        let mut written = self.broker.write(now);
-        // 6. The replies that need only the write (acks, deliveries of
-        // messages made durable earlier, errors) go out before the sync, so
-        // they do not wait for a sync that is not theirs.
-        if written.syncs() {
-            self.flush(now, &written);
-        }
-        // 7. release a slice of a removed segment, sync, publish the turn's
-        // messages to parked FETCHes, release the held replies.
-        let mut lent = Lent::new(&mut self.conns, &mut self.hot, &mut self.dirty, &self.loops, now);
-        let report = self.broker.sync(&mut written, now, &mut lent);
-        if let Some(ns) = report.sync_nanos {
-            self.loop_metrics.fsync.observe(ns, 1);
-        }
-        if report.produces_acked > 0 {
-            let ns = turn_started.elapsed().as_nanos() as u64;
-            self.loop_metrics.produce_ack.observe(ns, report.produces_acked);
-        }
-        // 8. flush
-        self.flush(now, &written);
-        // 9. close
-        self.end_unwritable();
-        self.close_ended();
-        // 10. buffers
-        self.watch_buffers(now);
+        run_turn(&mut ReactorTurn { reactor: self, events, started }, now);
         Ok(())
     }
 
@@ -1028,6 +997,93 @@ impl Reactor {
         if let Some(http) = self.http.as_mut() {
             http.close_all(LoopParts { registry: self.poll.registry(), timers: &mut self.timers });
         }
+    }
+}
+
+/// Steps 3 to 10 of a turn, for whoever owns the connections: the
+/// reactor, and the simulation in `fuzz/sim.rs`, which so runs this same
+/// order (`run_turn`), not a copy of it.
+pub trait TurnSteps {
+    /// Step 3: accept, read and serve every ready connection.
+    fn serve_ready(&mut self, now: Now);
+    /// Step 4: the broker's timers (`Broker::advance`), then the
+    /// connections' timeouts.
+    fn advance(&mut self, now: Now);
+    /// Step 5: `Broker::write`.
+    fn write(&mut self, now: Now) -> Written;
+    /// Steps 6 and 8: write each connection's output (only ever after the
+    /// turn's `write`, which `written` proves).
+    fn flush(&mut self, now: Now, written: &Written);
+    /// Step 7: `Broker::sync`.
+    fn sync(&mut self, now: Now, written: &mut Written);
+    /// Steps 9 and 10: close the connections that ended, and watch the
+    /// buffers.
+    fn close_and_watch(&mut self, now: Now);
+}
+
+/// Steps 3 to 10 of a turn, in the order written at the top of this file.
+pub fn run_turn(steps: &mut impl TurnSteps, now: Now) {
+    // 3. readiness
+    steps.serve_ready(now);
+    // 4. timers: the broker's (deadlines, delays, waits), then the
+    // connections' (handshake, idle, frame timeouts)
+    steps.advance(now);
+    // 5. write: a step of compaction, then one write of the turn's
+    // records. No reply has left this turn yet.
+    let mut written = steps.write(now);
+    // 6. The replies that need only the write (acks, deliveries of
+    // messages made durable earlier, errors) go out before the sync, so
+    // they do not wait for a sync that is not theirs.
+    if written.syncs() {
+        steps.flush(now, &written);
+    }
+    // 7. release a slice of a removed segment, sync, publish the turn's
+    // messages to parked FETCHes, send the held replies.
+    steps.sync(now, &mut written);
+    // 8. flush
+    steps.flush(now, &written);
+    // 9. close, 10. buffers
+    steps.close_and_watch(now);
+}
+
+/// The reactor's turn: its state, this turn's readiness events, and when
+/// the turn began (for the produce-ack latency).
+struct ReactorTurn<'a> {
+    reactor: &'a mut Reactor,
+    events: &'a Events,
+    started: Instant,
+}
+
+impl TurnSteps for ReactorTurn<'_> {
+    fn serve_ready(&mut self, now: Now) {
+        self.reactor.handle_readiness(self.events, now);
+    }
+    fn advance(&mut self, now: Now) {
+        let r = &mut *self.reactor;
+        r.broker.advance(now, &mut Lent::new(&mut r.conns, &mut r.hot, &mut r.dirty, &r.loops, now));
+        r.expire_connections(now);
+    }
+    fn write(&mut self, now: Now) -> Written {
+        self.reactor.broker.write(now)
+    }
+    fn flush(&mut self, now: Now, written: &Written) {
+        self.reactor.flush(now, written);
+    }
+    fn sync(&mut self, now: Now, written: &mut Written) {
+        let r = &mut *self.reactor;
+        let report = r.broker.sync(written, now, &mut Lent::new(&mut r.conns, &mut r.hot, &mut r.dirty, &r.loops, now));
+        if let Some(ns) = report.sync_nanos {
+            r.loop_metrics.fsync.observe(ns, 1);
+        }
+        if report.produces_acked > 0 {
+            let ns = self.started.elapsed().as_nanos() as u64;
+            r.loop_metrics.produce_ack.observe(ns, report.produces_acked);
+        }
+    }
+    fn close_and_watch(&mut self, now: Now) {
+        self.reactor.end_unwritable();
+        self.reactor.close_ended();
+        self.reactor.watch_buffers(now);
     }
 }
 
