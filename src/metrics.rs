@@ -124,7 +124,7 @@ fn render_broker(out: &mut String, broker: &Broker, loops: &LoopStats) {
         out,
         "runnel_busy_replies_total",
         "counter",
-        "Requests answered BUSY because the connection buffers were full.",
+        "Requests answered BUSY because the connection buffers were full, or a FETCH because timers_max was reached.",
         s.busy_replies,
     );
     metric(out, "runnel_fsyncs_total", "counter", "fdatasync calls on the commit log.", log.stats.fsyncs);

@@ -26,7 +26,7 @@
 //! 7. **sync**: a slice of a removed segment's space is released
 //!    (256 KiB), then one `fdatasync` of what step 5 wrote (group commit),
 //!    if anything waits on it; then the turn's new messages become visible and
-//!    go to parked FETCHes, then the held replies are released (deliveries
+//!    go to parked FETCHes, then the held replies are sent (deliveries
 //!    first: they are what end-to-end latency waits for);
 //! 8. **flush**: one write per connection with output; WRITABLE interest
 //!    only while output is left over;
@@ -716,9 +716,8 @@ impl Reactor {
 
     /// Decodes and serves every complete frame in the connection's input
     /// (`ConnState::serve`), or in the first `chunk` bytes just read into
-    /// the scratch buffer (`ConnState::serve_chunk`), and notes what that
-    /// leaves for the turn: a held reply to release after the commit,
-    /// output to flush.
+    /// the scratch buffer (`ConnState::serve_chunk`), and notes the output
+    /// it leaves to flush (a held reply waits in the broker's turn).
     fn decode_input(&mut self, key: ConnKey, now: Now, chunk: Option<usize>) -> Step {
         let Some(c) = self.conns.get_mut(key) else { return Step::Stop };
         let mut cx = Serve { broker: &mut self.broker, loops: &mut self.loops, now };

@@ -220,6 +220,17 @@ impl Broker {
         (ErrorCode::Busy, stats::BUSY_MESSAGE.into())
     }
 
+    /// The BUSY error, counted, for a FETCH that would need a timer when
+    /// the broker holds `timers_max`: nothing was done.
+    fn timers_full(&mut self) -> Refusal {
+        self.stats.busy_replies += 1;
+        let max = self.config.limits.timers_max;
+        let msg = format!(
+            "the broker holds timers_max ({max}) messages in flight or delayed and parked FETCHes; nothing was done: ack what you hold, or back off and retry"
+        );
+        (ErrorCode::Busy, msg)
+    }
+
     // -----------------------------------------------------------------------
     // Consumers.
     // -----------------------------------------------------------------------
@@ -244,12 +255,18 @@ impl Broker {
         }
         let w = args.waiter(at, session, tid, group, &self.config.limits);
         let full = self.buffers_full(at.loops.buffered_bytes);
+        let timers_max = self.config.limits.timers_max;
         let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
-        if full && e.topic.has_ready(group) {
+        let ready = e.topic.has_ready(group);
+        if full && ready {
             return Err(self.busy_refusal());
         }
-        if args.wait_ms == 0 || e.topic.has_ready(group) {
-            deliver(e, &mut self.wheel, &w, at.now, out);
+        // Each delivery and a parked FETCH take a timer.
+        if timer_room(timers_max, &self.wheel) == 0 && (ready || args.wait_ms > 0) {
+            return Err(self.timers_full());
+        }
+        if args.wait_ms == 0 || ready {
+            deliver(e, &mut self.wheel, &w, at.now, timers_max, out);
             return Ok(Outcome::Done);
         }
         let wait_ms = args.wait_ms.min(self.config.limits.fetch_wait_ms_max);
@@ -576,13 +593,27 @@ impl FetchArgs {
     }
 }
 
-/// Writes a FETCH reply for `w` from the ready messages of `e`.
-pub(super) fn deliver(e: &mut Entry, wheel: &mut Wheel<Timer>, w: &Waiter, now: Now, out: &mut Vec<u8>) {
+/// Timers the wheel has room for under `timers_max`.
+pub(super) fn timer_room(timers_max: u32, wheel: &Wheel<Timer>) -> u32 {
+    timers_max.saturating_sub(u32::try_from(wheel.len()).unwrap_or(u32::MAX))
+}
+
+/// Writes a FETCH reply for `w` from the ready messages of `e`: as many as
+/// it asks for and the wheel has timers for (`timers_max`).
+pub(super) fn deliver(
+    e: &mut Entry,
+    wheel: &mut Wheel<Timer>,
+    w: &Waiter,
+    now: Now,
+    timers_max: u32,
+    out: &mut Vec<u8>,
+) {
     let timeout = if w.ack_timeout_ms == 0 { e.topic.settings.ack_timeout_ms } else { w.ack_timeout_ms };
     let deadline = now.mono_ms + u64::from(timeout);
+    let max_messages = w.max_messages.min(timer_room(timers_max, wheel));
     let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name);
     let mut timers = GroupTimers { wheel, topic: e.id, group: w.group };
-    e.topic.fetch(w.group, w.consumer, w.max_messages, w.max_bytes, deadline, &mut timers, |seq, d| {
+    e.topic.fetch(w.group, w.consumer, max_messages, w.max_bytes, deadline, &mut timers, |seq, d| {
         if let Some(m) = seq.get(d.id) {
             let dead = seq.dead_info(d.id);
             let msg = Message { id: d.id, born_ms: m.born_ms, delivery_count: d.deliveries, dead, payload: m.payload };

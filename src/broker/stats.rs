@@ -23,7 +23,8 @@ pub struct BrokerStats {
     pub started_mono_ms: u64,
     /// Produce batches answered after a commit.
     pub produces_committed: u64,
-    /// Requests answered BUSY because the buffers were full (counter).
+    /// Requests answered BUSY because the buffers were full, or a FETCH
+    /// because the broker held `timers_max` timers (counter).
     pub busy_replies: u64,
 }
 

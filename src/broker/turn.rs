@@ -359,7 +359,7 @@ impl Broker {
                     self.stats.busy_replies += 1;
                     codec::encode_error(out, op::FETCH, w.request_id, ErrorCode::Busy, stats::BUSY_MESSAGE);
                 } else {
-                    super::requests::deliver(e, &mut self.wheel, &w, now, out);
+                    super::requests::deliver(e, &mut self.wheel, &w, now, self.config.limits.timers_max, out);
                 }
                 *grown_bytes += out.capacity().saturating_sub(before) as u64;
             }
@@ -412,7 +412,7 @@ impl Broker {
             if let Some(e) = self.topics.get_mut(w.topic)
                 && let Some(out) = outbox.out(w.conn)
             {
-                super::requests::deliver(e, &mut self.wheel, &w, now, out);
+                super::requests::deliver(e, &mut self.wheel, &w, now, self.config.limits.timers_max, out);
             }
             outbox.unblock(w.conn);
         }
