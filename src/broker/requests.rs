@@ -11,7 +11,7 @@ use super::topics::{Entry, dead_letter_name, unknown};
 use super::waiters::Waiter;
 use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, stats};
 use crate::codec::{self, Batch, DecodeError, ErrorCode, Frame, Ids, Message, Request, Skip, TopicSettings, op};
-use crate::queue::{GroupId, MsgId, Returned, Settings, Topic};
+use crate::queue::{GroupId, MsgId, Returned, Settings, Take, Topic};
 use crate::record::{MessageRecord, ProduceWriter, PurgeRecord, RemoveReason, RemoveRecord, RequeueRecord};
 use crate::wheel::{TimerKey, Wheel};
 
@@ -613,7 +613,8 @@ pub(super) fn deliver(
     let max_messages = w.max_messages.min(timer_room(timers_max, wheel));
     let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name);
     let mut timers = GroupTimers { wheel, topic: e.id, group: w.group };
-    e.topic.fetch(w.group, w.consumer, max_messages, w.max_bytes, deadline, &mut timers, |seq, d| {
+    let take = Take { owner: w.consumer, max_messages, max_bytes: w.max_bytes, deadline_ms: deadline };
+    e.topic.fetch(w.group, take, &mut timers, |seq, d| {
         if let Some(m) = seq.get(d.id) {
             let dead = seq.dead_info(d.id);
             let msg = Message { id: d.id, born_ms: m.born_ms, delivery_count: d.deliveries, dead, payload: m.payload };

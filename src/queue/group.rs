@@ -18,7 +18,7 @@
 use std::collections::VecDeque;
 
 use super::seq::Seq;
-use super::{ConsumerId, Counters, Delivery, GroupId, IdMap, MsgId, Returned, Timers};
+use super::{ConsumerId, Counters, Delivery, GroupId, IdMap, MsgId, Returned, Take, Timers};
 use crate::codec::{DeadInfo, DeadReason};
 use crate::wheel::TimerKey;
 
@@ -114,20 +114,12 @@ impl Group {
         !self.retry_set.is_empty() || seq.next_live(self.cursor, seq.visible_id()).is_some()
     }
 
-    /// Moves up to `max_messages` ready messages (at least one if any, then
-    /// within `max_bytes` of payload) to in flight for `owner`, with the ack
-    /// deadline `deadline_ms`. Calls `out` for each, in delivery order.
-    #[allow(clippy::too_many_arguments)]
-    pub fn fetch(
-        &mut self,
-        seq: &Seq,
-        owner: ConsumerId,
-        max_messages: u32,
-        max_bytes: u64,
-        deadline_ms: u64,
-        timers: &mut impl Timers,
-        mut out: impl FnMut(Delivery),
-    ) -> u32 {
+    /// Moves up to `take.max_messages` ready messages (at least one if any,
+    /// then within `take.max_bytes` of payload) to in flight for
+    /// `take.owner`, with the ack deadline `take.deadline_ms`. Calls `out`
+    /// for each, in delivery order.
+    pub fn fetch(&mut self, seq: &Seq, take: Take, timers: &mut impl Timers, mut out: impl FnMut(Delivery)) -> u32 {
+        let Take { owner, max_messages, max_bytes, deadline_ms } = take;
         let mut n = 0u32;
         let mut bytes = 0u64;
         // Taken out for the batch: one map lookup per FETCH, not per message.

@@ -118,6 +118,20 @@ pub struct Counters {
     pub expired: u64,
 }
 
+/// What one FETCH takes from a group: for whom, how much, and until when
+/// it may hold it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Take {
+    /// The consumer the messages go to.
+    pub owner: ConsumerId,
+    /// Most messages (at least one is taken if any is ready).
+    pub max_messages: u32,
+    /// Most payload bytes, past the first message.
+    pub max_bytes: u64,
+    /// The ack deadline of each, ms.
+    pub deadline_ms: u64,
+}
+
 /// A message handed out by `Topic::fetch`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Delivery {

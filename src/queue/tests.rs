@@ -85,7 +85,7 @@ fn fetch(
     deadline_ms: u64,
 ) -> Vec<Delivery> {
     let mut got = Vec::new();
-    let n = t.fetch(G, owner, max_messages, max_bytes, deadline_ms, timers, |_, d| got.push(d));
+    let n = t.fetch(G, Take { owner, max_messages, max_bytes, deadline_ms }, timers, |_, d| got.push(d));
     assert_eq!(n as usize, got.len(), "fetch's count and its deliveries disagree");
     got
 }
@@ -1022,7 +1022,8 @@ fn topic_releases_a_message_once_every_group_is_done_with_it() {
     // The second group's own acks, NACKs and dead letters.
     let of_second = |t: &mut Topic, timers: &mut FakeTimers, max_messages| {
         let mut got = Vec::new();
-        t.fetch(second, 2, max_messages, u64::MAX, 100, timers, |_, d| got.push((d.id, d.deliveries)));
+        let take = Take { owner: 2, max_messages, max_bytes: u64::MAX, deadline_ms: 100 };
+        t.fetch(second, take, timers, |_, d| got.push((d.id, d.deliveries)));
         got
     };
     assert_eq!(of_second(&mut t, &mut timers, 4), [(1, 1), (2, 1), (3, 1), (4, 1)]);
@@ -1515,205 +1516,267 @@ fn pick_id(rng: &mut Rng, m: &Model, first_id: MsgId, wanted: impl Fn(State) -> 
     rng.range(first_id.saturating_sub(2), m.next_id + 2)
 }
 
-#[allow(clippy::too_many_lines)] // reshaped by the core work
-fn run_model(seed: u64, steps: usize) {
-    let mut rng = Rng(seed);
-    let is_dlq = rng.percent(20);
-    let name = if is_dlq { "orders.dlq" } else { "orders" };
-    let max_deliveries = rng.pick(&[0, 1, 2, 2, 3, 3, 4, 6, u16::MAX]);
-    let first_id = rng.pick(&[0, 1, 2, 1_000_000]);
-    let mut now = 1_000_000 + rng.below(1_000);
-    let mut timers = FakeTimers::new(now);
-    let mut t = new_topic(name, Settings { ack_timeout_ms: 30_000, max_deliveries }, first_id);
-    let mut m = Model::new(is_dlq, max_deliveries, first_id);
-    let mut ctx = Ctx { seed, step: 0, op: format!("new {name} max_deliveries {max_deliveries} first_id {first_id}") };
-    if rng.percent(40) {
-        restore_random(&mut t, &mut m, &mut rng, now);
-        ctx.op = format!("restore {} messages", m.msgs.len());
-    }
-    check(&t, &timers, &m, &ctx, true);
-    let mut consumers: [ConsumerId; 3] = [1, 2, 3];
-    let mut next_consumer = 4;
-    // Produce batches of the current turn, not yet published or withdrawn.
-    let mut pending: Vec<(MsgId, u32)> = Vec::new();
+/// One run of the model test: the topic under test, the model, and what
+/// the operations draw from.
+struct Run {
+    rng: Rng,
+    t: Topic,
+    m: Model,
+    timers: FakeTimers,
+    ctx: Ctx,
+    /// The current time, ms.
+    now: u64,
+    first_id: MsgId,
+    is_dlq: bool,
+    /// The consumers that may fetch; a disconnect replaces one.
+    consumers: [ConsumerId; 3],
+    next_consumer: ConsumerId,
+    /// Produce batches of the current turn, not yet published or
+    /// withdrawn: (first id, count).
+    pending: Vec<(MsgId, u32)>,
+}
 
-    for step in 1..=steps {
-        ctx.step = step;
-        match rng.below(1000) {
-            0..200 => {
-                let n = rng.range(1, 4) as u32;
-                let first = m.next_id;
-                for _ in 0..n {
-                    let born_ms = now - rng.below(4);
-                    let payload = random_payload(&mut rng);
-                    let dead = (is_dlq && rng.percent(30)).then(|| random_dead_info(&mut rng));
-                    let id = match dead {
-                        Some(info) => t.append_moved(born_ms, &payload, Some(info)),
-                        None => t.produce(born_ms, &payload).0,
-                    };
-                    assert_eq!(id, m.append(born_ms, payload, dead), "{ctx}: appended id");
-                }
-                pending.push((first, n));
-                ctx.op = format!("append {n} from {first}");
-            }
-            200..300 => {
-                let fail = !pending.is_empty() && rng.percent(20);
-                let mut withdrawn = Vec::new();
-                for &(first, count) in &pending {
-                    if fail && rng.percent(70) {
-                        t.withdraw(first, count);
-                        m.withdraw(first, count);
-                        withdrawn.push(first);
-                    }
-                }
-                pending.clear();
-                t.publish();
-                m.publish();
-                ctx.op = format!("commit, withdrawing batches {withdrawn:?}");
-            }
-            300..500 => {
-                let owner = rng.pick(&consumers);
-                let max_messages = if rng.percent(5) { 100 } else { rng.below(6) as u32 };
-                let max_bytes = match rng.below(3) {
-                    0 => 0,
-                    1 => rng.below(40),
-                    _ => u64::MAX,
-                };
-                let deadline_ms = now + rng.below(60);
-                ctx.op = format!("fetch owner {owner} max {max_messages} bytes {max_bytes} deadline {deadline_ms}");
-                let mut got = Vec::new();
-                let n = t.fetch(G, owner, max_messages, max_bytes, deadline_ms, &mut timers, |seq, d| {
-                    let payload = seq.get(d.id).map(|s| s.payload.to_vec());
-                    got.push((d, payload));
-                });
-                let expected = m.fetch(owner, max_messages, max_bytes, deadline_ms);
-                assert_eq!(n as usize, got.len(), "{ctx}: fetch count");
-                let delivered: Vec<Delivery> = got.iter().map(|g| g.0).collect();
-                assert_eq!(delivered, expected, "{ctx}: deliveries");
-                for (d, payload) in &got {
-                    assert!(payload.as_deref() == Some(&m.msgs[&d.id].payload[..]), "{ctx}: payload of {}", d.id);
-                }
-            }
-            500..650 => {
-                let id = pick_id(&mut rng, &m, first_id, |s| matches!(s, State::Inflight { .. }));
-                ctx.op = format!("ack {id} ({:?})", m.state(id));
-                assert_eq!(t.ack(G, id, &mut timers), m.ack(id), "{ctx}: ack result");
-            }
-            650..730 => {
-                let id = pick_id(&mut rng, &m, first_id, |s| matches!(s, State::Inflight { .. }));
-                let delay = match rng.below(10) {
-                    0..5 => None,
-                    5 => Some(now.saturating_sub(rng.below(5))),
-                    _ => Some(now + rng.below(40)),
-                };
-                let dead_letter = rng.percent(15);
-                ctx.op = format!("nack {id} ({:?}) delay {delay:?} dead_letter {dead_letter}", m.state(id));
-                let got = t.nack(G, id, delay, dead_letter, &mut timers);
-                assert_eq!(got, m.nack(id, delay, dead_letter), "{ctx}: nack result");
-                if let Some(Returned::Dead(info)) = got {
-                    settle_dead(&mut t, &mut m, &mut rng, id, info);
-                }
-            }
-            730..780 => {
-                let id = pick_id(&mut rng, &m, first_id, |s| matches!(s, State::Inflight { .. }));
-                let deadline_ms = now + rng.below(60);
-                ctx.op = format!("touch {id} ({:?}) deadline {deadline_ms}", m.state(id));
-                assert_eq!(t.touch(G, id, deadline_ms, &mut timers), m.touch(id, deadline_ms), "{ctx}: touch result");
-            }
-            780..900 => {
-                now += rng.below(25);
-                ctx.op = format!("advance to {now}");
-                for (deadline_ms, id) in timers.advance(now) {
-                    let expected = m.timer_fired(id, deadline_ms).unwrap_or_else(|e| panic!("{ctx}: {e}"));
-                    let got = t.timer_fired(G, id, &mut timers);
-                    assert_eq!(got, Some(expected), "{ctx}: timer for {id}");
-                    if let Returned::Dead(info) = expected {
-                        settle_dead(&mut t, &mut m, &mut rng, id, info);
-                    }
-                }
-                for (id, mm) in &m.msgs {
-                    if let State::Inflight { deadline_ms: d, .. } | State::Delayed { until_ms: d, .. } = mm.state {
-                        assert!(d > now, "{ctx}: {id} due at {d} did not fire ({:?})", mm.state);
-                    }
-                }
-            }
-            900..930 => {
-                let slot = rng.below(3) as usize;
-                let owner = consumers[slot];
-                consumers[slot] = next_consumer;
-                next_consumer += 1;
-                let expected = m.held_by(owner);
-                ctx.op = format!("disconnect {owner} holding {:?}", expected.keys().collect::<Vec<_>>());
-                let mut lost = Vec::new();
-                let returned = t.disconnect(G, owner, &mut timers, |id, info| lost.push((id, info)));
-                let retries: Vec<MsgId> =
-                    expected.iter().filter(|(_, r)| **r == Returned::Retry).map(|(&id, _)| id).collect();
-                assert_eq!(returned, retries.len() as u64, "{ctx}: returned to ready");
-                // They all came back at once, so their order among
-                // themselves is the topic's to choose: take it from the tail
-                // of its retry queue and check it is the right set.
-                let queue = &t.group(G).retry;
-                let mut tail: Vec<MsgId> = queue.iter().skip(queue.len() - retries.len()).copied().collect();
-                for &id in &tail {
-                    let Some(State::Inflight { deliveries, .. }) = m.state(id) else { unreachable!() };
-                    m.requeue(id, deliveries);
-                }
-                tail.sort_unstable();
-                assert_eq!(tail, retries, "{ctx}: requeued ids");
-                let mut lost_sorted: Vec<(MsgId, Returned)> =
-                    lost.iter().map(|&(id, info)| (id, Returned::Dead(info))).collect();
-                lost_sorted.sort_unstable_by_key(|l| l.0);
-                let expected_dead: Vec<(MsgId, Returned)> =
-                    expected.into_iter().filter(|(_, r)| *r != Returned::Retry).collect();
-                assert_eq!(lost_sorted, expected_dead, "{ctx}: dead on disconnect");
-                for &(id, _) in &lost {
-                    m.set(id, State::Dead);
-                }
-                for (id, info) in lost {
-                    settle_dead(&mut t, &mut m, &mut rng, id, info);
-                }
-            }
-            930..950 => {
-                let max = if rng.percent(20) { u64::MAX } else { rng.below(5) };
-                let accept = rng.below(6);
-                ctx.op = format!("drain_ready max {max} accept {accept}");
-                let mut got = Vec::new();
-                let n = t.drain_ready(G, max, |s, d| {
-                    if got.len() as u64 == accept {
-                        return false;
-                    }
-                    got.push((s.id, s.born_ms, s.payload.to_vec(), d));
-                    true
-                });
-                let expected: Vec<(MsgId, u64, Vec<u8>, Option<DeadInfo>)> =
-                    m.drain(max, accept).into_iter().map(|(id, mm)| (id, mm.born_ms, mm.payload, mm.dead)).collect();
-                assert_eq!(n, expected.len() as u64, "{ctx}: drained count");
-                assert_eq!(got, expected, "{ctx}: drained messages");
-            }
+impl Run {
+    fn new(seed: u64) -> Run {
+        let mut rng = Rng(seed);
+        let is_dlq = rng.percent(20);
+        let name = if is_dlq { "orders.dlq" } else { "orders" };
+        let max_deliveries = rng.pick(&[0, 1, 2, 2, 3, 3, 4, 6, u16::MAX]);
+        let first_id = rng.pick(&[0, 1, 2, 1_000_000]);
+        let now = 1_000_000 + rng.below(1_000);
+        let t = new_topic(name, Settings { ack_timeout_ms: 30_000, max_deliveries }, first_id);
+        let m = Model::new(is_dlq, max_deliveries, first_id);
+        let op = format!("new {name} max_deliveries {max_deliveries} first_id {first_id}");
+        let ctx = Ctx { seed, step: 0, op };
+        let timers = FakeTimers::new(now);
+        let (consumers, next_consumer, pending) = ([1, 2, 3], 4, Vec::new());
+        let mut r = Run { rng, t, m, timers, ctx, now, first_id, is_dlq, consumers, next_consumer, pending };
+        if r.rng.percent(40) {
+            restore_random(&mut r.t, &mut r.m, &mut r.rng, now);
+            r.ctx.op = format!("restore {} messages", r.m.msgs.len());
+        }
+        r
+    }
+
+    fn check(&self, full: bool) {
+        check(&self.t, &self.timers, &self.m, &self.ctx, full);
+    }
+
+    /// One random operation, as the broker would make it.
+    fn step(&mut self) {
+        match self.rng.below(1000) {
+            0..200 => self.append(),
+            200..300 => self.commit(),
+            300..500 => self.fetch(),
+            500..650 => self.ack(|s| matches!(s, State::Inflight { .. }), ""),
+            650..730 => self.nack(),
+            730..780 => self.touch(),
+            780..900 => self.advance(),
+            900..930 => self.disconnect(),
+            930..950 => self.drain(),
             950..955 => {
-                ctx.op = "purge".to_string();
-                assert_eq!(t.purge(&mut timers), m.purge(), "{ctx}: purged count");
+                self.ctx.op = "purge".to_string();
+                assert_eq!(self.t.purge(&mut self.timers), self.m.purge(), "{}: purged count", self.ctx);
             }
             955..960 => {
-                let by = if rng.percent(50) { rng.below(10) } else { rng.range(3_000, 9_000) };
-                ctx.op = format!("bump next id by {by}");
-                t.seq.bump_next_id(m.next_id + by);
-                m.next_id += by;
+                let by = if self.rng.percent(50) { self.rng.below(10) } else { self.rng.range(3_000, 9_000) };
+                self.ctx.op = format!("bump next id by {by}");
+                self.t.seq.bump_next_id(self.m.next_id + by);
+                self.m.next_id += by;
             }
-            _ => {
-                let id = pick_id(&mut rng, &m, first_id, |s| !matches!(s, State::Inflight { .. }));
-                ctx.op = format!("ack {id} ({:?}), not in flight", m.state(id));
-                assert_eq!(t.ack(G, id, &mut timers), m.ack(id), "{ctx}: ack result");
+            _ => self.ack(|s| !matches!(s, State::Inflight { .. }), ", not in flight"),
+        }
+    }
+
+    fn append(&mut self) {
+        let n = self.rng.range(1, 4) as u32;
+        let first = self.m.next_id;
+        for _ in 0..n {
+            let born_ms = self.now - self.rng.below(4);
+            let payload = random_payload(&mut self.rng);
+            let dead = (self.is_dlq && self.rng.percent(30)).then(|| random_dead_info(&mut self.rng));
+            let id = match dead {
+                Some(info) => self.t.append_moved(born_ms, &payload, Some(info)),
+                None => self.t.produce(born_ms, &payload).0,
+            };
+            assert_eq!(id, self.m.append(born_ms, payload, dead), "{}: appended id", self.ctx);
+        }
+        self.pending.push((first, n));
+        self.ctx.op = format!("append {n} from {first}");
+    }
+
+    /// The turn's commit: some batches withdrawn (a failed commit), then
+    /// publish.
+    fn commit(&mut self) {
+        let fail = !self.pending.is_empty() && self.rng.percent(20);
+        let mut withdrawn = Vec::new();
+        for &(first, count) in &self.pending {
+            if fail && self.rng.percent(70) {
+                self.t.withdraw(first, count);
+                self.m.withdraw(first, count);
+                withdrawn.push(first);
             }
         }
-        check(&t, &timers, &m, &ctx, step % 16 == 0);
+        self.pending.clear();
+        self.t.publish();
+        self.m.publish();
+        self.ctx.op = format!("commit, withdrawing batches {withdrawn:?}");
     }
-    check(&t, &timers, &m, &ctx, true);
-    ctx.step += 1;
-    ctx.op = "final purge".to_string();
-    assert_eq!(t.purge(&mut timers), m.purge(), "{ctx}: purged count");
-    check(&t, &timers, &m, &ctx, true);
-    assert!(timers.wheel.is_empty(), "{ctx}: timers left after purge");
+
+    fn fetch(&mut self) {
+        let rng = &mut self.rng;
+        let owner = rng.pick(&self.consumers);
+        let max_messages = if rng.percent(5) { 100 } else { rng.below(6) as u32 };
+        let max_bytes = match rng.below(3) {
+            0 => 0,
+            1 => rng.below(40),
+            _ => u64::MAX,
+        };
+        let deadline_ms = self.now + rng.below(60);
+        let ctx = &mut self.ctx;
+        ctx.op = format!("fetch owner {owner} max {max_messages} bytes {max_bytes} deadline {deadline_ms}");
+        let mut got = Vec::new();
+        let take = Take { owner, max_messages, max_bytes, deadline_ms };
+        let n = self.t.fetch(G, take, &mut self.timers, |seq, d| {
+            got.push((d, seq.get(d.id).map(|s| s.payload.to_vec())));
+        });
+        let expected = self.m.fetch(owner, max_messages, max_bytes, deadline_ms);
+        assert_eq!(n as usize, got.len(), "{ctx}: fetch count");
+        let delivered: Vec<Delivery> = got.iter().map(|g| g.0).collect();
+        assert_eq!(delivered, expected, "{ctx}: deliveries");
+        for (d, payload) in &got {
+            assert!(payload.as_deref() == Some(&self.m.msgs[&d.id].payload[..]), "{ctx}: payload of {}", d.id);
+        }
+    }
+
+    /// An ACK of an id in a state `wanted` picks (`what` says which).
+    fn ack(&mut self, wanted: impl Fn(State) -> bool, what: &str) {
+        let id = pick_id(&mut self.rng, &self.m, self.first_id, wanted);
+        self.ctx.op = format!("ack {id} ({:?}){what}", self.m.state(id));
+        assert_eq!(self.t.ack(G, id, &mut self.timers), self.m.ack(id), "{}: ack result", self.ctx);
+    }
+
+    fn nack(&mut self) {
+        let id = pick_id(&mut self.rng, &self.m, self.first_id, |s| matches!(s, State::Inflight { .. }));
+        let delay = match self.rng.below(10) {
+            0..5 => None,
+            5 => Some(self.now.saturating_sub(self.rng.below(5))),
+            _ => Some(self.now + self.rng.below(40)),
+        };
+        let dead_letter = self.rng.percent(15);
+        self.ctx.op = format!("nack {id} ({:?}) delay {delay:?} dead_letter {dead_letter}", self.m.state(id));
+        let got = self.t.nack(G, id, delay, dead_letter, &mut self.timers);
+        assert_eq!(got, self.m.nack(id, delay, dead_letter), "{}: nack result", self.ctx);
+        if let Some(Returned::Dead(info)) = got {
+            settle_dead(&mut self.t, &mut self.m, &mut self.rng, id, info);
+        }
+    }
+
+    fn touch(&mut self) {
+        let id = pick_id(&mut self.rng, &self.m, self.first_id, |s| matches!(s, State::Inflight { .. }));
+        let deadline_ms = self.now + self.rng.below(60);
+        self.ctx.op = format!("touch {id} ({:?}) deadline {deadline_ms}", self.m.state(id));
+        let got = self.t.touch(G, id, deadline_ms, &mut self.timers);
+        assert_eq!(got, self.m.touch(id, deadline_ms), "{}: touch result", self.ctx);
+    }
+
+    /// Time moves on: every due timer fires, as the broker fires them.
+    fn advance(&mut self) {
+        self.now += self.rng.below(25);
+        self.ctx.op = format!("advance to {}", self.now);
+        let ctx = &self.ctx;
+        for (deadline_ms, id) in self.timers.advance(self.now) {
+            let expected = self.m.timer_fired(id, deadline_ms).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            let got = self.t.timer_fired(G, id, &mut self.timers);
+            assert_eq!(got, Some(expected), "{ctx}: timer for {id}");
+            if let Returned::Dead(info) = expected {
+                settle_dead(&mut self.t, &mut self.m, &mut self.rng, id, info);
+            }
+        }
+        for (id, mm) in &self.m.msgs {
+            if let State::Inflight { deadline_ms: d, .. } | State::Delayed { until_ms: d, .. } = mm.state {
+                assert!(d > self.now, "{ctx}: {id} due at {d} did not fire ({:?})", mm.state);
+            }
+        }
+    }
+
+    /// A consumer disconnects: what it held comes back (or dies), and a
+    /// new consumer takes its place.
+    fn disconnect(&mut self) {
+        let slot = self.rng.below(3) as usize;
+        let owner = self.consumers[slot];
+        self.consumers[slot] = self.next_consumer;
+        self.next_consumer += 1;
+        let expected = self.m.held_by(owner);
+        self.ctx.op = format!("disconnect {owner} holding {:?}", expected.keys().collect::<Vec<_>>());
+        let mut lost = Vec::new();
+        let returned = self.t.disconnect(G, owner, &mut self.timers, |id, info| lost.push((id, info)));
+        let retries: Vec<MsgId> = expected.iter().filter(|(_, r)| **r == Returned::Retry).map(|(&id, _)| id).collect();
+        assert_eq!(returned, retries.len() as u64, "{}: returned to ready", self.ctx);
+        self.requeued_on_disconnect(&retries);
+        let mut lost_sorted: Vec<(MsgId, Returned)> =
+            lost.iter().map(|&(id, info)| (id, Returned::Dead(info))).collect();
+        lost_sorted.sort_unstable_by_key(|l| l.0);
+        let expected_dead: Vec<(MsgId, Returned)> =
+            expected.into_iter().filter(|(_, r)| *r != Returned::Retry).collect();
+        assert_eq!(lost_sorted, expected_dead, "{}: dead on disconnect", self.ctx);
+        for &(id, _) in &lost {
+            self.m.set(id, State::Dead);
+        }
+        for (id, info) in lost {
+            settle_dead(&mut self.t, &mut self.m, &mut self.rng, id, info);
+        }
+    }
+
+    /// The messages a disconnect returned all came back at once, so their
+    /// order among themselves is the topic's to choose: the model takes it
+    /// from the tail of the topic's retry queue, which must hold exactly
+    /// `retries`.
+    fn requeued_on_disconnect(&mut self, retries: &[MsgId]) {
+        let queue = &self.t.group(G).retry;
+        let mut tail: Vec<MsgId> = queue.iter().skip(queue.len() - retries.len()).copied().collect();
+        for &id in &tail {
+            let Some(State::Inflight { deliveries, .. }) = self.m.state(id) else { unreachable!() };
+            self.m.requeue(id, deliveries);
+        }
+        tail.sort_unstable();
+        assert_eq!(tail, retries, "{}: requeued ids", self.ctx);
+    }
+
+    /// REDRIVE's drain, taking at most `accept` of them.
+    fn drain(&mut self) {
+        let max = if self.rng.percent(20) { u64::MAX } else { self.rng.below(5) };
+        let accept = self.rng.below(6);
+        self.ctx.op = format!("drain_ready max {max} accept {accept}");
+        let mut got = Vec::new();
+        let n = self.t.drain_ready(G, max, |s, d| {
+            if got.len() as u64 == accept {
+                return false;
+            }
+            got.push((s.id, s.born_ms, s.payload.to_vec(), d));
+            true
+        });
+        let expected: Vec<(MsgId, u64, Vec<u8>, Option<DeadInfo>)> =
+            self.m.drain(max, accept).into_iter().map(|(id, mm)| (id, mm.born_ms, mm.payload, mm.dead)).collect();
+        assert_eq!(n, expected.len() as u64, "{}: drained count", self.ctx);
+        assert_eq!(got, expected, "{}: drained messages", self.ctx);
+    }
+}
+
+fn run_model(seed: u64, steps: usize) {
+    let mut r = Run::new(seed);
+    r.check(true);
+    for step in 1..=steps {
+        r.ctx.step = step;
+        r.step();
+        r.check(step % 16 == 0);
+    }
+    r.check(true);
+    r.ctx.step += 1;
+    r.ctx.op = "final purge".to_string();
+    assert_eq!(r.t.purge(&mut r.timers), r.m.purge(), "{}: purged count", r.ctx);
+    r.check(true);
+    assert!(r.timers.wheel.is_empty(), "{}: timers left after purge", r.ctx);
 }
 
 #[test]

@@ -10,7 +10,7 @@
 
 use super::group::{Group, Policy};
 use super::seq::Seq;
-use super::{ConsumerId, Counters, Delivery, GroupId, MsgId, Returned, Settings, Stored, Timers};
+use super::{ConsumerId, Counters, Delivery, GroupId, MsgId, Returned, Settings, Stored, Take, Timers};
 use crate::codec::DeadInfo;
 
 /// One topic.
@@ -238,19 +238,15 @@ impl Topic {
 
     /// `Group::fetch` for group `g`: `out` gets each delivery and the
     /// sequence, to read the message from.
-    #[allow(clippy::too_many_arguments)]
     pub fn fetch(
         &mut self,
         g: GroupId,
-        owner: ConsumerId,
-        max_messages: u32,
-        max_bytes: u64,
-        deadline_ms: u64,
+        take: Take,
         timers: &mut impl Timers,
         mut out: impl FnMut(&Seq, Delivery),
     ) -> u32 {
         let (seq, group) = self.parts(g);
-        group.fetch(seq, owner, max_messages, max_bytes, deadline_ms, timers, |d| out(seq, d))
+        group.fetch(seq, take, timers, |d| out(seq, d))
     }
 
     /// Acknowledges a delivered message for group `g`. False if it was not
