@@ -203,6 +203,7 @@ impl Compactor {
             self.delete_segments.insert(segment, ());
         }
         self.ready = self.copied.take();
+        assert!(self.turn_ranges.is_empty() && self.turn_withdrawable_ranges.is_empty() && self.turn_topics.is_empty());
     }
 
     /// The turn's commit failed: the log dropped the client produces' and
@@ -405,6 +406,9 @@ impl Compactor {
     /// turn's records, synced with the copies written before; then removes
     /// the segment. If that write fails, tries again later.
     fn finish_segment(&mut self, p: &mut Parts<'_>, base: u64, now: Now) {
+        // Only the oldest segment is cleaned, and nothing else removes one.
+        let segments = p.log.segments();
+        assert!(segments.len() >= 2 && segments[0].base == base, "segment {base} is not the oldest closed one");
         let aside = p.log.set_aside();
         let mut topics: Vec<TopicId> =
             self.topic_segment.iter().filter(|(_, s)| **s == base).map(|(t, _)| *t).collect();

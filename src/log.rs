@@ -247,6 +247,9 @@ pub struct Log {
     buf: Vec<u8>,
     /// Records in `buf`.
     buf_records: u64,
+    /// Where a record begun and not yet ended (or abandoned) starts in
+    /// `buf`: at most one at a time, and none when the turn is written.
+    open_record: Option<usize>,
     /// Byte ranges in `buf` of records dropped if the commit fails.
     withdrawable: Vec<(usize, usize)>,
     /// Bytes written to the active segment since its last fdatasync.
@@ -410,6 +413,7 @@ impl Log {
             opener,
             buf: Vec::new(),
             buf_records: 0,
+            open_record: None,
             withdrawable: Vec::new(),
             unsynced_bytes: 0,
             reserved_bytes: 0,
@@ -448,6 +452,8 @@ impl Log {
     /// then call `end`.
     pub fn begin(&mut self, kind: RecordKind) -> RecordStart {
         let at = self.buf.len();
+        assert!(self.open_record.is_none(), "a {kind:?} record begun inside another");
+        self.open_record = Some(at);
         self.buf.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, kind as u8, kind.version(), 0, 0]);
         RecordStart(at)
     }
@@ -458,6 +464,9 @@ impl Log {
     /// Finishes a record: writes its length and CRC.
     pub fn end(&mut self, start: RecordStart) {
         let at = start.0;
+        assert_eq!(self.open_record.take(), Some(at), "a record ended that was not the one begun");
+        // A record the reader would refuse is never written.
+        assert!(self.buf.len() - at - RECORD_HEADER_BYTES <= RECORD_BYTES_MAX, "a record over RECORD_BYTES_MAX");
         let len = (self.buf.len() - at - RECORD_HEADER_BYTES) as u32;
         LittleEndian::write_u32(&mut self.buf[at..], len);
         let crc = record_crc(&self.buf[at..]);
@@ -466,6 +475,7 @@ impl Log {
     }
     /// Drops a record begun but not ended (its body turned out invalid).
     pub fn abandon(&mut self, start: RecordStart) {
+        assert_eq!(self.open_record.take(), Some(start.0), "a record abandoned that was not the one begun");
         self.buf.truncate(start.0);
     }
 
@@ -511,6 +521,7 @@ impl Log {
 
     /// `write`, leaving `headroom` bytes of the disk free after the records.
     fn write_with(&mut self, sync: bool, headroom: u64) -> io::Result<WrittenTurn> {
+        assert!(self.open_record.is_none(), "the turn is written with a record begun and not ended");
         let started = Instant::now();
         if self.buf.is_empty() {
             return Ok(WrittenTurn { bytes: 0, records: 0, sync: false, withdrawn: false, write_nanos: 0 });
@@ -583,6 +594,7 @@ impl Log {
     /// Sets the turn's records aside: what is appended from now until
     /// `commit_ahead` is written before them.
     pub fn set_aside(&mut self) -> Aside {
+        assert!(self.open_record.is_none(), "records set aside with one begun and not ended");
         Aside {
             buf: std::mem::take(&mut self.buf),
             records: std::mem::take(&mut self.buf_records),

@@ -277,6 +277,10 @@ impl Broker {
     /// return every message in flight to it to ready (or to the
     /// dead-letter topic).
     pub fn disconnect(&mut self, conn: ConnKey, session: &Session) {
+        // Ending a connection can dead-letter what it held: never between
+        // the turn's write and its sync (the reactor ends a connection whose
+        // socket failed in the early flush only after the sync).
+        self.turn.assert_open("a connection ended");
         if let Some(w) = self.waiters.leave(conn) {
             self.wheel.cancel(w.timer);
         }

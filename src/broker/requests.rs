@@ -71,6 +71,7 @@ impl Broker {
         loops: &LoopStats,
         out: &mut Vec<u8>,
     ) -> Outcome {
+        self.turn.assert_open("a request served");
         if !session.hello {
             return self.before_hello(session, frame, out);
         }

@@ -57,6 +57,9 @@ pub(super) struct Turn {
     to_publish: Vec<TopicId>,
     /// Shutting down: the last commit syncs whatever it writes.
     stopping: bool,
+    /// Between the turn's `write` and its `sync`: nothing may change the
+    /// queues or append to the log then.
+    written: bool,
 }
 
 impl Turn {
@@ -104,6 +107,13 @@ impl Turn {
             e.to_publish = true;
             self.to_publish.push(e.id);
         }
+    }
+
+    /// Asserts that the turn is not between its `write` and its `sync`,
+    /// where nothing may append to the log or change what a held reply
+    /// says.
+    pub fn assert_open(&self, what: &str) {
+        assert!(!self.written, "{what} between the turn's write and its sync");
     }
 
     /// Whether this turn's commit must fdatasync: something waits on it (a
@@ -181,6 +191,7 @@ impl Broker {
     /// Step 4: fires every timer due at `now`: ack deadlines, NACK delays,
     /// and ends of long-poll waits.
     pub fn advance(&mut self, now: Now, outbox: &mut impl Outbox) {
+        self.turn.assert_open("timers fired");
         let mut expired = std::mem::take(&mut self.scratch.expired);
         self.wheel.advance(now.mono_ms, &mut expired);
         let mut requeued: Vec<(TopicId, crate::queue::GroupId, MsgId, u16)> = Vec::new();
@@ -237,6 +248,8 @@ impl Broker {
     /// depends on are written, never before. Nothing may be appended to the
     /// log until `sync`.
     pub fn write(&mut self, now: Now) -> Written {
+        self.turn.assert_open("a second write");
+        self.turn.written = true;
         self.compactor.step(&self.topics, &mut self.log, &mut self.failures, now);
         let turn = self.log.write(self.turn.sync_wanted());
         let syncs = turn.as_ref().is_ok_and(|t| t.syncs());
@@ -254,6 +267,8 @@ impl Broker {
     /// Once per `write`; a second call does nothing.
     pub fn sync(&mut self, written: &mut Written, now: Now, outbox: &mut impl Outbox) -> TurnReport {
         let Some(turn) = written.turn.take() else { return TurnReport::default() };
+        assert!(self.turn.written, "a sync without its write");
+        self.turn.written = false;
         if let Err(e) = self.log.release_step() {
             log::warn!("compaction could not release a removed segment's space: {e}");
         }
@@ -281,6 +296,9 @@ impl Broker {
         self.turn.produced.clear();
         self.publish(now, outbox);
         self.send_held(stored, outbox, &mut report);
+        let t = &self.turn;
+        assert!(t.held.is_empty() && t.holders.is_empty() && t.pending.is_empty(), "replies kept past the sync");
+        assert!(t.produced.is_empty() && t.to_publish.is_empty(), "produces kept past the sync");
         report
     }
 
@@ -406,6 +424,7 @@ impl Broker {
     /// Graceful stop: every parked FETCH is answered now, with what is
     /// ready or with nothing, and the last commit syncs everything.
     pub fn shutdown(&mut self, now: Now, outbox: &mut impl Outbox) {
+        self.turn.assert_open("a shutdown");
         self.turn.stopping = true;
         for w in self.waiters.drain_all() {
             self.wheel.cancel(w.timer);

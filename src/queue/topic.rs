@@ -188,6 +188,12 @@ impl Topic {
     /// redriven): it leaves the sequence unless another group still needs
     /// it.
     fn done(&mut self, g: GroupId, id: MsgId) {
+        debug_assert!(!self.group(g).needs(id), "group {g:?} is done with {id} and still needs it");
+        self.release_unless_needed(g, id);
+    }
+
+    /// Releases message `id` unless a group other than `g` still needs it.
+    fn release_unless_needed(&mut self, g: GroupId, id: MsgId) {
         let others_need = |h: &Group| h.id() != g && h.needs(id);
         if !self.others.is_empty() && (self.others.iter().any(others_need) || others_need(&self.default)) {
             return;
@@ -207,7 +213,8 @@ impl Topic {
 
     /// Recovery: a Remove record says group `g` was done with `id`.
     pub fn restore_done_with(&mut self, g: GroupId, id: MsgId) {
-        self.done(g, id);
+        // The group's cursor is set only when recovery ends.
+        self.release_unless_needed(g, id);
     }
 
     /// The broker moved message `id` to the dead-letter topic for group
