@@ -86,12 +86,10 @@ impl RecordKind {
     /// old ones (docs/log-format.md, "Changing the format").
     pub const fn version(self) -> u8 {
         match self {
-            RecordKind::Topic
-            | RecordKind::Delete
-            | RecordKind::Purge
-            | RecordKind::Produce
-            | RecordKind::Remove
-            | RecordKind::Requeue => 1,
+            RecordKind::Topic | RecordKind::Delete | RecordKind::Purge | RecordKind::Produce => 1,
+            // Version 2 names the consumer group; version 1 meant the
+            // default group.
+            RecordKind::Remove | RecordKind::Requeue => 2,
         }
     }
 
@@ -311,11 +309,13 @@ pub struct RemoveRecord<'a> {
 }
 
 impl RemoveRecord<'_> {
+    /// Writes version 2: `topic_id u32, group_id u32, reason u8, count u32,
+    /// count x id u64`.
     pub fn append(&self, log: &mut Log) {
-        assert_eq!(self.group, GroupId::DEFAULT, "version 1 of Remove names no group");
         let at = log.begin(RecordKind::Remove);
         let b = log.body();
         codec::put_u32(b, self.topic.0);
+        codec::put_u32(b, self.group.0);
         b.push(self.reason as u8);
         codec::put_u32(b, self.ids.len() as u32);
         for id in self.ids {
@@ -336,11 +336,13 @@ pub struct RequeueRecord<'a> {
 }
 
 impl RequeueRecord<'_> {
+    /// Writes version 2: `topic_id u32, group_id u32, count u32, count x
+    /// (id u64, deliveries u16)`.
     pub fn append(&self, log: &mut Log) {
-        assert_eq!(self.group, GroupId::DEFAULT, "version 1 of Requeue names no group");
         let at = log.begin(RecordKind::Requeue);
         let b = log.body();
         codec::put_u32(b, self.topic.0);
+        codec::put_u32(b, self.group.0);
         codec::put_u32(b, self.entries.len() as u32);
         for (id, d) in self.entries {
             codec::put_u64(b, *id);
@@ -388,13 +390,13 @@ impl<'a> Record<'a> {
                 return Ok(Record::Produce { topic, messages: Messages { rd, left: count } });
             }
             RecordKind::Remove => {
+                let group = rd.group(version)?;
                 let reason = RemoveReason::from_u8(rd.u8()?).ok_or("unknown remove reason")?;
-                let ids = Ids(rd.list(8)?);
-                Record::Remove { topic, group: GroupId::DEFAULT, reason, ids }
+                Record::Remove { topic, group, reason, ids: Ids(rd.list(8)?) }
             }
             RecordKind::Requeue => {
-                let entries = Requeues(rd.list(10)?);
-                Record::Requeue { topic, group: GroupId::DEFAULT, entries }
+                let group = rd.group(version)?;
+                Record::Requeue { topic, group, entries: Requeues(rd.list(10)?) }
             }
         };
         if !rd.done() {
@@ -482,6 +484,11 @@ impl<'a> Reader<'a> {
     fn str(&mut self) -> Result<&'a str, String> {
         let n = self.u16()? as usize;
         std::str::from_utf8(self.bytes(n)?).map_err(|_| "topic name is not UTF-8".into())
+    }
+    /// The group a Remove or Requeue record of `version` names: version 1
+    /// names none, which means the default group.
+    fn group(&mut self, version: u8) -> Result<GroupId, String> {
+        if version == 1 { Ok(GroupId::DEFAULT) } else { self.u32().map(GroupId) }
     }
     /// A `count u32` and `count` entries of `entry_bytes` each.
     fn list(&mut self, entry_bytes: usize) -> Result<&'a [u8], String> {

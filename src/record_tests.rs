@@ -152,3 +152,50 @@ fn bodies_that_do_not_match_their_layout_are_refused() {
     assert_eq!(got.len(), 2, "the message, then the error: {got:?}");
     assert!(got[1].as_ref().is_err_and(|e| e.contains("left over")));
 }
+
+/// Remove and Requeue records of version 1 name no group (the default
+/// one); version 2 names it. Both are read: a log written before groups
+/// opens in every later build.
+#[test]
+fn remove_and_requeue_read_both_versions() {
+    let v1_remove = [3, 0, 0, 0, 1, 2, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0];
+    let Ok(Record::Remove { topic, group, reason, ids }) = Record::decode(RecordKind::Remove, 1, &v1_remove) else {
+        panic!("version 1 of Remove decodes")
+    };
+    assert_eq!((topic, group, reason), (TopicId(3), GroupId::DEFAULT, RemoveReason::Acked));
+    assert_eq!(ids.iter().collect::<Vec<_>>(), [7, 8]);
+    let v2_remove = [3, 0, 0, 0, 9, 0, 0, 0, 2, 1, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0];
+    let Ok(Record::Remove { group, reason, ids, .. }) = Record::decode(RecordKind::Remove, 2, &v2_remove) else {
+        panic!("version 2 of Remove decodes")
+    };
+    assert_eq!((group, reason), (GroupId(9), RemoveReason::DeadLettered));
+    assert_eq!(ids.iter().collect::<Vec<_>>(), [7]);
+    let v1_requeue = [3, 0, 0, 0, 1, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 4, 0];
+    let Ok(Record::Requeue { group, entries, .. }) = Record::decode(RecordKind::Requeue, 1, &v1_requeue) else {
+        panic!("version 1 of Requeue decodes")
+    };
+    assert_eq!(group, GroupId::DEFAULT);
+    assert_eq!(entries.iter().collect::<Vec<_>>(), [(7, 4)]);
+    let v2_requeue = [3, 0, 0, 0, 9, 0, 0, 0, 1, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 4, 0];
+    let Ok(Record::Requeue { group, entries, .. }) = Record::decode(RecordKind::Requeue, 2, &v2_requeue) else {
+        panic!("version 2 of Requeue decodes")
+    };
+    assert_eq!(group, GroupId(9));
+    assert_eq!(entries.iter().collect::<Vec<_>>(), [(7, 4)]);
+    // A version-1 body read as version 2 does not fit its layout.
+    assert!(Record::decode(RecordKind::Requeue, 2, &v1_requeue).is_err());
+}
+
+#[test]
+fn a_group_round_trips_in_remove_and_requeue() {
+    let group = GroupId(41);
+    let ids = [1, 2];
+    let remove = RemoveRecord { topic: TopicId(2), group, reason: RemoveReason::Acked, ids: &ids };
+    let (kind, version, body) = one(|log| remove.append(log));
+    assert_eq!(version, 2);
+    assert!(matches!(Record::decode(kind, version, &body), Ok(Record::Remove { group: g, .. }) if g == group));
+    let entries = [(1, 1)];
+    let requeue = RequeueRecord { topic: TopicId(2), group, entries: &entries };
+    let (kind, version, body) = one(|log| requeue.append(log));
+    assert!(matches!(Record::decode(kind, version, &body), Ok(Record::Requeue { group: g, .. }) if g == group));
+}

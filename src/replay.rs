@@ -51,6 +51,11 @@ impl<'a> Replay<'a> {
     /// start.
     pub fn apply(&mut self, r: &ReadRecord<'_>) -> Result<(), String> {
         let record = Record::decode(r.kind, r.version, r.body)?;
+        if let Record::Remove { group, .. } | Record::Requeue { group, .. } = &record
+            && *group != GroupId::DEFAULT
+        {
+            return Err(format!("the record names consumer group {}, which this build does not know", group.0));
+        }
         match &record {
             Record::Delete(_) => {}
             Record::Topic(TopicRecord { topic, .. })
@@ -186,8 +191,8 @@ impl Timers for NoTimers {
 mod tests {
     use crate::broker::{Broker, Config, Now, TopicId};
     use crate::log::{Log, LogOptions, OpenError};
-    use crate::queue::Settings;
-    use crate::record::{DeleteRecord, MessageRecord, ProduceWriter, TopicRecord};
+    use crate::queue::{GroupId, Settings};
+    use crate::record::{DeleteRecord, MessageRecord, ProduceWriter, RemoveReason, RemoveRecord, TopicRecord};
     use crate::testkit::TempDir;
 
     /// A log holding what `write` appends, opened by a broker.
@@ -199,6 +204,14 @@ mod tests {
             log.commit(true).expect("commit");
         }
         Broker::open(Config::default(), dir.path(), LogOptions::default(), Now::default())
+    }
+
+    #[test]
+    fn a_record_of_a_group_this_build_does_not_know_is_refused() {
+        let ids = [1];
+        let remove = RemoveRecord { topic: TopicId(0), group: GroupId(3), reason: RemoveReason::Acked, ids: &ids };
+        let err = open_after(|log| remove.append(log)).err().expect("an unknown group is refused");
+        assert!(matches!(&err, OpenError::Apply { why, .. } if why.contains("consumer group 3")), "{err}");
     }
 
     #[test]
