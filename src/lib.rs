@@ -7,7 +7,9 @@
 //! - `conn`: a connection's protocol state: input, bit bucket, output and
 //!   the decode/serve step, without socket or clock;
 //! - `wheel`: the hashed timing wheel for ack deadlines and delays;
-//! - `queue`: a topic's messages and its consumer state;
+//! - `queue`: a topic's messages (`seq`) and its consumer groups' state
+//!   (`group`), tied by `topic`;
+//! - `log`: the segmented commit log, and its recovery from damage;
 //! - `record`: the commit log's records, typed, with their encoders and
 //!   decoders;
 //! - `broker`: applies requests to the queues and drives a turn (the
@@ -27,7 +29,8 @@
 //!   and the flag parser every subcommand uses;
 //! - `sys`: the operating-system calls std and mio do not wrap, the only
 //!   `unsafe` code;
-//! - `testkit`: seeded randomness shared by the tests (not the broker's).
+//! - `testkit`: seeded randomness and temporary directories shared by the
+//!   tests (not the broker's).
 
 #![deny(unsafe_code)]
 // Functions fit on a screen: the threshold is in clippy.toml, and CI runs

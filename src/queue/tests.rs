@@ -1,4 +1,4 @@
-//! Tests for `queue.rs`. First `Seq` and `Topic` by example, each test one
+//! Tests for `queue/`. First `Seq` and `Topic` by example, each test one
 //! rule; then a seeded random test that drives a `Topic` the way the broker
 //! does and compares it, after every operation, with a plain reference model
 //! written below (a `BTreeMap` of messages with their states and a `VecDeque`
@@ -29,7 +29,7 @@ fn new_topic(name: &str, settings: Settings, first_id: MsgId) -> Topic {
 // Helpers shared by the example tests and the model test.
 // ---------------------------------------------------------------------------
 
-/// The broker's `TopicTimers` in miniature: a real wheel whose values are
+/// The broker's `GroupTimers` in miniature: a real wheel whose values are
 /// message ids. Counts disarms of keys that named no pending timer, which
 /// would mean the queue lost track of one of its timers.
 struct FakeTimers {
