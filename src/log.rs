@@ -450,6 +450,7 @@ impl Log {
 
     /// Begins a record in the turn buffer; append its body to `body()`,
     /// then call `end`.
+    #[inline]
     pub fn begin(&mut self, kind: RecordKind) -> RecordStart {
         let at = self.buf.len();
         assert!(self.open_record.is_none(), "a {kind:?} record begun inside another");
@@ -458,10 +459,12 @@ impl Log {
         RecordStart(at)
     }
     /// The turn buffer, to append a record body to.
+    #[inline]
     pub fn body(&mut self) -> &mut Vec<u8> {
         &mut self.buf
     }
     /// Finishes a record: writes its length and CRC.
+    #[inline]
     pub fn end(&mut self, start: RecordStart) {
         let at = start.0;
         assert_eq!(self.open_record.take(), Some(at), "a record ended that was not the one begun");
@@ -483,6 +486,7 @@ impl Log {
     /// client's produce, answered STORAGE then); every other record of a
     /// failed turn is kept and written with the next commit, so the log
     /// catches up with what the broker already did in memory.
+    #[inline]
     pub fn end_withdrawable(&mut self, start: RecordStart) {
         self.end(start);
         self.withdrawable.push((start.0, self.buf.len()));

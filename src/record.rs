@@ -151,6 +151,7 @@ pub const fn message_record_bytes(payload_bytes: u64, dead: bool) -> u64 {
 }
 
 /// Appends one message to a Produce record body.
+#[inline]
 pub fn put_message(body: &mut Vec<u8>, m: &MessageRecord<'_>) {
     codec::put_u64(body, m.id);
     codec::put_u64(body, m.born_ms);
@@ -265,6 +266,7 @@ pub struct ProduceWriter {
 }
 
 impl ProduceWriter {
+    #[inline]
     pub fn begin(log: &mut Log, topic: TopicId) -> ProduceWriter {
         let at = log.begin(RecordKind::Produce);
         codec::put_u32(log.body(), topic.0);
@@ -272,6 +274,7 @@ impl ProduceWriter {
         codec::put_u32(log.body(), 0);
         ProduceWriter { at, count_at, count: 0 }
     }
+    #[inline]
     pub fn push(&mut self, log: &mut Log, m: &MessageRecord<'_>) {
         put_message(log.body(), m);
         self.count += 1;
@@ -284,11 +287,13 @@ impl ProduceWriter {
     }
     /// Finishes the record: dropped if this turn's commit fails (a client's
     /// produce, a compaction copy).
+    #[inline]
     pub fn end_withdrawable(self, log: &mut Log) {
         if let Some(at) = self.finish(log) {
             log.end_withdrawable(at);
         }
     }
+    #[inline]
     fn finish(self, log: &mut Log) -> Option<RecordStart> {
         if self.count == 0 {
             log.abandon(self.at);

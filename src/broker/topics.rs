@@ -6,6 +6,7 @@
 //! Recovery (`replay.rs`) builds it, compaction (`compactor.rs`) reads it,
 //! the requests change it; all through these methods.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 
 use super::TopicId;
@@ -26,7 +27,14 @@ pub(crate) struct Entry {
 pub(crate) struct Topics {
     /// Keyed by the broker's own ids, so the fast `IdHasher` is safe.
     by_id: FastMap<TopicId, Entry>,
+    /// Names are the client's, so they get the std hasher (keyed, unlike
+    /// `IdHasher`): a client cannot make them collide.
     names: HashMap<Box<str>, TopicId>,
+    /// The topic the last lookup by name found: requests come in runs to
+    /// one topic, and checking it costs a compare of the name where
+    /// `names` costs a keyed hash of it. Checked against the table on
+    /// every use, so it is never wrong, only missed.
+    last_found: Cell<TopicId>,
     /// The id the next topic created gets: above every id a topic ever
     /// had, never past `TopicId::MAX` (past it, `TopicId::FLOOR`: used up).
     next_topic_id: TopicId,
@@ -55,7 +63,13 @@ pub(crate) fn unknown(name: &str) -> (ErrorCode, String) {
 
 impl Topics {
     pub fn id(&self, name: &str) -> Option<TopicId> {
-        self.names.get(name).copied()
+        let last = self.last_found.get();
+        if !name.is_empty() && self.by_id.get(&last).is_some_and(|e| *e.topic.name == *name) {
+            return Some(last);
+        }
+        let id = self.names.get(name).copied()?;
+        self.last_found.set(id);
+        Some(id)
     }
     pub fn get(&self, id: TopicId) -> Option<&Entry> {
         self.by_id.get(&id)
@@ -200,6 +214,26 @@ mod tests {
         let b = topics.create("a", Settings::default(), 10).expect("re-create");
         assert!(b > a, "topic ids are not reused");
         assert_eq!(topics.get(b).expect("b").topic.seq.next_id(), 6, "message ids are not reused");
+    }
+
+    #[test]
+    fn a_lookup_by_name_never_finds_a_topic_gone_or_renamed() {
+        let mut topics = Topics::default();
+        let a = topics.create("a", Settings::default(), 10).expect("create a");
+        let b = topics.create("b", Settings::default(), 10).expect("create b");
+        assert_eq!((topics.id("a"), topics.id("b"), topics.id("a")), (Some(a), Some(b), Some(a)));
+        topics.remove(a);
+        assert_eq!(topics.id("a"), None, "the last found was deleted");
+        let a2 = topics.create("a", Settings::default(), 10).expect("re-create a");
+        assert_eq!(topics.id("a"), Some(a2));
+        assert_eq!(topics.id("b"), Some(b));
+        assert_eq!(topics.id("c"), None);
+        // Recovery names a nameless topic late; a lookup of the empty name
+        // (which no request makes) finds nothing.
+        let n = topics.nameless(TopicId(7)).id;
+        assert_eq!(topics.id(""), None);
+        topics.name(n, "late");
+        assert_eq!(topics.id("late"), Some(n));
     }
 
     #[test]

@@ -170,7 +170,7 @@ impl Group {
             self.retry.pop_front();
             self.retry_set.remove(&id);
         } else {
-            assert!(id >= self.cursor, "message {id} taken from below the cursor {}", self.cursor);
+            debug_assert!(id >= self.cursor, "message {id} taken from below the cursor {}", self.cursor);
             self.cursor = id + 1;
             if !self.carried.is_empty() {
                 self.carried.remove(&id);

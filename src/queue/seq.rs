@@ -217,15 +217,14 @@ impl Seq {
     pub fn append(&mut self, born_ms: u64, payload: &[u8]) -> (MsgId, u64) {
         let born_ms = born_ms.max(self.last_born_ms);
         let id = self.next_id;
-        self.insert(id, born_ms, payload, None);
+        self.insert(id, born_ms, payload);
         (id, born_ms)
     }
 
     /// Stores a message at `id`, which must be at least `next_id` (ids in
     /// between become gaps), keeping `born_ms` as it is (a message moved
-    /// from another topic, or recovered) and its dead-letter origin. Not
-    /// visible until `publish`.
-    pub fn insert(&mut self, id: MsgId, born_ms: u64, payload: &[u8], dead: Option<DeadInfo>) {
+    /// from another topic, or recovered). Not visible until `publish`.
+    pub fn insert(&mut self, id: MsgId, born_ms: u64, payload: &[u8]) {
         assert!(id >= self.next_id, "ids only grow: {id} < {}", self.next_id);
         let need_new = match self.blocks.back() {
             Some(b) => {
@@ -251,9 +250,12 @@ impl Seq {
         self.live += 1;
         self.live_bytes += payload.len() as u64;
         self.last_born_ms = self.last_born_ms.max(born_ms);
-        if let Some(d) = dead {
-            self.dead.insert(id, d);
-        }
+    }
+
+    /// Stores message `id`'s dead-letter origin (it is a dead letter).
+    pub fn set_dead_info(&mut self, id: MsgId, info: DeadInfo) {
+        assert!(self.contains(id), "dead-letter origin of message {id}, which is not stored");
+        self.dead.insert(id, info);
     }
 
     fn block_index(&self, id: MsgId) -> Option<usize> {

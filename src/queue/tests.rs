@@ -194,8 +194,8 @@ fn seq_born_ms_never_goes_backwards() {
 #[test]
 fn seq_insert_with_a_small_gap_stays_in_the_block() {
     let mut seq = Seq::new(1);
-    seq.insert(1, 10, b"one", None);
-    seq.insert(5, 20, b"five", None);
+    seq.insert(1, 10, b"one");
+    seq.insert(5, 20, b"five");
     assert_eq!(seq.blocks.len(), 1, "a small gap is padded inside the block");
     assert_eq!(seq.next_id(), 6);
     for id in 2..5 {
@@ -217,8 +217,8 @@ fn seq_insert_gap_boundary_between_padding_and_a_new_block() {
     // 4094 ids fills it exactly to 4096; one more needs a new block.
     let last_fitting = 2 + (BLOCK_MESSAGES_MAX as u64 - 2);
     let mut seq = Seq::new(1);
-    seq.insert(1, 0, b"a", None);
-    seq.insert(last_fitting, 0, b"b", None);
+    seq.insert(1, 0, b"a");
+    seq.insert(last_fitting, 0, b"b");
     assert_eq!(seq.blocks.len(), 1);
     assert_eq!(seq.blocks[0].ends.len(), BLOCK_MESSAGES_MAX);
     assert_eq!(live_ids(&seq), [1, last_fitting]);
@@ -226,8 +226,8 @@ fn seq_insert_gap_boundary_between_padding_and_a_new_block() {
     assert_eq!(seq.blocks.len(), 2, "a full block takes nothing more");
 
     let mut seq = Seq::new(1);
-    seq.insert(1, 0, b"a", None);
-    seq.insert(last_fitting + 1, 0, b"b", None);
+    seq.insert(1, 0, b"a");
+    seq.insert(last_fitting + 1, 0, b"b");
     assert_eq!(seq.blocks.len(), 2, "a large gap starts a new block");
     assert_eq!(seq.blocks[0].ends.len(), 1, "the old block is not padded");
     assert!(seq.blocks[0].closed);
@@ -239,8 +239,8 @@ fn seq_insert_gap_boundary_between_padding_and_a_new_block() {
     // Recovery may bring a born time older than the open block's base: it
     // gets a block of its own and keeps its born time.
     let mut seq = Seq::new(1);
-    seq.insert(1, 1_000, b"a", None);
-    seq.insert(2, 500, b"b", None);
+    seq.insert(1, 1_000, b"a");
+    seq.insert(2, 500, b"b");
     assert_eq!(seq.blocks.len(), 2);
     assert_eq!(seq.get(2).map(|m| m.born_ms), Some(500));
     assert_eq!(seq.append(0, b"c"), (3, 1_000), "append still never goes below the last born time");
@@ -250,8 +250,8 @@ fn seq_insert_gap_boundary_between_padding_and_a_new_block() {
 #[should_panic(expected = "ids only grow")]
 fn seq_insert_below_next_id_panics() {
     let mut seq = Seq::new(1);
-    seq.insert(5, 0, b"a", None);
-    seq.insert(5, 0, b"b", None);
+    seq.insert(5, 0, b"a");
+    seq.insert(5, 0, b"b");
 }
 
 #[test]
@@ -418,7 +418,7 @@ fn seq_iter_live_is_in_id_order_across_blocks() {
     let mut id = 3;
     for i in 0..3000u64 {
         id += [0, 1, 0, 5, 0, 4100][(i % 6) as usize];
-        seq.insert(id, i, &payload_for(id, (i % 13) as usize), None);
+        seq.insert(id, i, &payload_for(id, (i % 13) as usize));
         expected.push((id, i));
         id += 1;
     }

@@ -122,14 +122,20 @@ impl Topic {
     pub fn append_moved(&mut self, born_ms: u64, payload: &[u8], dead: Option<DeadInfo>) -> MsgId {
         self.produced += 1;
         let id = self.seq.next_id();
-        self.seq.insert(id, born_ms, payload, dead);
+        self.seq.insert(id, born_ms, payload);
+        if let Some(d) = dead {
+            self.seq.set_dead_info(id, d);
+        }
         id
     }
 
     /// Recovery: stores a message with its deliveries so far (which count
     /// for the default group: version 1 of the log knows no other).
     pub fn restore(&mut self, id: MsgId, born_ms: u64, payload: &[u8], deliveries: u16, dead: Option<DeadInfo>) {
-        self.seq.insert(id, born_ms, payload, dead);
+        self.seq.insert(id, born_ms, payload);
+        if let Some(d) = dead {
+            self.seq.set_dead_info(id, d);
+        }
         self.group_mut(GroupId::DEFAULT).restore_deliveries(id, deliveries);
     }
 
@@ -144,7 +150,10 @@ impl Topic {
             while let Some((id, born_ms, payload, deliveries, dead)) = strays.next_if(|s| s.0 < m.id) {
                 self.restore(id, born_ms, &payload, deliveries, dead);
             }
-            self.seq.insert(m.id, m.born_ms, m.payload, old.dead_info(m.id));
+            self.seq.insert(m.id, m.born_ms, m.payload);
+            if let Some(d) = old.dead_info(m.id) {
+                self.seq.set_dead_info(m.id, d);
+            }
         }
         for (id, born_ms, payload, deliveries, dead) in strays {
             self.restore(id, born_ms, &payload, deliveries, dead);
@@ -194,8 +203,14 @@ impl Topic {
 
     /// Releases message `id` unless a group other than `g` still needs it.
     fn release_unless_needed(&mut self, g: GroupId, id: MsgId) {
+        if self.others.is_empty() {
+            // The default group is the only one: nobody else to ask.
+            self.seq.release(id);
+            self.default.forget(id);
+            return;
+        }
         let others_need = |h: &Group| h.id() != g && h.needs(id);
-        if !self.others.is_empty() && (self.others.iter().any(others_need) || others_need(&self.default)) {
+        if self.others.iter().any(others_need) || others_need(&self.default) {
             return;
         }
         self.release(id);
