@@ -214,6 +214,13 @@ impl Broker {
         (e, self.failed_before_hello(session))
     }
 
+    /// The group of topic `tid` a consumer request acts on. Version 1 of
+    /// the protocol names none: the default group, which every topic has.
+    /// (A request that names a group is resolved here.)
+    fn group_of(&self, _tid: TopicId) -> Result<GroupId, Refusal> {
+        Ok(GroupId::DEFAULT)
+    }
+
     /// The BUSY error, counted: a request with a large reply came while
     /// the buffers were full, and nothing was done.
     fn busy_refusal(&mut self) -> Refusal {
@@ -250,7 +257,7 @@ impl Broker {
             return Err((ErrorCode::BadArgument, "max_messages must be at least 1".into()));
         }
         let tid = self.topic_for(topic, self.config.auto_create)?;
-        let group = GroupId::DEFAULT;
+        let group = self.group_of(tid)?;
         if !session.fetched.contains(&(tid, group)) {
             session.fetched.push((tid, group));
         }
@@ -280,7 +287,7 @@ impl Broker {
     /// ACK: the group is done with each id.
     fn ack(&mut self, topic: &str, ids: Ids<'_>, rid: u32, out: &mut Vec<u8>) -> Result<Outcome, Refusal> {
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
-        let group = GroupId::DEFAULT;
+        let group = self.group_of(tid)?;
         self.ids_op(tid, group, ids, |t, id, timers| t.ack(group, id, timers));
         if !self.scratch.done_ids.is_empty() {
             let ids = &self.scratch.done_ids;
@@ -300,7 +307,7 @@ impl Broker {
         out: &mut Vec<u8>,
     ) -> Result<Outcome, Refusal> {
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
-        let group = GroupId::DEFAULT;
+        let group = self.group_of(tid)?;
         // The deadline counts from this turn's clock (the wheel's own time
         // is the last turn's, which may be long ago).
         self.ids_op(tid, group, ids, |t, id, timers| {
@@ -350,7 +357,7 @@ impl Broker {
         out: &mut Vec<u8>,
     ) -> Result<Outcome, Refusal> {
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
-        let group = GroupId::DEFAULT;
+        let group = self.group_of(tid)?;
         let dead_letter = flags & codec::NACK_FLAG_DEAD_LETTER != 0;
         let delay = (delay_ms > 0).then(|| at.now.mono_ms + u64::from(delay_ms));
         let mut dead = Vec::new();

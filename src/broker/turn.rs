@@ -15,7 +15,7 @@ use std::ops::Range;
 use super::{Broker, ConnKey, GroupTimers, Now, Outbox, Timer, TopicId, stats};
 use crate::codec::{self, ErrorCode, Request, op};
 use crate::log::{Committed, WrittenTurn};
-use crate::queue::{IdHasher, MsgId, Returned};
+use crate::queue::{GroupId, IdHasher, MsgId, Returned};
 use crate::record::RequeueRecord;
 
 /// A reply waiting for the commit.
@@ -194,7 +194,7 @@ impl Broker {
         self.turn.assert_open("timers fired");
         let mut expired = std::mem::take(&mut self.scratch.expired);
         self.wheel.advance(now.mono_ms, &mut expired);
-        let mut requeued: Vec<(TopicId, crate::queue::GroupId, MsgId, u16)> = Vec::new();
+        let mut requeued: Vec<(TopicId, GroupId, MsgId, u16)> = Vec::new();
         for (_, timer) in expired.drain(..) {
             match timer {
                 Timer::Msg { topic, group, id } => {
@@ -366,7 +366,8 @@ impl Broker {
         let Some(e) = self.topics.get_mut(tid) else { return };
         e.to_publish = false;
         e.topic.publish();
-        let group = crate::queue::GroupId::DEFAULT;
+        // The waiters of each group the topic has: today the default one.
+        let group = GroupId::DEFAULT;
         let buffered_bytes = outbox.buffered_bytes();
         while e.topic.has_ready(group) {
             let Some(w) = self.waiters.next(tid, group) else { break };
