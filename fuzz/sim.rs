@@ -4,11 +4,15 @@
 //! bit bucket, then frames decoded from the chunk where it lies or from
 //! the buffer), which decode, hand frames to the broker, answer and skip
 //! bad frames, and stop at a held reply, a parked FETCH, backpressure or an
-//! ending. What is simulated around it: the socket (a queue of byte chunks,
-//! each one read), the read loop (`Reactor::serve_conn`: serve, then serve
-//! each chunk read), the turn order
-//! (serve, advance, commit, flush), a flush that always writes everything,
-//! and a clock that moves only when a parked FETCH needs it to.
+//! ending. The turn is the reactor's too: `runnel::reactor::run_turn`, the
+//! one place the loop's order is written, drives the steps `Sim` gives it
+//! (`TurnSteps`). What is simulated around them: the socket (a queue of
+//! byte chunks, each one read), the read loop (`Reactor::serve_conn`:
+//! serve, then serve each chunk read), a flush that always writes
+//! everything, and a clock that moves only when a parked FETCH needs it
+//! to. The simulation's own topics (`zz-churn`, `zz-check`) are deleted
+//! before it uses them, so whatever a stream did to them cannot fail its
+//! checks.
 //!
 //! Shared, through `#[path]`, by the `stream` fuzz target and by
 //! `tests/stream_props.rs`, so that the fuzzer and `cargo test` check the
@@ -49,14 +53,15 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use runnel::broker::{Broker, Config, Now, Outbox};
+use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outbox, Written};
 use runnel::codec::{
     self, Batch, DecodeError, Decoded, ErrorCode, Frame, HEADER_BYTES, Reply, Request, Skip, TopicSettings,
 };
-use runnel::conn::{ConnState, Step, Watch};
+use runnel::conn::{ConnState, Serve, Step, Watch};
 use runnel::limits::Limits;
 use runnel::log::{FsyncMode, LogOptions};
 use runnel::queue::Settings;
+use runnel::reactor::{TurnSteps, run_turn};
 
 /// Turns one connection may take to go quiet before the simulation calls
 /// it stuck (a parked FETCH that is never answered, input never served).
@@ -296,19 +301,28 @@ impl Watch for Seen<'_> {
 
 /// The connections, lent to the broker as its `Outbox`.
 #[derive(Default)]
-pub struct Conns(pub Vec<Conn>);
+pub struct Conns(
+    /// The connections, by key.
+    pub Vec<Conn>,
+    /// The connections' buffers, bytes, as the loop counted them when they
+    /// were lent (`Outbox::buffered_bytes`).
+    u64,
+);
 
 impl Outbox for Conns {
-    fn out(&mut self, conn: usize) -> Option<&mut Vec<u8>> {
+    fn out(&mut self, ConnKey(conn): ConnKey) -> Option<&mut Vec<u8>> {
         self.0.get_mut(conn).filter(|c| !c.state.closing).map(|c| &mut c.state.out)
     }
-    fn unblock(&mut self, conn: usize) {
+    fn unblock(&mut self, ConnKey(conn): ConnKey) {
         if let Some(c) = self.0.get_mut(conn) {
             c.state.parked = false;
             if !c.state.closing {
                 c.hot = true;
             }
         }
+    }
+    fn buffered_bytes(&self) -> u64 {
+        self.1
     }
 }
 
@@ -319,6 +333,8 @@ impl Outbox for Conns {
 /// A broker on a data directory and its connections.
 pub struct Sim {
     pub broker: Broker,
+    /// The loop's counters, as the reactor keeps them.
+    pub loops: LoopStats,
     pub conns: Conns,
     pub now: Now,
     cfg: SimConfig,
@@ -344,6 +360,7 @@ impl Sim {
         broker.stats.recovery_ms = 0;
         Sim {
             broker,
+            loops: LoopStats::default(),
             conns: Conns::default(),
             now,
             cfg: cfg.clone(),
@@ -435,31 +452,12 @@ impl Sim {
         self.now.mono_ms = to;
     }
 
-    /// One turn, in the reactor's order: serve the connections with input,
-    /// advance the timers, commit (which releases held replies), flush.
+    /// One turn: the reactor's own order (`run_turn`), with the steps
+    /// below.
     pub fn turn(&mut self) {
-        self.broker.stats.turns += 1;
-        for key in 0..self.conns.0.len() {
-            let c = &mut self.conns.0[key];
-            let ready = !c.socket.is_empty() || c.state.peer_closed;
-            if c.state.closing || !(c.hot || ready) {
-                continue;
-            }
-            c.hot = false;
-            self.serve(key);
-        }
-        self.broker.advance(self.now, &mut self.conns);
-        self.broker.commit(self.now, &mut self.conns);
-        for c in &mut self.conns.0 {
-            c.state.held = false;
-            // A flush that always writes everything: the peer reads. A
-            // connection paused for its output resumes.
-            let out = std::mem::take(&mut c.state.out);
-            c.replies.extend_from_slice(&out);
-            if std::mem::take(&mut c.state.paused) && !c.state.closing {
-                c.hot = true;
-            }
-        }
+        self.loops.turns += 1;
+        let now = self.now;
+        run_turn(self, now);
     }
 
     /// `Reactor::serve_conn`'s loop: serve what is buffered
@@ -476,9 +474,10 @@ impl Sim {
                 dropped_bytes: &mut c.dropped_bytes,
                 discarded_bytes: &mut c.discarded_bytes,
             };
+            let mut cx = Serve { broker: &mut self.broker, loops: &mut self.loops, now: self.now };
             let step = match chunk.take() {
-                Some(bytes) => c.state.serve_chunk(key, &bytes, &mut self.broker, self.now, &mut seen),
-                None => c.state.serve(key, &mut self.broker, self.now, &mut seen),
+                Some(bytes) => c.state.serve_chunk(ConnKey(key), &bytes, &mut cx, &mut seen),
+                None => c.state.serve(ConnKey(key), &mut cx, &mut seen),
             };
             self.parked_fetches += usize::from(!was_parked && c.state.parked);
             c.pauses += usize::from(!was_paused && c.state.paused);
@@ -508,7 +507,7 @@ impl Sim {
     /// `Reactor::end`: the broker forgets the connection now.
     fn end(&mut self, key: usize, why: String) {
         let c = &mut self.conns.0[key];
-        if c.state.end(key, &mut self.broker) {
+        if c.state.end(ConnKey(key), &mut self.broker) {
             c.events.push(Event::End(why));
         }
     }
@@ -581,14 +580,19 @@ impl Sim {
         codec::encode_batch(&mut batch, &payloads);
         let produce = Request::Produce { topic: CHURN_TOPIC, batch: Batch { count: 3, bytes: &batch } };
         let purge = Request::PurgeTopic { topic: CHURN_TOPIC };
+        // The stream may have produced to (or deleted) this topic too: it
+        // starts afresh, so the checks see only what churn does.
+        let delete = Request::DeleteTopic { topic: CHURN_TOPIC };
         let create = Request::CreateTopic { topic: CHURN_TOPIC, settings: TopicSettings::default() };
-        let mut frames = vec![create];
+        let mut frames = vec![delete, create];
         for _ in 0..6 {
             frames.extend([produce, purge]);
         }
         let bytes = self.session(&frames);
-        for (_, r) in decode_replies(&bytes, &self.ctx).iter().skip(1) {
-            let ok = matches!(r, Reply::Created { .. } | Reply::Produced { .. } | Reply::Count(_));
+        let unknown = ErrorCode::UnknownTopic as u8;
+        for (i, (_, r)) in decode_replies(&bytes, &self.ctx).iter().enumerate().skip(1) {
+            let deleted_nothing = i == 1 && matches!(r, Reply::Error { code, .. } if *code == unknown);
+            let ok = deleted_nothing || matches!(r, Reply::Created { .. } | Reply::Produced { .. } | Reply::Count(_));
             assert!(ok, "{}: churn got {r:?}", self.ctx);
         }
     }
@@ -621,6 +625,45 @@ impl Sim {
         states.sort_by(|a, b| a.name.cmp(&b.name));
         states
     }
+}
+
+/// The reactor's steps, without sockets: every connection with input is
+/// served, a flush always writes everything (the peer reads), and there
+/// are no connection timeouts to run or buffers to watch.
+impl TurnSteps for Sim {
+    fn serve_ready(&mut self, _now: Now) {
+        for key in 0..self.conns.0.len() {
+            let c = &mut self.conns.0[key];
+            let ready = !c.socket.is_empty() || c.state.peer_closed;
+            if c.state.closing || !(c.hot || ready) {
+                continue;
+            }
+            c.hot = false;
+            self.serve(key);
+        }
+    }
+    fn advance(&mut self, now: Now) {
+        self.conns.1 = self.loops.buffered_bytes;
+        self.broker.advance(now, &mut self.conns);
+    }
+    fn write(&mut self, now: Now) -> Written {
+        self.broker.write(now)
+    }
+    fn flush(&mut self, _now: Now, _written: &Written) {
+        for c in &mut self.conns.0 {
+            // A connection paused for its output resumes.
+            let out = std::mem::take(&mut c.state.out);
+            c.replies.extend_from_slice(&out);
+            if std::mem::take(&mut c.state.paused) && !c.state.closing {
+                c.hot = true;
+            }
+        }
+    }
+    fn sync(&mut self, now: Now, written: &mut Written) {
+        self.conns.1 = self.loops.buffered_bytes;
+        self.broker.sync(written, now, &mut self.conns);
+    }
+    fn close_and_watch(&mut self, _now: Now) {}
 }
 
 /// What a topic holds, for comparing a broker before and after a restart.
@@ -855,7 +898,7 @@ pub fn check_two_connections(cfg: &SimConfig, a: (&[u8], &[usize]), b: (&[u8], &
     let (pieces_a, pieces_b) = (split_at(a.0, a.1), split_at(b.0, b.1));
     sim.feed_all(&[(ka, &pieces_a), (kb, &pieces_b)], Arrival::OnePerTurn);
     let limits = *sim.broker.decode_limits();
-    let mut coverage = Coverage { parked: sim.parked_fetches, turns: sim.broker.stats.turns, ..Coverage::default() };
+    let mut coverage = Coverage { parked: sim.parked_fetches, turns: sim.loops.turns, ..Coverage::default() };
     for (key, len) in [(ka, a.0.len()), (kb, b.0.len())] {
         let c = sim.conn(key);
         let ctx = format!("{ctx} (connection {key})");
@@ -907,7 +950,7 @@ pub fn check_stream(cfg: &SimConfig, stream: &[u8], cuts: &[usize], ctx: &str) -
         ended: w.events.iter().find_map(|e| if let Event::End(why) = e { Some(why.clone()) } else { None }),
         parked: whole.parked_fetches,
         pauses: w.pauses,
-        turns: whole.broker.stats.turns,
+        turns: whole.loops.turns,
         compactions: 0,
     };
     let compactions = check_afterwards(whole, ctx);

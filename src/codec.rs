@@ -383,10 +383,14 @@ fn malformed(what: &str) -> BodyError {
     BodyError(ErrorCode::Malformed, what.to_string())
 }
 
+/// What a dead-letter topic's name adds to its topic's name (part of the
+/// protocol: a client fetches from `<topic>.dlq`).
+pub const DEAD_LETTER_SUFFIX: &str = ".dlq";
+
 /// Checks a topic name: 1..=max bytes (max + 4 for a `.dlq` name) of
 /// `[A-Za-z0-9._-]`. Shared by the decoder and the broker.
 pub fn check_topic_name(name: &[u8], name_bytes_max: u32) -> Result<&str, String> {
-    let max = name_bytes_max as usize + if name.ends_with(b".dlq") { 4 } else { 0 };
+    let max = name_bytes_max as usize + if name.ends_with(DEAD_LETTER_SUFFIX.as_bytes()) { 4 } else { 0 };
     if name.is_empty() {
         return Err("topic name is empty".into());
     }
@@ -840,13 +844,11 @@ impl MessagesWriter {
         put_u64(out, m.id);
         put_u64(out, m.born_ms);
         put_u16(out, m.delivery_count);
-        match m.dead {
+        match &m.dead {
             None => out.push(0),
             Some(d) => {
                 out.push(MSG_FLAG_DEAD);
-                put_u64(out, d.origin_id);
-                put_u16(out, d.origin_deliveries);
-                out.push(d.reason as u8);
+                put_dead_info(out, d);
             }
         }
         put_u32(out, m.payload.len() as u32);
@@ -862,9 +864,24 @@ impl MessagesWriter {
     }
 }
 
-/// Bytes one message takes in a FETCH reply.
-pub fn message_wire_bytes(payload_bytes: usize, dead: bool) -> usize {
-    8 + 8 + 2 + 1 + if dead { 11 } else { 0 } + 4 + payload_bytes
+/// Bytes of a message's fields in a FETCH reply before its payload,
+/// without the dead-letter fields: id, born_ms, delivery_count, flags, len.
+const MESSAGE_WIRE_FIXED_BYTES: usize = 8 + 8 + 2 + 1 + 4;
+
+/// Bytes one message takes in a FETCH reply (`MessagesWriter::push`).
+pub const fn message_wire_bytes(payload_bytes: usize, dead: bool) -> usize {
+    MESSAGE_WIRE_FIXED_BYTES + if dead { DEAD_INFO_BYTES } else { 0 } + payload_bytes
+}
+
+/// Bytes of the dead-letter fields (`put_dead_info`).
+pub const DEAD_INFO_BYTES: usize = 8 + 2 + 1;
+
+/// The dead-letter fields: `origin_id u64, origin_deliveries u16, reason
+/// u8`. A field helper the FETCH reply and the log's Produce record share.
+pub fn put_dead_info(out: &mut Vec<u8>, d: &DeadInfo) {
+    put_u64(out, d.origin_id);
+    put_u16(out, d.origin_deliveries);
+    out.push(d.reason as u8);
 }
 
 /// Builds a STATS reply: a broker section and a section per topic, each a

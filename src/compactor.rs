@@ -40,14 +40,18 @@
 //!
 //! The compactor keeps, for each segment, the ids of the messages its
 //! Produce records hold (a few ranges per segment), so it finds what to
-//! copy in the in-memory queues without reading the file.
+//! copy in the in-memory queues without reading the file. It is a sibling
+//! of the broker: it reads the topic table and writes the log through
+//! their interfaces, and the broker tells it what each turn appended.
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{Broker, Now, TopicId, put_message_record};
-use crate::codec;
-use crate::log::{HEADROOM_BYTES_MIN, RECORD_HEADER_BYTES, RecordKind};
-use crate::queue::MsgId;
+use crate::broker::topics::Topics;
+use crate::broker::{Now, TopicId};
+use crate::failure_log::FailureLog;
+use crate::log::{HEADROOM_BYTES_MIN, Log};
+use crate::queue::{GroupId, MsgId};
+use crate::record::{self, DeleteRecord, MessageRecord, ProduceWriter};
 
 /// Most payload bytes copied forward per loop turn: some 30 µs of copying,
 /// and what a turn's write (and, with a produce, its fdatasync) carries
@@ -60,11 +64,7 @@ const COMPACT_BYTES_PER_TURN: u64 = 256 << 10;
 const COMPACT_MESSAGES_PER_TURN: u32 = 4096;
 /// Log bytes a message's record takes besides its payload (ids, times,
 /// lengths; dead-letter fields not counted).
-const RECORD_MESSAGE_OVERHEAD_BYTES: u64 = 8 + 8 + 2 + 1 + 4;
-/// Log bytes of a Topic record besides its name.
-const TOPIC_RECORD_BYTES: u64 = RECORD_HEADER_BYTES as u64 + 4 + 8 + 4 + 2 + 2;
-/// Log bytes of the record that restates the id floor.
-const FLOOR_RECORD_BYTES: u64 = RECORD_HEADER_BYTES as u64 + 4 + 8;
+const RECORD_MESSAGE_OVERHEAD_BYTES: u64 = record::message_record_bytes(0, false);
 /// Turns between checks of whether to compact, when there is no work (and
 /// the space is not short: then every turn checks).
 const CHECK_EVERY_TURNS: u32 = 64;
@@ -72,8 +72,6 @@ const CHECK_EVERY_TURNS: u32 = 64;
 /// disk that refuses the copies or the restatement now will likely refuse
 /// them next turn too, and each try costs a slice of copying (or a sync).
 const RETRY_AFTER_TURNS: u32 = 64;
-/// Topic id of a Delete record that only restates the id floor.
-const FLOOR_TOPIC_ID: TopicId = u32::MAX;
 
 /// Message ids `lo..=hi` of one topic, stored in one segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,7 +103,7 @@ enum Slice {
 
 /// What the compactor knows of the log, and its work in progress.
 #[derive(Default)]
-pub(super) struct Compactor {
+pub(crate) struct Compactor {
     /// For each segment (by base offset), the ids its Produce records hold.
     manifests: BTreeMap<u64, Vec<Range>>,
     /// The segment holding each topic's latest Topic record.
@@ -151,46 +149,46 @@ fn push_range(ranges: &mut Vec<Range>, topic: TopicId, id: MsgId) {
 
 impl Compactor {
     /// A Produce record for message `id` of `topic` was appended this turn.
-    pub(super) fn note_produce(&mut self, topic: TopicId, id: MsgId) {
+    pub(crate) fn note_produce(&mut self, topic: TopicId, id: MsgId) {
         push_range(&mut self.turn_ranges, topic, id);
     }
     /// As `note_produce`, for a client's produce (withdrawn on failure).
-    pub(super) fn note_client_produce(&mut self, topic: TopicId, id: MsgId) {
+    pub(crate) fn note_client_produce(&mut self, topic: TopicId, id: MsgId) {
         push_range(&mut self.turn_withdrawable_ranges, topic, id);
     }
     /// A Topic record for `topic` was appended this turn.
-    pub(super) fn note_topic(&mut self, topic: TopicId) {
+    pub(crate) fn note_topic(&mut self, topic: TopicId) {
         self.turn_topics.push(topic);
     }
     /// A Delete record was appended this turn.
-    pub(super) fn note_delete(&mut self) {
+    pub(crate) fn note_delete(&mut self) {
         self.turn_deletes = true;
     }
     /// Messages were freed in bulk (PURGE, DELETE): look for work at the
     /// end of this turn, even right after a failure.
-    pub(super) fn nudge(&mut self) {
+    pub(crate) fn nudge(&mut self) {
         self.countdown = 0;
         self.backoff = 0;
     }
 
     /// A topic was deleted: its Topic records need no restating.
-    pub(super) fn forget_topic(&mut self, topic: TopicId) {
+    pub(crate) fn forget_topic(&mut self, topic: TopicId) {
         self.topic_segment.remove(&topic);
     }
 
     /// Recovery met a Produce record in `segment`.
-    pub(super) fn replayed_produce(&mut self, segment: u64, topic: TopicId, id: MsgId) {
+    pub(crate) fn replayed_produce(&mut self, segment: u64, topic: TopicId, id: MsgId) {
         push_range(self.manifests.entry(segment).or_default(), topic, id);
     }
-    pub(super) fn replayed_topic(&mut self, segment: u64, topic: TopicId) {
+    pub(crate) fn replayed_topic(&mut self, segment: u64, topic: TopicId) {
         self.topic_segment.insert(topic, segment);
     }
-    pub(super) fn replayed_delete(&mut self, segment: u64) {
+    pub(crate) fn replayed_delete(&mut self, segment: u64) {
         self.delete_segments.insert(segment, ());
     }
 
     /// The turn's records are durable in `segment` (the log's last).
-    pub(super) fn committed(&mut self, segment: u64) {
+    pub(crate) fn committed(&mut self, segment: u64) {
         let m = self.manifests.entry(segment).or_default();
         for r in self.turn_ranges.drain(..).chain(self.turn_withdrawable_ranges.drain(..)) {
             match m.last_mut() {
@@ -205,13 +203,14 @@ impl Compactor {
             self.delete_segments.insert(segment, ());
         }
         self.ready = self.copied.take();
+        assert!(self.turn_ranges.is_empty() && self.turn_withdrawable_ranges.is_empty() && self.turn_topics.is_empty());
     }
 
     /// The turn's commit failed: the log dropped the client produces' and
     /// the copies' records and keeps the rest for the next commit, so only
     /// those notes go (the others are attached when it succeeds), and a
     /// cleaning under way starts over later.
-    pub(super) fn failed(&mut self) {
+    pub(crate) fn failed(&mut self) {
         self.turn_withdrawable_ranges.clear();
         if self.job.is_some() || self.copied.is_some() {
             self.job = None;
@@ -222,7 +221,7 @@ impl Compactor {
 
     /// Whether compaction wants another turn soon (the loop should not
     /// sleep).
-    pub(super) fn busy(&self) -> bool {
+    pub(crate) fn busy(&self) -> bool {
         self.job.is_some() || self.copied.is_some() || self.ready.is_some() || self.recheck
     }
 
@@ -240,202 +239,224 @@ impl Compactor {
     }
 }
 
-impl Broker {
+/// What a compaction step works on, lent by the broker for the step.
+struct Parts<'a> {
+    topics: &'a Topics,
+    log: &'a mut Log,
+    failures: &'a mut FailureLog,
+}
+
+impl Compactor {
     /// Runs one step of compaction: restates and removes a segment whose
     /// copies are written, or copies a slice of the oldest segment's live
     /// messages into this turn's records. Called by `Broker::write`, before
     /// the turn's records are written.
-    pub(super) fn compact_step(&mut self, now: Now) {
-        if let Some(base) = self.compactor.ready.take() {
-            self.finish_segment(base, now);
+    pub(crate) fn step(&mut self, topics: &Topics, log: &mut Log, failures: &mut FailureLog, now: Now) {
+        let mut p = Parts { topics, log, failures };
+        if let Some(base) = self.ready.take() {
+            self.finish_segment(&mut p, base, now);
             return;
         }
-        let job = match self.compactor.job.take() {
+        let job = match self.job.take() {
             Some(job) => job,
-            None => match self.compaction_due(now) {
+            None => match self.compaction_due(&mut p, now) {
                 Some(base) => Job { base, range: 0, next: 0 },
                 None => return,
             },
         };
         let base = job.base;
-        match self.copy_slice(job) {
-            Slice::More(job) => self.compactor.job = Some(job),
-            Slice::Done { copied: true } => self.compactor.copied = Some(base),
-            Slice::Done { copied: false } => self.finish_segment(base, now),
+        match self.copy_slice(&mut p, job) {
+            Slice::More(job) => self.job = Some(job),
+            Slice::Done { copied: true } => self.copied = Some(base),
+            Slice::Done { copied: false } => self.finish_segment(&mut p, base, now),
         }
     }
 
     /// The oldest segment, if it is due for cleaning. While the space is
     /// short, first closes the active segment if most of the log is dead.
-    fn compaction_due(&mut self, now: Now) -> Option<u64> {
-        let short = self.log.space_short();
+    fn compaction_due(&mut self, p: &mut Parts<'_>, now: Now) -> Option<u64> {
+        let short = p.log.space_short();
         // One removed segment's space is released at a time.
-        if self.log.releasing() {
+        if p.log.releasing() {
             return None;
         }
-        let c = &mut self.compactor;
-        if c.backoff > 0 {
-            c.backoff -= 1;
+        if self.backoff > 0 {
+            self.backoff -= 1;
             return None;
         }
-        if !short && !c.recheck && c.countdown > 0 {
-            c.countdown -= 1;
+        if !short && !self.recheck && self.countdown > 0 {
+            self.countdown -= 1;
             return None;
         }
-        c.recheck = false;
+        self.recheck = false;
         // Nothing due: look again in a while rather than every turn.
-        c.countdown = CHECK_EVERY_TURNS;
-        let (live, restate) = self.live_and_restate_bytes();
-        self.log.set_headroom_bytes(restate);
-        if short && !self.close_active_if_dead(live, now) {
+        self.countdown = CHECK_EVERY_TURNS;
+        let (live, restate) = live_and_restate_bytes(p.topics);
+        p.log.set_headroom_bytes(restate);
+        if short && !self.close_active_if_dead(p, live, now) {
             return None;
         }
-        let segments = self.log.segments();
+        let segments = p.log.segments();
         if segments.len() < 2 {
             return None;
         }
         let oldest = segments[0].base;
-        let bytes = self.log.bytes();
+        let bytes = p.log.bytes();
         let due = (short && bytes > 2 * live)
-            || (segments.len() >= 3 && bytes > 2 * live + 2 * self.log.segment_bytes_max())
-            || self.segment_dead(oldest);
+            || (segments.len() >= 3 && bytes > 2 * live + 2 * p.log.segment_bytes_max())
+            || self.segment_dead(p.topics, oldest);
         due.then_some(oldest)
-    }
-
-    /// The log bytes of every live message, and of restating every topic
-    /// and the id floor (what the log's headroom must hold).
-    fn live_and_restate_bytes(&self) -> (u64, u64) {
-        let mut live = 0;
-        let mut restate = FLOOR_RECORD_BYTES;
-        for e in self.topics.by_id.values() {
-            live += e.topic.seq.live_bytes() + e.topic.seq.live() * RECORD_MESSAGE_OVERHEAD_BYTES;
-            restate += TOPIC_RECORD_BYTES + e.topic.name.len() as u64;
-        }
-        (live, restate)
     }
 
     /// Closes the active segment if at least half of it, and at least the
     /// least headroom, would be freed by cleaning it (with the default
     /// 64 MiB segments, a small disk fills before one closes by size).
     /// Returns false if closing failed.
-    fn close_active_if_dead(&mut self, live: u64, now: Now) -> bool {
-        let active_bytes = self.log.segments().last().map_or(0, |s| s.bytes);
+    fn close_active_if_dead(&mut self, p: &mut Parts<'_>, live: u64, now: Now) -> bool {
+        let active_bytes = p.log.segments().last().map_or(0, |s| s.bytes);
         if active_bytes < HEADROOM_BYTES_MIN.max(2 * live) {
             return true;
         }
-        match self.log.close_active() {
+        match p.log.close_active() {
             Ok(_) => true,
             Err(e) => {
-                self.compactor.backoff = RETRY_AFTER_TURNS;
-                self.failures.failed(now.mono_ms, format_args!("compaction could not close the active segment: {e}"));
+                self.backoff = RETRY_AFTER_TURNS;
+                p.failures.failed(now.mono_ms, format_args!("compaction could not close the active segment: {e}"));
                 false
             }
         }
     }
 
     /// Whether no message that segment `base` stored is live.
-    fn segment_dead(&mut self, base: u64) -> bool {
-        let Some(ranges) = self.compactor.manifests.get(&base) else { return true };
-        let (segment, mut i) = self.compactor.dead_ranges;
+    fn segment_dead(&mut self, topics: &Topics, base: u64) -> bool {
+        let Some(ranges) = self.manifests.get(&base) else { return true };
+        let (segment, mut i) = self.dead_ranges;
         if segment != base {
             i = 0;
         }
         while let Some(r) = ranges.get(i) {
-            let e = self.topics.by_id.get(&r.topic);
+            let e = topics.get(r.topic);
             if e.is_some_and(|e| e.topic.seq.next_live(r.lo, r.hi + 1).is_some()) {
                 break;
             }
             i += 1;
         }
-        self.compactor.dead_ranges = (base, i);
+        self.dead_ranges = (base, i);
         i == ranges.len()
     }
 
     /// Copies live messages of the job's segment forward, within the turn's
     /// budget, as records dropped if the commit fails.
-    fn copy_slice(&mut self, mut job: Job) -> Slice {
-        let mut bytes = 0u64;
-        let mut messages = 0u32;
-        let Some(ranges) = self.compactor.manifests.get(&job.base).cloned() else {
+    fn copy_slice(&mut self, p: &mut Parts<'_>, mut job: Job) -> Slice {
+        let mut budget = Budget::default();
+        let Some(ranges) = self.manifests.get(&job.base).cloned() else {
             return Slice::Done { copied: false };
         };
         while let Some(r) = ranges.get(job.range) {
-            if bytes >= COMPACT_BYTES_PER_TURN || messages >= COMPACT_MESSAGES_PER_TURN {
+            if budget.spent() {
                 return Slice::More(job);
             }
-            let from = job.next.max(r.lo);
-            let Some(e) = self.topics.by_id.get(&r.topic) else {
-                job.range += 1;
-                job.next = 0;
-                continue;
+            let next = match p.topics.get(r.topic) {
+                Some(e) => self.copy_run(p.log, &e.topic, r, job.next.max(r.lo), &mut budget),
+                None => r.hi + 1,
             };
-            let t = &e.topic;
-            // One Produce record per run of live ids, within the budget.
-            let mut id = from;
-            let mut count = 0u32;
-            let at = self.log.begin(RecordKind::Produce);
-            codec::put_u32(self.log.body(), r.topic);
-            let count_at = self.log.body().len();
-            codec::put_u32(self.log.body(), 0);
-            while bytes < COMPACT_BYTES_PER_TURN && messages < COMPACT_MESSAGES_PER_TURN {
-                let Some(live) = t.seq.next_live(id, r.hi + 1) else {
-                    id = r.hi + 1;
-                    break;
-                };
-                let Some(m) = t.seq.get(live) else { break };
-                put_message_record(self.log.body(), live, m.born_ms, t.deliveries(live), t.dead_info(live), m.payload);
-                push_range(&mut self.compactor.turn_withdrawable_ranges, r.topic, live);
-                bytes += m.payload.len() as u64 + RECORD_MESSAGE_OVERHEAD_BYTES;
-                messages += 1;
-                count += 1;
-                id = live + 1;
-            }
-            if count == 0 {
-                self.log.abandon(at);
-            } else {
-                let b = self.log.body();
-                b[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
-                self.log.end_withdrawable(at);
-            }
-            if id > r.hi {
+            if next > r.hi {
                 job.range += 1;
                 job.next = 0;
             } else {
-                job.next = id;
+                job.next = next;
             }
         }
-        Slice::Done { copied: messages > 0 }
+        Slice::Done { copied: budget.messages > 0 }
+    }
+
+    /// Copies the live messages of range `r` from id `from` on, as one
+    /// Produce record, until the budget is spent; returns the next id to
+    /// look at (past `r.hi` once the range is done).
+    fn copy_run(
+        &mut self,
+        log: &mut Log,
+        t: &crate::queue::Topic,
+        r: &Range,
+        from: MsgId,
+        budget: &mut Budget,
+    ) -> MsgId {
+        let mut id = from;
+        let mut w = ProduceWriter::begin(log, r.topic);
+        while !budget.spent() {
+            let Some(live) = t.seq.next_live(id, r.hi + 1) else {
+                id = r.hi + 1;
+                break;
+            };
+            let Some(m) = t.seq.get(live) else { break };
+            let (deliveries, dead) = (t.deliveries(GroupId::DEFAULT, live), t.seq.dead_info(live));
+            w.push(log, &MessageRecord { id: live, born_ms: m.born_ms, deliveries, dead, payload: m.payload });
+            push_range(&mut self.turn_withdrawable_ranges, r.topic, live);
+            budget.bytes += m.payload.len() as u64 + RECORD_MESSAGE_OVERHEAD_BYTES;
+            budget.messages += 1;
+            id = live + 1;
+        }
+        // A record with no message is dropped.
+        w.end_withdrawable(log);
+        id
     }
 
     /// Restates what segment `base` holds besides messages — its topics'
     /// Topic records and the id floor if it held a Delete — ahead of the
     /// turn's records, synced with the copies written before; then removes
     /// the segment. If that write fails, tries again later.
-    fn finish_segment(&mut self, base: u64, now: Now) {
-        let aside = self.log.set_aside();
+    fn finish_segment(&mut self, p: &mut Parts<'_>, base: u64, now: Now) {
+        // Only the oldest segment is cleaned, and nothing else removes one.
+        let segments = p.log.segments();
+        assert!(segments.len() >= 2 && segments[0].base == base, "segment {base} is not the oldest closed one");
+        let aside = p.log.set_aside();
         let mut topics: Vec<TopicId> =
-            self.compactor.topic_segment.iter().filter(|(_, s)| **s == base).map(|(t, _)| *t).collect();
-        topics.retain(|&t| self.put_topic_record(t));
-        let floor = self.compactor.delete_segments.contains_key(&base);
+            self.topic_segment.iter().filter(|(_, s)| **s == base).map(|(t, _)| *t).collect();
+        topics.retain(|&t| p.topics.record(t).map(|r| r.append(p.log)).is_some());
+        let floor = self.delete_segments.contains_key(&base);
         if floor {
-            let at = self.log.begin(RecordKind::Delete);
-            codec::put_u32(self.log.body(), FLOOR_TOPIC_ID);
-            codec::put_u64(self.log.body(), self.topics.id_floor);
-            self.log.end(at);
+            DeleteRecord { topic: TopicId::FLOOR, next_id: p.topics.id_floor() }.append(p.log);
         }
-        if let Err(e) = self.log.commit_ahead(aside) {
-            self.compactor.backoff = RETRY_AFTER_TURNS;
-            self.failures.failed(now.mono_ms, format_args!("compaction could not restate segment {base}: {e}"));
+        if let Err(e) = p.log.commit_ahead(aside) {
+            self.backoff = RETRY_AFTER_TURNS;
+            p.failures.failed(now.mono_ms, format_args!("compaction could not restate segment {base}: {e}"));
             return;
         }
-        let last = self.log.segments().last().map_or(0, |s| s.base);
-        self.compactor.restated(base, last, &topics, floor);
-        match self.log.remove_oldest(base) {
+        let last = p.log.segments().last().map_or(0, |s| s.base);
+        self.restated(base, last, &topics, floor);
+        match p.log.remove_oldest(base) {
             Ok(()) => {
-                self.compactor.compactions += 1;
+                self.compactions += 1;
                 log::debug!("compaction removed segment {base}");
             }
             Err(e) => log::warn!("compaction could not remove segment {base}: {e}"),
         }
     }
+}
+
+/// What a turn's slice of copying has spent of its budget.
+#[derive(Default)]
+struct Budget {
+    /// Log bytes of the messages copied (dead-letter fields not counted).
+    bytes: u64,
+    /// Messages copied.
+    messages: u32,
+}
+
+impl Budget {
+    fn spent(&self) -> bool {
+        self.bytes >= COMPACT_BYTES_PER_TURN || self.messages >= COMPACT_MESSAGES_PER_TURN
+    }
+}
+
+/// The log bytes of every live message, and of restating every topic and
+/// the id floor (what the log's headroom must hold).
+fn live_and_restate_bytes(topics: &Topics) -> (u64, u64) {
+    let mut live = 0;
+    let mut restate = DeleteRecord::BYTES;
+    for e in topics.iter() {
+        live += e.topic.seq.live_bytes() + e.topic.seq.live() * RECORD_MESSAGE_OVERHEAD_BYTES;
+        restate += record::TopicRecord::bytes(e.topic.name.len());
+    }
+    (live, restate)
 }

@@ -273,6 +273,7 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--buffered-bytes-max", "N", "most bytes all client connections' buffers may take together"),
     ("--fetch-bytes-max", "N", "most message bytes in one FETCH reply"),
     ("--fetch-wait-ms-max", "MS", "longest wait a FETCH may ask for"),
+    ("--timers-max", "N", "most messages in flight or delayed, and parked FETCHes, over all topics"),
     ("--read-bytes-per-turn-max", "N", "most bytes read from one connection in one loop turn"),
     ("--handshake-timeout-ms", "MS", "time a new connection has to send HELLO"),
     ("--idle-timeout-ms", "MS", "time a connection may stay silent; 0 for no limit"),
@@ -396,7 +397,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 16] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 17] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -410,6 +411,7 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 16] {
         ("buffered-bytes-max", l.buffered_bytes_max),
         ("fetch-bytes-max", l.fetch_bytes_max.into()),
         ("fetch-wait-ms-max", l.fetch_wait_ms_max.into()),
+        ("timers-max", l.timers_max.into()),
         ("read-bytes-per-turn-max", l.read_bytes_per_turn_max.into()),
         ("handshake-timeout-ms", l.handshake_timeout_ms.into()),
         ("idle-timeout-ms", l.idle_timeout_ms.into()),
@@ -440,6 +442,7 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         buffered_bytes_max,
         fetch_bytes_max,
         fetch_wait_ms_max,
+        timers_max,
         read_bytes_per_turn_max,
         handshake_timeout_ms,
         idle_timeout_ms,

@@ -10,7 +10,7 @@
 //! the timers and the turn, and the simulation in `fuzz/sim.rs`, which feeds
 //! chunks and moves its own clock, run this same code.
 
-use crate::broker::{self, Broker, Now, Outcome, Session};
+use crate::broker::{Broker, ConnKey, LoopStats, Now, Outcome, Session};
 use crate::codec::{self, DecodeError, Decoded, Frame, Skip};
 use crate::queue::ConsumerId;
 
@@ -33,6 +33,14 @@ const LENGTH_FIELD_BYTES: usize = 4;
 
 /// Why a connection ends when the broker says `Outcome::Close`.
 const AUTH_FAILURES_END: &str = "too many frames without a successful HELLO";
+
+/// What a serve works with: the broker, the loop's counters (the
+/// connections' buffers are counted there) and the turn's clock.
+pub struct Serve<'a> {
+    pub broker: &'a mut Broker,
+    pub loops: &'a mut LoopStats,
+    pub now: Now,
+}
 
 /// What `ConnState::serve` asks of its caller.
 #[derive(Debug, PartialEq, Eq)]
@@ -82,9 +90,6 @@ pub struct ConnState {
     /// A FETCH is parked: serve no more until the broker answers it (its
     /// `Outbox::unblock` clears this, with `unpark`).
     pub parked: bool,
-    /// A held reply waits for this turn's commit: only held requests may
-    /// follow it this turn. Whoever commits clears it after the commit.
-    pub held: bool,
     /// Decoding paused because pending output reached half of
     /// output_bytes_max; whoever writes the output clears it (and serves
     /// again) once it drains below.
@@ -93,11 +98,11 @@ pub struct ConnState {
     /// one holds FULL_HOLDING_BYTES_MAX or more; the reactor clears it and
     /// serves again once it holds less or the buffers are no longer full.
     pub starved: bool,
-    /// Capacity of `input`, bytes, as counted in the broker's
-    /// `stats.buffered_bytes` (`account`).
+    /// Capacity of `input`, bytes, as counted in the loop's
+    /// `LoopStats::buffered_bytes` (`account`).
     counted_input_bytes: usize,
-    /// Capacity of `out`, bytes, as counted in the broker's
-    /// `stats.buffered_bytes` (`account`).
+    /// Capacity of `out`, bytes, as counted in the loop's
+    /// `LoopStats::buffered_bytes` (`account`).
     counted_out_bytes: usize,
     /// Ending: `end` was called; nothing more is served.
     pub closing: bool,
@@ -150,7 +155,7 @@ impl ConnState {
         self.counted_input_bytes + self.counted_out_bytes
     }
 
-    /// Brings `total_bytes` (the broker's `stats.buffered_bytes`) up to
+    /// Brings `total_bytes` (the loop's `LoopStats::buffered_bytes`) up to
     /// date with this connection's buffers: whoever changes them outside
     /// `serve` (a write, a reply written through the broker's `Outbox`)
     /// calls it after.
@@ -174,8 +179,8 @@ impl ConnState {
     /// Whether to read and serve no more now because the connections'
     /// buffers are full and this one holds FULL_HOLDING_BYTES_MAX or more;
     /// if so, it is `starved`.
-    pub(crate) fn starve_if_full(&mut self, broker: &Broker) -> bool {
-        self.starved = self.buffered_bytes() >= FULL_HOLDING_BYTES_MAX && broker.buffers_full();
+    pub(crate) fn starve_if_full(&mut self, broker: &Broker, loops: &LoopStats) -> bool {
+        self.starved = self.buffered_bytes() >= FULL_HOLDING_BYTES_MAX && broker.buffers_full(loops.buffered_bytes);
         self.starved
     }
 
@@ -224,15 +229,16 @@ impl ConnState {
     /// Serves what is buffered from earlier chunks: every complete frame is
     /// decoded and handed to the broker (connection `key`), whose replies go
     /// to `out`, until the input runs out or a stop: a parked FETCH, a held
-    /// reply followed by a request that is not held, half of
-    /// output_bytes_max pending, or an ending. Bad frames are answered and
-    /// skipped, the rest of an oversized one discarded as it arrives.
-    pub fn serve(&mut self, key: usize, broker: &mut Broker, now: Now, watch: &mut impl Watch) -> Step {
+    /// reply followed by a request that is not held (`Broker::must_wait`),
+    /// half of output_bytes_max pending, or an ending. Bad frames are
+    /// answered and skipped, the rest of an oversized one discarded as it
+    /// arrives. The buffers' bytes are counted in `loops`.
+    pub fn serve(&mut self, key: ConnKey, cx: &mut Serve<'_>, watch: &mut impl Watch) -> Step {
         let input = std::mem::take(&mut self.input);
-        let (step, used) = self.serve_from(&input, key, broker, now, watch);
+        let (step, used) = self.serve_from(&input, key, cx, watch);
         self.input = input;
         self.input.drain(..used);
-        self.after_serve(step, broker, now)
+        self.after_serve(step, cx)
     }
 
     /// Takes a chunk read from the peer and serves it as `serve` does: what
@@ -243,14 +249,7 @@ impl ConnState {
     /// it. So a payload is not copied on its way in just to be decoded.
     /// Call it only after a serve that returned `Step::Continue` (the buffer
     /// then holds at most the start of one frame).
-    pub fn serve_chunk(
-        &mut self,
-        key: usize,
-        chunk: &[u8],
-        broker: &mut Broker,
-        now: Now,
-        watch: &mut impl Watch,
-    ) -> Step {
+    pub fn serve_chunk(&mut self, key: ConnKey, chunk: &[u8], cx: &mut Serve<'_>, watch: &mut impl Watch) -> Step {
         let mut chunk = chunk;
         // Twice at most: a frame completed in the buffer, then the rest.
         loop {
@@ -261,26 +260,26 @@ impl ConnState {
                 chunk = &chunk[d..];
             }
             if self.input.is_empty() {
-                let (step, used) = self.serve_from(chunk, key, broker, now, watch);
+                let (step, used) = self.serve_from(chunk, key, cx, watch);
                 self.input.extend_from_slice(&chunk[used..]);
-                return self.after_serve(step, broker, now);
+                return self.after_serve(step, cx);
             }
             let take = self.completing_bytes(chunk);
             self.input.extend_from_slice(&chunk[..take]);
             chunk = &chunk[take..];
-            let step = self.serve(key, broker, now, watch);
+            let step = self.serve(key, cx, watch);
             if chunk.is_empty() {
                 return step;
             }
             if step != Step::Continue {
                 self.input.extend_from_slice(chunk);
-                self.account_input(&mut broker.stats.buffered_bytes);
+                self.account_input(&mut cx.loops.buffered_bytes);
                 return step;
             }
             if !self.input.is_empty() {
                 // Not completed after all: serve the rest from the buffer.
                 self.input.extend_from_slice(chunk);
-                return self.serve(key, broker, now, watch);
+                return self.serve(key, cx, watch);
             }
         }
     }
@@ -307,21 +306,16 @@ impl ConnState {
     /// The decode loop of `serve` over `input`, which is either the buffer
     /// (taken out of `self` for the call) or a fresh chunk. Returns the step
     /// and how many bytes of `input` were used.
-    fn serve_from(
-        &mut self,
-        input: &[u8],
-        key: usize,
-        broker: &mut Broker,
-        now: Now,
-        watch: &mut impl Watch,
-    ) -> (Step, usize) {
+    fn serve_from(&mut self, input: &[u8], key: ConnKey, cx: &mut Serve<'_>, watch: &mut impl Watch) -> (Step, usize) {
+        let Serve { broker, loops, now } = cx;
+        let now = *now;
         let limits = *broker.decode_limits();
         let out_max = broker.config().limits.output_bytes_max as usize;
         let mut used = 0;
         let mut step = Step::Continue;
         while !self.closing && !self.parked {
             // What the last frame's reply added counts before the next.
-            self.account_out(&mut broker.stats.buffered_bytes);
+            self.account_out(&mut loops.buffered_bytes);
             // Backpressure: a peer with half the output limit pending gets
             // no more replies until it reads (the flush resumes it), so a
             // pipelining peer that does read never reaches the limit.
@@ -332,7 +326,7 @@ impl ConnState {
             }
             // The same across connections: with the buffers full, one that
             // holds much is not served until it holds less.
-            if self.starve_if_full(broker) {
+            if self.starve_if_full(broker, loops) {
                 step = Step::Stop;
                 break;
             }
@@ -340,17 +334,16 @@ impl ConnState {
             match codec::decode_request(rest, &limits) {
                 Ok(Decoded::NeedMore) => break,
                 Ok(Decoded::Frame(frame, n)) => {
-                    if self.held && !broker::is_held(frame.request.op()) {
+                    if broker.must_wait(key, Some(&frame.request)) {
                         step = Step::Resume;
                         break;
                     }
-                    let outcome = broker.handle(key, &mut self.session, &frame, now, &mut self.out);
+                    let outcome = broker.handle(key, &mut self.session, &frame, now, loops, &mut self.out);
                     watch.handled(&frame, rest, n);
                     used += n;
                     self.last_active_ms = now.mono_ms;
                     match outcome {
-                        Outcome::Done => {}
-                        Outcome::Held => self.held = true,
+                        Outcome::Done | Outcome::Held => {}
                         Outcome::Parked => self.parked = true,
                         Outcome::Close => {
                             step = Step::End(AUTH_FAILURES_END.into());
@@ -359,49 +352,59 @@ impl ConnState {
                     }
                 }
                 Err(e) => {
-                    if self.held {
+                    if broker.must_wait(key, None) {
                         step = Step::Resume;
                         break;
                     }
-                    let (e, outcome) = if self.session.hello {
-                        (e, Outcome::Done)
-                    } else {
-                        broker.refuse_before_hello(&mut self.session, e)
-                    };
-                    codec::encode_error(&mut self.out, e.op, e.request_id, e.code, &e.message);
-                    watch.refused(&e, rest);
-                    match e.skip {
-                        Skip::Close => {
-                            used = input.len();
-                            step = Step::End(format!("frame boundary lost: {}", e.message));
-                            break;
-                        }
-                        Skip::Bytes(n) if n <= rest.len() => used += n,
-                        Skip::Bytes(n) => {
-                            self.discard_bytes = (n - rest.len()) as u64;
-                            used = input.len();
-                        }
-                    }
-                    if outcome == Outcome::Close {
-                        step = Step::End(AUTH_FAILURES_END.into());
+                    let (n, end) = self.refuse(e, rest, broker, watch);
+                    used += n;
+                    if let Some(end) = end {
+                        step = end;
                         break;
                     }
                 }
             }
         }
-        self.account_out(&mut broker.stats.buffered_bytes);
+        self.account_out(&mut loops.buffered_bytes);
         (step, used)
+    }
+
+    /// A frame the decoder refused at the start of `rest`: its error is
+    /// answered, and the frame skipped as the error says (the part not yet
+    /// arrived goes to the bit bucket). Returns the bytes of `rest` used,
+    /// and the step that ends the serve, if one does.
+    fn refuse(
+        &mut self,
+        e: DecodeError,
+        rest: &[u8],
+        broker: &Broker,
+        watch: &mut impl Watch,
+    ) -> (usize, Option<Step>) {
+        let (e, outcome) =
+            if self.session.hello { (e, Outcome::Done) } else { broker.refuse_before_hello(&mut self.session, e) };
+        codec::encode_error(&mut self.out, e.op, e.request_id, e.code, &e.message);
+        watch.refused(&e, rest);
+        let used = match e.skip {
+            Skip::Close => return (rest.len(), Some(Step::End(format!("frame boundary lost: {}", e.message)))),
+            Skip::Bytes(n) if n <= rest.len() => n,
+            Skip::Bytes(n) => {
+                self.discard_bytes = (n - rest.len()) as u64;
+                rest.len()
+            }
+        };
+        (used, (outcome == Outcome::Close).then(|| Step::End(AUTH_FAILURES_END.into())))
     }
 
     /// What every serve ends with: an idle buffer given back (and its
     /// bytes counted), the frame timeout started or stopped, a parked
     /// FETCH's stop.
-    fn after_serve(&mut self, mut step: Step, broker: &mut Broker, now: Now) -> Step {
-        let idle_max = if broker.buffers_full() { 0 } else { IDLE_BUFFER_BYTES_MAX };
+    fn after_serve(&mut self, mut step: Step, cx: &mut Serve<'_>) -> Step {
+        let now = cx.now;
+        let idle_max = if cx.broker.buffers_full(cx.loops.buffered_bytes) { 0 } else { IDLE_BUFFER_BYTES_MAX };
         if self.input.is_empty() && self.input.capacity() > idle_max {
             self.input = Vec::new();
         }
-        self.account_input(&mut broker.stats.buffered_bytes);
+        self.account_input(&mut cx.loops.buffered_bytes);
         // A frame that is still arriving (not one we chose to leave for
         // later) starts the frame timeout.
         let partial = step == Step::Continue && !self.parked && (!self.input.is_empty() || self.discard_bytes > 0);
@@ -419,7 +422,7 @@ impl ConnState {
     /// Ends the connection: the broker (connection `key`) forgets it now,
     /// and its in-flight messages return to ready. False if it had already
     /// ended.
-    pub fn end(&mut self, key: usize, broker: &mut Broker) -> bool {
+    pub fn end(&mut self, key: ConnKey, broker: &mut Broker) -> bool {
         if self.closing {
             return false;
         }

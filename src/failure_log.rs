@@ -29,7 +29,7 @@ enum Line {
 
 /// The current run of storage failures, if any.
 #[derive(Debug, Default)]
-pub(super) struct FailureLog {
+pub(crate) struct FailureLog {
     /// When the run began (monotonic ms); None while storage works.
     since_ms: Option<u64>,
     /// When the run's last line was logged (monotonic ms).
@@ -42,7 +42,7 @@ pub(super) struct FailureLog {
 
 impl FailureLog {
     /// A write or sync failed at `now_ms`; `what` says which and why.
-    pub(super) fn failed(&mut self, now_ms: u64, what: impl Display) {
+    pub(crate) fn failed(&mut self, now_ms: u64, what: impl Display) {
         match self.note_failure(now_ms) {
             Some(Line::First) => log::error!(
                 "STORAGE: {what}; until a write works again, further failures are counted every {} s",
@@ -56,7 +56,7 @@ impl FailureLog {
     }
 
     /// A turn's records were written at `now_ms`.
-    pub(super) fn worked(&mut self, now_ms: u64) {
+    pub(crate) fn worked(&mut self, now_ms: u64) {
         if let Some(Line::Recovered { failures, over_ms }) = self.note_success(now_ms) {
             log::info!("STORAGE: the commit log writes again, after {failures} failures over {over_ms} ms");
         }

@@ -53,6 +53,13 @@ pub struct Limits {
     pub fetch_bytes_max: u32,
     /// Longest long-poll wait a FETCH may ask for; longer waits are clamped.
     pub fetch_wait_ms_max: u32,
+    /// Most timers the broker holds: one per message in flight or
+    /// NACK-delayed, and one per parked FETCH, over all topics. Bounds the
+    /// timing wheel and the in-flight tables (some 110 bytes a timer: the
+    /// default is about 1 GiB); a FETCH that would need more is delivered
+    /// fewer messages, or answered BUSY when there is room for none. A
+    /// `u32`, as the wheel's links are (`wheel::TIMERS_MAX`).
+    pub timers_max: u32,
     /// Most bytes read from one connection in one loop turn before the loop
     /// moves on to the others: fairness, so one fast producer cannot starve
     /// every other connection.
@@ -83,6 +90,7 @@ impl Default for Limits {
             buffered_bytes_max: 256 << 20,
             fetch_bytes_max: 8 << 20,
             fetch_wait_ms_max: 300_000,
+            timers_max: 10_000_000,
             read_bytes_per_turn_max: 1 << 20,
             handshake_timeout_ms: 10_000,
             idle_timeout_ms: 600_000,
@@ -96,8 +104,9 @@ pub const FRAME_HEADER_BYTES: u32 = 12;
 /// Bytes a PRODUCE body needs besides its topic name and payloads: the
 /// topic length, the count and each message's length field.
 const PRODUCE_OVERHEAD_BYTES: u64 = 2 + 4;
-/// Bytes each message adds to a FETCH reply besides its payload, at most.
-pub const FETCH_MESSAGE_OVERHEAD_BYTES: u32 = 8 + 8 + 2 + 1 + 8 + 2 + 1 + 4;
+/// Bytes each message adds to a FETCH reply besides its payload, at most
+/// (with the dead-letter fields): the wire layout's own count.
+pub const FETCH_MESSAGE_OVERHEAD_BYTES: u32 = crate::codec::message_wire_bytes(0, true) as u32;
 
 impl Limits {
     /// Checks that the limits can work together. Returns a sentence naming
@@ -158,6 +167,9 @@ impl Limits {
         }
         if self.handshake_timeout_ms == 0 || self.frame_timeout_ms == 0 {
             return Err("handshake-timeout-ms and frame-timeout-ms must be at least 1".into());
+        }
+        if self.timers_max == 0 {
+            return Err("timers-max must be at least 1".into());
         }
         if self.read_bytes_per_turn_max < 4096 {
             return Err("read-bytes-per-turn-max must be at least 4096".into());

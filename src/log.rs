@@ -9,14 +9,15 @@
 //! 0  u32 len      body bytes
 //! 4  u32 crc      CRC32 of bytes 0..4 and 8..12+len (everything but itself)
 //! 8  u8  kind     RecordKind
-//! 9  u8  version  format version of this kind's body (1)
+//! 9  u8  version  format version of this kind's body
 //! 10 u16 reserved 0
 //! 12 ... body
 //! ```
 //!
 //! The log knows nothing of topics or queues: it frames, writes, syncs,
-//! reads back and cuts files. The broker decides what the bodies say and
-//! replays them. Only this file touches files.
+//! reads back and cuts files. `record.rs` says what the bodies hold, and
+//! which (kind, version) pairs this build reads; the broker replays them.
+//! Only this file touches files.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -30,11 +31,10 @@ use byteorder::{ByteOrder, LittleEndian};
 mod recovery;
 pub use recovery::{CLEAN_STOP_FILE, Damage, DamageKind, Inspection, LastStop};
 
+pub use crate::record::RecordKind;
+
 /// Bytes in a record header.
 pub const RECORD_HEADER_BYTES: usize = 12;
-/// The body version this build writes. A reader must keep reading every
-/// older version; see docs/log-format.md for how to add one.
-pub const RECORD_VERSION: u8 = 1;
 /// Most bytes written without an fdatasync (turns that only acked): past
 /// it, the next turn syncs anyway.
 const UNSYNCED_BYTES_MAX: u64 = 4 << 20;
@@ -78,39 +78,6 @@ pub const HEADROOM_BYTES_MIN: u64 = 64 << 10;
 /// DELETE, topic changes — so that those are still written, and
 /// acknowledged, on a disk that refuses produces.
 pub const PRODUCE_HEADROOM_BYTES: u64 = 1 << 20;
-
-/// What a record says. The numbers are part of the log format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum RecordKind {
-    /// A topic was created, its settings changed, or compaction restated it.
-    Topic = 1,
-    /// A topic was deleted.
-    Delete = 2,
-    /// A topic was purged.
-    Purge = 3,
-    /// Messages were stored (produced, dead-lettered, redriven, or copied
-    /// forward by compaction).
-    Produce = 4,
-    /// Messages left a topic (acked, dead-lettered, redriven).
-    Remove = 5,
-    /// Messages went back to ready with a delivery count.
-    Requeue = 6,
-}
-
-impl RecordKind {
-    pub fn from_u8(v: u8) -> Option<RecordKind> {
-        Some(match v {
-            1 => RecordKind::Topic,
-            2 => RecordKind::Delete,
-            3 => RecordKind::Purge,
-            4 => RecordKind::Produce,
-            5 => RecordKind::Remove,
-            6 => RecordKind::Requeue,
-            _ => return None,
-        })
-    }
-}
 
 /// When the log makes writes durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -280,6 +247,9 @@ pub struct Log {
     buf: Vec<u8>,
     /// Records in `buf`.
     buf_records: u64,
+    /// Where a record begun and not yet ended (or abandoned) starts in
+    /// `buf`: at most one at a time, and none when the turn is written.
+    open_record: Option<usize>,
     /// Byte ranges in `buf` of records dropped if the commit fails.
     withdrawable: Vec<(usize, usize)>,
     /// Bytes written to the active segment since its last fdatasync.
@@ -443,6 +413,7 @@ impl Log {
             opener,
             buf: Vec::new(),
             buf_records: 0,
+            open_record: None,
             withdrawable: Vec::new(),
             unsynced_bytes: 0,
             reserved_bytes: 0,
@@ -479,18 +450,26 @@ impl Log {
 
     /// Begins a record in the turn buffer; append its body to `body()`,
     /// then call `end`.
+    #[inline]
     pub fn begin(&mut self, kind: RecordKind) -> RecordStart {
         let at = self.buf.len();
-        self.buf.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, kind as u8, RECORD_VERSION, 0, 0]);
+        assert!(self.open_record.is_none(), "a {kind:?} record begun inside another");
+        self.open_record = Some(at);
+        self.buf.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, kind as u8, kind.version(), 0, 0]);
         RecordStart(at)
     }
     /// The turn buffer, to append a record body to.
+    #[inline]
     pub fn body(&mut self) -> &mut Vec<u8> {
         &mut self.buf
     }
     /// Finishes a record: writes its length and CRC.
+    #[inline]
     pub fn end(&mut self, start: RecordStart) {
         let at = start.0;
+        assert_eq!(self.open_record.take(), Some(at), "a record ended that was not the one begun");
+        // A record the reader would refuse is never written.
+        assert!(self.buf.len() - at - RECORD_HEADER_BYTES <= RECORD_BYTES_MAX, "a record over RECORD_BYTES_MAX");
         let len = (self.buf.len() - at - RECORD_HEADER_BYTES) as u32;
         LittleEndian::write_u32(&mut self.buf[at..], len);
         let crc = record_crc(&self.buf[at..]);
@@ -499,6 +478,7 @@ impl Log {
     }
     /// Drops a record begun but not ended (its body turned out invalid).
     pub fn abandon(&mut self, start: RecordStart) {
+        assert_eq!(self.open_record.take(), Some(start.0), "a record abandoned that was not the one begun");
         self.buf.truncate(start.0);
     }
 
@@ -506,6 +486,7 @@ impl Log {
     /// client's produce, answered STORAGE then); every other record of a
     /// failed turn is kept and written with the next commit, so the log
     /// catches up with what the broker already did in memory.
+    #[inline]
     pub fn end_withdrawable(&mut self, start: RecordStart) {
         self.end(start);
         self.withdrawable.push((start.0, self.buf.len()));
@@ -544,6 +525,7 @@ impl Log {
 
     /// `write`, leaving `headroom` bytes of the disk free after the records.
     fn write_with(&mut self, sync: bool, headroom: u64) -> io::Result<WrittenTurn> {
+        assert!(self.open_record.is_none(), "the turn is written with a record begun and not ended");
         let started = Instant::now();
         if self.buf.is_empty() {
             return Ok(WrittenTurn { bytes: 0, records: 0, sync: false, withdrawn: false, write_nanos: 0 });
@@ -616,6 +598,7 @@ impl Log {
     /// Sets the turn's records aside: what is appended from now until
     /// `commit_ahead` is written before them.
     pub fn set_aside(&mut self) -> Aside {
+        assert!(self.open_record.is_none(), "records set aside with one begun and not ended");
         Aside {
             buf: std::mem::take(&mut self.buf),
             records: std::mem::take(&mut self.buf_records),
@@ -994,9 +977,10 @@ fn parse_record(buf: &[u8]) -> Result<(RecordKind, u8, &[u8], usize), String> {
     let kind = RecordKind::from_u8(buf[8])
         .ok_or_else(|| format!("{NEWER}: record kind {} is unknown to this build; run a newer runnel", buf[8]))?;
     let version = buf[9];
-    if version == 0 || version > RECORD_VERSION {
+    if !kind.reads(version) {
         return Err(format!(
-            "{NEWER}: record version {version}; this build reads 1..={RECORD_VERSION}; run a newer runnel"
+            "{NEWER}: {kind:?} record version {version}; this build reads 1..={}; run a newer runnel",
+            kind.version()
         ));
     }
     Ok((kind, version, &buf[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + len], RECORD_HEADER_BYTES + len))

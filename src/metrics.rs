@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::broker::{Broker, Now, TopicMetrics};
+use crate::broker::{Broker, LoopStats, Now, TopicMetrics};
 
 /// Upper bounds of the latency histogram buckets, in nanoseconds: 50 µs to
 /// 1 s, dense where a durable broker lives (an fdatasync takes 0.1–10 ms).
@@ -92,9 +92,9 @@ fn metric(out: &mut String, name: &str, kind: &str, help: &str, value: u64) {
 type Family = (&'static str, &'static str, &'static str, fn(&TopicMetrics) -> u64);
 
 /// Renders every metric in the Prometheus text exposition format 0.0.4.
-pub fn render(broker: &Broker, lm: &LoopMetrics, now: Now) -> String {
+pub fn render(broker: &Broker, loops: &LoopStats, lm: &LoopMetrics, now: Now) -> String {
     let mut out = String::with_capacity(4096);
-    render_broker(&mut out, broker);
+    render_broker(&mut out, broker, loops);
     lm.fsync.render(&mut out, "runnel_fsync_duration_seconds", "Write plus fdatasync of one turn's records.");
     lm.produce_ack.render(
         &mut out,
@@ -106,25 +106,25 @@ pub fn render(broker: &Broker, lm: &LoopMetrics, now: Now) -> String {
 }
 
 /// The broker's own gauges and counters: connections, the loop, the log.
-fn render_broker(out: &mut String, broker: &Broker) {
+fn render_broker(out: &mut String, broker: &Broker, loops: &LoopStats) {
     let s = &broker.stats;
     let log = broker.log();
-    metric(out, "runnel_connections", "gauge", "Open client connections.", s.connections);
-    metric(out, "runnel_loop_turns_total", "counter", "Turns of the event loop.", s.turns);
-    metric(out, "runnel_received_bytes_total", "counter", "Bytes read from clients.", s.bytes_in);
-    metric(out, "runnel_sent_bytes_total", "counter", "Bytes written to clients.", s.bytes_out);
+    metric(out, "runnel_connections", "gauge", "Open client connections.", loops.connections);
+    metric(out, "runnel_loop_turns_total", "counter", "Turns of the event loop.", loops.turns);
+    metric(out, "runnel_received_bytes_total", "counter", "Bytes read from clients.", loops.bytes_in);
+    metric(out, "runnel_sent_bytes_total", "counter", "Bytes written to clients.", loops.bytes_out);
     metric(
         out,
         "runnel_buffered_bytes",
         "gauge",
         "Bytes the client connections' input and output buffers take (bounded by buffered_bytes_max).",
-        s.buffered_bytes,
+        loops.buffered_bytes,
     );
     metric(
         out,
         "runnel_busy_replies_total",
         "counter",
-        "Requests answered BUSY because the connection buffers were full.",
+        "Requests answered BUSY because the connection buffers were full, or a FETCH because timers_max was reached.",
         s.busy_replies,
     );
     metric(out, "runnel_fsyncs_total", "counter", "fdatasync calls on the commit log.", log.stats.fsyncs);

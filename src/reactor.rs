@@ -1,7 +1,8 @@
 //! The loop: one `mio::Poll` owns the listener and every connection, and one
 //! thread runs every turn. Nothing here blocks except `poll` itself.
 //!
-//! The order of a turn, written down once (see `Reactor::turn`):
+//! The order of a turn, written down once (see `Reactor::turn` and
+//! `run_turn`, which the simulation in `fuzz/sim.rs` runs too):
 //!
 //! 1. **poll**, with a timeout of the next timer deadline (0 when a
 //!    connection still has input to serve from last turn, none when idle);
@@ -25,7 +26,7 @@
 //! 7. **sync**: a slice of a removed segment's space is released
 //!    (256 KiB), then one `fdatasync` of what step 5 wrote (group commit),
 //!    if anything waits on it; then the turn's new messages become visible and
-//!    go to parked FETCHes, then the held replies are released (deliveries
+//!    go to parked FETCHes, then the held replies are sent (deliveries
 //!    first: they are what end-to-end latency waits for);
 //! 8. **flush**: one write per connection with output; WRITABLE interest
 //!    only while output is left over;
@@ -88,10 +89,10 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
-use crate::broker::{Broker, Now, Outbox, Written};
+use crate::broker::{Broker, ConnKey, LoopStats, Now, Outbox, Written};
 use crate::codec::{self, ErrorCode};
 use crate::config::ServeConfig;
-use crate::conn::{ConnState, FULL_HOLDING_BYTES_MAX, Step};
+use crate::conn::{ConnState, FULL_HOLDING_BYTES_MAX, Serve, Step};
 use crate::http::{HttpKey, HttpServer, LoopParts};
 use crate::limits::Limits;
 use crate::log::OpenError;
@@ -155,18 +156,10 @@ struct Conn {
     starved_listed: bool,
 }
 
-/// A client connection's key: its place in `Conns`, its poll token, and
-/// the `conn` the broker and `ConnState` know it by (a bare `usize` on
-/// their side, converted at the call). A key is reused once its connection
-/// has closed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct ConnKey(usize);
-
-impl ConnKey {
-    /// The poll token of this connection's socket.
-    fn token(self) -> Token {
-        Token(self.0)
-    }
+/// The poll token of a client connection's socket: its key (`ConnKey`,
+/// its place in `Conns`, which the broker and `ConnState` know it by too).
+fn token(key: ConnKey) -> Token {
+    Token(key.0)
 }
 
 /// The client connections, by key.
@@ -251,11 +244,24 @@ struct Lent<'a> {
     /// The turn's clock, ms: a parked FETCH answered now restarts its
     /// connection's idle clock.
     now_ms: u64,
+    /// The connections' buffers, bytes, as counted when they were lent.
+    buffered_bytes: u64,
+}
+
+impl<'a> Lent<'a> {
+    fn new(
+        conns: &'a mut Conns,
+        hot: &'a mut Vec<ConnKey>,
+        dirty: &'a mut Vec<ConnKey>,
+        loops: &LoopStats,
+        now: Now,
+    ) -> Lent<'a> {
+        Lent { conns, hot, dirty, now_ms: now.mono_ms, buffered_bytes: loops.buffered_bytes }
+    }
 }
 
 impl Outbox for Lent<'_> {
-    fn out(&mut self, conn: usize) -> Option<&mut Vec<u8>> {
-        let key = ConnKey(conn);
+    fn out(&mut self, key: ConnKey) -> Option<&mut Vec<u8>> {
         let c = self.conns.get_mut(key).filter(|c| !c.state.closing)?;
         if !c.dirty {
             c.dirty = true;
@@ -263,8 +269,7 @@ impl Outbox for Lent<'_> {
         }
         Some(&mut c.state.out)
     }
-    fn unblock(&mut self, conn: usize) {
-        let key = ConnKey(conn);
+    fn unblock(&mut self, key: ConnKey) {
         if let Some(c) = self.conns.get_mut(key) {
             c.state.unpark(self.now_ms);
             if !c.hot && !c.state.closing {
@@ -272,6 +277,9 @@ impl Outbox for Lent<'_> {
                 self.hot.push(key);
             }
         }
+    }
+    fn buffered_bytes(&self) -> u64 {
+        self.buffered_bytes
     }
 }
 
@@ -315,8 +323,9 @@ pub struct Reactor {
     /// The timers that fired this turn (deadline ms, what for); kept to
     /// reuse its buffer.
     expired: Vec<(u64, Timed)>,
-    /// Connections with a held reply this turn.
-    held: Vec<ConnKey>,
+    /// What the loop counts (connections, turns, bytes, buffers), which
+    /// the broker reads for STATS and the buffers' limit.
+    loops: LoopStats,
     /// Connections that stopped being served because the buffers were
     /// full (`ConnState::starved`), each once.
     starved: Vec<ConnKey>,
@@ -387,7 +396,7 @@ impl Reactor {
             waker,
             timers: Wheel::new(now.mono_ms),
             expired: Vec::new(),
-            held: Vec::new(),
+            loops: LoopStats::default(),
             starved: Vec::new(),
             buffers_were_full: false,
             http,
@@ -433,54 +442,17 @@ impl Reactor {
         }
     }
 
-    /// One turn, in the order written at the top of this file.
+    /// One turn, in the order written at the top of this file: the poll
+    /// and the clock here, the rest in `run_turn`.
     fn turn(&mut self, events: &mut Events) -> io::Result<()> {
         // 1. poll
         let timeout = self.poll_timeout();
         self.poll_events(events, timeout)?;
         // 2. the clock, once
-        let turn_started = Instant::now();
+        let started = Instant::now();
         let now = now_at(self.started);
-        self.broker.stats.turns += 1;
-        // 3. readiness
-        self.handle_readiness(events, now);
-        // 4. timers: the broker's (deadlines, delays, waits), then the
-        // connections' (handshake, idle, frame timeouts)
-        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
-        self.broker.advance(now, &mut lent);
-        self.expire_connections(now);
-        // 5. write: a step of compaction, then one write of the turn's
-        // records. No reply has left this turn yet.
-        let mut written = self.broker.write(now);
-        // 6. The replies that need only the write (acks, deliveries of
-        // messages made durable earlier, errors) go out before the sync, so
-        // they do not wait for a sync that is not theirs.
-        if written.syncs() {
-            self.flush(now, &written);
-        }
-        // 7. release a slice of a removed segment, sync, publish the turn's
-        // messages to parked FETCHes, release the held replies.
-        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
-        let report = self.broker.sync(&mut written, now, &mut lent);
-        for key in self.held.drain(..) {
-            if let Some(c) = self.conns.get_mut(key) {
-                c.state.held = false;
-            }
-        }
-        if let Some(ns) = report.sync_nanos {
-            self.loop_metrics.fsync.observe(ns, 1);
-        }
-        if report.produces_acked > 0 {
-            let ns = turn_started.elapsed().as_nanos() as u64;
-            self.loop_metrics.produce_ack.observe(ns, report.produces_acked);
-        }
-        // 8. flush
-        self.flush(now, &written);
-        // 9. close
-        self.end_unwritable();
-        self.close_ended();
-        // 10. buffers
-        self.watch_buffers(now);
+        self.loops.turns += 1;
+        run_turn(&mut ReactorTurn { reactor: self, events, started }, now);
         Ok(())
     }
 
@@ -607,7 +579,7 @@ impl Reactor {
             // Latency over packet count: replies go out in one write per turn.
             let _ = stream.set_nodelay(true);
             let key = self.conns.vacant_key();
-            if let Err(e) = self.poll.registry().register(&mut stream, key.token(), Interest::READABLE) {
+            if let Err(e) = self.poll.registry().register(&mut stream, token(key), Interest::READABLE) {
                 log::warn!("cannot register {peer}: {e}");
                 continue;
             }
@@ -627,7 +599,7 @@ impl Reactor {
                 starved_listed: false,
             });
             assert_eq!(inserted, key, "a slab inserts at its vacant key");
-            self.broker.stats.connections = self.conns.len() as u64;
+            self.loops.connections = self.conns.len() as u64;
             log::debug!("accepted {peer} as connection {}", key.0);
         }
     }
@@ -654,7 +626,7 @@ impl Reactor {
     /// return to ready); the socket closes after this turn's flush.
     fn end(&mut self, key: ConnKey, why: &str) {
         let Some(c) = self.conns.get_mut(key) else { return };
-        if !c.state.end(key.0, &mut self.broker) {
+        if !c.state.end(key, &mut self.broker) {
             return;
         }
         log::debug!("closing connection {}: {why}", key.0);
@@ -718,7 +690,7 @@ impl Reactor {
             }
             let Some(c) = self.conns.get_mut(key) else { return };
             // What it would read now would only be buffered.
-            if c.state.starve_if_full(&self.broker) {
+            if c.state.starve_if_full(&self.broker, &self.loops) {
                 return;
             }
             match c.stream.read(&mut self.scratch) {
@@ -729,7 +701,7 @@ impl Reactor {
                 Ok(n) => {
                     read += n;
                     drained = n < self.scratch.len() && !c.state.peer_closed;
-                    self.broker.stats.bytes_in += n as u64;
+                    self.loops.bytes_in += n as u64;
                     step = self.decode_input(key, now, Some(n));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -744,19 +716,15 @@ impl Reactor {
 
     /// Decodes and serves every complete frame in the connection's input
     /// (`ConnState::serve`), or in the first `chunk` bytes just read into
-    /// the scratch buffer (`ConnState::serve_chunk`), and notes what that
-    /// leaves for the turn: a held reply to release after the commit,
-    /// output to flush.
+    /// the scratch buffer (`ConnState::serve_chunk`), and notes the output
+    /// it leaves to flush (a held reply waits in the broker's turn).
     fn decode_input(&mut self, key: ConnKey, now: Now, chunk: Option<usize>) -> Step {
         let Some(c) = self.conns.get_mut(key) else { return Step::Stop };
-        let was_held = c.state.held;
+        let mut cx = Serve { broker: &mut self.broker, loops: &mut self.loops, now };
         let step = match chunk {
-            Some(n) => c.state.serve_chunk(key.0, &self.scratch[..n], &mut self.broker, now, &mut ()),
-            None => c.state.serve(key.0, &mut self.broker, now, &mut ()),
+            Some(n) => c.state.serve_chunk(key, &self.scratch[..n], &mut cx, &mut ()),
+            None => c.state.serve(key, &mut cx, &mut ()),
         };
-        if c.state.held && !was_held {
-            self.held.push(key);
-        }
         if c.state.pending_out_bytes() > 0 {
             self.mark_dirty(key);
         }
@@ -783,7 +751,7 @@ impl Reactor {
                 match c.stream.write(&c.state.out[c.state.out_pos..]) {
                     Ok(n) => {
                         c.state.out_pos += n;
-                        self.broker.stats.bytes_out += n as u64;
+                        self.loops.bytes_out += n as u64;
                         break;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -794,8 +762,8 @@ impl Reactor {
                     }
                 }
             }
-            c.state.settle_out(self.broker.buffers_full());
-            c.state.account(&mut self.broker.stats.buffered_bytes);
+            c.state.settle_out(self.broker.buffers_full(self.loops.buffered_bytes));
+            c.state.account(&mut self.loops.buffered_bytes);
             let pending = c.state.pending_out_bytes();
             if pending > out_max && failed.is_none() {
                 failed = Some(format!(
@@ -820,7 +788,7 @@ impl Reactor {
             let want_writable = pending > 0 && failed.is_none();
             if want_writable != c.writable {
                 let interest = if want_writable { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
-                if let Err(e) = self.poll.registry().reregister(&mut c.stream, key.token(), interest) {
+                if let Err(e) = self.poll.registry().reregister(&mut c.stream, token(key), interest) {
                     failed = Some(format!("reregister: {e}"));
                 }
                 c.writable = want_writable;
@@ -899,7 +867,7 @@ impl Reactor {
     fn expire_connections(&mut self, now: Now) {
         let mut expired = std::mem::take(&mut self.expired);
         self.timers.advance(now.mono_ms, &mut expired);
-        let full = self.broker.buffers_full();
+        let full = self.broker.buffers_full(self.loops.buffered_bytes);
         for (_, timed) in expired.drain(..) {
             match timed {
                 Timed::Conn(key) => self.conn_timeout(key, now, full),
@@ -954,7 +922,7 @@ impl Reactor {
     fn serve_http(&mut self, key: HttpKey, now: Now) {
         let Some(http) = self.http.as_mut() else { return };
         let lp = LoopParts { registry: self.poll.registry(), timers: &mut self.timers };
-        http.serve(key, lp, || metrics::render(&self.broker, &self.loop_metrics, now));
+        http.serve(key, lp, || metrics::render(&self.broker, &self.loops, &self.loop_metrics, now));
     }
 
     fn http_timeout(&mut self, key: HttpKey) {
@@ -965,11 +933,11 @@ impl Reactor {
     fn close_ended(&mut self) {
         for key in std::mem::take(&mut self.closing) {
             if let Some(mut c) = self.conns.remove(key) {
-                c.state.release_buffers(&mut self.broker.stats.buffered_bytes);
+                c.state.release_buffers(&mut self.loops.buffered_bytes);
                 let _ = self.poll.registry().deregister(&mut c.stream);
             }
         }
-        self.broker.stats.connections = self.conns.len() as u64;
+        self.loops.connections = self.conns.len() as u64;
     }
 
     /// Step 8. When the buffers have just become full, every idle buffer is
@@ -979,11 +947,11 @@ impl Reactor {
     /// not it sends more. Once they are no longer full, the starved
     /// connections are served again.
     fn watch_buffers(&mut self, now: Now) {
-        let full = self.broker.buffers_full();
+        let full = self.broker.buffers_full(self.loops.buffered_bytes);
         if full && !self.buffers_were_full {
             let mut holders = Vec::new();
             for (key, c) in self.conns.iter_mut().filter(|(_, c)| !c.state.closing) {
-                c.state.give_back_idle(&mut self.broker.stats.buffered_bytes);
+                c.state.give_back_idle(&mut self.loops.buffered_bytes);
                 if c.state.buffered_bytes() >= FULL_HOLDING_BYTES_MAX && c.backlog_since_ms.is_none() {
                     c.backlog_since_ms = Some(now.mono_ms);
                     holders.push(key);
@@ -1014,10 +982,10 @@ impl Reactor {
             let _ = self.poll.registry().deregister(&mut l);
         }
         let now = now_at(self.started);
-        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
+        let mut lent = Lent::new(&mut self.conns, &mut self.hot, &mut self.dirty, &self.loops, now);
         self.broker.shutdown(now, &mut lent);
         let mut written = self.broker.write(now);
-        let mut lent = Lent { conns: &mut self.conns, hot: &mut self.hot, dirty: &mut self.dirty, now_ms: now.mono_ms };
+        let mut lent = Lent::new(&mut self.conns, &mut self.hot, &mut self.dirty, &self.loops, now);
         self.broker.sync(&mut written, now, &mut lent);
         self.flush(now, &written);
         self.end_unwritable();
@@ -1028,6 +996,93 @@ impl Reactor {
         if let Some(http) = self.http.as_mut() {
             http.close_all(LoopParts { registry: self.poll.registry(), timers: &mut self.timers });
         }
+    }
+}
+
+/// Steps 3 to 10 of a turn, for whoever owns the connections: the
+/// reactor, and the simulation in `fuzz/sim.rs`, which so runs this same
+/// order (`run_turn`), not a copy of it.
+pub trait TurnSteps {
+    /// Step 3: accept, read and serve every ready connection.
+    fn serve_ready(&mut self, now: Now);
+    /// Step 4: the broker's timers (`Broker::advance`), then the
+    /// connections' timeouts.
+    fn advance(&mut self, now: Now);
+    /// Step 5: `Broker::write`.
+    fn write(&mut self, now: Now) -> Written;
+    /// Steps 6 and 8: write each connection's output (only ever after the
+    /// turn's `write`, which `written` proves).
+    fn flush(&mut self, now: Now, written: &Written);
+    /// Step 7: `Broker::sync`.
+    fn sync(&mut self, now: Now, written: &mut Written);
+    /// Steps 9 and 10: close the connections that ended, and watch the
+    /// buffers.
+    fn close_and_watch(&mut self, now: Now);
+}
+
+/// Steps 3 to 10 of a turn, in the order written at the top of this file.
+pub fn run_turn(steps: &mut impl TurnSteps, now: Now) {
+    // 3. readiness
+    steps.serve_ready(now);
+    // 4. timers: the broker's (deadlines, delays, waits), then the
+    // connections' (handshake, idle, frame timeouts)
+    steps.advance(now);
+    // 5. write: a step of compaction, then one write of the turn's
+    // records. No reply has left this turn yet.
+    let mut written = steps.write(now);
+    // 6. The replies that need only the write (acks, deliveries of
+    // messages made durable earlier, errors) go out before the sync, so
+    // they do not wait for a sync that is not theirs.
+    if written.syncs() {
+        steps.flush(now, &written);
+    }
+    // 7. release a slice of a removed segment, sync, publish the turn's
+    // messages to parked FETCHes, send the held replies.
+    steps.sync(now, &mut written);
+    // 8. flush
+    steps.flush(now, &written);
+    // 9. close, 10. buffers
+    steps.close_and_watch(now);
+}
+
+/// The reactor's turn: its state, this turn's readiness events, and when
+/// the turn began (for the produce-ack latency).
+struct ReactorTurn<'a> {
+    reactor: &'a mut Reactor,
+    events: &'a Events,
+    started: Instant,
+}
+
+impl TurnSteps for ReactorTurn<'_> {
+    fn serve_ready(&mut self, now: Now) {
+        self.reactor.handle_readiness(self.events, now);
+    }
+    fn advance(&mut self, now: Now) {
+        let r = &mut *self.reactor;
+        r.broker.advance(now, &mut Lent::new(&mut r.conns, &mut r.hot, &mut r.dirty, &r.loops, now));
+        r.expire_connections(now);
+    }
+    fn write(&mut self, now: Now) -> Written {
+        self.reactor.broker.write(now)
+    }
+    fn flush(&mut self, now: Now, written: &Written) {
+        self.reactor.flush(now, written);
+    }
+    fn sync(&mut self, now: Now, written: &mut Written) {
+        let r = &mut *self.reactor;
+        let report = r.broker.sync(written, now, &mut Lent::new(&mut r.conns, &mut r.hot, &mut r.dirty, &r.loops, now));
+        if let Some(ns) = report.sync_nanos {
+            r.loop_metrics.fsync.observe(ns, 1);
+        }
+        if report.produces_acked > 0 {
+            let ns = self.started.elapsed().as_nanos() as u64;
+            r.loop_metrics.produce_ack.observe(ns, report.produces_acked);
+        }
+    }
+    fn close_and_watch(&mut self, now: Now) {
+        self.reactor.end_unwritable();
+        self.reactor.close_ended();
+        self.reactor.watch_buffers(now);
     }
 }
 

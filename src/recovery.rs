@@ -28,8 +28,8 @@ use std::time::Instant;
 use byteorder::{ByteOrder, LittleEndian};
 
 use super::{
-    FsyncMode, Log, LogOptions, NEWER, OpenError, RECORD_HEADER_BYTES, RECORD_VERSION, REMOVING_SUFFIX, ReadRecord,
-    RecordKind, Recovery, Segment, parse_record, segment_name, sync_dir,
+    FsyncMode, Log, LogOptions, NEWER, OpenError, RECORD_HEADER_BYTES, REMOVING_SUFFIX, ReadRecord, RecordKind,
+    Recovery, Segment, parse_record, segment_name, sync_dir,
 };
 
 /// The marker a graceful stop leaves in the data directory: the log is
@@ -454,11 +454,9 @@ fn replay(
         read_segment(&path, &mut data)?;
         let (end, damage) = replay_records(&data, base, &path, apply, rec)?;
         if let Some(why) = damage {
-            let torn = stop == LastStop::MayHaveCrashed
-                && n + 1 == bases.len()
-                && !why.starts_with(NEWER)
-                && torn_tail(&data, end, records_after(&data, end + 1));
-            if !torn {
+            let place = Place::of(n, bases.len(), stop);
+            let later = || later_records(&data, end, records_after(&data, end + 1));
+            if classify(Found::of(&why), place, later) == Verdict::Refuse {
                 return Err(Halt::Refuse { file: path, offset: end as u64, why });
             }
             cut_torn_tail(&path, end, data.len(), &why)?;
@@ -562,6 +560,129 @@ fn clean_end_mismatch(head: u64, end: u64) -> String {
 }
 
 // ---------------------------------------------------------------------------
+// The recovery table: what a damaged record means.
+// ---------------------------------------------------------------------------
+
+/// What recovery found where a segment's valid records stop (zeros, the
+/// reserved space, are not damage: the records simply end there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Found {
+    /// A whole, CRC-valid record of a kind or version this build does not
+    /// read: a newer runnel wrote it.
+    Newer,
+    /// A record that runs past the end of its file or fails a check.
+    Damaged,
+}
+
+impl Found {
+    fn of(why: &str) -> Found {
+        if why.starts_with(NEWER) { Found::Newer } else { Found::Damaged }
+    }
+}
+
+/// Where the damaged record lies, and how the run that wrote it ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// In the last segment of a run that may have crashed: the only place
+    /// a crash leaves a torn write.
+    LastAfterCrash,
+    /// In the last segment of a run that stopped cleanly: it synced
+    /// everything and vouched for where the log ends.
+    LastAfterCleanStop,
+    /// In a segment before the last: later segments were written after it.
+    Earlier,
+}
+
+impl Place {
+    /// Segment `n` of `count`, of a log whose last run ended as `stop` says.
+    fn of(n: usize, count: usize, stop: LastStop) -> Place {
+        match (n + 1 == count, stop) {
+            (false, _) => Place::Earlier,
+            (true, LastStop::MayHaveCrashed) => Place::LastAfterCrash,
+            (true, LastStop::Clean { .. }) => Place::LastAfterCleanStop,
+        }
+    }
+}
+
+/// What follows the damaged record in its segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Later {
+    /// No whole record: nothing was written after it that survived.
+    Nothing,
+    /// Whole records (to the end of the file, or one its own length leads
+    /// to), but only past an aligned zero block of reserved space: a
+    /// machine crash can write later blocks of an unsynced write and not an
+    /// earlier one, so they may be the rest of the same torn write.
+    AfterZeroBlock,
+    /// Whole records with no zero block between: later turns wrote them,
+    /// synced and acknowledged them, so the damage is not a torn write.
+    Records,
+}
+
+/// What recovery does with the damaged record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Cut the segment there: the unsynced end of a crashed run, which
+    /// nothing acknowledged.
+    TornTail,
+    /// Refuse to start (or, with `--repair`, drop the damaged bytes).
+    Refuse,
+}
+
+/// One row of the recovery table; `None` matches anything.
+struct Row {
+    found: Option<Found>,
+    place: Option<Place>,
+    later: Option<Later>,
+    verdict: Verdict,
+}
+
+/// The recovery table (docs/log-format.md, "What damage gives what", is
+/// the same table for users): every damaged record falls in exactly one
+/// row, which the tests check for every input. Only damage at the very end
+/// of a crashed run is cut without asking; everything else is corruption.
+/// (TigerBeetle decides its journal's recovery the same way, from a table.)
+const DAMAGE_TABLE: [Row; 6] = [
+    Row { found: Some(Found::Newer), place: None, later: None, verdict: Verdict::Refuse },
+    Row { found: Some(Found::Damaged), place: Some(Place::Earlier), later: None, verdict: Verdict::Refuse },
+    Row { found: Some(Found::Damaged), place: Some(Place::LastAfterCleanStop), later: None, verdict: Verdict::Refuse },
+    Row {
+        found: Some(Found::Damaged),
+        place: Some(Place::LastAfterCrash),
+        later: Some(Later::Nothing),
+        verdict: Verdict::TornTail,
+    },
+    Row {
+        found: Some(Found::Damaged),
+        place: Some(Place::LastAfterCrash),
+        later: Some(Later::AfterZeroBlock),
+        verdict: Verdict::TornTail,
+    },
+    Row {
+        found: Some(Found::Damaged),
+        place: Some(Place::LastAfterCrash),
+        later: Some(Later::Records),
+        verdict: Verdict::Refuse,
+    },
+];
+
+/// The verdict of the recovery table. What follows the record is looked
+/// for (`later`, a search of the rest of the segment) only when the rows
+/// that match the rest depend on it.
+fn classify(found: Found, place: Place, later: impl FnOnce() -> Later) -> Verdict {
+    let rows =
+        || DAMAGE_TABLE.iter().filter(|r| r.found.is_none_or(|f| f == found) && r.place.is_none_or(|p| p == place));
+    if let Some(row) = rows().find(|r| r.later.is_none()) {
+        return row.verdict;
+    }
+    let later = later();
+    match rows().find(|r| r.later == Some(later)) {
+        Some(row) => row.verdict,
+        None => unreachable!("the recovery table has a row for every input: {found:?} {place:?} {later:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Reading a segment through its damage.
 // ---------------------------------------------------------------------------
 
@@ -596,9 +717,9 @@ impl Walked {
 }
 
 /// Reads `data` record by record, skipping each damaged stretch to the next
-/// valid record. With `torn_allowed` (the last segment of a run that may
-/// have crashed), damage that is a torn tail ends the walk.
-fn walk(data: &[u8], torn_allowed: bool) -> Walked {
+/// valid record. Damage that the recovery table calls a torn tail (only in
+/// the last segment of a run that may have crashed) ends the walk.
+fn walk(data: &[u8], place: Place) -> Walked {
     let mut w = Walked::default();
     let mut anchored = Anchored::default();
     let mut pos = 0;
@@ -610,7 +731,8 @@ fn walk(data: &[u8], torn_allowed: bool) -> Walked {
             }
             Err(_) if all_zero(&data[pos..]) => break,
             Err(why)
-                if torn_allowed && !why.starts_with(NEWER) && torn_tail(data, pos, anchored.after(data, pos + 1)) =>
+                if classify(Found::of(&why), place, || later_records(data, pos, anchored.after(data, pos + 1)))
+                    == Verdict::TornTail =>
             {
                 w.torn = true;
                 break;
@@ -661,17 +783,18 @@ fn declared_end(data: &[u8], at: usize) -> Option<usize> {
     (next <= data.len() && (all_zero(&data[next..]) || valid_at(data, next))).then_some(next)
 }
 
-/// Whether a damaged record at `at` of the last segment of a run that may
-/// have crashed is a torn tail. A crash mid-write leaves damage only at the
-/// very end: if whole records follow it to the end of the file (or to the
-/// reserved zeros), or its own length leads to a whole record, later turns
-/// wrote (and synced, and acknowledged) them, so this is corruption --
-/// unless a zero block of reserved space lies between: a machine crash can
-/// write later blocks of an unsynced turn and not an earlier one. (`after`
-/// is `records_after(data, at + 1)`, which a walk finds cheaper.)
-fn torn_tail(data: &[u8], at: usize, after: Option<usize>) -> bool {
+/// What follows a damaged record at `at`: whole records that run to the
+/// end of the file (or to the reserved zeros), or a whole record its own
+/// length leads to, and whether an aligned zero block of reserved space
+/// lies between. (`after` is `records_after(data, at + 1)`, which a walk
+/// finds cheaper.)
+fn later_records(data: &[u8], at: usize, after: Option<usize>) -> Later {
     let landing = declared_end(data, at).filter(|&next| next < data.len() && valid_at(data, next));
-    after.or(landing).is_none_or(|next| zero_block_within(data, at, next))
+    match after.or(landing) {
+        None => Later::Nothing,
+        Some(next) if zero_block_within(data, at, next) => Later::AfterZeroBlock,
+        Some(_) => Later::Records,
+    }
 }
 
 /// `records_after` for a walk, which asks at offsets that only grow: the
@@ -703,8 +826,7 @@ impl Anchored {
 fn valid_at(data: &[u8], i: usize) -> bool {
     let b = &data[i..];
     b.len() >= RECORD_HEADER_BYTES
-        && RecordKind::from_u8(b[8]).is_some()
-        && (1..=RECORD_VERSION).contains(&b[9])
+        && RecordKind::from_u8(b[8]).is_some_and(|k| k.reads(b[9]))
         && b[10] == 0
         && b[11] == 0
         && (LittleEndian::read_u32(b) as usize) <= b.len() - RECORD_HEADER_BYTES
@@ -796,8 +918,7 @@ fn scan(dir: &Path, bases: &[u64], stop: LastStop) -> Result<(Inspection, Vec<Sc
             ins.push(Damage { file: path.clone(), at, bytes, kind, why });
         }
         read_segment(&path, &mut data)?;
-        let torn_allowed = stop == LastStop::MayHaveCrashed && n + 1 == bases.len();
-        let w = walk(&data, torn_allowed);
+        let w = walk(&data, Place::of(n, bases.len(), stop));
         for s in &w.stretches {
             let kind = s.kind.map_or(DamageKind::Unreadable, |kind| DamageKind::Record { kind });
             let (at, bytes) = (s.at as u64, (s.end - s.at) as u64);
@@ -838,7 +959,7 @@ fn scan(dir: &Path, bases: &[u64], stop: LastStop) -> Result<(Inspection, Vec<Sc
 fn repair(dir: &Path, stop: LastStop, plan: &[Scanned]) -> Result<(), OpenError> {
     for (n, s) in plan.iter().enumerate() {
         if s.rewrite {
-            rewrite_segment(dir, s.base, stop == LastStop::MayHaveCrashed && n + 1 == plan.len())?;
+            rewrite_segment(dir, s.base, Place::of(n, plan.len(), stop))?;
         }
     }
     renumber(dir, plan)?;
@@ -851,11 +972,11 @@ fn repair(dir: &Path, stop: LastStop, plan: &[Scanned]) -> Result<(), OpenError>
 
 /// Rewrites segment `base` with only its valid records: a copy, synced,
 /// renamed over the original.
-fn rewrite_segment(dir: &Path, base: u64, torn_allowed: bool) -> Result<(), OpenError> {
+fn rewrite_segment(dir: &Path, base: u64, place: Place) -> Result<(), OpenError> {
     let path = dir.join(segment_name(base));
     let mut data = Vec::new();
     read_segment(&path, &mut data)?;
-    let w = walk(&data, torn_allowed);
+    let w = walk(&data, place);
     let mut kept = Vec::with_capacity(w.kept_bytes());
     let mut at = 0;
     for s in &w.stretches {
@@ -1017,5 +1138,90 @@ impl Log {
             self.unsynced_bytes = 0;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every input of the recovery table, and the verdict each must get.
+    #[test]
+    fn every_damage_falls_in_exactly_one_row_of_the_recovery_table() {
+        let founds = [Found::Newer, Found::Damaged];
+        let places = [Place::LastAfterCrash, Place::LastAfterCleanStop, Place::Earlier];
+        let laters = [Later::Nothing, Later::AfterZeroBlock, Later::Records];
+        let mut torn = Vec::new();
+        for found in founds {
+            for place in places {
+                for later in laters {
+                    let rows = DAMAGE_TABLE.iter().filter(|r| {
+                        r.found.is_none_or(|f| f == found)
+                            && r.place.is_none_or(|p| p == place)
+                            && r.later.is_none_or(|l| l == later)
+                    });
+                    let verdicts: Vec<Verdict> = rows.map(|r| r.verdict).collect();
+                    assert_eq!(verdicts.len(), 1, "{found:?} {place:?} {later:?} matches {verdicts:?}");
+                    assert_eq!(classify(found, place, || later), verdicts[0], "{found:?} {place:?} {later:?}");
+                    if verdicts[0] == Verdict::TornTail {
+                        torn.push((found, place, later));
+                    }
+                }
+            }
+        }
+        // Only damage at the very end of a run that may have crashed, with
+        // nothing whole after it that a later turn could have synced.
+        assert_eq!(
+            torn,
+            [
+                (Found::Damaged, Place::LastAfterCrash, Later::Nothing),
+                (Found::Damaged, Place::LastAfterCrash, Later::AfterZeroBlock)
+            ]
+        );
+    }
+
+    #[test]
+    fn what_follows_is_looked_for_only_when_the_verdict_depends_on_it() {
+        let never = || -> Later { panic!("searched for what follows when it cannot matter") };
+        assert_eq!(classify(Found::Newer, Place::LastAfterCrash, never), Verdict::Refuse);
+        assert_eq!(classify(Found::Damaged, Place::Earlier, never), Verdict::Refuse);
+        assert_eq!(classify(Found::Damaged, Place::LastAfterCleanStop, never), Verdict::Refuse);
+    }
+
+    #[test]
+    fn a_segment_is_placed_by_its_position_and_the_last_stop() {
+        let clean = LastStop::Clean { first: 0, end: 10 };
+        assert_eq!(Place::of(0, 1, LastStop::MayHaveCrashed), Place::LastAfterCrash);
+        assert_eq!(Place::of(0, 1, clean), Place::LastAfterCleanStop);
+        assert_eq!(Place::of(0, 2, LastStop::MayHaveCrashed), Place::Earlier);
+        assert_eq!(Place::of(1, 2, clean), Place::LastAfterCleanStop);
+    }
+
+    /// `later_records` over real bytes: a damaged record followed by
+    /// nothing, by whole records, and by whole records past a zero block.
+    #[test]
+    fn what_follows_a_damaged_record_is_read_from_the_segment() {
+        let record = |kind: RecordKind, body: &[u8]| {
+            let mut r = vec![0u8; RECORD_HEADER_BYTES];
+            LittleEndian::write_u32(&mut r, body.len() as u32);
+            r[8] = kind as u8;
+            r[9] = kind.version();
+            r.extend_from_slice(body);
+            let crc = super::super::record_crc(&r);
+            LittleEndian::write_u32(&mut r[4..], crc);
+            r
+        };
+        let good = record(RecordKind::Purge, &[1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
+        let mut bad = good.clone();
+        bad[RECORD_HEADER_BYTES] ^= 0xff;
+        let after = |data: &[u8]| later_records(data, 0, records_after(data, 1));
+        assert_eq!(after(&bad), Later::Nothing);
+        let mut data = bad.clone();
+        data.extend_from_slice(&good);
+        assert_eq!(after(&data), Later::Records, "its own length leads to a whole record");
+        let mut data = bad.clone();
+        data.resize(2 * HOLE_BLOCK_BYTES, 0);
+        data.extend_from_slice(&good);
+        assert_eq!(after(&data), Later::AfterZeroBlock);
     }
 }

@@ -5,7 +5,11 @@
 //!
 //! A randomized test runs `seeds(n)` (or `seed(default)`), prints or guards
 //! the seed it is on (`SeedGuard`), and replays a failure with
-//! `RUNNEL_SEED=<seed>`.
+//! `RUNNEL_SEED=<seed>`. Also a temporary directory removed on drop, for
+//! the tests that open a log.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// splitmix64: tiny, seedable, and good enough to drive tests.
 #[derive(Clone, Debug)]
@@ -131,6 +135,29 @@ impl Drop for SeedGuard {
                 self.test, self.seed, self.seed, self.replay
             );
         }
+    }
+}
+
+/// A temporary directory, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let n = N.fetch_add(1, Ordering::SeqCst);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let p = std::env::temp_dir().join(format!("runnel-test-{tag}-{}-{n}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

@@ -64,6 +64,9 @@ const LIST_COUNT: usize = DUE_LIST + 1;
 /// The null link in the intrusive lists; also why a wheel holds fewer than
 /// `u32::MAX` timers.
 const NIL: u32 = u32::MAX;
+/// Most timers a wheel holds: one per index below `NIL`. A `u32` count of
+/// timers (`Limits::timers_max`) never passes it.
+pub const TIMERS_MAX: u32 = NIL;
 
 const _: () = assert!(LEVEL_BITS as usize * LEVELS >= 64);
 const _: () = assert!(LEVEL_BITS as usize * (LEVELS - 1) < 64);
@@ -191,14 +194,15 @@ impl<T> Wheel<T> {
 
     /// Schedules `value` at `deadline_ms`. A deadline at or before the wheel's current time fires on the next `advance`.
     ///
-    /// Panics if the wheel already holds `u32::MAX` timers (the link space).
+    /// Panics if the wheel already holds `TIMERS_MAX` timers (the link
+    /// space): a caller bounds its timers (the broker by `timers_max`, a
+    /// `u32`, so never past it).
     pub fn insert(&mut self, deadline_ms: u64, value: T) -> TimerKey {
         let generation = self.generation_next;
         self.generation_next = generation.wrapping_add(1);
         let entry = Entry { deadline_ms, value, generation, prev: NIL, next: NIL, list: 0 };
         let index = self.entries.insert(entry);
-        // NIL is the null link, so it can never be an entry's index. Callers
-        // bound their timers far below this (see limits.rs).
+        // NIL is the null link, so it can never be an entry's index.
         assert!(index < NIL as usize, "wheel: {index} timers exceed the u32 link space");
         let index = index as u32;
         self.link_tail(self.list_for(deadline_ms), index);

@@ -140,3 +140,29 @@ fn topics_max_counts_user_topics_only() {
     c.produce("d", b"x").unwrap();
     assert_eq!(code(c.produce("e", b"x")), ErrorCode::TooManyTopics);
 }
+
+/// The broker's timers (one per message in flight or delayed, one per
+/// parked FETCH) are bounded by timers_max: a FETCH gets no more messages
+/// than there are timers left, and BUSY when there are none, until acks
+/// free some. A NACK or TOUCH moves a timer, so it always works.
+#[test]
+fn timers_are_bounded_by_timers_max() {
+    let (srv, _dir) = start(Limits { timers_max: 3, ..small_limits() });
+    let mut c = srv.client();
+    let five: Vec<Vec<u8>> = (0..5u8).map(|i| vec![b'a' + i]).collect();
+    let (first, _) = c.produce_batch("t", &five).unwrap();
+    let got = c.fetch("t", now(10)).unwrap();
+    assert_eq!(got.len(), 3, "three timers, three deliveries");
+    assert_eq!(code(c.fetch("t", now(10))), ErrorCode::Busy, "no timer left for a delivery");
+    assert_eq!(code(c.fetch("u", wait_for(1))), ErrorCode::Busy, "nor for a parked FETCH");
+    assert_eq!(c.fetch("u", now(1)).unwrap().len(), 0, "a FETCH that needs no timer is answered");
+    // A delayed NACK and a TOUCH move a timer: they need no room.
+    assert_eq!(c.nack("t", &[first], 60_000, false).unwrap().done, 1);
+    assert_eq!(c.touch("t", &[first + 1], 60_000).unwrap().done, 1);
+    assert_eq!(stat(&mut c, "t", "delayed"), 1);
+    // Acks free timers.
+    c.ack("t", &[first + 1, first + 2]).unwrap();
+    let next: Vec<u64> = c.fetch("t", now(10)).unwrap().iter().map(|m| m.id).collect();
+    assert_eq!(next, [first + 3, first + 4]);
+    assert!(stat(&mut c, "", "busy_replies") >= 2);
+}

@@ -263,7 +263,7 @@ fn limits_table_matches_the_defaults() {
     let heading = "## Limits";
     let rows = table_rows(&doc, heading);
     let d = Limits::default();
-    let limits: [(&str, u64); 16] = [
+    let limits: [(&str, u64); 17] = [
         ("frame_bytes_max", d.frame_bytes_max.into()),
         ("message_bytes_max", d.message_bytes_max.into()),
         ("batch_messages_max", d.batch_messages_max.into()),
@@ -276,6 +276,7 @@ fn limits_table_matches_the_defaults() {
         ("buffered_bytes_max", d.buffered_bytes_max),
         ("fetch_bytes_max", d.fetch_bytes_max.into()),
         ("fetch_wait_ms_max", d.fetch_wait_ms_max.into()),
+        ("timers_max", d.timers_max.into()),
         ("read_bytes_per_turn_max", d.read_bytes_per_turn_max.into()),
         ("handshake_timeout_ms", d.handshake_timeout_ms.into()),
         ("idle_timeout_ms", d.idle_timeout_ms.into()),

@@ -30,7 +30,7 @@ use common::logdir::{
     file_len, records, segments, without_payloads_in,
 };
 use common::{Rng, Server, TempDir};
-use runnel::broker::{Broker, Config, Now, Outbox, Session};
+use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outbox, Session};
 use runnel::client::Fetch;
 use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Reply, ReplyFrame, Request};
 use runnel::log::{LogOptions, OpenError, SegmentFile};
@@ -437,10 +437,10 @@ impl SegmentFile for FailingSync {
 struct Outs(Vec<u8>);
 
 impl Outbox for Outs {
-    fn out(&mut self, _conn: usize) -> Option<&mut Vec<u8>> {
+    fn out(&mut self, _conn: ConnKey) -> Option<&mut Vec<u8>> {
         Some(&mut self.0)
     }
-    fn unblock(&mut self, _conn: usize) {}
+    fn unblock(&mut self, _conn: ConnKey) {}
 }
 
 /// Serves `req` as one whole turn (handle, commit) of `broker` and returns
@@ -448,7 +448,14 @@ impl Outbox for Outs {
 fn turn(broker: &mut Broker, session: &mut Session, rid: u32, req: &Request<'_>) -> Result<(), u8> {
     let now = Now { mono_ms: 1, wall_ms: 1_700_000_000_000 };
     let mut outs = Outs::default();
-    broker.handle(0, session, &Frame { request_id: rid, request: *req }, now, &mut outs.0);
+    broker.handle(
+        ConnKey(0),
+        session,
+        &Frame { request_id: rid, request: *req },
+        now,
+        &LoopStats::default(),
+        &mut outs.0,
+    );
     broker.commit(now, &mut outs);
     match codec::decode_reply(&outs.0, usize::MAX) {
         Ok(Decoded::Frame(ReplyFrame { reply: Reply::Error { code, .. }, .. }, _)) => Err(code),

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::TempDir;
-use runnel::broker::{Broker, Config, Now, Outbox, Outcome, Session};
+use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outbox, Outcome, Session};
 use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Ids, Reply, ReplyFrame, Request};
 use runnel::log::{LogOptions, Opener, SegmentFile};
 use std::os::unix::fs::FileExt;
@@ -64,10 +64,10 @@ impl SegmentFile for Faulty {
 struct Outs(HashMap<usize, Vec<u8>>);
 
 impl Outbox for Outs {
-    fn out(&mut self, conn: usize) -> Option<&mut Vec<u8>> {
+    fn out(&mut self, ConnKey(conn): ConnKey) -> Option<&mut Vec<u8>> {
         Some(self.0.entry(conn).or_default())
     }
-    fn unblock(&mut self, _conn: usize) {}
+    fn unblock(&mut self, _conn: ConnKey) {}
 }
 
 struct Harness {
@@ -116,8 +116,14 @@ impl Harness {
         let rid = self.next_rid;
         self.next_rid += 1;
         let mut out = std::mem::take(self.outs.0.entry(0).or_default());
-        let outcome =
-            self.broker.handle(0, &mut self.session, &Frame { request_id: rid, request: *req }, self.now, &mut out);
+        let outcome = self.broker.handle(
+            ConnKey(0),
+            &mut self.session,
+            &Frame { request_id: rid, request: *req },
+            self.now,
+            &LoopStats::default(),
+            &mut out,
+        );
         assert_ne!(outcome, Outcome::Parked);
         self.outs.0.insert(0, out);
         self.broker.commit(self.now, &mut self.outs);
@@ -485,8 +491,14 @@ impl Harness {
         let rid = self.next_rid;
         self.next_rid += 1;
         let mut out = Vec::new();
-        let outcome =
-            self.broker.handle(0, &mut self.session, &Frame { request_id: rid, request: *req }, self.now, &mut out);
+        let outcome = self.broker.handle(
+            ConnKey(0),
+            &mut self.session,
+            &Frame { request_id: rid, request: *req },
+            self.now,
+            &LoopStats::default(),
+            &mut out,
+        );
         assert_ne!(outcome, Outcome::Parked);
         (rid, out)
     }

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use common::TempDir;
-use runnel::broker::{Broker, Config, Now, Outbox, Outcome, Session};
+use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outbox, Outcome, Session};
 use runnel::codec::{self, Batch, Frame, Ids, Request};
 use runnel::log::{LogOptions, SegmentFile};
 
@@ -73,14 +73,14 @@ struct Recording {
 }
 
 impl Outbox for Recording {
-    fn out(&mut self, conn: usize) -> Option<&mut Vec<u8>> {
+    fn out(&mut self, ConnKey(conn): ConnKey) -> Option<&mut Vec<u8>> {
         let mut events = self.events.lock().expect("events lock");
         if events.last() != Some(&Event::Out(conn)) {
             events.push(Event::Out(conn));
         }
         self.outs.get_mut(conn)
     }
-    fn unblock(&mut self, _conn: usize) {}
+    fn unblock(&mut self, _conn: ConnKey) {}
 }
 
 fn open(dir: &Path, events: &Events) -> Broker {
@@ -94,7 +94,14 @@ fn open(dir: &Path, events: &Events) -> Broker {
 
 fn handle(broker: &mut Broker, conn: usize, session: &mut Session, rid: u32, request: Request<'_>) -> Vec<u8> {
     let mut out = Vec::new();
-    let outcome = broker.handle(conn, session, &Frame { request_id: rid, request }, NOW, &mut out);
+    let outcome = broker.handle(
+        ConnKey(conn),
+        session,
+        &Frame { request_id: rid, request },
+        NOW,
+        &LoopStats::default(),
+        &mut out,
+    );
     assert_eq!(outcome, Outcome::Done, "request {rid} on connection {conn}");
     out
 }
@@ -109,7 +116,17 @@ fn setup(broker: &mut Broker, events: &Events) -> [Session; 3] {
     let create = Request::CreateTopic { topic: "t", settings: Default::default() };
     let mut out = Vec::new();
     let frame = Frame { request_id: 2, request: create };
-    assert_eq!(broker.handle(PRODUCER_CONN, &mut sessions[PRODUCER_CONN], &frame, NOW, &mut out), Outcome::Held);
+    assert_eq!(
+        broker.handle(
+            ConnKey(PRODUCER_CONN),
+            &mut sessions[PRODUCER_CONN],
+            &frame,
+            NOW,
+            &LoopStats::default(),
+            &mut out
+        ),
+        Outcome::Held
+    );
     broker.commit(NOW, &mut Recording { outs: Default::default(), events: events.clone() });
     sessions
 }
@@ -118,7 +135,14 @@ fn produce(broker: &mut Broker, session: &mut Session, rid: u32, payload: &[u8])
     let mut body = Vec::new();
     codec::encode_batch(&mut body, &[payload]);
     let request = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &body } };
-    broker.handle(PRODUCER_CONN, session, &Frame { request_id: rid, request }, NOW, &mut Vec::new())
+    broker.handle(
+        ConnKey(PRODUCER_CONN),
+        session,
+        &Frame { request_id: rid, request },
+        NOW,
+        &LoopStats::default(),
+        &mut Vec::new(),
+    )
 }
 
 #[test]
@@ -134,7 +158,10 @@ fn a_turn_writes_then_syncs_then_delivers_then_acknowledges() {
     let got = handle(&mut broker, ACKER_CONN, &mut acker, 4, fetch(0));
     assert!(got.len() > 40, "setup: the acker got the first message");
     let frame = Frame { request_id: 5, request: fetch(1000) };
-    assert_eq!(broker.handle(WAITER_CONN, &mut waiter, &frame, NOW, &mut Vec::new()), Outcome::Parked);
+    assert_eq!(
+        broker.handle(ConnKey(WAITER_CONN), &mut waiter, &frame, NOW, &LoopStats::default(), &mut Vec::new()),
+        Outcome::Parked
+    );
     take(&events);
 
     // One turn: an ACK (answered into the acker's buffer at once) and a

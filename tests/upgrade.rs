@@ -83,3 +83,12 @@ fn check(name: &str) {
 fn v1_data_directory_opens_with_nothing_lost() {
     check("v1");
 }
+
+/// Written by commit e2437c3, the last build before version 2 of Remove
+/// and Requeue (which name the consumer group): version 1 of every kind,
+/// stopped cleanly (a CLEAN_STOP marker, and the last segment's reserved
+/// space after its records).
+#[test]
+fn v2_data_directory_opens_with_nothing_lost() {
+    check("v2");
+}

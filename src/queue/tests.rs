@@ -1,4 +1,4 @@
-//! Tests for `queue.rs`. First `Seq` and `Topic` by example, each test one
+//! Tests for `queue/`. First `Seq` and `Topic` by example, each test one
 //! rule; then a seeded random test that drives a `Topic` the way the broker
 //! does and compares it, after every operation, with a plain reference model
 //! written below (a `BTreeMap` of messages with their states and a `VecDeque`
@@ -11,15 +11,25 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 
+use super::seq::{BLOCK_BYTES_MAX, BLOCK_MESSAGES_MAX};
 use super::*;
+use crate::codec::{DEAD_LETTER_SUFFIX, DeadReason};
 use crate::testkit::{Rng, seeds};
-use crate::wheel::Wheel;
+use crate::wheel::{TimerKey, Wheel};
+
+/// The group every test acts on: the default one.
+const G: GroupId = GroupId::DEFAULT;
+
+/// A topic as the broker's table makes one: a dead-letter topic by name.
+fn new_topic(name: &str, settings: Settings, first_id: MsgId) -> Topic {
+    Topic::new(name, name.ends_with(DEAD_LETTER_SUFFIX), settings, first_id)
+}
 
 // ---------------------------------------------------------------------------
 // Helpers shared by the example tests and the model test.
 // ---------------------------------------------------------------------------
 
-/// The broker's `TopicTimers` in miniature: a real wheel whose values are
+/// The broker's `GroupTimers` in miniature: a real wheel whose values are
 /// message ids. Counts disarms of keys that named no pending timer, which
 /// would mean the queue lost track of one of its timers.
 struct FakeTimers {
@@ -60,7 +70,7 @@ fn payload_for(id: MsgId, len: usize) -> Vec<u8> {
 
 /// Appends `payloads` and publishes them; returns their ids.
 fn produce(t: &mut Topic, born_ms: u64, payloads: &[&[u8]]) -> Vec<MsgId> {
-    let ids = payloads.iter().map(|p| t.append(born_ms, p)).collect();
+    let ids = payloads.iter().map(|p| t.produce(born_ms, p).0).collect();
     t.publish();
     ids
 }
@@ -75,7 +85,7 @@ fn fetch(
     deadline_ms: u64,
 ) -> Vec<Delivery> {
     let mut got = Vec::new();
-    let n = t.fetch(owner, max_messages, max_bytes, deadline_ms, timers, |_, d| got.push(d));
+    let n = t.fetch(G, Take { owner, max_messages, max_bytes, deadline_ms }, timers, |_, d| got.push(d));
     assert_eq!(n as usize, got.len(), "fetch's count and its deliveries disagree");
     got
 }
@@ -90,7 +100,7 @@ fn fetch_all(t: &mut Topic, timers: &mut FakeTimers, owner: ConsumerId, deadline
 fn fire(t: &mut Topic, timers: &mut FakeTimers, now_ms: u64) -> Vec<(MsgId, Returned)> {
     let mut out = Vec::new();
     for (_, id) in timers.advance(now_ms) {
-        if let Some(r) = t.timer_fired(id, timers) {
+        if let Some(r) = t.timer_fired(G, id, timers) {
             out.push((id, r));
         }
     }
@@ -142,6 +152,25 @@ fn seq_append_get_release_with_dense_ids() {
     assert_eq!(Seq::new(0).next_id(), 1, "id 0 is never handed out");
     let mut seq = Seq::new(0);
     assert_eq!(seq.append(0, b"a").0, 1);
+}
+
+#[test]
+fn seq_live_in_counts_live_messages_at_its_bounds() {
+    let mut seq = Seq::new(1);
+    fill(&mut seq, BLOCK_MESSAGES_MAX + 10, 1);
+    seq.release(3);
+    seq.release(BLOCK_MESSAGES_MAX as u64 + 2);
+    let end = seq.next_id();
+    assert_eq!(seq.live_in(0, end), seq.live());
+    assert_eq!(seq.live_in(1, end), seq.live());
+    assert_eq!(seq.live_in(2, end), seq.live() - 1, "from one past the first");
+    assert_eq!(seq.live_in(1, end - 1), seq.live() - 1, "until one before the last");
+    assert_eq!(seq.live_in(3, 4), 0, "a released message");
+    assert_eq!(seq.live_in(2, 5), 2);
+    let second_block = BLOCK_MESSAGES_MAX as u64 + 1;
+    assert_eq!(seq.live_in(second_block - 1, second_block + 2), 2, "across the block boundary, one released");
+    assert_eq!(seq.live_in(end, end + 10), 0);
+    assert_eq!(seq.live_in(5, 5), 0);
 }
 
 #[test]
@@ -508,113 +537,113 @@ fn settings(max_deliveries: u16) -> Settings {
 
 #[test]
 fn topic_appended_messages_are_invisible_until_published() {
-    let mut t = Topic::new("t", Settings::default(), 1);
+    let mut t = new_topic("t", Settings::default(), 1);
     let mut timers = FakeTimers::new(0);
-    let a = t.append(10, b"a");
-    let b = t.append(10, b"b");
+    let a = t.produce(10, b"a").0;
+    let b = t.produce(10, b"b").0;
     assert_eq!((a, b), (1, 2));
-    assert!(!t.has_ready());
-    assert_eq!((t.ready(), t.unpublished()), (0, 2));
+    assert!(!t.has_ready(G));
+    assert_eq!((t.ready(G), t.seq.unpublished()), (0, 2));
     assert_eq!(fetch(&mut t, &mut timers, 1, 10, u64::MAX, 100), []);
     assert!(timers.wheel.is_empty());
     t.publish();
-    assert_eq!((t.ready(), t.unpublished()), (2, 0));
-    assert!(t.has_ready());
-    let c = t.append(10, b"c");
+    assert_eq!((t.ready(G), t.seq.unpublished()), (2, 0));
+    assert!(t.has_ready(G));
+    let c = t.produce(10, b"c").0;
     assert_eq!(fetch_all(&mut t, &mut timers, 1, 100), [(a, 1), (b, 1)], "c is not published yet");
-    assert_eq!((t.ready(), t.inflight(), t.unpublished()), (0, 2, 1));
+    assert_eq!((t.ready(G), t.inflight(G), t.seq.unpublished()), (0, 2, 1));
     t.publish();
     t.publish();
-    assert_eq!((t.ready(), t.unpublished()), (1, 0), "publishing twice changes nothing");
+    assert_eq!((t.ready(G), t.seq.unpublished()), (1, 0), "publishing twice changes nothing");
     assert_eq!(fetch_all(&mut t, &mut timers, 1, 100), [(c, 1)]);
-    assert_eq!(t.counters.produced, 3);
+    assert_eq!(t.counters(G).produced, 3);
 }
 
 #[test]
 fn topic_withdrawn_messages_never_become_visible_and_ids_are_not_reused() {
-    let mut t = Topic::new("t", Settings::default(), 1);
+    let mut t = new_topic("t", Settings::default(), 1);
     let mut timers = FakeTimers::new(0);
     let a = produce(&mut t, 0, &[b"a"])[0];
-    let first = t.append(0, b"b");
-    t.append(0, b"c");
-    let kept = t.append(0, b"d");
-    assert_eq!(t.counters.produced, 4);
+    let first = t.produce(0, b"b").0;
+    t.produce(0, b"c");
+    let kept = t.produce(0, b"d").0;
+    assert_eq!(t.counters(G).produced, 4);
     t.withdraw(first, 2);
-    assert_eq!(t.counters.produced, 2, "a withdrawn produce was never produced");
+    assert_eq!(t.counters(G).produced, 2, "a withdrawn produce was never produced");
     assert!(!t.seq.contains(first) && !t.seq.contains(first + 1));
-    assert_eq!(t.unpublished(), 1);
+    assert_eq!(t.seq.unpublished(), 1);
     t.publish();
     assert_eq!(fetch_all(&mut t, &mut timers, 1, 100), [(a, 1), (kept, 1)]);
-    assert_eq!(t.append(0, b"e"), kept + 1, "ids are not reused");
+    assert_eq!(t.produce(0, b"e").0, kept + 1, "ids are not reused");
     // Withdrawing again, or ids that are gone, changes nothing.
     t.withdraw(first, 2);
-    assert_eq!(t.counters.produced, 3);
+    assert_eq!(t.counters(G).produced, 3);
     // A withdrawn dead letter takes its dead info with it.
-    let mut dlq = Topic::new("t.dlq", Settings::default(), 1);
+    let mut dlq = new_topic("t.dlq", Settings::default(), 1);
     let info = DeadInfo { origin_id: 7, origin_deliveries: 3, reason: DeadReason::Nacked };
-    let d = dlq.append_dead(0, b"x", info);
-    assert_eq!(dlq.dead_info(d), Some(info));
+    let d = dlq.append_moved(0, b"x", Some(info));
+    assert_eq!(dlq.seq.dead_info(d), Some(info));
     dlq.withdraw(d, 1);
-    assert_eq!(dlq.dead_info(d), None);
-    assert_eq!((dlq.counters.produced, dlq.seq.live()), (0, 0));
+    assert_eq!(dlq.seq.dead_info(d), None);
+    assert_eq!((dlq.counters(G).produced, dlq.seq.live()), (0, 0));
 }
 
 #[test]
 fn topic_publish_makes_only_unwithdrawn_messages_ready() {
-    let mut t = Topic::new("t", Settings::default(), 1);
-    t.append(0, b"a");
-    let b = t.append(0, b"b");
+    let mut t = new_topic("t", Settings::default(), 1);
+    t.produce(0, b"a");
+    let b = t.produce(0, b"b").0;
     t.withdraw(b, 1);
     t.publish();
-    assert_eq!(t.ready(), 1, "only a became ready");
-    t.append(0, b"c");
+    assert_eq!(t.ready(G), 1, "only a became ready");
+    t.produce(0, b"c");
     t.publish();
-    assert_eq!(t.ready(), 2);
+    assert_eq!(t.ready(G), 2);
 }
 
 #[test]
 fn topic_publish_after_purge_makes_nothing_ready() {
-    let mut t = Topic::new("t", Settings::default(), 1);
+    let mut t = new_topic("t", Settings::default(), 1);
     let mut timers = FakeTimers::new(0);
-    t.append(0, b"a");
+    t.produce(0, b"a");
     t.purge(&mut timers);
     t.publish();
-    assert_eq!(t.ready(), 0, "the purged message never becomes ready");
-    assert!(!t.has_ready());
+    assert_eq!(t.ready(G), 0, "the purged message never becomes ready");
+    assert!(!t.has_ready(G));
 }
 
 #[test]
 fn topic_publish_after_id_bump_makes_only_messages_ready() {
-    let mut t = Topic::new("t", Settings::default(), 1);
+    let mut t = new_topic("t", Settings::default(), 1);
     t.seq.bump_next_id(100);
-    t.append(0, b"b");
+    t.produce(0, b"b");
     t.publish();
-    assert_eq!(t.ready(), 1, "ids skipped by bump_next_id are not messages");
+    assert_eq!(t.ready(G), 1, "ids skipped by bump_next_id are not messages");
 }
 
 #[test]
 fn topic_fetch_serves_retries_before_fresh_messages() {
-    let mut t = Topic::new("t", Settings::default(), 1);
+    let mut t = new_topic("t", Settings::default(), 1);
     let mut timers = FakeTimers::new(0);
     produce(&mut t, 0, &[b"1", b"2", b"3", b"4", b"5"]);
     assert_eq!(fetch_all(&mut t, &mut timers, 1, 100).len(), 5);
     produce(&mut t, 0, &[b"6", b"7"]);
-    assert_eq!(t.nack(3, None, false, &mut timers), Some(Returned::Retry));
-    assert_eq!(t.nack(1, None, false, &mut timers), Some(Returned::Retry));
-    assert_eq!(t.nack(4, Some(50), false, &mut timers), Some(Returned::Retry));
-    assert!(t.ack(2, &mut timers));
+    assert_eq!(t.nack(G, 3, None, false, &mut timers), Some(Returned::Retry));
+    assert_eq!(t.nack(G, 1, None, false, &mut timers), Some(Returned::Retry));
+    assert_eq!(t.nack(G, 4, Some(50), false, &mut timers), Some(Returned::Retry));
+    assert!(t.ack(G, 2, &mut timers));
     // 4's delay ends (at 50), then 5's ack deadline passes (at 100): both
     // join the retry queue behind 3 and 1, in that order.
     assert_eq!(fire(&mut t, &mut timers, 100), [(4, Returned::Retry), (5, Returned::Retry)]);
     let got = fetch(&mut t, &mut timers, 2, 3, u64::MAX, 200);
     assert_eq!(got.iter().map(|d| (d.id, d.deliveries)).collect::<Vec<_>>(), [(3, 2), (1, 2), (4, 2)]);
     assert_eq!(fetch_all(&mut t, &mut timers, 2, 200), [(5, 2), (6, 1), (7, 1)]);
-    assert!(!t.has_ready());
+    assert!(!t.has_ready(G));
 }
 
 #[test]
 fn topic_fetch_max_bytes_takes_at_least_one_message() {
-    let mut t = Topic::new("t", Settings::default(), 1);
+    let mut t = new_topic("t", Settings::default(), 1);
     let mut timers = FakeTimers::new(0);
     let ten = [1u8; 10];
     produce(&mut t, 0, &[&ten, &ten, &ten, &ten, &[2u8; 100], &ten, b"", b""]);
@@ -634,211 +663,210 @@ fn topic_fetch_max_bytes_takes_at_least_one_message() {
 
 #[test]
 fn topic_ack_only_succeeds_for_delivered_unacknowledged_messages() {
-    let mut t = Topic::new("t", Settings::default(), 1);
+    let mut t = new_topic("t", Settings::default(), 1);
     let mut timers = FakeTimers::new(0);
     produce(&mut t, 0, &[b"1", b"2", b"3", b"4", b"5"]);
-    let unpublished = t.append(0, b"6");
+    let unpublished = t.produce(0, b"6").0;
     fetch(&mut t, &mut timers, 1, 3, u64::MAX, 100);
-    assert!(!t.ack(4, &mut timers), "never delivered");
-    assert!(!t.ack(unpublished, &mut timers), "not published");
-    assert!(!t.ack(0, &mut timers) && !t.ack(99, &mut timers), "unknown");
-    assert!(t.ack(1, &mut timers));
-    assert!(!t.ack(1, &mut timers), "acked twice");
+    assert!(!t.ack(G, 4, &mut timers), "never delivered");
+    assert!(!t.ack(G, unpublished, &mut timers), "not published");
+    assert!(!t.ack(G, 0, &mut timers) && !t.ack(G, 99, &mut timers), "unknown");
+    assert!(t.ack(G, 1, &mut timers));
+    assert!(!t.ack(G, 1, &mut timers), "acked twice");
     assert!(!t.seq.contains(1));
     // A message back in ready or delayed after a failed delivery can still
     // be acknowledged; its timer goes with it.
-    t.nack(2, None, false, &mut timers);
-    t.nack(3, Some(1_000), false, &mut timers);
-    assert_eq!((t.ready(), t.inflight(), t.delayed()), (3, 0, 1));
-    assert!(t.ack(2, &mut timers), "retry-ready");
-    assert!(t.ack(3, &mut timers), "delayed");
+    t.nack(G, 2, None, false, &mut timers);
+    t.nack(G, 3, Some(1_000), false, &mut timers);
+    assert_eq!((t.ready(G), t.inflight(G), t.delayed(G)), (3, 0, 1));
+    assert!(t.ack(G, 2, &mut timers), "retry-ready");
+    assert!(t.ack(G, 3, &mut timers), "delayed");
     assert!(timers.wheel.is_empty(), "every timer disarmed");
     assert_eq!(timers.stale_disarms, 0);
-    assert_eq!((t.ready(), t.inflight(), t.delayed()), (2, 0, 0));
+    assert_eq!((t.ready(G), t.inflight(G), t.delayed(G)), (2, 0, 0));
     assert_eq!(fetch_all(&mut t, &mut timers, 1, 100), [(4, 1), (5, 1)], "acked retries are skipped");
-    assert_eq!(t.counters.acked, 3);
+    assert_eq!(t.counters(G).acked, 3);
     assert_eq!(fire(&mut t, &mut timers, 2_000), [(4, Returned::Retry), (5, Returned::Retry)]);
 }
 
 #[test]
 fn topic_nack_returns_now_or_after_a_delay() {
-    let mut t = Topic::new("t", settings(5), 1);
+    let mut t = new_topic("t", settings(5), 1);
     let mut timers = FakeTimers::new(0);
     produce(&mut t, 0, &[b"a", b"b"]);
-    assert_eq!(t.nack(1, None, false, &mut timers), None, "not in flight");
+    assert_eq!(t.nack(G, 1, None, false, &mut timers), None, "not in flight");
     fetch_all(&mut t, &mut timers, 1, 100);
-    assert_eq!(t.nack(1, None, false, &mut timers), Some(Returned::Retry));
-    assert_eq!(t.nack(1, None, false, &mut timers), None, "no longer in flight");
-    assert_eq!(t.nack(2, Some(40), false, &mut timers), Some(Returned::Retry));
-    assert_eq!((t.ready(), t.inflight(), t.delayed()), (1, 0, 1));
-    assert_eq!(t.deliveries(2), 1);
+    assert_eq!(t.nack(G, 1, None, false, &mut timers), Some(Returned::Retry));
+    assert_eq!(t.nack(G, 1, None, false, &mut timers), None, "no longer in flight");
+    assert_eq!(t.nack(G, 2, Some(40), false, &mut timers), Some(Returned::Retry));
+    assert_eq!((t.ready(G), t.inflight(G), t.delayed(G)), (1, 0, 1));
+    assert_eq!(t.deliveries(G, 2), 1);
     assert_eq!(timers.wheel.len(), 1, "the ack deadline went, the delay came");
     assert_eq!(fetch_all(&mut t, &mut timers, 1, 100), [(1, 2)], "a delayed message is not ready");
     assert_eq!(fire(&mut t, &mut timers, 39), []);
     assert_eq!(fire(&mut t, &mut timers, 40), [(2, Returned::Retry)]);
-    assert_eq!((t.ready(), t.inflight(), t.delayed()), (1, 1, 0));
+    assert_eq!((t.ready(G), t.inflight(G), t.delayed(G)), (1, 1, 0));
     assert_eq!(fetch_all(&mut t, &mut timers, 1, 100), [(2, 2)]);
-    assert_eq!(t.counters.nacked, 2);
-    assert_eq!(t.counters.expired, 0, "a delay ending is not an expiry");
+    assert_eq!(t.counters(G).nacked, 2);
+    assert_eq!(t.counters(G).expired, 0, "a delay ending is not an expiry");
 }
 
 #[test]
 fn topic_touch_moves_the_ack_deadline() {
-    let mut t = Topic::new("t", Settings::default(), 1);
+    let mut t = new_topic("t", Settings::default(), 1);
     let mut timers = FakeTimers::new(0);
     produce(&mut t, 0, &[b"a", b"b"]);
-    assert!(!t.touch(1, 500, &mut timers), "not in flight");
+    assert!(!t.touch(G, 1, 500, &mut timers), "not in flight");
     fetch(&mut t, &mut timers, 1, 1, u64::MAX, 100);
-    assert!(t.touch(1, 500, &mut timers));
-    assert!(!t.touch(2, 500, &mut timers), "ready, not in flight");
-    assert!(!t.touch(9, 500, &mut timers), "unknown");
+    assert!(t.touch(G, 1, 500, &mut timers));
+    assert!(!t.touch(G, 2, 500, &mut timers), "ready, not in flight");
+    assert!(!t.touch(G, 9, 500, &mut timers), "unknown");
     assert_eq!(timers.wheel.len(), 1, "the old deadline was disarmed");
     assert_eq!(fire(&mut t, &mut timers, 499), []);
-    assert!(t.touch(1, 200, &mut timers), "a deadline may also move earlier (or into the past)");
+    assert!(t.touch(G, 1, 200, &mut timers), "a deadline may also move earlier (or into the past)");
     assert_eq!(fire(&mut t, &mut timers, 499), [(1, Returned::Retry)]);
-    assert!(!t.touch(1, 900, &mut timers), "expired");
-    assert_eq!(t.counters.expired, 1);
+    assert!(!t.touch(G, 1, 900, &mut timers), "expired");
+    assert_eq!(t.counters(G).expired, 1);
 }
 
 #[test]
 fn topic_expired_delivery_returns_to_ready() {
-    let mut t = Topic::new("t", Settings::default(), 1);
+    let mut t = new_topic("t", Settings::default(), 1);
     let mut timers = FakeTimers::new(1_000);
     produce(&mut t, 0, &[b"a", b"b"]);
     assert_eq!(fetch_all(&mut t, &mut timers, 1, 1_100), [(1, 1), (2, 1)]);
-    assert!(t.ack(2, &mut timers));
+    assert!(t.ack(G, 2, &mut timers));
     assert_eq!(fire(&mut t, &mut timers, 1_099), []);
-    assert_eq!(t.inflight(), 1);
+    assert_eq!(t.inflight(G), 1);
     assert_eq!(fire(&mut t, &mut timers, 1_100), [(1, Returned::Retry)]);
-    assert_eq!((t.ready(), t.inflight(), t.counters.expired), (1, 0, 1));
-    assert!(!t.ack(3, &mut timers));
-    assert_eq!(t.deliveries(1), 1);
+    assert_eq!((t.ready(G), t.inflight(G), t.counters(G).expired), (1, 0, 1));
+    assert!(!t.ack(G, 3, &mut timers));
+    assert_eq!(t.deliveries(G, 1), 1);
     assert_eq!(fetch_all(&mut t, &mut timers, 2, 2_000), [(1, 2)]);
-    assert_eq!(t.deliveries(1), 2);
+    assert_eq!(t.deliveries(G, 1), 2);
     // A timer for an id the topic no longer tracks is ignored.
-    assert_eq!(t.timer_fired(2, &mut timers), None);
-    assert_eq!(t.timer_fired(77, &mut timers), None);
+    assert_eq!(t.timer_fired(G, 2, &mut timers), None);
+    assert_eq!(t.timer_fired(G, 77, &mut timers), None);
 }
 
 #[test]
 fn topic_disconnect_returns_everything_in_flight_to_that_consumer() {
-    let mut t = Topic::new("t", settings(3), 1);
+    let mut t = new_topic("t", settings(3), 1);
     let mut timers = FakeTimers::new(0);
     produce(&mut t, 0, &[b"a", b"b", b"c", b"d"]);
     assert_eq!(fetch_all(&mut t, &mut timers, 7, 100).len(), 4);
     // 1 goes round to consumer 8; 2 is acked; 3 and 4 stay with 7.
-    t.nack(1, None, false, &mut timers);
+    t.nack(G, 1, None, false, &mut timers);
     assert_eq!(fetch(&mut t, &mut timers, 8, 1, u64::MAX, 100)[0].id, 1);
-    t.ack(2, &mut timers);
+    t.ack(G, 2, &mut timers);
     let mut dead_seen = Vec::new();
-    assert_eq!(t.disconnect(7, &mut timers, |_, id, info| dead_seen.push((id, info))), 2);
+    assert_eq!(t.disconnect(G, 7, &mut timers, |id, info| dead_seen.push((id, info))), 2);
     assert!(dead_seen.is_empty());
-    assert_eq!((t.ready(), t.inflight()), (2, 1));
+    assert_eq!((t.ready(G), t.inflight(G)), (2, 1));
     assert_eq!(timers.wheel.len(), 1, "only 8's deadline is left");
-    assert_eq!(t.disconnect(7, &mut timers, |_, _, _| panic!("nothing left")), 0);
-    assert_eq!(t.disconnect(99, &mut timers, |_, _, _| panic!("unknown")), 0);
-    assert_eq!(t.counters.expired + t.counters.nacked, 1, "a disconnect is neither");
+    assert_eq!(t.disconnect(G, 7, &mut timers, |_, _| panic!("nothing left")), 0);
+    assert_eq!(t.disconnect(G, 99, &mut timers, |_, _| panic!("unknown")), 0);
+    assert_eq!(t.counters(G).expired + t.counters(G).nacked, 1, "a disconnect is neither");
     assert_eq!(fetch_all(&mut t, &mut timers, 8, 100), [(3, 2), (4, 2)]);
-    assert_eq!(t.disconnect(8, &mut timers, |_, _, _| panic!("not out of deliveries")), 3);
+    assert_eq!(t.disconnect(G, 8, &mut timers, |_, _| panic!("not out of deliveries")), 3);
     assert!(timers.wheel.is_empty());
     assert_eq!(timers.stale_disarms, 0);
 }
 
 #[test]
 fn topic_dead_outcomes_at_max_deliveries_and_for_rejected() {
-    let mut t = Topic::new("t", settings(2), 1);
+    let mut t = new_topic("t", settings(2), 1);
     let mut timers = FakeTimers::new(0);
     produce(&mut t, 0, &[b"timeout", b"nacked", b"lost", b"rejected", b"delayed"]);
     fetch_all(&mut t, &mut timers, 1, 10);
-    assert_eq!(t.nack(4, None, true, &mut timers), Some(dead(4, 1, DeadReason::Rejected)), "at once");
+    assert_eq!(t.nack(G, 4, None, true, &mut timers), Some(dead(4, 1, DeadReason::Rejected)), "at once");
     assert!(t.seq.contains(4), "the caller moves it, then releases it");
-    t.release(4);
+    t.dead_lettered(G, 4);
     assert_eq!(fire(&mut t, &mut timers, 10).len(), 4, "first deadlines pass");
     assert_eq!(fetch_all(&mut t, &mut timers, 1, 20), [(1, 2), (2, 2), (3, 2), (5, 2)]);
-    assert_eq!(t.nack(2, None, false, &mut timers), Some(dead(2, 2, DeadReason::Nacked)));
-    assert_eq!(t.nack(5, Some(500), false, &mut timers), Some(dead(5, 2, DeadReason::Nacked)), "no delay");
+    assert_eq!(t.nack(G, 2, None, false, &mut timers), Some(dead(2, 2, DeadReason::Nacked)));
+    assert_eq!(t.nack(G, 5, Some(500), false, &mut timers), Some(dead(5, 2, DeadReason::Nacked)), "no delay");
     assert_eq!(timers.wheel.len(), 2, "no timer armed for a dead message");
     let mut lost = Vec::new();
-    assert_eq!(t.disconnect(9, &mut timers, |_, _, _| {}), 0);
-    t.touch(3, 30, &mut timers);
+    assert_eq!(t.disconnect(G, 9, &mut timers, |_, _| {}), 0);
+    t.touch(G, 3, 30, &mut timers);
     assert_eq!(fire(&mut t, &mut timers, 20), [(1, dead(1, 2, DeadReason::AckTimeout))]);
     // 3 went to consumer 1, which now disconnects.
-    assert_eq!(t.disconnect(1, &mut timers, |_, id, info| lost.push((id, Returned::Dead(info)))), 0);
+    assert_eq!(t.disconnect(G, 1, &mut timers, |id, info| lost.push((id, Returned::Dead(info)))), 0);
     assert_eq!(lost, [(3, dead(3, 2, DeadReason::ConsumerLost))]);
-    assert_eq!((t.ready(), t.inflight(), t.delayed()), (4, 0, 0), "dead but not yet released: counted ready");
+    assert_eq!((t.ready(G), t.inflight(G), t.delayed(G)), (0, 0, 0), "dead, not yet settled: in no table");
     for id in [1, 2, 3, 5] {
-        t.release(id);
+        t.dead_lettered(G, id);
     }
-    assert_eq!((t.ready(), t.seq.live()), (0, 0));
-    assert_eq!(t.counters.dead_lettered, 0, "the broker counts dead letters");
-    assert_eq!(t.counters.expired, 5);
-    assert_eq!(t.counters.nacked, 3);
+    assert_eq!((t.ready(G), t.seq.live()), (0, 0));
+    assert_eq!(t.counters(G).dead_lettered, 5);
+    assert_eq!(t.counters(G).expired, 5);
+    assert_eq!(t.counters(G).nacked, 3);
     assert!(timers.wheel.is_empty());
 }
 
 #[test]
 fn topic_dead_message_requeued_when_the_dead_letter_topic_is_full() {
-    let mut t = Topic::new("t", settings(1), 1);
+    let mut t = new_topic("t", settings(1), 1);
     let mut timers = FakeTimers::new(0);
     produce(&mut t, 0, &[b"a", b"b"]);
     fetch_all(&mut t, &mut timers, 1, 10);
-    let Some(Returned::Dead(info)) = t.nack(1, None, false, &mut timers) else { panic!("max_deliveries 1") };
-    t.requeue(1, info.origin_deliveries);
-    assert_eq!(t.deliveries(1), 1);
+    let Some(Returned::Dead(info)) = t.nack(G, 1, None, false, &mut timers) else { panic!("max_deliveries 1") };
+    t.requeue(G, 1, info.origin_deliveries);
+    assert_eq!(t.deliveries(G, 1), 1);
     assert_eq!(fetch_all(&mut t, &mut timers, 1, 10), [(1, 2)], "back at the front");
-    assert_eq!(t.counters.redelivered, 1);
+    assert_eq!(t.counters(G).redelivered, 1);
 }
 
 #[test]
 fn topic_dlq_topics_never_dead_letter() {
-    let mut t = Topic::new("orders.dlq", settings(1), 1);
+    let mut t = new_topic("orders.dlq", settings(1), 1);
     assert!(t.is_dlq());
-    assert!(!Topic::new("orders.dlq.x", settings(1), 1).is_dlq());
     let mut timers = FakeTimers::new(0);
     let info = DeadInfo { origin_id: 40, origin_deliveries: 1, reason: DeadReason::Rejected };
-    t.append_dead(0, b"a", info);
-    t.append_dead(0, b"b", info);
-    t.append(0, b"c");
+    t.append_moved(0, b"a", Some(info));
+    t.append_moved(0, b"b", Some(info));
+    t.produce(0, b"c");
     t.publish();
     fetch_all(&mut t, &mut timers, 1, 10);
-    assert_eq!(t.nack(1, None, true, &mut timers), Some(Returned::Retry), "not even rejected ones");
-    assert_eq!(t.nack(2, None, false, &mut timers), Some(Returned::Retry));
+    assert_eq!(t.nack(G, 1, None, true, &mut timers), Some(Returned::Retry), "not even rejected ones");
+    assert_eq!(t.nack(G, 2, None, false, &mut timers), Some(Returned::Retry));
     assert_eq!(fire(&mut t, &mut timers, 10), [(3, Returned::Retry)]);
     assert_eq!(fetch_all(&mut t, &mut timers, 1, 20), [(1, 2), (2, 2), (3, 2)]);
-    assert_eq!(t.disconnect(1, &mut timers, |_, _, _| panic!("a dlq never dead-letters")), 3);
-    assert_eq!(t.dead_info(1), Some(info));
-    assert_eq!(t.dead_info(3), None);
+    assert_eq!(t.disconnect(G, 1, &mut timers, |_, _| panic!("a dlq never dead-letters")), 3);
+    assert_eq!(t.seq.dead_info(1), Some(info));
+    assert_eq!(t.seq.dead_info(3), None);
     assert_eq!(fetch_all(&mut t, &mut timers, 2, 20), [(1, 3), (2, 3), (3, 3)]);
-    t.ack(1, &mut timers);
-    assert_eq!(t.dead_info(1), None, "released with its message");
+    t.ack(G, 1, &mut timers);
+    assert_eq!(t.seq.dead_info(1), None, "released with its message");
 }
 
 #[test]
 fn topic_purge_removes_everything_and_disarms_timers() {
-    let mut t = Topic::new("t", Settings::default(), 1);
+    let mut t = new_topic("t", Settings::default(), 1);
     let mut timers = FakeTimers::new(0);
     produce(&mut t, 0, &[b"1", b"2", b"3", b"4", b"5", b"6"]);
     fetch(&mut t, &mut timers, 1, 4, u64::MAX, 100);
-    t.nack(1, Some(50), false, &mut timers); // delayed
-    t.nack(2, None, false, &mut timers); // retry-ready
+    t.nack(G, 1, Some(50), false, &mut timers); // delayed
+    t.nack(G, 2, None, false, &mut timers); // retry-ready
     // 3, 4 in flight; 5, 6 ready; 7 appended, not published.
-    let unpublished = t.append(0, b"7");
-    assert_eq!((t.ready(), t.inflight(), t.delayed(), t.unpublished()), (3, 2, 1, 1));
+    let unpublished = t.produce(0, b"7").0;
+    assert_eq!((t.ready(G), t.inflight(G), t.delayed(G), t.seq.unpublished()), (3, 2, 1, 1));
     assert_eq!(t.purge(&mut timers), 7);
     assert!(timers.wheel.is_empty(), "every timer disarmed");
     assert_eq!(timers.stale_disarms, 0);
-    assert_eq!((t.ready(), t.inflight(), t.delayed(), t.unpublished()), (0, 0, 0, 0));
+    assert_eq!((t.ready(G), t.inflight(G), t.delayed(G), t.seq.unpublished()), (0, 0, 0, 0));
     assert_eq!((t.seq.live(), t.seq.live_bytes()), (0, 0));
-    assert!(!t.has_ready());
+    assert!(!t.has_ready(G));
     for id in 1..=7 {
-        assert!(!t.ack(id, &mut timers), "ack {id}");
-        assert_eq!(t.nack(id, None, false, &mut timers), None);
-        assert_eq!(t.timer_fired(id, &mut timers), None);
+        assert!(!t.ack(G, id, &mut timers), "ack {id}");
+        assert_eq!(t.nack(G, id, None, false, &mut timers), None);
+        assert_eq!(t.timer_fired(G, id, &mut timers), None);
     }
-    assert_eq!(t.disconnect(1, &mut timers, |_, _, _| panic!("purged")), 0);
+    assert_eq!(t.disconnect(G, 1, &mut timers, |_, _| panic!("purged")), 0);
     // The failed commit of the purged produce withdraws nothing.
     t.withdraw(unpublished, 1);
-    assert_eq!(t.counters.produced, 7);
+    assert_eq!(t.counters(G).produced, 7);
     t.publish();
     assert_eq!(fetch_all(&mut t, &mut timers, 1, 100), []);
     let ids = produce(&mut t, 0, &[b"8"]);
@@ -850,52 +878,52 @@ fn topic_purge_removes_everything_and_disarms_timers() {
 
 #[test]
 fn topic_drain_ready_takes_retries_then_fresh_messages() {
-    let mut t = Topic::new("t.dlq", Settings::default(), 1);
+    let mut t = new_topic("t.dlq", Settings::default(), 1);
     let mut timers = FakeTimers::new(0);
     let info = DeadInfo { origin_id: 9, origin_deliveries: 4, reason: DeadReason::AckTimeout };
     for p in [b"1", b"2", b"3", b"4", b"5"] {
-        t.append_dead(100, p, info);
+        t.append_moved(100, p, Some(info));
     }
-    t.append(100, b"6");
+    t.produce(100, b"6");
     t.publish();
     fetch(&mut t, &mut timers, 1, 3, u64::MAX, 100);
-    t.nack(2, None, false, &mut timers);
-    t.nack(3, Some(50), false, &mut timers);
+    t.nack(G, 2, None, false, &mut timers);
+    t.nack(G, 3, Some(50), false, &mut timers);
     // Ready: 2 (retry), 4, 5, 6. In flight: 1. Delayed: 3.
     let mut seen = Vec::new();
-    let n = t.drain_ready(2, |m, d| {
+    let n = t.drain_ready(G, 2, |m, d| {
         seen.push((m.id, m.payload.to_vec(), d));
         true
     });
     assert_eq!(n, 2);
     assert_eq!(seen, [(2, b"2".to_vec(), Some(info)), (4, b"4".to_vec(), Some(info))]);
     assert!(!t.seq.contains(2) && !t.seq.contains(4), "drained messages are released");
-    assert_eq!(t.dead_info(2), None);
+    assert_eq!(t.seq.dead_info(2), None);
     // The callback can refuse (the target is full): that message stays.
     let mut calls = 0;
     assert_eq!(
-        t.drain_ready(u64::MAX, |_, _| {
+        t.drain_ready(G, u64::MAX, |_, _| {
             calls += 1;
             calls == 1
         }),
         1
     );
-    assert_eq!((t.ready(), t.inflight(), t.delayed()), (1, 1, 1));
+    assert_eq!((t.ready(G), t.inflight(G), t.delayed(G)), (1, 1, 1));
     let mut rest = Vec::new();
-    let n = t.drain_ready(u64::MAX, |m, d| {
+    let n = t.drain_ready(G, u64::MAX, |m, d| {
         rest.push((m.id, d.is_some()));
         true
     });
     assert_eq!(n, 1);
     assert_eq!(rest, [(6, false)]);
-    assert_eq!(t.drain_ready(u64::MAX, |_, _| panic!("nothing ready")), 0);
+    assert_eq!(t.drain_ready(G, u64::MAX, |_, _| panic!("nothing ready")), 0);
     assert_eq!(live_ids(&t.seq), [1, 3], "in flight and delayed stay");
-    assert_eq!(t.counters.acked + t.counters.delivered, 3, "a drain is neither an ack nor a delivery");
+    assert_eq!(t.counters(G).acked + t.counters(G).delivered, 3, "a drain is neither an ack nor a delivery");
 }
 
 #[test]
 fn topic_restore_carries_delivery_counts_into_the_next_delivery() {
-    let mut t = Topic::new("t", settings(4), 3);
+    let mut t = new_topic("t", settings(4), 3);
     let mut timers = FakeTimers::new(0);
     let info = DeadInfo { origin_id: 1, origin_deliveries: 2, reason: DeadReason::Nacked };
     t.restore(5, 50, b"five", 0, None);
@@ -903,73 +931,143 @@ fn topic_restore_carries_delivery_counts_into_the_next_delivery() {
     t.restore(8, 80, b"eight", 1, None);
     t.restore(9_000, 90, b"far", 0, Some(info));
     t.restore(9_001, 91, b"tired", 3, None);
-    t.restore_deliveries(5, 3); // a requeue record
-    t.restore_deliveries(6, 1); // for a message that is gone: ignored
-    t.release(8); // an ack record
+    t.restore_deliveries(G, 5, 3); // a requeue record
+    t.restore_deliveries(G, 6, 1); // for a message that is gone: ignored
+    t.restore_done_with(G, 8); // an ack record
     t.restore_done();
-    assert_eq!((t.ready(), t.inflight(), t.unpublished()), (4, 0, 0));
-    assert!(t.has_ready());
-    assert_eq!((t.deliveries(5), t.deliveries(7), t.deliveries(9_000)), (3, 2, 0));
+    assert_eq!((t.ready(G), t.inflight(G), t.seq.unpublished()), (4, 0, 0));
+    assert!(t.has_ready(G));
+    assert_eq!((t.deliveries(G, 5), t.deliveries(G, 7), t.deliveries(G, 9_000)), (3, 2, 0));
     assert_eq!(t.seq.get(7).map(|m| (m.born_ms, m.payload)), Some((70, &b"seven"[..])));
-    assert_eq!(t.dead_info(9_000), Some(info));
+    assert_eq!(t.seq.dead_info(9_000), Some(info));
     assert_eq!(fetch_all(&mut t, &mut timers, 1, 10), [(5, 4), (7, 3), (9_000, 1), (9_001, 4)]);
-    assert_eq!(t.counters.redelivered, 3, "carried deliveries make a redelivery");
-    assert_eq!(t.counters.produced, 0, "recovery is not a produce");
-    assert_eq!(t.nack(5, None, false, &mut timers), Some(dead(5, 4, DeadReason::Nacked)));
-    assert_eq!(t.nack(7, None, false, &mut timers), Some(Returned::Retry));
-    assert_eq!(t.append(100, b"new"), 9_002, "ids continue after the last restored");
+    assert_eq!(t.counters(G).redelivered, 3, "carried deliveries make a redelivery");
+    assert_eq!(t.counters(G).produced, 0, "recovery is not a produce");
+    assert_eq!(t.nack(G, 5, None, false, &mut timers), Some(dead(5, 4, DeadReason::Nacked)));
+    assert_eq!(t.nack(G, 7, None, false, &mut timers), Some(Returned::Retry));
+    assert_eq!(t.produce(100, b"new").0, 9_002, "ids continue after the last restored");
     t.publish();
-    t.release(5);
+    t.dead_lettered(G, 5);
     assert_eq!(fetch_all(&mut t, &mut timers, 1, 10), [(7, 4), (9_002, 1)]);
 
     // A recovered topic whose every message was acknowledged.
-    let mut t = Topic::new("t", settings(4), 1);
+    let mut t = new_topic("t", settings(4), 1);
     t.restore(1, 0, b"a", 0, None);
-    t.release(1);
+    t.restore_done_with(G, 1);
     t.restore_done();
-    assert_eq!((t.ready(), t.seq.next_id()), (0, 2));
-    assert!(!t.has_ready());
-    t.append(0, b"b");
+    assert_eq!((t.ready(G), t.seq.next_id()), (0, 2));
+    assert!(!t.has_ready(G));
+    t.produce(0, b"b");
     t.publish();
     assert_eq!(fetch_all(&mut t, &mut timers, 1, 10), [(2, 1)]);
 }
 
 #[test]
 fn topic_recovery_keeps_no_carried_deliveries_for_released_messages() {
-    let mut t = Topic::new("t", settings(4), 1);
+    let mut t = new_topic("t", settings(4), 1);
     t.restore(1, 0, b"acked before the restart", 0, None);
     t.restore(2, 0, b"still queued", 0, None);
-    t.restore_deliveries(1, 2); // its requeue record
-    t.restore_deliveries(2, 1);
-    t.release(1); // its ack record
+    t.restore_deliveries(G, 1, 2); // its requeue record
+    t.restore_deliveries(G, 2, 1);
+    t.restore_done_with(G, 1); // its ack record
     t.restore_done();
-    let mut carried: Vec<MsgId> = t.group.carried.keys().copied().collect();
+    let mut carried: Vec<MsgId> = t.group(G).carried.keys().copied().collect();
     carried.sort_unstable();
     assert_eq!(carried, [2], "only live messages carry deliveries");
 }
 
 #[test]
 fn topic_counters() {
-    let mut t = Topic::new("t", settings(2), 1);
+    let mut t = new_topic("t", settings(2), 1);
     let mut timers = FakeTimers::new(0);
     produce(&mut t, 0, &[b"1", b"2", b"3", b"4"]);
-    let w = t.append(0, b"5");
+    let w = t.produce(0, b"5").0;
     t.withdraw(w, 1);
     fetch_all(&mut t, &mut timers, 1, 10); // delivered 4
-    t.ack(1, &mut timers); // acked 1
-    t.nack(2, None, false, &mut timers); // nacked 1
-    t.nack(3, Some(5), false, &mut timers); // nacked 2
+    t.ack(G, 1, &mut timers); // acked 1
+    t.nack(G, 2, None, false, &mut timers); // nacked 1
+    t.nack(G, 3, Some(5), false, &mut timers); // nacked 2
     fire(&mut t, &mut timers, 10); // 4 expired, 3's delay ends
     fetch_all(&mut t, &mut timers, 1, 20); // delivered 7, redelivered 3
-    t.nack(2, None, false, &mut timers); // nacked 3, dead
-    t.release(2);
-    t.ack(3, &mut timers);
-    t.ack(4, &mut timers);
-    assert!(!t.ack(4, &mut timers));
-    assert_eq!(t.nack(4, None, false, &mut timers), None, "a failed nack is not counted");
+    t.nack(G, 2, None, false, &mut timers); // nacked 3, dead
+    t.dead_lettered(G, 2);
+    t.ack(G, 3, &mut timers);
+    t.ack(G, 4, &mut timers);
+    assert!(!t.ack(G, 4, &mut timers));
+    assert_eq!(t.nack(G, 4, None, false, &mut timers), None, "a failed nack is not counted");
     let expected =
-        Counters { produced: 4, delivered: 7, redelivered: 3, acked: 3, nacked: 3, dead_lettered: 0, expired: 1 };
-    assert_eq!(t.counters, expected);
+        Counters { produced: 4, delivered: 7, redelivered: 3, acked: 3, nacked: 3, dead_lettered: 1, expired: 1 };
+    assert_eq!(t.counters(G), expected);
+}
+
+// ---------------------------------------------------------------------------
+// Groups: a message leaves the sequence once every group is done with it
+// ---------------------------------------------------------------------------
+
+#[test]
+fn topic_releases_a_message_once_every_group_is_done_with_it() {
+    let second = GroupId(1);
+    let mut t = new_topic("t", settings(2), 1);
+    t.add_group(second);
+    let mut timers = FakeTimers::new(0);
+    let ids = produce(&mut t, 0, &[b"a", b"b", b"c", b"d"]);
+    // The default group reads and acks everything: the second has read
+    // nothing, so every message stays.
+    assert_eq!(fetch_all(&mut t, &mut timers, 1, 100).len(), 4);
+    for &id in &ids {
+        assert!(t.ack(G, id, &mut timers));
+    }
+    assert_eq!(live_ids(&t.seq), ids, "the second group still needs them");
+    assert_eq!((t.ready(G), t.ready(second)), (0, 4));
+    // The second group's own acks, NACKs and dead letters.
+    let of_second = |t: &mut Topic, timers: &mut FakeTimers, max_messages| {
+        let mut got = Vec::new();
+        let take = Take { owner: 2, max_messages, max_bytes: u64::MAX, deadline_ms: 100 };
+        t.fetch(second, take, timers, |_, d| got.push((d.id, d.deliveries)));
+        got
+    };
+    assert_eq!(of_second(&mut t, &mut timers, 4), [(1, 1), (2, 1), (3, 1), (4, 1)]);
+    assert!(t.ack(second, 1, &mut timers));
+    assert!(!t.seq.contains(1), "both groups are done with 1");
+    assert_eq!(t.nack(second, 2, None, false, &mut timers), Some(Returned::Retry));
+    assert!(t.seq.contains(2), "back for retry in the second group");
+    let Some(Returned::Dead(_)) = t.nack(second, 3, None, true, &mut timers) else { panic!("rejected") };
+    t.dead_lettered(second, 3);
+    assert!(!t.seq.contains(3), "dead-lettered for the second, acked by the default");
+    assert_eq!(live_ids(&t.seq), [2, 4]);
+    // Each group counts its own.
+    assert_eq!((t.counters(G).acked, t.counters(second).acked), (4, 1));
+    assert_eq!((t.counters(G).dead_lettered, t.counters(second).dead_lettered), (0, 1));
+    assert_eq!(t.counters(second).produced, 4, "produced is the topic's");
+    // A message the default group has not read is needed by it whatever
+    // the second group does.
+    let e = produce(&mut t, 0, &[b"e"])[0];
+    assert_eq!(of_second(&mut t, &mut timers, 2), [(2, 2), (e, 1)]);
+    assert!(t.ack(second, e, &mut timers));
+    assert!(t.seq.contains(e), "the default group's cursor is below it");
+    assert_eq!(fetch_all(&mut t, &mut timers, 1, 100), [(e, 1)]);
+    assert!(t.ack(G, e, &mut timers));
+    assert!(!t.seq.contains(e));
+    // Purge clears every group and their timers.
+    assert_eq!(t.purge(&mut timers), 2);
+    assert!(timers.wheel.is_empty());
+    assert_eq!((t.inflight(G), t.inflight(second), t.seq.live()), (0, 0, 0));
+}
+
+#[test]
+fn a_group_needs_what_it_has_not_read_and_what_it_holds() {
+    let mut t = new_topic("t", settings(5), 1);
+    let mut timers = FakeTimers::new(0);
+    produce(&mut t, 0, &[b"1", b"2", b"3", b"4", b"5"]);
+    fetch(&mut t, &mut timers, 1, 4, u64::MAX, 100);
+    t.nack(G, 2, None, false, &mut timers);
+    t.nack(G, 3, Some(50), false, &mut timers);
+    t.ack(G, 4, &mut timers);
+    let g = t.group(G);
+    // In flight, back for retry, delayed; acked; then at the cursor (5,
+    // not yet delivered) and past it.
+    let needed: Vec<bool> = (1..=6).map(|id| g.needs(id)).collect();
+    assert_eq!(needed, [true, true, true, false, true, true]);
 }
 
 // ---------------------------------------------------------------------------
@@ -1267,21 +1365,21 @@ fn check(t: &Topic, timers: &FakeTimers, m: &Model, ctx: &Ctx, full: bool) {
         );
         live_bytes += s.payload.len() as u64;
         if full {
-            assert_eq!(t.deliveries(id), m.deliveries(mm.state), "{ctx}: deliveries of {id} ({:?})", mm.state);
-            assert_eq!(t.dead_info(id), mm.dead, "{ctx}: dead info of {id}");
+            assert_eq!(t.deliveries(G, id), m.deliveries(mm.state), "{ctx}: deliveries of {id} ({:?})", mm.state);
+            assert_eq!(t.seq.dead_info(id), mm.dead, "{ctx}: dead info of {id}");
         }
         match mm.state {
             State::Unpublished => unpublished += 1,
             State::Fresh { .. } | State::Retry { .. } => ready += 1,
             State::Inflight { owner, deadline_ms, deliveries } => {
                 inflight += 1;
-                let f = t.group.inflight.get(&id).unwrap_or_else(|| panic!("{ctx}: {id} not in flight"));
+                let f = t.group(G).inflight.get(&id).unwrap_or_else(|| panic!("{ctx}: {id} not in flight"));
                 assert_eq!((f.owner, f.deliveries), (owner, deliveries), "{ctx}: in-flight {id}");
                 assert_eq!(timers.wheel.deadline_ms(f.timer), Some(deadline_ms), "{ctx}: ack deadline of {id}");
             }
             State::Delayed { until_ms, .. } => {
                 delayed += 1;
-                let (key, _) = t.group.delayed.get(&id).unwrap_or_else(|| panic!("{ctx}: {id} not delayed"));
+                let (key, _) = t.group(G).delayed.get(&id).unwrap_or_else(|| panic!("{ctx}: {id} not delayed"));
                 assert_eq!(timers.wheel.deadline_ms(*key), Some(until_ms), "{ctx}: delay of {id}");
             }
             State::Dead => panic!("{ctx}: dead message {id} left unsettled"),
@@ -1299,12 +1397,12 @@ fn check(t: &Topic, timers: &FakeTimers, m: &Model, ctx: &Ctx, full: bool) {
         assert!(model.next().is_none(), "{ctx}: iter_live ended early");
         check_blocks(&t.seq, ctx);
     }
-    assert_eq!(t.ready(), ready, "{ctx}: ready");
-    assert_eq!(t.inflight(), inflight, "{ctx}: inflight");
-    assert_eq!(t.delayed(), delayed, "{ctx}: delayed");
-    assert_eq!(t.unpublished(), unpublished, "{ctx}: unpublished");
-    assert_eq!(t.has_ready(), ready > 0, "{ctx}: has_ready");
-    assert_eq!(t.counters, m.counters, "{ctx}: counters");
+    assert_eq!(t.ready(G), ready, "{ctx}: ready");
+    assert_eq!(t.inflight(G), inflight, "{ctx}: inflight");
+    assert_eq!(t.delayed(G), delayed, "{ctx}: delayed");
+    assert_eq!(t.seq.unpublished(), unpublished, "{ctx}: unpublished");
+    assert_eq!(t.has_ready(G), ready > 0, "{ctx}: has_ready");
+    assert_eq!(t.counters(G), m.counters, "{ctx}: counters");
     assert_eq!(timers.wheel.len() as u64, inflight + delayed, "{ctx}: one timer per in-flight or delayed message");
     assert_eq!(timers.stale_disarms, 0, "{ctx}: disarmed a timer that was not pending");
 }
@@ -1364,10 +1462,11 @@ fn random_dead_info(rng: &mut Rng) -> DeadInfo {
 /// it goes back to ready instead.
 fn settle_dead(t: &mut Topic, m: &mut Model, rng: &mut Rng, id: MsgId, info: DeadInfo) {
     if rng.percent(80) {
-        t.release(id);
+        t.dead_lettered(G, id);
         m.remove(id);
+        m.counters.dead_lettered += 1;
     } else {
-        t.requeue(id, info.origin_deliveries);
+        t.requeue(G, id, info.origin_deliveries);
         m.requeue(id, info.origin_deliveries);
     }
 }
@@ -1390,14 +1489,14 @@ fn restore_random(t: &mut Topic, m: &mut Model, rng: &mut Rng, now_ms: u64) {
     for _ in 0..rng.below(10) {
         let id = rng.range(lo, m.next_id + 1);
         let d = rng.below(5) as u16;
-        t.restore_deliveries(id, d);
+        t.restore_deliveries(G, id, d);
         if m.msgs.contains_key(&id) {
             m.set(id, State::Fresh { carried: d });
         }
     }
     for _ in 0..rng.below(10) {
         let id = rng.range(lo, m.next_id + 1);
-        t.release(id);
+        t.restore_done_with(G, id);
         if m.msgs.contains_key(&id) {
             m.remove(id);
         }
@@ -1417,205 +1516,267 @@ fn pick_id(rng: &mut Rng, m: &Model, first_id: MsgId, wanted: impl Fn(State) -> 
     rng.range(first_id.saturating_sub(2), m.next_id + 2)
 }
 
-#[allow(clippy::too_many_lines)] // reshaped by the core work
-fn run_model(seed: u64, steps: usize) {
-    let mut rng = Rng(seed);
-    let is_dlq = rng.percent(20);
-    let name = if is_dlq { "orders.dlq" } else { "orders" };
-    let max_deliveries = rng.pick(&[0, 1, 2, 2, 3, 3, 4, 6, u16::MAX]);
-    let first_id = rng.pick(&[0, 1, 2, 1_000_000]);
-    let mut now = 1_000_000 + rng.below(1_000);
-    let mut timers = FakeTimers::new(now);
-    let mut t = Topic::new(name, Settings { ack_timeout_ms: 30_000, max_deliveries }, first_id);
-    let mut m = Model::new(is_dlq, max_deliveries, first_id);
-    let mut ctx = Ctx { seed, step: 0, op: format!("new {name} max_deliveries {max_deliveries} first_id {first_id}") };
-    if rng.percent(40) {
-        restore_random(&mut t, &mut m, &mut rng, now);
-        ctx.op = format!("restore {} messages", m.msgs.len());
-    }
-    check(&t, &timers, &m, &ctx, true);
-    let mut consumers: [ConsumerId; 3] = [1, 2, 3];
-    let mut next_consumer = 4;
-    // Produce batches of the current turn, not yet published or withdrawn.
-    let mut pending: Vec<(MsgId, u32)> = Vec::new();
+/// One run of the model test: the topic under test, the model, and what
+/// the operations draw from.
+struct Run {
+    rng: Rng,
+    t: Topic,
+    m: Model,
+    timers: FakeTimers,
+    ctx: Ctx,
+    /// The current time, ms.
+    now: u64,
+    first_id: MsgId,
+    is_dlq: bool,
+    /// The consumers that may fetch; a disconnect replaces one.
+    consumers: [ConsumerId; 3],
+    next_consumer: ConsumerId,
+    /// Produce batches of the current turn, not yet published or
+    /// withdrawn: (first id, count).
+    pending: Vec<(MsgId, u32)>,
+}
 
-    for step in 1..=steps {
-        ctx.step = step;
-        match rng.below(1000) {
-            0..200 => {
-                let n = rng.range(1, 4) as u32;
-                let first = m.next_id;
-                for _ in 0..n {
-                    let born_ms = now - rng.below(4);
-                    let payload = random_payload(&mut rng);
-                    let dead = (is_dlq && rng.percent(30)).then(|| random_dead_info(&mut rng));
-                    let id = match dead {
-                        Some(info) => t.append_dead(born_ms, &payload, info),
-                        None => t.append(born_ms, &payload),
-                    };
-                    assert_eq!(id, m.append(born_ms, payload, dead), "{ctx}: appended id");
-                }
-                pending.push((first, n));
-                ctx.op = format!("append {n} from {first}");
-            }
-            200..300 => {
-                let fail = !pending.is_empty() && rng.percent(20);
-                let mut withdrawn = Vec::new();
-                for &(first, count) in &pending {
-                    if fail && rng.percent(70) {
-                        t.withdraw(first, count);
-                        m.withdraw(first, count);
-                        withdrawn.push(first);
-                    }
-                }
-                pending.clear();
-                t.publish();
-                m.publish();
-                ctx.op = format!("commit, withdrawing batches {withdrawn:?}");
-            }
-            300..500 => {
-                let owner = rng.pick(&consumers);
-                let max_messages = if rng.percent(5) { 100 } else { rng.below(6) as u32 };
-                let max_bytes = match rng.below(3) {
-                    0 => 0,
-                    1 => rng.below(40),
-                    _ => u64::MAX,
-                };
-                let deadline_ms = now + rng.below(60);
-                ctx.op = format!("fetch owner {owner} max {max_messages} bytes {max_bytes} deadline {deadline_ms}");
-                let mut got = Vec::new();
-                let n = t.fetch(owner, max_messages, max_bytes, deadline_ms, &mut timers, |t, d| {
-                    let payload = t.seq.get(d.id).map(|s| s.payload.to_vec());
-                    got.push((d, payload));
-                });
-                let expected = m.fetch(owner, max_messages, max_bytes, deadline_ms);
-                assert_eq!(n as usize, got.len(), "{ctx}: fetch count");
-                let delivered: Vec<Delivery> = got.iter().map(|g| g.0).collect();
-                assert_eq!(delivered, expected, "{ctx}: deliveries");
-                for (d, payload) in &got {
-                    assert!(payload.as_deref() == Some(&m.msgs[&d.id].payload[..]), "{ctx}: payload of {}", d.id);
-                }
-            }
-            500..650 => {
-                let id = pick_id(&mut rng, &m, first_id, |s| matches!(s, State::Inflight { .. }));
-                ctx.op = format!("ack {id} ({:?})", m.state(id));
-                assert_eq!(t.ack(id, &mut timers), m.ack(id), "{ctx}: ack result");
-            }
-            650..730 => {
-                let id = pick_id(&mut rng, &m, first_id, |s| matches!(s, State::Inflight { .. }));
-                let delay = match rng.below(10) {
-                    0..5 => None,
-                    5 => Some(now.saturating_sub(rng.below(5))),
-                    _ => Some(now + rng.below(40)),
-                };
-                let dead_letter = rng.percent(15);
-                ctx.op = format!("nack {id} ({:?}) delay {delay:?} dead_letter {dead_letter}", m.state(id));
-                let got = t.nack(id, delay, dead_letter, &mut timers);
-                assert_eq!(got, m.nack(id, delay, dead_letter), "{ctx}: nack result");
-                if let Some(Returned::Dead(info)) = got {
-                    settle_dead(&mut t, &mut m, &mut rng, id, info);
-                }
-            }
-            730..780 => {
-                let id = pick_id(&mut rng, &m, first_id, |s| matches!(s, State::Inflight { .. }));
-                let deadline_ms = now + rng.below(60);
-                ctx.op = format!("touch {id} ({:?}) deadline {deadline_ms}", m.state(id));
-                assert_eq!(t.touch(id, deadline_ms, &mut timers), m.touch(id, deadline_ms), "{ctx}: touch result");
-            }
-            780..900 => {
-                now += rng.below(25);
-                ctx.op = format!("advance to {now}");
-                for (deadline_ms, id) in timers.advance(now) {
-                    let expected = m.timer_fired(id, deadline_ms).unwrap_or_else(|e| panic!("{ctx}: {e}"));
-                    let got = t.timer_fired(id, &mut timers);
-                    assert_eq!(got, Some(expected), "{ctx}: timer for {id}");
-                    if let Returned::Dead(info) = expected {
-                        settle_dead(&mut t, &mut m, &mut rng, id, info);
-                    }
-                }
-                for (id, mm) in &m.msgs {
-                    if let State::Inflight { deadline_ms: d, .. } | State::Delayed { until_ms: d, .. } = mm.state {
-                        assert!(d > now, "{ctx}: {id} due at {d} did not fire ({:?})", mm.state);
-                    }
-                }
-            }
-            900..930 => {
-                let slot = rng.below(3) as usize;
-                let owner = consumers[slot];
-                consumers[slot] = next_consumer;
-                next_consumer += 1;
-                let expected = m.held_by(owner);
-                ctx.op = format!("disconnect {owner} holding {:?}", expected.keys().collect::<Vec<_>>());
-                let mut lost = Vec::new();
-                let returned = t.disconnect(owner, &mut timers, |_, id, info| lost.push((id, info)));
-                let retries: Vec<MsgId> =
-                    expected.iter().filter(|(_, r)| **r == Returned::Retry).map(|(&id, _)| id).collect();
-                assert_eq!(returned, retries.len() as u64, "{ctx}: returned to ready");
-                // They all came back at once, so their order among
-                // themselves is the topic's to choose: take it from the tail
-                // of its retry queue and check it is the right set.
-                let queue = &t.group.retry;
-                let mut tail: Vec<MsgId> = queue.iter().skip(queue.len() - retries.len()).copied().collect();
-                for &id in &tail {
-                    let Some(State::Inflight { deliveries, .. }) = m.state(id) else { unreachable!() };
-                    m.requeue(id, deliveries);
-                }
-                tail.sort_unstable();
-                assert_eq!(tail, retries, "{ctx}: requeued ids");
-                let mut lost_sorted: Vec<(MsgId, Returned)> =
-                    lost.iter().map(|&(id, info)| (id, Returned::Dead(info))).collect();
-                lost_sorted.sort_unstable_by_key(|l| l.0);
-                let expected_dead: Vec<(MsgId, Returned)> =
-                    expected.into_iter().filter(|(_, r)| *r != Returned::Retry).collect();
-                assert_eq!(lost_sorted, expected_dead, "{ctx}: dead on disconnect");
-                for &(id, _) in &lost {
-                    m.set(id, State::Dead);
-                }
-                for (id, info) in lost {
-                    settle_dead(&mut t, &mut m, &mut rng, id, info);
-                }
-            }
-            930..950 => {
-                let max = if rng.percent(20) { u64::MAX } else { rng.below(5) };
-                let accept = rng.below(6);
-                ctx.op = format!("drain_ready max {max} accept {accept}");
-                let mut got = Vec::new();
-                let n = t.drain_ready(max, |s, d| {
-                    if got.len() as u64 == accept {
-                        return false;
-                    }
-                    got.push((s.id, s.born_ms, s.payload.to_vec(), d));
-                    true
-                });
-                let expected: Vec<(MsgId, u64, Vec<u8>, Option<DeadInfo>)> =
-                    m.drain(max, accept).into_iter().map(|(id, mm)| (id, mm.born_ms, mm.payload, mm.dead)).collect();
-                assert_eq!(n, expected.len() as u64, "{ctx}: drained count");
-                assert_eq!(got, expected, "{ctx}: drained messages");
-            }
+impl Run {
+    fn new(seed: u64) -> Run {
+        let mut rng = Rng(seed);
+        let is_dlq = rng.percent(20);
+        let name = if is_dlq { "orders.dlq" } else { "orders" };
+        let max_deliveries = rng.pick(&[0, 1, 2, 2, 3, 3, 4, 6, u16::MAX]);
+        let first_id = rng.pick(&[0, 1, 2, 1_000_000]);
+        let now = 1_000_000 + rng.below(1_000);
+        let t = new_topic(name, Settings { ack_timeout_ms: 30_000, max_deliveries }, first_id);
+        let m = Model::new(is_dlq, max_deliveries, first_id);
+        let op = format!("new {name} max_deliveries {max_deliveries} first_id {first_id}");
+        let ctx = Ctx { seed, step: 0, op };
+        let timers = FakeTimers::new(now);
+        let (consumers, next_consumer, pending) = ([1, 2, 3], 4, Vec::new());
+        let mut r = Run { rng, t, m, timers, ctx, now, first_id, is_dlq, consumers, next_consumer, pending };
+        if r.rng.percent(40) {
+            restore_random(&mut r.t, &mut r.m, &mut r.rng, now);
+            r.ctx.op = format!("restore {} messages", r.m.msgs.len());
+        }
+        r
+    }
+
+    fn check(&self, full: bool) {
+        check(&self.t, &self.timers, &self.m, &self.ctx, full);
+    }
+
+    /// One random operation, as the broker would make it.
+    fn step(&mut self) {
+        match self.rng.below(1000) {
+            0..200 => self.append(),
+            200..300 => self.commit(),
+            300..500 => self.fetch(),
+            500..650 => self.ack(|s| matches!(s, State::Inflight { .. }), ""),
+            650..730 => self.nack(),
+            730..780 => self.touch(),
+            780..900 => self.advance(),
+            900..930 => self.disconnect(),
+            930..950 => self.drain(),
             950..955 => {
-                ctx.op = "purge".to_string();
-                assert_eq!(t.purge(&mut timers), m.purge(), "{ctx}: purged count");
+                self.ctx.op = "purge".to_string();
+                assert_eq!(self.t.purge(&mut self.timers), self.m.purge(), "{}: purged count", self.ctx);
             }
             955..960 => {
-                let by = if rng.percent(50) { rng.below(10) } else { rng.range(3_000, 9_000) };
-                ctx.op = format!("bump next id by {by}");
-                t.seq.bump_next_id(m.next_id + by);
-                m.next_id += by;
+                let by = if self.rng.percent(50) { self.rng.below(10) } else { self.rng.range(3_000, 9_000) };
+                self.ctx.op = format!("bump next id by {by}");
+                self.t.seq.bump_next_id(self.m.next_id + by);
+                self.m.next_id += by;
             }
-            _ => {
-                let id = pick_id(&mut rng, &m, first_id, |s| !matches!(s, State::Inflight { .. }));
-                ctx.op = format!("ack {id} ({:?}), not in flight", m.state(id));
-                assert_eq!(t.ack(id, &mut timers), m.ack(id), "{ctx}: ack result");
+            _ => self.ack(|s| !matches!(s, State::Inflight { .. }), ", not in flight"),
+        }
+    }
+
+    fn append(&mut self) {
+        let n = self.rng.range(1, 4) as u32;
+        let first = self.m.next_id;
+        for _ in 0..n {
+            let born_ms = self.now - self.rng.below(4);
+            let payload = random_payload(&mut self.rng);
+            let dead = (self.is_dlq && self.rng.percent(30)).then(|| random_dead_info(&mut self.rng));
+            let id = match dead {
+                Some(info) => self.t.append_moved(born_ms, &payload, Some(info)),
+                None => self.t.produce(born_ms, &payload).0,
+            };
+            assert_eq!(id, self.m.append(born_ms, payload, dead), "{}: appended id", self.ctx);
+        }
+        self.pending.push((first, n));
+        self.ctx.op = format!("append {n} from {first}");
+    }
+
+    /// The turn's commit: some batches withdrawn (a failed commit), then
+    /// publish.
+    fn commit(&mut self) {
+        let fail = !self.pending.is_empty() && self.rng.percent(20);
+        let mut withdrawn = Vec::new();
+        for &(first, count) in &self.pending {
+            if fail && self.rng.percent(70) {
+                self.t.withdraw(first, count);
+                self.m.withdraw(first, count);
+                withdrawn.push(first);
             }
         }
-        check(&t, &timers, &m, &ctx, step % 16 == 0);
+        self.pending.clear();
+        self.t.publish();
+        self.m.publish();
+        self.ctx.op = format!("commit, withdrawing batches {withdrawn:?}");
     }
-    check(&t, &timers, &m, &ctx, true);
-    ctx.step += 1;
-    ctx.op = "final purge".to_string();
-    assert_eq!(t.purge(&mut timers), m.purge(), "{ctx}: purged count");
-    check(&t, &timers, &m, &ctx, true);
-    assert!(timers.wheel.is_empty(), "{ctx}: timers left after purge");
+
+    fn fetch(&mut self) {
+        let rng = &mut self.rng;
+        let owner = rng.pick(&self.consumers);
+        let max_messages = if rng.percent(5) { 100 } else { rng.below(6) as u32 };
+        let max_bytes = match rng.below(3) {
+            0 => 0,
+            1 => rng.below(40),
+            _ => u64::MAX,
+        };
+        let deadline_ms = self.now + rng.below(60);
+        let ctx = &mut self.ctx;
+        ctx.op = format!("fetch owner {owner} max {max_messages} bytes {max_bytes} deadline {deadline_ms}");
+        let mut got = Vec::new();
+        let take = Take { owner, max_messages, max_bytes, deadline_ms };
+        let n = self.t.fetch(G, take, &mut self.timers, |seq, d| {
+            got.push((d, seq.get(d.id).map(|s| s.payload.to_vec())));
+        });
+        let expected = self.m.fetch(owner, max_messages, max_bytes, deadline_ms);
+        assert_eq!(n as usize, got.len(), "{ctx}: fetch count");
+        let delivered: Vec<Delivery> = got.iter().map(|g| g.0).collect();
+        assert_eq!(delivered, expected, "{ctx}: deliveries");
+        for (d, payload) in &got {
+            assert!(payload.as_deref() == Some(&self.m.msgs[&d.id].payload[..]), "{ctx}: payload of {}", d.id);
+        }
+    }
+
+    /// An ACK of an id in a state `wanted` picks (`what` says which).
+    fn ack(&mut self, wanted: impl Fn(State) -> bool, what: &str) {
+        let id = pick_id(&mut self.rng, &self.m, self.first_id, wanted);
+        self.ctx.op = format!("ack {id} ({:?}){what}", self.m.state(id));
+        assert_eq!(self.t.ack(G, id, &mut self.timers), self.m.ack(id), "{}: ack result", self.ctx);
+    }
+
+    fn nack(&mut self) {
+        let id = pick_id(&mut self.rng, &self.m, self.first_id, |s| matches!(s, State::Inflight { .. }));
+        let delay = match self.rng.below(10) {
+            0..5 => None,
+            5 => Some(self.now.saturating_sub(self.rng.below(5))),
+            _ => Some(self.now + self.rng.below(40)),
+        };
+        let dead_letter = self.rng.percent(15);
+        self.ctx.op = format!("nack {id} ({:?}) delay {delay:?} dead_letter {dead_letter}", self.m.state(id));
+        let got = self.t.nack(G, id, delay, dead_letter, &mut self.timers);
+        assert_eq!(got, self.m.nack(id, delay, dead_letter), "{}: nack result", self.ctx);
+        if let Some(Returned::Dead(info)) = got {
+            settle_dead(&mut self.t, &mut self.m, &mut self.rng, id, info);
+        }
+    }
+
+    fn touch(&mut self) {
+        let id = pick_id(&mut self.rng, &self.m, self.first_id, |s| matches!(s, State::Inflight { .. }));
+        let deadline_ms = self.now + self.rng.below(60);
+        self.ctx.op = format!("touch {id} ({:?}) deadline {deadline_ms}", self.m.state(id));
+        let got = self.t.touch(G, id, deadline_ms, &mut self.timers);
+        assert_eq!(got, self.m.touch(id, deadline_ms), "{}: touch result", self.ctx);
+    }
+
+    /// Time moves on: every due timer fires, as the broker fires them.
+    fn advance(&mut self) {
+        self.now += self.rng.below(25);
+        self.ctx.op = format!("advance to {}", self.now);
+        let ctx = &self.ctx;
+        for (deadline_ms, id) in self.timers.advance(self.now) {
+            let expected = self.m.timer_fired(id, deadline_ms).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            let got = self.t.timer_fired(G, id, &mut self.timers);
+            assert_eq!(got, Some(expected), "{ctx}: timer for {id}");
+            if let Returned::Dead(info) = expected {
+                settle_dead(&mut self.t, &mut self.m, &mut self.rng, id, info);
+            }
+        }
+        for (id, mm) in &self.m.msgs {
+            if let State::Inflight { deadline_ms: d, .. } | State::Delayed { until_ms: d, .. } = mm.state {
+                assert!(d > self.now, "{ctx}: {id} due at {d} did not fire ({:?})", mm.state);
+            }
+        }
+    }
+
+    /// A consumer disconnects: what it held comes back (or dies), and a
+    /// new consumer takes its place.
+    fn disconnect(&mut self) {
+        let slot = self.rng.below(3) as usize;
+        let owner = self.consumers[slot];
+        self.consumers[slot] = self.next_consumer;
+        self.next_consumer += 1;
+        let expected = self.m.held_by(owner);
+        self.ctx.op = format!("disconnect {owner} holding {:?}", expected.keys().collect::<Vec<_>>());
+        let mut lost = Vec::new();
+        let returned = self.t.disconnect(G, owner, &mut self.timers, |id, info| lost.push((id, info)));
+        let retries: Vec<MsgId> = expected.iter().filter(|(_, r)| **r == Returned::Retry).map(|(&id, _)| id).collect();
+        assert_eq!(returned, retries.len() as u64, "{}: returned to ready", self.ctx);
+        self.requeued_on_disconnect(&retries);
+        let mut lost_sorted: Vec<(MsgId, Returned)> =
+            lost.iter().map(|&(id, info)| (id, Returned::Dead(info))).collect();
+        lost_sorted.sort_unstable_by_key(|l| l.0);
+        let expected_dead: Vec<(MsgId, Returned)> =
+            expected.into_iter().filter(|(_, r)| *r != Returned::Retry).collect();
+        assert_eq!(lost_sorted, expected_dead, "{}: dead on disconnect", self.ctx);
+        for &(id, _) in &lost {
+            self.m.set(id, State::Dead);
+        }
+        for (id, info) in lost {
+            settle_dead(&mut self.t, &mut self.m, &mut self.rng, id, info);
+        }
+    }
+
+    /// The messages a disconnect returned all came back at once, so their
+    /// order among themselves is the topic's to choose: the model takes it
+    /// from the tail of the topic's retry queue, which must hold exactly
+    /// `retries`.
+    fn requeued_on_disconnect(&mut self, retries: &[MsgId]) {
+        let queue = &self.t.group(G).retry;
+        let mut tail: Vec<MsgId> = queue.iter().skip(queue.len() - retries.len()).copied().collect();
+        for &id in &tail {
+            let Some(State::Inflight { deliveries, .. }) = self.m.state(id) else { unreachable!() };
+            self.m.requeue(id, deliveries);
+        }
+        tail.sort_unstable();
+        assert_eq!(tail, retries, "{}: requeued ids", self.ctx);
+    }
+
+    /// REDRIVE's drain, taking at most `accept` of them.
+    fn drain(&mut self) {
+        let max = if self.rng.percent(20) { u64::MAX } else { self.rng.below(5) };
+        let accept = self.rng.below(6);
+        self.ctx.op = format!("drain_ready max {max} accept {accept}");
+        let mut got = Vec::new();
+        let n = self.t.drain_ready(G, max, |s, d| {
+            if got.len() as u64 == accept {
+                return false;
+            }
+            got.push((s.id, s.born_ms, s.payload.to_vec(), d));
+            true
+        });
+        let expected: Vec<(MsgId, u64, Vec<u8>, Option<DeadInfo>)> =
+            self.m.drain(max, accept).into_iter().map(|(id, mm)| (id, mm.born_ms, mm.payload, mm.dead)).collect();
+        assert_eq!(n, expected.len() as u64, "{}: drained count", self.ctx);
+        assert_eq!(got, expected, "{}: drained messages", self.ctx);
+    }
+}
+
+fn run_model(seed: u64, steps: usize) {
+    let mut r = Run::new(seed);
+    r.check(true);
+    for step in 1..=steps {
+        r.ctx.step = step;
+        r.step();
+        r.check(step % 16 == 0);
+    }
+    r.check(true);
+    r.ctx.step += 1;
+    r.ctx.op = "final purge".to_string();
+    assert_eq!(r.t.purge(&mut r.timers), r.m.purge(), "{}: purged count", r.ctx);
+    r.check(true);
+    assert!(r.timers.wheel.is_empty(), "{}: timers left after purge", r.ctx);
 }
 
 #[test]

@@ -1,0 +1,301 @@
+//! The broker: applies requests to the topic queues, appends what changed to
+//! the commit log, and at the end of each turn commits the log and sends
+//! the replies that waited on it.
+//!
+//! It sits between the reactor and the plain data structures, as
+//! CONVENTIONS.md asks: the reactor owns sockets and the clock and calls in
+//! here with decoded frames and `now`; the queues, the wheel and the log
+//! never call back. Replies are written into per-connection output buffers
+//! that the reactor lends through `Outbox`.
+//!
+//! Split by the state each part owns:
+//! - `topics`: the topic table (names, ids, the id floor, and the one
+//!   function that names a dead-letter topic);
+//! - `waiters`: the parked FETCHes, by connection and by (topic, group):
+//!   the consumers waiting for messages;
+//! - `turn`: what a turn keeps until its commit (held replies, the client
+//!   produces a failed commit withdraws, the topics to publish) and the
+//!   turn's steps after the requests (timers, write, sync, publish);
+//! - `dead_letter`: where messages go when their deliveries run out, and
+//!   REDRIVE, which brings them back;
+//! - `requests`: one short function per op behind a thin match, and which
+//!   requests wait for the sync (`Request::waits_for_sync`);
+//! - `stats`: the counters, STATS and the metrics' view of the topics.
+//!
+//! Recovery (`replay.rs`) and compaction (`compactor.rs`) are siblings: they
+//! read and change the topic table through its interface.
+//!
+//! The durability rule lives in `turn` and in the reactor's loop order: a
+//! reply whose truth depends on the log (PRODUCE and the admin frames) is
+//! *held* — encoded into a buffer of the turn's, not into the connection's
+//! output — and only `sync`, after the log's write and `fdatasync`, moves it
+//! out (or replaces it with a STORAGE error). Every other reply goes to the
+//! output at once, but the reactor writes no output to a socket before the
+//! turn's `write` (`Written`), so even those never leave before their
+//! records. Produced messages stay invisible to consumers until then, so no
+//! consumer sees a message that could vanish.
+
+use std::path::Path;
+
+use crate::codec::DecodeLimits;
+use crate::compactor::Compactor;
+use crate::failure_log::FailureLog;
+use crate::log::{Log, LogOptions, OpenError, Opener, Recovery};
+use crate::queue::{ConsumerId, GroupId, MsgId, Settings, Timers};
+use crate::replay::Replay;
+use crate::wheel::{TimerKey, Wheel};
+
+mod dead_letter;
+mod requests;
+mod stats;
+pub(crate) mod topics;
+mod turn;
+mod waiters;
+
+pub use crate::record::TopicId;
+pub use stats::{BrokerStats, LoopStats, TopicMetrics};
+pub use turn::{TurnReport, Written};
+
+use topics::Topics;
+use turn::Turn;
+use waiters::{WaiterKey, Waiters};
+
+/// The broker's configuration (the limits, and the behaviour flags).
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub limits: crate::limits::Limits,
+    /// PRODUCE and FETCH create a missing topic (`--no-auto-create` clears).
+    pub auto_create: bool,
+    /// Settings of topics created without their own.
+    pub defaults: Settings,
+    /// When set, HELLO must carry this token.
+    pub auth_token: Option<Vec<u8>>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            limits: crate::limits::Limits::default(),
+            auto_create: true,
+            defaults: Settings::default(),
+            auth_token: None,
+        }
+    }
+}
+
+/// The time, read once per turn by the reactor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Now {
+    /// Monotonic ms since the broker started: deadlines.
+    pub mono_ms: u64,
+    /// Wall clock ms since the Unix epoch: born times.
+    pub wall_ms: u64,
+}
+
+/// A client connection, as the broker and `ConnState` know it: the
+/// reactor's slab key (reused once the connection has closed, unlike a
+/// `ConsumerId`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConnKey(pub usize);
+
+/// What the reactor should do with the connection after a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The reply is in the output buffer; go on.
+    Done,
+    /// The reply waits for this turn's sync. Only further held requests
+    /// may be read from this connection this turn, so replies stay in order
+    /// (`Broker::must_wait`).
+    Held,
+    /// A FETCH is parked: read nothing more until `Outbox::unblock`.
+    Parked,
+    /// Close the connection after flushing what is in its output.
+    Close,
+}
+
+/// Per-connection protocol state, owned by the reactor's connection.
+#[derive(Clone, Debug, Default)]
+pub struct Session {
+    /// Unique for the broker's life; owns in-flight messages.
+    pub consumer: ConsumerId,
+    /// HELLO succeeded.
+    pub hello: bool,
+    /// Frames since the last successful HELLO that were not a successful
+    /// HELLO, counted only when the broker requires a token.
+    pub auth_failures: u32,
+    /// The groups this connection has fetched from: where its in-flight
+    /// messages can be, so a disconnect visits only those.
+    pub fetched: Vec<(TopicId, GroupId)>,
+}
+
+/// Output buffers the broker may write to outside `handle` (replies to
+/// parked FETCHes, held replies), lent by the reactor.
+pub trait Outbox {
+    /// The output buffer of `conn`, or None if it is closing.
+    fn out(&mut self, conn: ConnKey) -> Option<&mut Vec<u8>>;
+    /// `conn`'s parked FETCH was answered: resume reading it.
+    fn unblock(&mut self, conn: ConnKey);
+    /// Bytes the connections' buffers take (`LoopStats::buffered_bytes`):
+    /// what parked FETCHes answered at the sync may add to. Callers with no
+    /// connection buffers (tests) leave it at 0.
+    fn buffered_bytes(&self) -> u64 {
+        0
+    }
+}
+
+/// What a timer in the wheel stands for.
+#[derive(Clone, Copy, Debug)]
+enum Timer {
+    /// An ack deadline or a NACK delay of a message, for a group.
+    Msg { topic: TopicId, group: GroupId, id: MsgId },
+    /// The end of a parked FETCH's wait.
+    Wait { waiter: WaiterKey },
+}
+
+/// One group's view of the wheel: the timers `queue::Group` arms name it.
+struct GroupTimers<'a> {
+    wheel: &'a mut Wheel<Timer>,
+    topic: TopicId,
+    group: GroupId,
+}
+
+impl Timers for GroupTimers<'_> {
+    fn arm(&mut self, deadline_ms: u64, id: MsgId) -> TimerKey {
+        self.wheel.insert(deadline_ms, Timer::Msg { topic: self.topic, group: self.group, id })
+    }
+    fn disarm(&mut self, key: TimerKey) {
+        self.wheel.cancel(key);
+    }
+}
+
+/// Lists reused from request to request, so that serving one allocates
+/// nothing.
+#[derive(Default)]
+struct Scratch {
+    /// Ids an ACK, NACK or TOUCH did, or that a Remove record names.
+    done_ids: Vec<u64>,
+    /// Ids it could not do.
+    failed_ids: Vec<u64>,
+    /// The timers that fired this turn.
+    expired: Vec<(u64, Timer)>,
+}
+
+/// The broker.
+pub struct Broker {
+    config: Config,
+    decode_limits: DecodeLimits,
+    /// The topics and their queues.
+    topics: Topics,
+    /// Parked FETCHes.
+    waiters: Waiters,
+    /// What the turn keeps until its commit.
+    turn: Turn,
+    /// Ack deadlines, NACK delays and the ends of parked FETCHes' waits.
+    wheel: Wheel<Timer>,
+    log: Log,
+    /// Cleans the log's oldest segments.
+    compactor: Compactor,
+    /// Storage failures, logged at a bounded rate.
+    failures: FailureLog,
+    scratch: Scratch,
+    pub stats: BrokerStats,
+    /// What recovery found at start.
+    pub recovery: Recovery,
+}
+
+impl Broker {
+    /// Opens the data directory, recovers every topic from the log, and
+    /// returns a broker ready for its first turn.
+    pub fn open(config: Config, dir: &Path, log_options: LogOptions, now: Now) -> Result<Broker, OpenError> {
+        Broker::open_with(config, dir, log_options, Box::new(crate::log::open_file), now)
+    }
+
+    /// `open` with a custom segment opener (tests inject storage failures).
+    pub fn open_with(
+        config: Config,
+        dir: &Path,
+        log_options: LogOptions,
+        opener: Opener,
+        now: Now,
+    ) -> Result<Broker, OpenError> {
+        let mut topics = Topics::default();
+        let mut compactor = Compactor::default();
+        let mut replay = Replay::new(&mut topics, &mut compactor);
+        let (log, recovery) = Log::open_with(dir, log_options, opener, |r| replay.apply(r))?;
+        replay.finish();
+        let decode_limits = DecodeLimits::from(&config.limits);
+        Ok(Broker {
+            config,
+            decode_limits,
+            topics,
+            waiters: Waiters::default(),
+            turn: Turn::default(),
+            wheel: Wheel::new(now.mono_ms),
+            log,
+            compactor,
+            failures: FailureLog::default(),
+            scratch: Scratch::default(),
+            stats: BrokerStats { recovery_ms: recovery.millis, started_mono_ms: now.mono_ms, ..BrokerStats::default() },
+            recovery,
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+    pub fn decode_limits(&self) -> &DecodeLimits {
+        &self.decode_limits
+    }
+    pub fn log(&self) -> &Log {
+        &self.log
+    }
+    /// The earliest time a timer may fire, for the poll timeout.
+    pub fn next_deadline_ms(&self) -> Option<u64> {
+        self.wheel.next_deadline_ms()
+    }
+    /// Segments removed by compaction.
+    pub fn compactions(&self) -> u64 {
+        self.compactor.compactions
+    }
+    /// Number of topics (dead-letter topics included).
+    pub fn topic_count(&self) -> usize {
+        self.topics.len()
+    }
+    /// Whether background work (compaction) wants another turn soon.
+    pub fn busy(&self) -> bool {
+        self.compactor.busy() || self.log.releasing()
+    }
+    /// Whether the connections' buffers, `buffered_bytes` of them, are at
+    /// `buffered_bytes_max`. While they are, requests with large replies
+    /// are answered BUSY and the connections that hold the most are not
+    /// read.
+    pub fn buffers_full(&self, buffered_bytes: u64) -> bool {
+        buffered_bytes >= self.config.limits.buffered_bytes_max
+    }
+
+    /// A connection closed: drop its parked FETCH and its held replies, and
+    /// return every message in flight to it to ready (or to the
+    /// dead-letter topic).
+    pub fn disconnect(&mut self, conn: ConnKey, session: &Session) {
+        // Ending a connection can dead-letter what it held: never between
+        // the turn's write and its sync (the reactor ends a connection whose
+        // socket failed in the early flush only after the sync).
+        self.turn.assert_open("a connection ended");
+        if let Some(w) = self.waiters.leave(conn) {
+            self.wheel.cancel(w.timer);
+        }
+        self.turn.forget(conn);
+        for &(tid, group) in &session.fetched {
+            let Some(e) = self.topics.get_mut(tid) else { continue };
+            let mut dead = Vec::new();
+            let mut timers = GroupTimers { wheel: &mut self.wheel, topic: tid, group };
+            let returned = e.topic.disconnect(group, session.consumer, &mut timers, |id, info| dead.push((id, info)));
+            if returned > 0 {
+                self.turn.mark_for_publish(e);
+            }
+            for (id, info) in dead {
+                self.dead_letter(tid, group, id, info);
+            }
+        }
+    }
+}

@@ -1,0 +1,642 @@
+//! Requests: one short function per op behind a thin match (`serve`), and
+//! the one place that says which replies wait for the turn's sync
+//! (`Request::waits_for_sync`).
+//!
+//! A request that waits is served into the turn's held buffer (`hold`):
+//! its reply leaves only after the sync that makes its records durable, or
+//! becomes STORAGE. Every other reply goes to the connection's output at
+//! once (the reactor still writes none before the turn's `write`).
+
+use super::topics::{Entry, dead_letter_name, unknown};
+use super::waiters::Waiter;
+use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, stats};
+use crate::codec::{self, Batch, DecodeError, ErrorCode, Frame, Ids, Message, Request, Skip, TopicSettings, op};
+use crate::queue::{GroupId, MsgId, Returned, Settings, Take, Topic};
+use crate::record::{MessageRecord, ProduceWriter, PurgeRecord, RemoveReason, RemoveRecord, RequeueRecord};
+use crate::wheel::{TimerKey, Wheel};
+
+/// An error reply: its code and its message.
+pub(super) type Refusal = (ErrorCode, String);
+
+/// Frames that are not a successful HELLO (failed HELLOs and any other
+/// frame before one) after which a connection is closed, when the broker
+/// requires a token.
+const AUTH_FAILURES_MAX: u32 = 3;
+
+impl Request<'_> {
+    /// Whether the reply to this request waits for the turn's sync: it says
+    /// something the log must hold first (a produce was stored, a topic was
+    /// created, deleted or purged, messages were moved). Every op is named,
+    /// so a new one must say.
+    pub fn waits_for_sync(&self) -> bool {
+        match self {
+            Request::Produce { .. }
+            | Request::CreateTopic { .. }
+            | Request::DeleteTopic { .. }
+            | Request::PurgeTopic { .. }
+            | Request::Redrive { .. } => true,
+            Request::Hello { .. }
+            | Request::Ping
+            | Request::Fetch { .. }
+            | Request::Ack { .. }
+            | Request::Nack { .. }
+            | Request::Touch { .. }
+            | Request::Stats { .. }
+            | Request::ListTopics => false,
+        }
+    }
+}
+
+/// Where and when a request is served.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    conn: ConnKey,
+    request_id: u32,
+    now: Now,
+    /// The loop's counters (STATS shows them; the buffers' total decides
+    /// BUSY).
+    loops: &'a LoopStats,
+}
+
+impl Broker {
+    /// Serves one request from connection `conn`. Its reply goes to `out`,
+    /// or, for a request that waits for the sync, is held until it.
+    /// `loops` are the loop's counters, as they stand.
+    pub fn handle(
+        &mut self,
+        conn: ConnKey,
+        session: &mut Session,
+        frame: &Frame<'_>,
+        now: Now,
+        loops: &LoopStats,
+        out: &mut Vec<u8>,
+    ) -> Outcome {
+        self.turn.assert_open("a request served");
+        if !session.hello {
+            return self.before_hello(session, frame, out);
+        }
+        let (req, op) = (&frame.request, frame.request.op());
+        let at = At { conn, request_id: frame.request_id, now, loops };
+        if !req.waits_for_sync() {
+            return self.serve(session, req, at, out).unwrap_or_else(|(code, msg)| {
+                codec::encode_error(out, op, at.request_id, code, &msg);
+                Outcome::Done
+            });
+        }
+        self.hold(conn, op, at.request_id, |b, held| match b.serve(session, req, at, held) {
+            Ok(outcome) => {
+                assert_eq!(outcome, Outcome::Held, "a request that waits for the sync is held");
+                true
+            }
+            Err((code, msg)) => {
+                codec::encode_error(held, op, at.request_id, code, &msg);
+                false
+            }
+        });
+        Outcome::Held
+    }
+
+    /// The thin match: one function per op.
+    fn serve(
+        &mut self,
+        session: &mut Session,
+        req: &Request<'_>,
+        at: At<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<Outcome, Refusal> {
+        let rid = at.request_id;
+        match *req {
+            Request::Hello { .. } => Ok(self.hello_again(session, req, rid, out)),
+            Request::Ping => {
+                codec::encode_empty_reply(out, op::PING, rid);
+                Ok(Outcome::Done)
+            }
+            Request::Fetch { topic, max_messages, max_bytes, wait_ms, ack_timeout_ms } => {
+                let args = FetchArgs { max_messages, max_bytes, wait_ms, ack_timeout_ms };
+                self.fetch(session, topic, args, at, out)
+            }
+            Request::Ack { topic, ids } => self.ack(topic, ids, rid, out),
+            Request::Touch { topic, ack_timeout_ms, ids } => self.touch(topic, ack_timeout_ms, ids, at, out),
+            Request::Nack { topic, delay_ms, flags, ids } => self.nack(topic, delay_ms, flags, ids, at, out),
+            Request::Stats { topic } => self.stats(topic, at, out),
+            Request::ListTopics => self.list_topics(at, out),
+            Request::Produce { topic, batch } => self.produce(topic, batch, at, out),
+            Request::CreateTopic { topic, settings } => self.create_topic(topic, settings, rid, out),
+            Request::DeleteTopic { topic } => self.delete_topic(topic, rid, out),
+            Request::PurgeTopic { topic } => self.purge_topic(topic, rid, out),
+            Request::Redrive { topic, max_messages } => {
+                let moved = self.redrive(topic, max_messages)?;
+                codec::encode_u64_reply(out, op::REDRIVE, rid, moved);
+                Ok(Outcome::Held)
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------
+    // HELLO, and what comes before it.
+    // -----------------------------------------------------------------------
+
+    /// A frame before a successful HELLO (docs/protocol.md, "Opening:
+    /// HELLO"): a HELLO is checked for its token first (so a peer without
+    /// it learns nothing else), then for a common version; any other op is
+    /// refused unread. A success resets the failure count.
+    fn before_hello(&mut self, session: &mut Session, frame: &Frame<'_>, out: &mut Vec<u8>) -> Outcome {
+        let rid = frame.request_id;
+        let Request::Hello { min_version, max_version, token } = frame.request else {
+            let (code, message) = self.hello_required();
+            codec::encode_error(out, frame.request.op(), rid, code, message);
+            return self.failed_before_hello(session);
+        };
+        // A token sent to a broker that requires none is ignored, so that
+        // clients can be given the token before the broker requires it.
+        if let Some(expected) = &self.config.auth_token
+            && !constant_time_eq(expected, token)
+        {
+            codec::encode_error(out, op::HELLO, rid, ErrorCode::Unauthenticated, "wrong or missing auth token");
+            return self.failed_before_hello(session);
+        }
+        let version = max_version.min(codec::VERSION_MAX);
+        if version < min_version.max(codec::VERSION_MIN) {
+            let msg = format!("this broker speaks versions {}..={}", codec::VERSION_MIN, codec::VERSION_MAX);
+            codec::encode_error(out, op::HELLO, rid, ErrorCode::Version, &msg);
+            return self.failed_before_hello(session);
+        }
+        session.hello = true;
+        session.auth_failures = 0;
+        codec::encode_hello_reply(out, rid, version, &self.decode_limits);
+        Outcome::Done
+    }
+
+    /// A repeated HELLO negotiates afresh: if it fails, the connection is
+    /// back to "HELLO required".
+    fn hello_again(&mut self, session: &mut Session, req: &Request<'_>, rid: u32, out: &mut Vec<u8>) -> Outcome {
+        session.hello = false;
+        self.before_hello(session, &Frame { request_id: rid, request: *req }, out)
+    }
+
+    /// What a frame other than HELLO gets before a successful HELLO.
+    fn hello_required(&self) -> (ErrorCode, &'static str) {
+        match self.config.auth_token {
+            Some(_) => (ErrorCode::Unauthenticated, "send HELLO with the auth token first"),
+            None => (ErrorCode::HelloRequired, "send HELLO first"),
+        }
+    }
+
+    /// Counts a frame that was not a successful HELLO, when the broker
+    /// requires a token: the connection closes at `AUTH_FAILURES_MAX`, so a
+    /// peer without the token cannot keep sending until the handshake
+    /// timeout.
+    fn failed_before_hello(&self, session: &mut Session) -> Outcome {
+        if self.config.auth_token.is_none() {
+            return Outcome::Done;
+        }
+        session.auth_failures += 1;
+        if session.auth_failures >= AUTH_FAILURES_MAX { Outcome::Close } else { Outcome::Done }
+    }
+
+    /// The error to send for a frame the codec refused before a successful
+    /// HELLO, and what follows it. A lost frame boundary (MALFORMED, then
+    /// the close) and a frame over frame_bytes_max (FRAME_TOO_LARGE, and it
+    /// is discarded) keep their error, because they are about the byte
+    /// stream; so does a malformed HELLO. Any other op gets what any frame
+    /// but HELLO gets, whatever is wrong with it. Each one counts as a
+    /// failure when a token is required.
+    pub fn refuse_before_hello(&self, session: &mut Session, e: DecodeError) -> (DecodeError, Outcome) {
+        if e.skip == Skip::Close {
+            return (e, Outcome::Done);
+        }
+        let e = if e.code == ErrorCode::FrameTooLarge || e.op == op::HELLO {
+            e
+        } else {
+            let (code, message) = self.hello_required();
+            DecodeError { code, message: message.into(), ..e }
+        };
+        (e, self.failed_before_hello(session))
+    }
+
+    /// The group of topic `tid` a consumer request acts on. Version 1 of
+    /// the protocol names none: the default group, which every topic has.
+    /// (A request that names a group is resolved here.)
+    fn group_of(&self, _tid: TopicId) -> Result<GroupId, Refusal> {
+        Ok(GroupId::DEFAULT)
+    }
+
+    /// The BUSY error, counted: a request with a large reply came while
+    /// the buffers were full, and nothing was done.
+    fn busy_refusal(&mut self) -> Refusal {
+        self.stats.busy_replies += 1;
+        (ErrorCode::Busy, stats::BUSY_MESSAGE.into())
+    }
+
+    /// The BUSY error, counted, for a FETCH that would need a timer when
+    /// the broker holds `timers_max`: nothing was done.
+    fn timers_full(&mut self) -> Refusal {
+        self.stats.busy_replies += 1;
+        let max = self.config.limits.timers_max;
+        let msg = format!(
+            "the broker holds timers_max ({max}) messages in flight or delayed and parked FETCHes; nothing was done: ack what you hold, or back off and retry"
+        );
+        (ErrorCode::Busy, msg)
+    }
+
+    // -----------------------------------------------------------------------
+    // Consumers.
+    // -----------------------------------------------------------------------
+
+    /// FETCH: delivers what is ready, or parks until something is (or the
+    /// wait ends).
+    fn fetch(
+        &mut self,
+        session: &mut Session,
+        topic: &str,
+        args: FetchArgs,
+        at: At<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<Outcome, Refusal> {
+        if args.max_messages == 0 {
+            return Err((ErrorCode::BadArgument, "max_messages must be at least 1".into()));
+        }
+        let tid = self.topic_for(topic, self.config.auto_create)?;
+        let group = self.group_of(tid)?;
+        if !session.fetched.contains(&(tid, group)) {
+            session.fetched.push((tid, group));
+        }
+        let w = args.waiter(at, session, tid, group, &self.config.limits);
+        let full = self.buffers_full(at.loops.buffered_bytes);
+        let timers_max = self.config.limits.timers_max;
+        let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
+        let ready = e.topic.has_ready(group);
+        if full && ready {
+            return Err(self.busy_refusal());
+        }
+        // Each delivery and a parked FETCH take a timer.
+        if timer_room(timers_max, &self.wheel) == 0 && (ready || args.wait_ms > 0) {
+            return Err(self.timers_full());
+        }
+        if args.wait_ms == 0 || ready {
+            deliver(e, &mut self.wheel, &w, at.now, timers_max, out);
+            return Ok(Outcome::Done);
+        }
+        let wait_ms = args.wait_ms.min(self.config.limits.fetch_wait_ms_max);
+        let timer =
+            self.wheel.insert(at.now.mono_ms + u64::from(wait_ms), Timer::Wait { waiter: self.waiters.vacant_key() });
+        self.waiters.park(Waiter { timer, ..w });
+        Ok(Outcome::Parked)
+    }
+
+    /// ACK: the group is done with each id.
+    fn ack(&mut self, topic: &str, ids: Ids<'_>, rid: u32, out: &mut Vec<u8>) -> Result<Outcome, Refusal> {
+        let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
+        let group = self.group_of(tid)?;
+        self.ids_op(tid, group, ids, |t, id, timers| t.ack(group, id, timers));
+        if !self.scratch.done_ids.is_empty() {
+            let ids = &self.scratch.done_ids;
+            RemoveRecord { topic: tid, group, reason: RemoveReason::Acked, ids }.append(&mut self.log);
+        }
+        self.ids_reply(op::ACK, rid, out);
+        Ok(Outcome::Done)
+    }
+
+    /// TOUCH: each id's ack deadline counts again from now.
+    fn touch(
+        &mut self,
+        topic: &str,
+        ack_timeout_ms: u32,
+        ids: Ids<'_>,
+        at: At<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<Outcome, Refusal> {
+        let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
+        let group = self.group_of(tid)?;
+        // The deadline counts from this turn's clock (the wheel's own time
+        // is the last turn's, which may be long ago).
+        self.ids_op(tid, group, ids, |t, id, timers| {
+            let timeout = if ack_timeout_ms == 0 { t.settings.ack_timeout_ms } else { ack_timeout_ms };
+            t.touch(group, id, at.now.mono_ms + u64::from(timeout), timers)
+        });
+        self.ids_reply(op::TOUCH, at.request_id, out);
+        Ok(Outcome::Done)
+    }
+
+    /// Applies `f` to each id, sorting them into done and failed.
+    fn ids_op(
+        &mut self,
+        tid: TopicId,
+        group: GroupId,
+        ids: Ids<'_>,
+        mut f: impl FnMut(&mut Topic, MsgId, &mut GroupTimers<'_>) -> bool,
+    ) {
+        self.scratch.done_ids.clear();
+        self.scratch.failed_ids.clear();
+        let Some(e) = self.topics.get_mut(tid) else { return };
+        let mut timers = GroupTimers { wheel: &mut self.wheel, topic: tid, group };
+        for id in ids.iter() {
+            let list = if f(&mut e.topic, id, &mut timers) {
+                &mut self.scratch.done_ids
+            } else {
+                &mut self.scratch.failed_ids
+            };
+            list.push(id);
+        }
+    }
+
+    /// The ids reply of ACK, NACK and TOUCH, from what `ids_op` sorted.
+    fn ids_reply(&self, op: u8, rid: u32, out: &mut Vec<u8>) {
+        codec::encode_ids_reply(out, op, rid, self.scratch.done_ids.len() as u32, &self.scratch.failed_ids);
+    }
+
+    /// NACK: each id goes back to ready (now or after a delay), or to the
+    /// dead-letter topic.
+    fn nack(
+        &mut self,
+        topic: &str,
+        delay_ms: u32,
+        flags: u8,
+        ids: Ids<'_>,
+        at: At<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<Outcome, Refusal> {
+        let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
+        let group = self.group_of(tid)?;
+        let dead_letter = flags & codec::NACK_FLAG_DEAD_LETTER != 0;
+        let delay = (delay_ms > 0).then(|| at.now.mono_ms + u64::from(delay_ms));
+        let mut dead = Vec::new();
+        let mut requeued = Vec::new();
+        self.ids_op(tid, group, ids, |t, id, timers| match t.nack(group, id, delay, dead_letter, timers) {
+            None => false,
+            Some(Returned::Retry) => {
+                requeued.push((id, t.deliveries(group, id)));
+                true
+            }
+            Some(Returned::Dead(info)) => {
+                dead.push((id, info));
+                true
+            }
+        });
+        if delay.is_none()
+            && !requeued.is_empty()
+            && let Some(e) = self.topics.get_mut(tid)
+        {
+            self.turn.mark_for_publish(e);
+        }
+        self.ids_reply(op::NACK, at.request_id, out);
+        if !requeued.is_empty() {
+            RequeueRecord { topic: tid, group, entries: &requeued }.append(&mut self.log);
+        }
+        for (id, info) in dead {
+            self.dead_letter(tid, group, id, info);
+        }
+        Ok(Outcome::Done)
+    }
+
+    // -----------------------------------------------------------------------
+    // Producers and admin: their replies wait for the sync.
+    // -----------------------------------------------------------------------
+
+    /// PRODUCE: stores the batch, invisible until the sync; QUEUE_FULL if
+    /// the topic has no room for it.
+    fn produce(&mut self, topic: &str, batch: Batch<'_>, at: At<'_>, out: &mut Vec<u8>) -> Result<Outcome, Refusal> {
+        let tid = self.topic_for(topic, self.config.auto_create)?;
+        let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
+        let t = &mut e.topic;
+        room_for(t, u64::from(batch.count), batch.payload_bytes(), &self.config.limits)?;
+        let first = t.seq.next_id();
+        let mut w = ProduceWriter::begin(&mut self.log, tid);
+        for payload in batch.iter() {
+            let (id, born_ms) = t.produce(at.now.wall_ms, payload);
+            w.push(&mut self.log, &MessageRecord { id, born_ms, deliveries: 0, dead: None, payload });
+            self.compactor.note_client_produce(tid, id);
+        }
+        // If the commit fails, this record goes (the produce is answered
+        // STORAGE and withdrawn); the turn's others stay.
+        w.end_withdrawable(&mut self.log);
+        self.turn.produced(tid, first, batch.count);
+        self.turn.mark_for_publish(e);
+        codec::encode_produce_reply(out, at.request_id, first, batch.count);
+        Ok(Outcome::Held)
+    }
+
+    /// CREATE_TOPIC: creates the topic, or changes an existing one's
+    /// settings (0 = the broker's default).
+    fn create_topic(
+        &mut self,
+        topic: &str,
+        settings: TopicSettings,
+        rid: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<Outcome, Refusal> {
+        let exists = self.topics.id(topic);
+        let tid = match exists {
+            Some(tid) => tid,
+            None => self.topics.create(topic, self.config.defaults, self.config.limits.topics_max)?,
+        };
+        let d = self.config.defaults;
+        let s = Settings {
+            ack_timeout_ms: if settings.ack_timeout_ms == 0 { d.ack_timeout_ms } else { settings.ack_timeout_ms },
+            max_deliveries: if settings.max_deliveries == 0 { d.max_deliveries } else { settings.max_deliveries },
+        };
+        if let Some(e) = self.topics.get_mut(tid) {
+            e.topic.settings = s;
+        }
+        self.log_topic(tid);
+        codec::encode_u64_reply(out, op::CREATE_TOPIC, rid, u64::from(exists.is_none()));
+        Ok(Outcome::Held)
+    }
+
+    /// DELETE_TOPIC: the topic and its messages go; its parked FETCHes are
+    /// answered UNKNOWN_TOPIC at the commit.
+    fn delete_topic(&mut self, topic: &str, rid: u32, out: &mut Vec<u8>) -> Result<Outcome, Refusal> {
+        let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
+        let removed = self.delete(tid);
+        codec::encode_u64_reply(out, op::DELETE_TOPIC, rid, removed);
+        Ok(Outcome::Held)
+    }
+
+    /// PURGE_TOPIC: every unacknowledged message goes.
+    fn purge_topic(&mut self, topic: &str, rid: u32, out: &mut Vec<u8>) -> Result<Outcome, Refusal> {
+        let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
+        let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
+        let mut timers = GroupTimers { wheel: &mut self.wheel, topic: tid, group: GroupId::DEFAULT };
+        let removed = e.topic.purge(&mut timers);
+        PurgeRecord { topic: tid, below_id: e.topic.seq.next_id() }.append(&mut self.log);
+        self.compactor.nudge();
+        codec::encode_u64_reply(out, op::PURGE_TOPIC, rid, removed);
+        Ok(Outcome::Held)
+    }
+
+    // -----------------------------------------------------------------------
+    // STATS and LIST_TOPICS.
+    // -----------------------------------------------------------------------
+
+    fn stats(&mut self, topic: &str, at: At<'_>, out: &mut Vec<u8>) -> Result<Outcome, Refusal> {
+        if !topic.is_empty() && self.topics.id(topic).is_none() {
+            return Err(unknown(topic));
+        }
+        // One topic's section is small; every topic's grows with them.
+        if topic.is_empty() && self.buffers_full(at.loops.buffered_bytes) {
+            return Err(self.busy_refusal());
+        }
+        self.write_stats(topic, at.request_id, at.now, at.loops, out);
+        Ok(Outcome::Done)
+    }
+
+    fn list_topics(&mut self, at: At<'_>, out: &mut Vec<u8>) -> Result<Outcome, Refusal> {
+        if self.buffers_full(at.loops.buffered_bytes) {
+            return Err(self.busy_refusal());
+        }
+        let list: Vec<(&str, TopicSettings)> = self
+            .topics
+            .sorted("")
+            .into_iter()
+            .map(|e| {
+                let s = e.topic.settings;
+                (&*e.topic.name, TopicSettings { ack_timeout_ms: s.ack_timeout_ms, max_deliveries: s.max_deliveries })
+            })
+            .collect();
+        codec::encode_topics_reply(out, at.request_id, &list);
+        Ok(Outcome::Done)
+    }
+
+    // -----------------------------------------------------------------------
+    // The topic table's changes, logged.
+    // -----------------------------------------------------------------------
+
+    /// The topic named `name`, created with default settings if missing and
+    /// `create` allows.
+    pub(super) fn topic_for(&mut self, name: &str, create: bool) -> Result<TopicId, Refusal> {
+        if let Some(tid) = self.topics.id(name) {
+            return Ok(tid);
+        }
+        if !create {
+            return Err(unknown(name));
+        }
+        let tid = self.topics.create(name, self.config.defaults, self.config.limits.topics_max)?;
+        self.log_topic(tid);
+        Ok(tid)
+    }
+
+    /// Appends a Topic record stating `tid`'s name, settings and next id.
+    pub(super) fn log_topic(&mut self, tid: TopicId) {
+        if let Some(r) = self.topics.record(tid) {
+            r.append(&mut self.log);
+            self.compactor.note_topic(tid);
+        }
+    }
+
+    /// Deletes topic `tid`; returns how many messages it held.
+    fn delete(&mut self, tid: TopicId) -> u64 {
+        let Some(mut e) = self.topics.remove(tid) else { return 0 };
+        let mut timers = GroupTimers { wheel: &mut self.wheel, topic: tid, group: GroupId::DEFAULT };
+        let removed = e.topic.purge(&mut timers);
+        crate::record::DeleteRecord { topic: tid, next_id: e.topic.seq.next_id() }.append(&mut self.log);
+        self.compactor.note_delete();
+        self.compactor.forget_topic(tid);
+        self.compactor.nudge();
+        self.turn.forget_topic(tid);
+        for w in self.waiters.drain_topic(tid) {
+            self.wheel.cancel(w.timer);
+            let message = format!("topic {} was deleted", e.topic.name);
+            self.turn.answer_later(w.conn, w.request_id, ErrorCode::UnknownTopic, message);
+        }
+        removed
+    }
+
+    /// The name of `tid`'s dead-letter topic.
+    pub(super) fn dead_letter_name_of(&self, tid: TopicId) -> Option<String> {
+        self.topics.get(tid).map(|e| dead_letter_name(&e.topic.name))
+    }
+}
+
+/// QUEUE_FULL unless topic `t` has room for `count` more messages of
+/// `bytes` payload bytes in all.
+pub(super) fn room_for(t: &Topic, count: u64, bytes: u64, l: &crate::limits::Limits) -> Result<(), Refusal> {
+    if t.seq.live() + count <= l.topic_messages_max && t.seq.live_bytes() + bytes <= l.topic_bytes_max {
+        return Ok(());
+    }
+    Err((
+        ErrorCode::QueueFull,
+        format!(
+            "topic {} holds {} messages / {} bytes; limits are topic_messages_max {} and topic_bytes_max {}",
+            t.name,
+            t.seq.live(),
+            t.seq.live_bytes(),
+            l.topic_messages_max,
+            l.topic_bytes_max
+        ),
+    ))
+}
+
+/// What a FETCH asks for.
+#[derive(Clone, Copy)]
+struct FetchArgs {
+    max_messages: u32,
+    max_bytes: u32,
+    wait_ms: u32,
+    ack_timeout_ms: u32,
+}
+
+impl FetchArgs {
+    /// The FETCH as a waiter (its limits clamped to the broker's), whether
+    /// it parks or is answered now.
+    fn waiter(
+        &self,
+        at: At<'_>,
+        session: &Session,
+        topic: TopicId,
+        group: GroupId,
+        l: &crate::limits::Limits,
+    ) -> Waiter {
+        let max_bytes = if self.max_bytes == 0 { l.fetch_bytes_max } else { self.max_bytes.min(l.fetch_bytes_max) };
+        Waiter {
+            conn: at.conn,
+            consumer: session.consumer,
+            request_id: at.request_id,
+            topic,
+            group,
+            max_messages: self.max_messages.min(l.batch_messages_max),
+            max_bytes: u64::from(max_bytes),
+            ack_timeout_ms: self.ack_timeout_ms,
+            timer: TimerKey::NONE,
+        }
+    }
+}
+
+/// Timers the wheel has room for under `timers_max`.
+pub(super) fn timer_room(timers_max: u32, wheel: &Wheel<Timer>) -> u32 {
+    timers_max.saturating_sub(u32::try_from(wheel.len()).unwrap_or(u32::MAX))
+}
+
+/// Writes a FETCH reply for `w` from the ready messages of `e`: as many as
+/// it asks for and the wheel has timers for (`timers_max`).
+pub(super) fn deliver(
+    e: &mut Entry,
+    wheel: &mut Wheel<Timer>,
+    w: &Waiter,
+    now: Now,
+    timers_max: u32,
+    out: &mut Vec<u8>,
+) {
+    let timeout = if w.ack_timeout_ms == 0 { e.topic.settings.ack_timeout_ms } else { w.ack_timeout_ms };
+    let deadline = now.mono_ms + u64::from(timeout);
+    let max_messages = w.max_messages.min(timer_room(timers_max, wheel));
+    let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name);
+    let mut timers = GroupTimers { wheel, topic: e.id, group: w.group };
+    let take = Take { owner: w.consumer, max_messages, max_bytes: w.max_bytes, deadline_ms: deadline };
+    e.topic.fetch(w.group, take, &mut timers, |seq, d| {
+        if let Some(m) = seq.get(d.id) {
+            let dead = seq.dead_info(d.id);
+            let msg = Message { id: d.id, born_ms: m.born_ms, delivery_count: d.deliveries, dead, payload: m.payload };
+            writer.push(out, &msg);
+        }
+    });
+    writer.finish(out);
+}
+
+/// Compares secrets in time independent of where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u8 | u8::from(a.len() != b.len());
+    for i in 0..a.len().max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0xff);
+    }
+    diff == 0
+}

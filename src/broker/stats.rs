@@ -1,0 +1,157 @@
+//! Counters, the STATS reply, and the metrics' view of the topics.
+//!
+//! Two owners: the broker counts what it does (`BrokerStats`), the loop
+//! counts what it does with sockets and buffers (`LoopStats`, owned by the
+//! reactor, or the simulation, and lent to each call that reports it).
+
+use super::topics::dead_letter_name;
+use super::{Broker, Now};
+use crate::codec;
+use crate::log::FsyncMode;
+use crate::queue::{Counters, GroupId};
+
+/// The message of a BUSY reply.
+pub(super) const BUSY_MESSAGE: &str =
+    "the broker's connection buffers are full (buffered_bytes_max); nothing was done: back off and retry";
+
+/// What the broker counts.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BrokerStats {
+    /// How long recovery took at start, ms.
+    pub recovery_ms: u64,
+    /// When the broker started, monotonic ms.
+    pub started_mono_ms: u64,
+    /// Produce batches answered after a commit.
+    pub produces_committed: u64,
+    /// Requests answered BUSY because the buffers were full, or a FETCH
+    /// because the broker held `timers_max` timers (counter).
+    pub busy_replies: u64,
+}
+
+/// What the loop counts: its turns, its connections, the bytes through
+/// their sockets and what their buffers take. The reactor (or the
+/// simulation) owns and writes them; the broker reads them, for STATS and
+/// for the buffers' limit.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoopStats {
+    /// Client connections open.
+    pub connections: u64,
+    /// Turns of the loop.
+    pub turns: u64,
+    /// Bytes read from client connections.
+    pub bytes_in: u64,
+    /// Bytes written to client connections.
+    pub bytes_out: u64,
+    /// Bytes the client connections' input and output buffers take (their
+    /// capacity), kept up to date by each connection as its buffers change
+    /// (`ConnState::account`). What `buffered_bytes_max` bounds.
+    pub buffered_bytes: u64,
+}
+
+/// One topic's numbers, for metrics.
+#[derive(Clone, Debug)]
+pub struct TopicMetrics {
+    pub name: String,
+    pub ready: u64,
+    pub inflight: u64,
+    pub delayed: u64,
+    /// Live messages in `<name>.dlq`.
+    pub dead_letter: u64,
+    pub bytes: u64,
+    pub counters: Counters,
+    /// Age of the oldest unacknowledged message, ms; 0 when none.
+    pub oldest_age_ms: u64,
+}
+
+impl Broker {
+    /// Per-topic numbers for metrics, sorted by name.
+    pub fn topic_metrics(&self, now: Now) -> Vec<TopicMetrics> {
+        let g = GroupId::DEFAULT;
+        self.topics
+            .sorted("")
+            .into_iter()
+            .map(|e| {
+                let t = &e.topic;
+                let dlq = self.topics.id(&dead_letter_name(&t.name)).and_then(|d| self.topics.get(d));
+                TopicMetrics {
+                    name: t.name.to_string(),
+                    ready: t.ready(g),
+                    inflight: t.inflight(g),
+                    delayed: t.delayed(g),
+                    dead_letter: dlq.map_or(0, |d| d.topic.seq.live()),
+                    bytes: t.seq.live_bytes(),
+                    counters: t.counters(g),
+                    oldest_age_ms: t.seq.oldest_born_ms().map_or(0, |b| now.wall_ms.saturating_sub(b)),
+                }
+            })
+            .collect()
+    }
+
+    /// The STATS reply: the broker's section, then one per topic (only
+    /// `only`'s, if named).
+    pub(super) fn write_stats(&self, only: &str, rid: u32, now: Now, loops: &LoopStats, out: &mut Vec<u8>) {
+        let mut w = codec::StatsWriter::begin(out, rid);
+        w.section(out, "");
+        for (k, v) in self.broker_section(now, loops) {
+            w.kv(out, k, v);
+        }
+        let g = GroupId::DEFAULT;
+        for e in self.topics.sorted(only) {
+            let t = &e.topic;
+            let c = t.counters(g);
+            w.section(out, &t.name);
+            for (k, v) in [
+                ("ready", t.ready(g)),
+                ("inflight", t.inflight(g)),
+                ("delayed", t.delayed(g)),
+                ("produced", c.produced),
+                ("delivered", c.delivered),
+                ("redelivered", c.redelivered),
+                ("acked", c.acked),
+                ("nacked", c.nacked),
+                ("dead_lettered", c.dead_lettered),
+                ("expired", c.expired),
+                ("bytes", t.seq.live_bytes()),
+                ("next_id", t.seq.next_id()),
+                ("waiters", self.waiters.waiting(e.id, g) as u64),
+                ("id", u64::from(e.id.0)),
+            ] {
+                w.kv(out, k, v);
+            }
+        }
+        w.finish(out);
+    }
+
+    /// The broker's own section of STATS, in its order.
+    fn broker_section(&self, now: Now, loops: &LoopStats) -> [(&'static str, u64); 24] {
+        let (s, ls, l) = (&self.stats, &self.log.stats, &self.config.limits);
+        [
+            ("uptime_ms", now.mono_ms.saturating_sub(s.started_mono_ms)),
+            ("connections", loops.connections),
+            ("turns", loops.turns),
+            ("topics", self.topics.len() as u64),
+            ("bytes_in", loops.bytes_in),
+            ("bytes_out", loops.bytes_out),
+            ("log_bytes", self.log.bytes()),
+            ("log_segments", self.log.segments().len() as u64),
+            ("fsyncs", ls.fsyncs),
+            ("log_commits", ls.commits),
+            ("log_records", ls.records),
+            ("storage_failures", ls.failures),
+            ("produces_committed", s.produces_committed),
+            ("compactions", self.compactor.compactions),
+            ("recovery_ms", s.recovery_ms),
+            ("recovered_records", self.recovery.records),
+            ("recovery_truncated_bytes", self.recovery.truncated_bytes),
+            ("recovery_repaired_bytes", self.recovery.repaired_bytes),
+            ("fsync_turn", u64::from(self.log.fsync_mode() == FsyncMode::Turn)),
+            // The limits a client sizes its reply buffer and its pings by,
+            // which the HELLO reply does not carry.
+            ("output_bytes_max", l.output_bytes_max.into()),
+            ("fetch_bytes_max", l.fetch_bytes_max.into()),
+            ("idle_timeout_ms", l.idle_timeout_ms.into()),
+            ("buffered_bytes", loops.buffered_bytes),
+            ("busy_replies", s.busy_replies),
+        ]
+    }
+}

@@ -1,0 +1,357 @@
+//! `Group`: the state of one consumer group over a topic's `Seq` — its
+//! cursor, the messages in flight, back for retry or delayed, the delivery
+//! counts carried over a restart, and which consumer holds what (Redis
+//! streams keep a group the same way: `streamCG` with its last id and its
+//! pending list).
+//!
+//! The model: messages are ready in produce order; FETCH moves them to the
+//! in-flight table with a deadline; ACK is the group done with them; a
+//! passed deadline or a NACK returns them to the front of ready; past max
+//! deliveries they go to the dead-letter topic. The group keeps state only
+//! for messages that are not simply "next in line": every id below the
+//! cursor that is in none of its tables, it is done with.
+//!
+//! A group never releases a message from the sequence itself: it says it
+//! is done with one, and the topic releases it once no other group needs
+//! it (`Group::needs`).
+
+use std::collections::VecDeque;
+
+use super::seq::Seq;
+use super::{ConsumerId, Counters, Delivery, GroupId, IdMap, MsgId, Returned, Take, Timers};
+use crate::codec::{DeadInfo, DeadReason};
+use crate::wheel::TimerKey;
+
+/// A message delivered and not yet acknowledged.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Inflight {
+    /// Its ack deadline.
+    pub(super) timer: TimerKey,
+    /// The connection it went to.
+    pub(super) owner: ConsumerId,
+    /// Deliveries so far, this one included.
+    pub(super) deliveries: u16,
+}
+
+/// Messages delivered to one consumer: ids pushed on delivery, removed
+/// lazily (an id whose in-flight owner is someone else, or which is no
+/// longer in flight, is skipped and swept when the list doubles).
+#[derive(Default)]
+struct Owned {
+    ids: Vec<MsgId>,
+    /// How many of `ids` are still in flight to this consumer.
+    live: u32,
+}
+
+/// What decides a failed delivery's fate: the topic's settings.
+#[derive(Clone, Copy, Debug)]
+pub struct Policy {
+    /// Deliveries after which a failed one dead-letters the message.
+    pub max_deliveries: u16,
+    /// Whether messages may be dead-lettered (a dead-letter topic's never
+    /// are: they go back to ready instead).
+    pub dead_letters: bool,
+}
+
+/// One consumer group's state.
+#[derive(Default)]
+pub struct Group {
+    /// Its number within the topic.
+    id: GroupId,
+    /// Every id below it has been delivered at least once (or released).
+    cursor: MsgId,
+    /// Ready again after a failed delivery, in the order they came back.
+    /// May hold ids no longer in `retry_set` (acked meanwhile): skipped.
+    pub(super) retry: VecDeque<MsgId>,
+    /// Ready-again messages and their deliveries so far.
+    retry_set: IdMap<u16>,
+    /// Delivered and not acknowledged.
+    pub(super) inflight: IdMap<Inflight>,
+    /// NACKed with a delay: the timer and the deliveries so far.
+    pub(super) delayed: IdMap<(TimerKey, u16)>,
+    /// Deliveries of never-redelivered messages carried over a restart.
+    pub(super) carried: IdMap<u16>,
+    /// What each consumer holds.
+    owners: IdMap<Owned>,
+    /// Counters kept since the broker started (`produced` is the topic's).
+    pub counters: Counters,
+}
+
+impl Group {
+    /// A group that starts reading at `cursor`.
+    pub fn new(id: GroupId, cursor: MsgId) -> Group {
+        Group { id, cursor, ..Group::default() }
+    }
+
+    pub fn id(&self) -> GroupId {
+        self.id
+    }
+
+    /// Whether the group still needs message `id`: not yet delivered, or
+    /// in flight, back for retry or delayed. A message leaves the sequence
+    /// once no group needs it.
+    pub fn needs(&self, id: MsgId) -> bool {
+        id >= self.cursor
+            || self.inflight.contains_key(&id)
+            || self.retry_set.contains_key(&id)
+            || self.delayed.contains_key(&id)
+    }
+
+    /// Ready messages of `seq`: never delivered and visible, or back for
+    /// retry. (Counted from the cursor, so it costs a walk of the blocks
+    /// the group has not read: for STATS, not for every request.)
+    pub fn ready(&self, seq: &Seq) -> u64 {
+        seq.live_in(self.cursor, seq.visible_id()) + self.retry_set.len() as u64
+    }
+    pub fn inflight(&self) -> u64 {
+        self.inflight.len() as u64
+    }
+    pub fn delayed(&self) -> u64 {
+        self.delayed.len() as u64
+    }
+    /// Whether a FETCH would find something now.
+    pub fn has_ready(&self, seq: &Seq) -> bool {
+        !self.retry_set.is_empty() || seq.next_live(self.cursor, seq.visible_id()).is_some()
+    }
+
+    /// Moves up to `take.max_messages` ready messages (at least one if any,
+    /// then within `take.max_bytes` of payload) to in flight for
+    /// `take.owner`, with the ack deadline `take.deadline_ms`. Calls `out`
+    /// for each, in delivery order.
+    pub fn fetch(&mut self, seq: &Seq, take: Take, timers: &mut impl Timers, mut out: impl FnMut(Delivery)) -> u32 {
+        let Take { owner, max_messages, max_bytes, deadline_ms } = take;
+        let mut n = 0u32;
+        let mut bytes = 0u64;
+        // Taken out for the batch: one map lookup per FETCH, not per message.
+        let mut owned = self.owners.remove(&owner).unwrap_or_default();
+        while n < max_messages {
+            let Some((id, prior)) = self.peek_ready(seq) else { break };
+            let len = seq.get(id).map_or(0, |m| m.payload.len() as u64);
+            if n > 0 && bytes + len > max_bytes {
+                break;
+            }
+            self.take_ready(id);
+            bytes += len;
+            n += 1;
+            let deliveries = prior.saturating_add(1);
+            let timer = timers.arm(deadline_ms, id);
+            self.inflight.insert(id, Inflight { timer, owner, deliveries });
+            owned.ids.push(id);
+            owned.live += 1;
+            self.counters.delivered += 1;
+            if prior > 0 {
+                self.counters.redelivered += 1;
+            }
+            out(Delivery { id, deliveries });
+        }
+        if owned.live > 0 {
+            self.owners.insert(owner, owned);
+        }
+        n
+    }
+
+    /// The next ready message and its deliveries so far, without taking it.
+    pub fn peek_ready(&mut self, seq: &Seq) -> Option<(MsgId, u16)> {
+        while let Some(&id) = self.retry.front() {
+            if let Some(&d) = self.retry_set.get(&id) {
+                return Some((id, d));
+            }
+            self.retry.pop_front();
+        }
+        let id = seq.next_live(self.cursor, seq.visible_id())?;
+        // `carried` is empty except just after a restart: skip the hash.
+        let prior = if self.carried.is_empty() { 0 } else { self.carried.get(&id).copied().unwrap_or(0) };
+        Some((id, prior))
+    }
+
+    /// Takes the message `peek_ready` returned out of ready.
+    pub fn take_ready(&mut self, id: MsgId) {
+        if self.retry.front() == Some(&id) {
+            self.retry.pop_front();
+            self.retry_set.remove(&id);
+        } else {
+            debug_assert!(id >= self.cursor, "message {id} taken from below the cursor {}", self.cursor);
+            self.cursor = id + 1;
+            if !self.carried.is_empty() {
+                self.carried.remove(&id);
+            }
+        }
+    }
+
+    fn disown(&mut self, owner: ConsumerId) {
+        if let Some(o) = self.owners.get_mut(&owner) {
+            o.live = o.live.saturating_sub(1);
+            if o.live == 0 {
+                self.owners.remove(&owner);
+            } else if o.ids.len() > 2 * o.live as usize + 64 {
+                let inflight = &self.inflight;
+                o.ids.retain(|id| inflight.get(id).is_some_and(|f| f.owner == owner));
+            }
+        }
+    }
+
+    /// Acknowledges a delivered message: the group is done with it. False
+    /// if it was not delivered and unacknowledged (unknown, never
+    /// delivered, acked, dead-lettered).
+    pub fn ack(&mut self, id: MsgId, timers: &mut impl Timers) -> bool {
+        if let Some(f) = self.inflight.remove(&id) {
+            timers.disarm(f.timer);
+            self.disown(f.owner);
+        } else if let Some((timer, _)) = self.delayed.remove(&id) {
+            timers.disarm(timer);
+        } else if self.retry_set.remove(&id).is_none() {
+            return false;
+        }
+        self.counters.acked += 1;
+        true
+    }
+
+    /// A message left the sequence: forgets what the group carried for it.
+    pub fn forget(&mut self, id: MsgId) {
+        if !self.carried.is_empty() {
+            self.carried.remove(&id);
+        }
+    }
+
+    /// Extends the deadline of an in-flight message.
+    pub fn touch(&mut self, id: MsgId, deadline_ms: u64, timers: &mut impl Timers) -> bool {
+        let Some(f) = self.inflight.get_mut(&id) else { return false };
+        timers.disarm(f.timer);
+        f.timer = timers.arm(deadline_ms, id);
+        true
+    }
+
+    /// A failed delivery: back to ready (`delay_until_ms` None), delayed, or
+    /// out of deliveries.
+    fn give_back(
+        &mut self,
+        id: MsgId,
+        deliveries: u16,
+        delay_until_ms: Option<u64>,
+        reason: DeadReason,
+        policy: Policy,
+        timers: &mut impl Timers,
+    ) -> Returned {
+        if policy.dead_letters && (deliveries >= policy.max_deliveries || reason == DeadReason::Rejected) {
+            return Returned::Dead(DeadInfo { origin_id: id, origin_deliveries: deliveries, reason });
+        }
+        match delay_until_ms {
+            Some(t) => {
+                let timer = timers.arm(t, id);
+                self.delayed.insert(id, (timer, deliveries));
+            }
+            None => self.requeue(id, deliveries),
+        }
+        Returned::Retry
+    }
+
+    /// Puts a message back in ready (the back of the retry queue).
+    pub fn requeue(&mut self, id: MsgId, deliveries: u16) {
+        self.retry.push_back(id);
+        self.retry_set.insert(id, deliveries);
+    }
+
+    /// NACK: `delay_until_ms` None returns it at once. None if `id` is not
+    /// in flight.
+    pub fn nack(
+        &mut self,
+        id: MsgId,
+        delay_until_ms: Option<u64>,
+        dead_letter: bool,
+        policy: Policy,
+        timers: &mut impl Timers,
+    ) -> Option<Returned> {
+        let f = self.inflight.remove(&id)?;
+        timers.disarm(f.timer);
+        self.disown(f.owner);
+        self.counters.nacked += 1;
+        let reason = if dead_letter { DeadReason::Rejected } else { DeadReason::Nacked };
+        Some(self.give_back(id, f.deliveries, delay_until_ms, reason, policy, timers))
+    }
+
+    /// A timer of this group fired for `id`: an ack deadline or the end of
+    /// a NACK delay. Every state change disarms the message's timer, so a
+    /// timer that fires is always the current one; an id in neither table
+    /// (its topic was purged) is ignored.
+    pub fn timer_fired(&mut self, id: MsgId, policy: Policy, timers: &mut impl Timers) -> Option<Returned> {
+        if let Some(f) = self.inflight.remove(&id) {
+            self.disown(f.owner);
+            self.counters.expired += 1;
+            return Some(self.give_back(id, f.deliveries, None, DeadReason::AckTimeout, policy, timers));
+        }
+        let (_, deliveries) = self.delayed.remove(&id)?;
+        self.requeue(id, deliveries);
+        Some(Returned::Retry)
+    }
+
+    /// A consumer disconnected: everything in flight to it returns at once.
+    /// Calls `dead` for each message out of deliveries. Returns how many
+    /// messages went back to ready.
+    pub fn disconnect(
+        &mut self,
+        owner: ConsumerId,
+        policy: Policy,
+        timers: &mut impl Timers,
+        mut dead: impl FnMut(MsgId, DeadInfo),
+    ) -> u64 {
+        let Some(owned) = self.owners.remove(&owner) else { return 0 };
+        let mut returned = 0;
+        for id in owned.ids {
+            let Some(f) = self.inflight.get(&id).copied() else { continue };
+            if f.owner != owner {
+                continue;
+            }
+            self.inflight.remove(&id);
+            timers.disarm(f.timer);
+            match self.give_back(id, f.deliveries, None, DeadReason::ConsumerLost, policy, timers) {
+                Returned::Dead(info) => dead(id, info),
+                Returned::Retry => returned += 1,
+            }
+        }
+        returned
+    }
+
+    /// The deliveries so far of a message that is ready, delayed or in
+    /// flight (for the log's requeue records and compaction).
+    pub fn deliveries(&self, id: MsgId) -> u16 {
+        if let Some(f) = self.inflight.get(&id) {
+            f.deliveries
+        } else if let Some(d) = self.retry_set.get(&id) {
+            *d
+        } else if let Some((_, d)) = self.delayed.get(&id) {
+            *d
+        } else {
+            self.carried.get(&id).copied().unwrap_or(0)
+        }
+    }
+
+    /// Drops everything the group holds (PURGE, DELETE) and disarms its
+    /// timers; it starts again at `cursor`. The counters stay.
+    pub fn clear(&mut self, cursor: MsgId, timers: &mut impl Timers) {
+        for f in self.inflight.values() {
+            timers.disarm(f.timer);
+        }
+        for (t, _) in self.delayed.values() {
+            timers.disarm(*t);
+        }
+        *self = Group { id: self.id, cursor, counters: self.counters, ..Group::default() };
+    }
+
+    /// Recovery: message `id`, stored, had `deliveries` deliveries.
+    pub fn restore_deliveries(&mut self, id: MsgId, deliveries: u16) {
+        if deliveries > 0 {
+            self.carried.insert(id, deliveries);
+        }
+    }
+
+    /// Recovery: like `restore_deliveries`, but a Requeue record's count
+    /// replaces the one carried, whatever it is.
+    pub fn set_deliveries(&mut self, id: MsgId, deliveries: u16) {
+        self.carried.insert(id, deliveries);
+    }
+
+    /// Ends recovery: every live message of `seq` is ready, in id order.
+    pub fn restore_done(&mut self, seq: &Seq) {
+        self.cursor = seq.next_live(0, seq.visible_id()).unwrap_or(seq.visible_id());
+    }
+}

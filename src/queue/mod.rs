@@ -1,0 +1,143 @@
+//! The topic queues: plain data structures, driven by calls that pass the
+//! time in, so that they are tested against simple models without a clock,
+//! a socket or a file. One file, one noun:
+//!
+//! - `seq`: a topic's messages, packed in blocks (about 8.5 bytes of
+//!   overhead per queued message), with their per-message properties;
+//! - `group`: one consumer group's state over them (cursor, in flight,
+//!   retry, delayed, who holds what);
+//! - `topic`: a `Seq` and its groups (today the one default group), and the
+//!   rule that ties them: a message leaves the sequence once every group
+//!   is done with it.
+//!
+//! Timers go out through the `Timers` trait (the broker's wheel), so
+//! nothing here reads a clock.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::codec::DeadInfo;
+use crate::wheel::TimerKey;
+
+mod group;
+mod seq;
+mod topic;
+
+pub use group::{Group, Policy};
+pub use seq::{Seq, Stored};
+pub use topic::Topic;
+
+/// A message id. Unique per topic, increasing in produce order.
+pub type MsgId = u64;
+/// Identifies a consumer connection for the life of the broker (never
+/// reused, unlike a slab token).
+pub type ConsumerId = u64;
+
+/// A consumer group's number within its topic, never reused there. Every
+/// topic has the default group; records of log version 1, which name no
+/// group, mean it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GroupId(pub u32);
+
+impl GroupId {
+    /// The default group: the one every topic has.
+    pub const DEFAULT: GroupId = GroupId(0);
+}
+
+/// Hashes message ids (which the broker assigns, so a client cannot pick
+/// colliding keys) with one multiply instead of SipHash's rounds.
+#[derive(Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ self.0).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+}
+
+/// A map keyed by ids the broker assigns itself (message, topic, consumer
+/// and connection ids), hashed with `IdHasher`.
+pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+pub type IdMap<V> = FastMap<u64, V>;
+
+/// Arms and disarms the timers of one group of one topic (the broker's
+/// wheel).
+pub trait Timers {
+    /// Schedules an ack deadline or a NACK delay for message `id`.
+    fn arm(&mut self, deadline_ms: u64, id: MsgId) -> TimerKey;
+    fn disarm(&mut self, key: TimerKey);
+}
+
+/// What happens to a delivery that failed (deadline, NACK, disconnect).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Returned {
+    /// Back in ready, or delayed.
+    Retry,
+    /// Out of deliveries: the caller moves it to the dead-letter topic and
+    /// then calls `Topic::dead_lettered`.
+    Dead(DeadInfo),
+}
+
+/// Per-topic settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub ack_timeout_ms: u32,
+    pub max_deliveries: u16,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings { ack_timeout_ms: 30_000, max_deliveries: 16 }
+    }
+}
+
+/// Counters kept since the broker started: `produced` is the topic's, the
+/// others its group's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub produced: u64,
+    pub delivered: u64,
+    pub redelivered: u64,
+    pub acked: u64,
+    pub nacked: u64,
+    pub dead_lettered: u64,
+    pub expired: u64,
+}
+
+/// What one FETCH takes from a group: for whom, how much, and until when
+/// it may hold it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Take {
+    /// The consumer the messages go to.
+    pub owner: ConsumerId,
+    /// Most messages (at least one is taken if any is ready).
+    pub max_messages: u32,
+    /// Most payload bytes, past the first message.
+    pub max_bytes: u64,
+    /// The ack deadline of each, ms.
+    pub deadline_ms: u64,
+}
+
+/// A message handed out by `Topic::fetch`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    pub id: MsgId,
+    pub deliveries: u16,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,430 @@
+//! `Seq`: the ordered messages of a topic — payloads packed back to back in
+//! blocks, a columnar index, the per-message properties — shared by every
+//! group that reads the topic.
+//!
+//! Like RocketMQ's CommitLog and ConsumeQueue, payloads are packed back to
+//! back in large per-block buffers and the per-message index is columnar: a
+//! 4-byte end offset, a 4-byte born time delta and one live bit — about 8
+//! bytes per queued message beyond its payload, with no heap allocation per
+//! message. A message is live until `release`, which the topic calls once
+//! every group is done with it.
+
+use std::collections::VecDeque;
+
+use super::{IdMap, MsgId};
+use crate::codec::DeadInfo;
+
+/// Most messages in one block: 4096 keeps the live bitmap at 512 bytes and
+/// lets a block be freed at a fine grain.
+pub(super) const BLOCK_MESSAGES_MAX: usize = 4096;
+/// Payload bytes after which a block closes: 1 MiB buffers are large enough
+/// to amortise their allocation and small enough that one slow message
+/// pins little memory.
+pub(super) const BLOCK_BYTES_MAX: usize = 1 << 20;
+/// A closed block whose live payload falls below 1/4 of its buffer is
+/// rewritten with only the live payloads, so memory follows live bytes.
+const BLOCK_SHRINK_RATIO: usize = 4;
+
+/// A run of consecutive ids whose payloads sit back to back in one buffer.
+pub(super) struct Block {
+    /// Id of the first message; message `i` has id `first_id + i`.
+    pub(super) first_id: MsgId,
+    /// Born time of the first message, ms since the Unix epoch.
+    pub(super) born_base_ms: u64,
+    /// End offset of message `i`'s payload in `bytes` (it starts where
+    /// message `i - 1` ends). A dead message may have zero length.
+    pub(super) ends: Vec<u32>,
+    /// Born time of message `i` minus `born_base_ms`, ms.
+    pub(super) born_delta_ms: Vec<u32>,
+    /// Bit `i` set while message `i` is held by a group.
+    pub(super) live_bits: Vec<u64>,
+    /// Live messages in the block.
+    pub(super) live: u32,
+    /// Payload bytes of the live messages.
+    pub(super) live_bytes: u64,
+    /// The payloads.
+    pub(super) bytes: Vec<u8>,
+    /// No more messages will be appended.
+    pub(super) closed: bool,
+}
+
+impl Block {
+    fn new(first_id: MsgId, born_base_ms: u64) -> Block {
+        Block {
+            first_id,
+            born_base_ms,
+            ends: Vec::new(),
+            born_delta_ms: Vec::new(),
+            live_bits: Vec::new(),
+            live: 0,
+            live_bytes: 0,
+            bytes: Vec::new(),
+            closed: false,
+        }
+    }
+    fn len(&self) -> u64 {
+        self.ends.len() as u64
+    }
+    pub(super) fn end_id(&self) -> MsgId {
+        self.first_id + self.len()
+    }
+    fn start_of(&self, i: usize) -> usize {
+        if i == 0 { 0 } else { self.ends[i - 1] as usize }
+    }
+    fn is_live(&self, i: usize) -> bool {
+        self.live_bits[i / 64] & (1 << (i % 64)) != 0
+    }
+    fn can_take(&self, born_ms: u64, payload_bytes: usize) -> bool {
+        !self.closed
+            && self.ends.len() < BLOCK_MESSAGES_MAX
+            && (self.bytes.is_empty() || self.bytes.len() + payload_bytes <= BLOCK_BYTES_MAX)
+            && born_ms >= self.born_base_ms
+            && born_ms - self.born_base_ms <= u64::from(u32::MAX)
+    }
+    /// Appends a message, live or as a dead placeholder for a gap.
+    fn push(&mut self, born_ms: u64, payload: &[u8], live: bool) {
+        let i = self.ends.len();
+        if i.is_multiple_of(64) {
+            self.live_bits.push(0);
+        }
+        self.bytes.extend_from_slice(payload);
+        self.ends.push(self.bytes.len() as u32);
+        self.born_delta_ms.push(born_ms.saturating_sub(self.born_base_ms) as u32);
+        if live {
+            self.live_bits[i / 64] |= 1 << (i % 64);
+            self.live += 1;
+            self.live_bytes += payload.len() as u64;
+        }
+    }
+    fn close(&mut self) {
+        if !self.closed {
+            self.closed = true;
+            self.ends.shrink_to_fit();
+            self.born_delta_ms.shrink_to_fit();
+            self.live_bits.shrink_to_fit();
+            self.bytes.shrink_to_fit();
+        }
+    }
+    /// Frees everything once no message is live.
+    fn free(&mut self) {
+        self.ends = Vec::new();
+        self.born_delta_ms = Vec::new();
+        self.live_bits = Vec::new();
+        self.bytes = Vec::new();
+        self.closed = true;
+    }
+    /// A closed block gives back what its released messages held: all of
+    /// it when none is live, or the dead payloads once the live ones fill
+    /// less than 1/`BLOCK_SHRINK_RATIO` of the buffer.
+    fn tidy(&mut self) {
+        debug_assert!(self.closed);
+        if self.live == 0 {
+            self.free();
+        } else if self.bytes.len() >= 64 << 10 && (self.live_bytes as usize) * BLOCK_SHRINK_RATIO < self.bytes.len() {
+            self.shrink();
+        }
+    }
+
+    /// Rewrites `bytes` with only the live payloads.
+    fn shrink(&mut self) {
+        let mut bytes = Vec::with_capacity(self.live_bytes as usize);
+        let mut start = 0;
+        for i in 0..self.ends.len() {
+            let end = self.ends[i] as usize;
+            if self.is_live(i) {
+                bytes.extend_from_slice(&self.bytes[start..end]);
+            }
+            start = end;
+            self.ends[i] = bytes.len() as u32;
+        }
+        self.bytes = bytes;
+    }
+}
+
+/// One message as stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stored<'a> {
+    pub id: MsgId,
+    pub born_ms: u64,
+    pub payload: &'a [u8],
+}
+
+/// The ordered messages of a topic. Append at the tail; release anywhere.
+#[derive(Default)]
+pub struct Seq {
+    /// Blocks in id order; only the last may be open. Blocks may leave gaps
+    /// between them (ids that were never stored or were compacted away).
+    pub(super) blocks: VecDeque<Block>,
+    /// The id the next appended message gets.
+    next_id: MsgId,
+    /// Messages with ids below this are durable and may be delivered; those
+    /// from here to `next_id` wait for the turn's commit (`publish`).
+    visible_id: MsgId,
+    /// Live messages.
+    live: u64,
+    /// Payload bytes of live messages.
+    live_bytes: u64,
+    /// Last born time handed out, so born times never go backwards.
+    last_born_ms: u64,
+    /// For a message in a dead-letter topic: where it came from and why (a
+    /// per-message property; empty in other topics).
+    dead: IdMap<DeadInfo>,
+}
+
+impl Seq {
+    pub fn new(first_id: MsgId) -> Seq {
+        let first_id = first_id.max(1);
+        Seq { next_id: first_id, visible_id: first_id, ..Seq::default() }
+    }
+    pub fn next_id(&self) -> MsgId {
+        self.next_id
+    }
+    /// Ids below this may be delivered (`publish`).
+    pub fn visible_id(&self) -> MsgId {
+        self.visible_id
+    }
+    pub fn live(&self) -> u64 {
+        self.live
+    }
+    pub fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+    /// Raises the next id (recovery, and a topic re-created after delete).
+    pub fn bump_next_id(&mut self, next_id: MsgId) {
+        self.next_id = self.next_id.max(next_id);
+    }
+
+    /// Makes every appended message visible (the turn's commit made them
+    /// durable).
+    pub fn publish(&mut self) {
+        self.visible_id = self.next_id;
+    }
+
+    /// Messages appended and not yet published.
+    pub fn unpublished(&self) -> u64 {
+        let mut n = 0;
+        let mut id = self.visible_id;
+        while let Some(next) = self.next_live(id, self.next_id) {
+            n += 1;
+            id = next + 1;
+        }
+        n
+    }
+
+    /// Appends a message with the next id and returns the id and the born
+    /// time stored: `born_ms`, raised to the last born time if the clock
+    /// went backwards.
+    pub fn append(&mut self, born_ms: u64, payload: &[u8]) -> (MsgId, u64) {
+        let born_ms = born_ms.max(self.last_born_ms);
+        let id = self.next_id;
+        self.insert(id, born_ms, payload);
+        (id, born_ms)
+    }
+
+    /// Stores a message at `id`, which must be at least `next_id` (ids in
+    /// between become gaps), keeping `born_ms` as it is (a message moved
+    /// from another topic, or recovered). Not visible until `publish`.
+    pub fn insert(&mut self, id: MsgId, born_ms: u64, payload: &[u8]) {
+        assert!(id >= self.next_id, "ids only grow: {id} < {}", self.next_id);
+        let need_new = match self.blocks.back() {
+            Some(b) => {
+                let gap = id - b.end_id();
+                !(b.can_take(born_ms, payload.len()) && gap < (BLOCK_MESSAGES_MAX - b.ends.len()) as u64)
+            }
+            None => true,
+        };
+        if need_new {
+            if let Some(b) = self.blocks.back_mut() {
+                b.close();
+                // Releases while it was open did not free or shrink it.
+                b.tidy();
+            }
+            self.blocks.push_back(Block::new(id, born_ms));
+        }
+        let Some(block) = self.blocks.back_mut() else { unreachable!("a block was just pushed") };
+        while block.end_id() < id {
+            block.push(block.born_base_ms, &[], false);
+        }
+        block.push(born_ms, payload, true);
+        self.next_id = id + 1;
+        self.live += 1;
+        self.live_bytes += payload.len() as u64;
+        self.last_born_ms = self.last_born_ms.max(born_ms);
+    }
+
+    /// Stores message `id`'s dead-letter origin (it is a dead letter).
+    pub fn set_dead_info(&mut self, id: MsgId, info: DeadInfo) {
+        assert!(self.contains(id), "dead-letter origin of message {id}, which is not stored");
+        self.dead.insert(id, info);
+    }
+
+    fn block_index(&self, id: MsgId) -> Option<usize> {
+        // Most lookups hit the newest block (fetching what was just
+        // produced) or the oldest (acking what was fetched first).
+        let n = self.blocks.len();
+        if let Some(b) = self.blocks.back().filter(|b| b.first_id <= id) {
+            return (id < b.end_id()).then_some(n - 1);
+        }
+        if self.blocks.front().is_some_and(|b| b.first_id <= id && id < b.end_id()) {
+            return Some(0);
+        }
+        let i = self.blocks.partition_point(|b| b.first_id <= id);
+        if i == 0 {
+            return None;
+        }
+        let b = &self.blocks[i - 1];
+        (id < b.end_id()).then_some(i - 1)
+    }
+
+    /// The message at `id`, if it is live.
+    pub fn get(&self, id: MsgId) -> Option<Stored<'_>> {
+        let b = &self.blocks[self.block_index(id)?];
+        let i = (id - b.first_id) as usize;
+        if !b.is_live(i) {
+            return None;
+        }
+        Some(Stored {
+            id,
+            born_ms: b.born_base_ms + u64::from(b.born_delta_ms[i]),
+            payload: &b.bytes[b.start_of(i)..b.ends[i] as usize],
+        })
+    }
+
+    /// Where a dead letter came from and why.
+    pub fn dead_info(&self, id: MsgId) -> Option<DeadInfo> {
+        if self.dead.is_empty() { None } else { self.dead.get(&id).copied() }
+    }
+
+    pub fn contains(&self, id: MsgId) -> bool {
+        self.block_index(id).is_some_and(|bi| {
+            let b = &self.blocks[bi];
+            b.is_live((id - b.first_id) as usize)
+        })
+    }
+
+    /// Releases a live message: no group needs it any more. Returns its
+    /// payload length, or None if it was not live.
+    pub fn release(&mut self, id: MsgId) -> Option<u64> {
+        let bi = self.block_index(id)?;
+        let b = &mut self.blocks[bi];
+        let i = (id - b.first_id) as usize;
+        if !b.is_live(i) {
+            return None;
+        }
+        let len = (b.ends[i] as usize - b.start_of(i)) as u64;
+        b.live_bits[i / 64] &= !(1 << (i % 64));
+        b.live -= 1;
+        b.live_bytes -= len;
+        self.live -= 1;
+        self.live_bytes -= len;
+        if b.closed {
+            b.tidy();
+        }
+        while self.blocks.front().is_some_and(|b| b.live == 0 && b.closed) {
+            self.blocks.pop_front();
+        }
+        if !self.dead.is_empty() {
+            self.dead.remove(&id);
+        }
+        Some(len)
+    }
+
+    /// Releases the unpublished messages with ids in `first..first+count`
+    /// (their produce was not made durable). Their ids are not reused.
+    /// Returns how many were live.
+    pub fn withdraw(&mut self, first: MsgId, count: u32) -> u64 {
+        let ids = first..first + u64::from(count);
+        // A consumer may have seen a published message: it is never taken back.
+        assert!(
+            ids.clone().all(|id| id >= self.visible_id || !self.contains(id)),
+            "withdrawing published messages {ids:?} (visible up to {})",
+            self.visible_id
+        );
+        ids.filter(|&id| self.release(id).is_some()).count() as u64
+    }
+
+    /// The first live id in `from..until`.
+    pub fn next_live(&self, from: MsgId, until: MsgId) -> Option<MsgId> {
+        let mut bi = match self.block_index(from) {
+            Some(bi) => bi,
+            None => self.blocks.partition_point(|b| b.first_id <= from),
+        };
+        let mut from = from;
+        while let Some(b) = self.blocks.get(bi) {
+            if b.first_id >= until {
+                return None;
+            }
+            if b.live > 0 {
+                let start = from.max(b.first_id);
+                let mut i = (start - b.first_id) as usize;
+                while i < b.ends.len() {
+                    let word = b.live_bits[i / 64] >> (i % 64);
+                    if word == 0 {
+                        i = (i / 64 + 1) * 64;
+                        continue;
+                    }
+                    i += word.trailing_zeros() as usize;
+                    let id = b.first_id + i as u64;
+                    return (i < b.ends.len() && id < until).then_some(id);
+                }
+            }
+            bi += 1;
+            from = 0;
+        }
+        None
+    }
+
+    /// How many live messages have ids in `from..until`: whole blocks by
+    /// their count, the ends by their bits.
+    pub fn live_in(&self, from: MsgId, until: MsgId) -> u64 {
+        let mut n = 0;
+        let first = self.blocks.partition_point(|b| b.end_id() <= from);
+        for b in self.blocks.range(first..) {
+            if b.first_id >= until {
+                break;
+            }
+            if b.live == 0 {
+                continue;
+            }
+            if from <= b.first_id && b.end_id() <= until {
+                n += u64::from(b.live);
+                continue;
+            }
+            let lo = (from.max(b.first_id) - b.first_id) as usize;
+            let hi = (until.min(b.end_id()) - b.first_id) as usize;
+            n += (lo..hi).filter(|&i| b.is_live(i)).count() as u64;
+        }
+        n
+    }
+
+    /// The born time of the oldest live message.
+    pub fn oldest_born_ms(&self) -> Option<u64> {
+        let id = self.next_live(0, self.next_id)?;
+        self.get(id).map(|m| m.born_ms)
+    }
+
+    /// Every live message in id order (recovery checks, compaction, tests).
+    pub fn iter_live(&self) -> impl Iterator<Item = Stored<'_>> + '_ {
+        self.blocks.iter().flat_map(|b| {
+            (0..b.ends.len()).filter(|&i| b.is_live(i)).map(move |i| Stored {
+                id: b.first_id + i as u64,
+                born_ms: b.born_base_ms + u64::from(b.born_delta_ms[i]),
+                payload: &b.bytes[b.start_of(i)..b.ends[i] as usize],
+            })
+        })
+    }
+
+    /// Heap bytes held (for memory reporting).
+    pub fn heap_bytes(&self) -> u64 {
+        self.blocks
+            .iter()
+            .map(|b| {
+                (b.ends.capacity() * 4
+                    + b.born_delta_ms.capacity() * 4
+                    + b.live_bits.capacity() * 8
+                    + b.bytes.capacity()) as u64
+                    + std::mem::size_of::<Block>() as u64
+            })
+            .sum()
+    }
+}

@@ -1,0 +1,511 @@
+//! The commit log's records, typed: every kind the log holds, with one
+//! encoder and one decoder each (docs/log-format.md is the contract).
+//!
+//! The log (`log.rs`) frames records and knows nothing of what their bodies
+//! say; this file is the one place that does. A record is written with the
+//! newest version of its kind (`RecordKind::version`), and read by the
+//! decoder for the (kind, version) its header names, so a broker reads every
+//! version any earlier broker wrote (beanstalkd's `file.c` switches on the
+//! version the same way). The layout of a message in a Produce record is
+//! written here once: `put_message` and `read_message`, and its size,
+//! `message_record_bytes`, follows from the same field sizes. The wire
+//! protocol has a message layout of its own (`codec.rs`); the two share the
+//! field helpers (`codec::put_u64`, `put_dead_info`), never a layout, so
+//! either can change without the other.
+//!
+//! Writing: `Log::begin(kind)` writes the header with the kind's version,
+//! then the kind's encoder appends the body, then `Log::end`. The encoders
+//! take the log itself, so a body is never written under another kind's
+//! header.
+
+use byteorder::{ByteOrder, LittleEndian};
+
+use crate::codec::{self, DeadInfo, DeadReason};
+use crate::log::{Log, RECORD_HEADER_BYTES, RecordStart};
+use crate::queue::{GroupId, MsgId, Settings};
+
+/// A topic's number in the log: assigned at creation, never reused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TopicId(pub u32);
+
+impl TopicId {
+    /// Names no topic: a Delete record with this id only restates the id
+    /// floor (compaction writes it).
+    pub const FLOOR: TopicId = TopicId(u32::MAX);
+    /// The highest id a topic may have: below `FLOOR`, so that no topic
+    /// ever takes it, however many are created and deleted.
+    pub const MAX: TopicId = TopicId(u32::MAX - 1);
+
+    /// The id after this one, if a topic may have it.
+    pub fn next(self) -> Option<TopicId> {
+        (self < TopicId::MAX).then(|| TopicId(self.0 + 1))
+    }
+}
+
+impl std::fmt::Display for TopicId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What a record says. The numbers are part of the log format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RecordKind {
+    /// A topic was created, its settings changed, or compaction restated it.
+    Topic = 1,
+    /// A topic was deleted (or compaction restated the id floor).
+    Delete = 2,
+    /// A topic was purged.
+    Purge = 3,
+    /// Messages were stored (produced, dead-lettered, redriven, or copied
+    /// forward by compaction).
+    Produce = 4,
+    /// Messages left a topic (acked, dead-lettered, redriven).
+    Remove = 5,
+    /// Messages went back to ready with a delivery count.
+    Requeue = 6,
+}
+
+impl RecordKind {
+    pub fn from_u8(v: u8) -> Option<RecordKind> {
+        Some(match v {
+            1 => RecordKind::Topic,
+            2 => RecordKind::Delete,
+            3 => RecordKind::Purge,
+            4 => RecordKind::Produce,
+            5 => RecordKind::Remove,
+            6 => RecordKind::Requeue,
+            _ => return None,
+        })
+    }
+
+    /// The newest body version of this kind: the one this build writes, and
+    /// the highest it reads (it reads every version from 1 up). Bump it
+    /// when the body changes, and add the new version's decoder beside the
+    /// old ones (docs/log-format.md, "Changing the format").
+    pub const fn version(self) -> u8 {
+        match self {
+            RecordKind::Topic | RecordKind::Delete | RecordKind::Purge | RecordKind::Produce => 1,
+            // Version 2 names the consumer group; version 1 meant the
+            // default group.
+            RecordKind::Remove | RecordKind::Requeue => 2,
+        }
+    }
+
+    /// Whether this build reads version `version` of this kind.
+    pub fn reads(self, version: u8) -> bool {
+        (1..=self.version()).contains(&version)
+    }
+}
+
+/// Why messages left a topic, as a Remove record says. The numbers are part
+/// of the log format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RemoveReason {
+    /// Acknowledged.
+    Acked = 1,
+    /// Moved to the dead-letter topic (a Produce into it comes first).
+    DeadLettered = 2,
+    /// Moved back to its origin topic by REDRIVE (a Produce into it comes
+    /// first).
+    Redriven = 3,
+}
+
+impl RemoveReason {
+    fn from_u8(v: u8) -> Option<RemoveReason> {
+        Some(match v {
+            1 => RemoveReason::Acked,
+            2 => RemoveReason::DeadLettered,
+            3 => RemoveReason::Redriven,
+            _ => return None,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The message layout: written once.
+// ---------------------------------------------------------------------------
+
+/// A message as a Produce record stores it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MessageRecord<'a> {
+    pub id: MsgId,
+    /// Broker wall clock at produce, ms since the Unix epoch.
+    pub born_ms: u64,
+    /// Deliveries so far (0 for a new message).
+    pub deliveries: u16,
+    /// Present for a message in a dead-letter topic.
+    pub dead: Option<DeadInfo>,
+    pub payload: &'a [u8],
+}
+
+/// Bytes of a message's fields before its payload, without the dead-letter
+/// fields: id, born_ms, deliveries, flags, len.
+const MESSAGE_FIXED_BYTES: u64 = 8 + 8 + 2 + 1 + 4;
+
+/// Log bytes one message takes in a Produce record (`put_message`).
+pub const fn message_record_bytes(payload_bytes: u64, dead: bool) -> u64 {
+    MESSAGE_FIXED_BYTES + if dead { codec::DEAD_INFO_BYTES as u64 } else { 0 } + payload_bytes
+}
+
+/// Appends one message to a Produce record body.
+#[inline]
+pub fn put_message(body: &mut Vec<u8>, m: &MessageRecord<'_>) {
+    codec::put_u64(body, m.id);
+    codec::put_u64(body, m.born_ms);
+    codec::put_u16(body, m.deliveries);
+    match &m.dead {
+        None => body.push(0),
+        Some(d) => {
+            body.push(codec::MSG_FLAG_DEAD);
+            codec::put_dead_info(body, d);
+        }
+    }
+    codec::put_u32(body, m.payload.len() as u32);
+    body.extend_from_slice(m.payload);
+}
+
+fn read_message<'a>(rd: &mut Reader<'a>) -> Result<MessageRecord<'a>, String> {
+    let id = rd.u64()?;
+    let born_ms = rd.u64()?;
+    let deliveries = rd.u16()?;
+    let flags = rd.u8()?;
+    let dead = if flags & codec::MSG_FLAG_DEAD != 0 {
+        Some(DeadInfo {
+            origin_id: rd.u64()?,
+            origin_deliveries: rd.u16()?,
+            reason: DeadReason::from_u8(rd.u8()?).ok_or("unknown dead-letter reason")?,
+        })
+    } else {
+        None
+    };
+    let len = rd.u32()? as usize;
+    Ok(MessageRecord { id, born_ms, deliveries, dead, payload: rd.bytes(len)? })
+}
+
+// ---------------------------------------------------------------------------
+// Encoders: one per kind.
+// ---------------------------------------------------------------------------
+
+/// A Topic record: topic `topic` exists with this name and these settings,
+/// and hands out ids from at least `next_id`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TopicRecord<'a> {
+    pub topic: TopicId,
+    pub next_id: MsgId,
+    pub settings: Settings,
+    pub name: &'a str,
+}
+
+impl TopicRecord<'_> {
+    /// Log bytes of a Topic record whose name has `name_bytes` bytes,
+    /// header included.
+    pub const fn bytes(name_bytes: usize) -> u64 {
+        (RECORD_HEADER_BYTES + 4 + 8 + 4 + 2 + 2 + name_bytes) as u64
+    }
+
+    pub fn append(&self, log: &mut Log) {
+        let at = log.begin(RecordKind::Topic);
+        let b = log.body();
+        codec::put_u32(b, self.topic.0);
+        codec::put_u64(b, self.next_id);
+        codec::put_u32(b, self.settings.ack_timeout_ms);
+        codec::put_u16(b, self.settings.max_deliveries);
+        codec::put_str(b, self.name.as_bytes());
+        log.end(at);
+    }
+}
+
+/// A Delete record: the topic and its messages are gone, and no id below
+/// `next_id` is handed out again by any topic created later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeleteRecord {
+    pub topic: TopicId,
+    pub next_id: MsgId,
+}
+
+impl DeleteRecord {
+    /// Log bytes of a Delete record, header included.
+    pub const BYTES: u64 = (RECORD_HEADER_BYTES + 4 + 8) as u64;
+
+    pub fn append(&self, log: &mut Log) {
+        let at = log.begin(RecordKind::Delete);
+        codec::put_u32(log.body(), self.topic.0);
+        codec::put_u64(log.body(), self.next_id);
+        log.end(at);
+    }
+}
+
+/// A Purge record: every message of the topic below `below_id` is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PurgeRecord {
+    pub topic: TopicId,
+    pub below_id: MsgId,
+}
+
+impl PurgeRecord {
+    pub fn append(&self, log: &mut Log) {
+        let at = log.begin(RecordKind::Purge);
+        codec::put_u32(log.body(), self.topic.0);
+        codec::put_u64(log.body(), self.below_id);
+        log.end(at);
+    }
+}
+
+/// Writes a Produce record message by message: `begin`, `push` each, then
+/// `end` (or `end_withdrawable`). A record with no message is dropped.
+pub struct ProduceWriter {
+    /// Where the record begins in the log's turn buffer.
+    at: RecordStart,
+    /// Where its count field is in the turn buffer.
+    count_at: usize,
+    /// Messages pushed.
+    count: u32,
+}
+
+impl ProduceWriter {
+    #[inline]
+    pub fn begin(log: &mut Log, topic: TopicId) -> ProduceWriter {
+        let at = log.begin(RecordKind::Produce);
+        codec::put_u32(log.body(), topic.0);
+        let count_at = log.body().len();
+        codec::put_u32(log.body(), 0);
+        ProduceWriter { at, count_at, count: 0 }
+    }
+    #[inline]
+    pub fn push(&mut self, log: &mut Log, m: &MessageRecord<'_>) {
+        put_message(log.body(), m);
+        self.count += 1;
+    }
+    /// Finishes the record: kept for the next commit if this one fails.
+    pub fn end(self, log: &mut Log) {
+        if let Some(at) = self.finish(log) {
+            log.end(at);
+        }
+    }
+    /// Finishes the record: dropped if this turn's commit fails (a client's
+    /// produce, a compaction copy).
+    #[inline]
+    pub fn end_withdrawable(self, log: &mut Log) {
+        if let Some(at) = self.finish(log) {
+            log.end_withdrawable(at);
+        }
+    }
+    #[inline]
+    fn finish(self, log: &mut Log) -> Option<RecordStart> {
+        if self.count == 0 {
+            log.abandon(self.at);
+            return None;
+        }
+        log.body()[self.count_at..self.count_at + 4].copy_from_slice(&self.count.to_le_bytes());
+        Some(self.at)
+    }
+}
+
+/// A Remove record: messages left topic `topic` (for group `group`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoveRecord<'a> {
+    pub topic: TopicId,
+    pub group: GroupId,
+    pub reason: RemoveReason,
+    pub ids: &'a [MsgId],
+}
+
+impl RemoveRecord<'_> {
+    /// Writes version 2: `topic_id u32, group_id u32, reason u8, count u32,
+    /// count x id u64`.
+    pub fn append(&self, log: &mut Log) {
+        let at = log.begin(RecordKind::Remove);
+        let b = log.body();
+        codec::put_u32(b, self.topic.0);
+        codec::put_u32(b, self.group.0);
+        b.push(self.reason as u8);
+        codec::put_u32(b, self.ids.len() as u32);
+        for id in self.ids {
+            codec::put_u64(b, *id);
+        }
+        log.end(at);
+    }
+}
+
+/// A Requeue record: messages of topic `topic` went back to ready (for
+/// group `group`) with these delivery counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequeueRecord<'a> {
+    pub topic: TopicId,
+    pub group: GroupId,
+    /// (id, deliveries so far).
+    pub entries: &'a [(MsgId, u16)],
+}
+
+impl RequeueRecord<'_> {
+    /// Writes version 2: `topic_id u32, group_id u32, count u32, count x
+    /// (id u64, deliveries u16)`.
+    pub fn append(&self, log: &mut Log) {
+        let at = log.begin(RecordKind::Requeue);
+        let b = log.body();
+        codec::put_u32(b, self.topic.0);
+        codec::put_u32(b, self.group.0);
+        codec::put_u32(b, self.entries.len() as u32);
+        for (id, d) in self.entries {
+            codec::put_u64(b, *id);
+            codec::put_u16(b, *d);
+        }
+        log.end(at);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The decoder: one, dispatching on (kind, version).
+// ---------------------------------------------------------------------------
+
+/// A record read back, typed. Lists are read lazily from the body.
+#[derive(Clone, Debug)]
+pub enum Record<'a> {
+    Topic(TopicRecord<'a>),
+    Delete(DeleteRecord),
+    Purge(PurgeRecord),
+    Produce { topic: TopicId, messages: Messages<'a> },
+    Remove { topic: TopicId, group: GroupId, reason: RemoveReason, ids: Ids<'a> },
+    Requeue { topic: TopicId, group: GroupId, entries: Requeues<'a> },
+}
+
+impl<'a> Record<'a> {
+    /// Decodes the body of a record of `kind`, version `version`. A body
+    /// that does not match its layout is an error (the CRC held, so a
+    /// broker wrote it: this build cannot apply it).
+    pub fn decode(kind: RecordKind, version: u8, body: &'a [u8]) -> Result<Record<'a>, String> {
+        if !kind.reads(version) {
+            return Err(format!("{kind:?} record version {version} is unknown to this build"));
+        }
+        let mut rd = Reader { b: body, pos: 0 };
+        let topic = TopicId(rd.u32()?);
+        let record = match kind {
+            RecordKind::Topic => {
+                let next_id = rd.u64()?;
+                let settings = Settings { ack_timeout_ms: rd.u32()?, max_deliveries: rd.u16()? };
+                Record::Topic(TopicRecord { topic, next_id, settings, name: rd.str()? })
+            }
+            RecordKind::Delete => Record::Delete(DeleteRecord { topic, next_id: rd.u64()? }),
+            RecordKind::Purge => Record::Purge(PurgeRecord { topic, below_id: rd.u64()? }),
+            RecordKind::Produce => {
+                let count = rd.u32()?;
+                return Ok(Record::Produce { topic, messages: Messages { rd, left: count } });
+            }
+            RecordKind::Remove => {
+                let group = rd.group(version)?;
+                let reason = RemoveReason::from_u8(rd.u8()?).ok_or("unknown remove reason")?;
+                Record::Remove { topic, group, reason, ids: Ids(rd.list(8)?) }
+            }
+            RecordKind::Requeue => {
+                let group = rd.group(version)?;
+                Record::Requeue { topic, group, entries: Requeues(rd.list(10)?) }
+            }
+        };
+        if !rd.done() {
+            return Err("bytes left over after the record body".into());
+        }
+        Ok(record)
+    }
+}
+
+/// The messages of a Produce record, decoded as they are read.
+#[derive(Clone, Debug)]
+pub struct Messages<'a> {
+    /// The rest of the body.
+    rd: Reader<'a>,
+    /// Messages not yet read.
+    left: u32,
+}
+
+impl<'a> Iterator for Messages<'a> {
+    type Item = Result<MessageRecord<'a>, String>;
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            // Checked once, after the last message.
+            return (!self.rd.done()).then(|| {
+                self.rd.pos = self.rd.b.len();
+                Err("bytes left over after the record body".into())
+            });
+        }
+        self.left -= 1;
+        let m = read_message(&mut self.rd);
+        if m.is_err() {
+            self.left = 0;
+            self.rd.pos = self.rd.b.len();
+        }
+        Some(m)
+    }
+}
+
+/// The ids of a Remove record.
+#[derive(Clone, Copy, Debug)]
+pub struct Ids<'a>(&'a [u8]);
+
+impl<'a> Ids<'a> {
+    pub fn iter(&self) -> impl Iterator<Item = MsgId> + 'a {
+        self.0.chunks_exact(8).map(LittleEndian::read_u64)
+    }
+}
+
+/// The (id, deliveries) entries of a Requeue record.
+#[derive(Clone, Copy, Debug)]
+pub struct Requeues<'a>(&'a [u8]);
+
+impl<'a> Requeues<'a> {
+    pub fn iter(&self) -> impl Iterator<Item = (MsgId, u16)> + 'a {
+        self.0.chunks_exact(10).map(|e| (LittleEndian::read_u64(e), LittleEndian::read_u16(&e[8..])))
+    }
+}
+
+/// A cursor over a record body.
+#[derive(Clone, Debug)]
+struct Reader<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.b.len()).ok_or("record body too short")?;
+        let s = &self.b[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.bytes(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, String> {
+        self.bytes(2).map(LittleEndian::read_u16)
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        self.bytes(4).map(LittleEndian::read_u32)
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        self.bytes(8).map(LittleEndian::read_u64)
+    }
+    fn str(&mut self) -> Result<&'a str, String> {
+        let n = self.u16()? as usize;
+        std::str::from_utf8(self.bytes(n)?).map_err(|_| "topic name is not UTF-8".into())
+    }
+    /// The group a Remove or Requeue record of `version` names: version 1
+    /// names none, which means the default group.
+    fn group(&mut self, version: u8) -> Result<GroupId, String> {
+        if version == 1 { Ok(GroupId::DEFAULT) } else { self.u32().map(GroupId) }
+    }
+    /// A `count u32` and `count` entries of `entry_bytes` each.
+    fn list(&mut self, entry_bytes: usize) -> Result<&'a [u8], String> {
+        let count = self.u32()? as usize;
+        let bytes = count.checked_mul(entry_bytes).ok_or("record body too short")?;
+        self.bytes(bytes)
+    }
+    fn done(&self) -> bool {
+        self.pos == self.b.len()
+    }
+}
+
+#[cfg(test)]
+#[path = "record_tests.rs"]
+mod tests;
