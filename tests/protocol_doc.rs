@@ -263,7 +263,7 @@ fn limits_table_matches_the_defaults() {
     let heading = "## Limits";
     let rows = table_rows(&doc, heading);
     let d = Limits::default();
-    let limits: [(&str, u64); 16] = [
+    let limits: [(&str, u64); 23] = [
         ("frame_bytes_max", d.frame_bytes_max.into()),
         ("message_bytes_max", d.message_bytes_max.into()),
         ("batch_messages_max", d.batch_messages_max.into()),
@@ -280,6 +280,13 @@ fn limits_table_matches_the_defaults() {
         ("handshake_timeout_ms", d.handshake_timeout_ms.into()),
         ("idle_timeout_ms", d.idle_timeout_ms.into()),
         ("frame_timeout_ms", d.frame_timeout_ms.into()),
+        ("group_name_bytes_max", d.group_name_bytes_max.into()),
+        ("groups_per_topic_max", d.groups_per_topic_max.into()),
+        ("tags_per_message_max", d.tags_per_message_max.into()),
+        ("tag_bytes_max", d.tag_bytes_max.into()),
+        ("props_bytes_max", d.props_bytes_max.into()),
+        ("filter_bytes_max", d.filter_bytes_max.into()),
+        ("filter_compiled_bytes_max", d.filter_compiled_bytes_max.into()),
     ];
     for (name, default) in limits {
         let row = rows
