@@ -76,6 +76,12 @@ pub struct Now {
 /// requires a token.
 const AUTH_FAILURES_MAX: u32 = 3;
 
+/// The protocol version of every session: this broker negotiates version 1
+/// only (codec::VERSION_MAX), so frames are decoded and deliveries written
+/// in version 1's layouts. Serving version 2 replaces this with the
+/// session's negotiated version.
+pub const SESSION_VERSION: u16 = 1;
+
 /// What the reactor should do with the connection after a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -736,7 +742,7 @@ impl Broker {
         }
         session.hello = true;
         session.auth_failures = 0;
-        codec::encode_hello_reply(out, rid, version, &self.decode_limits);
+        codec::encode_hello_reply(out, rid, version, &self.decode_limits, codec::MAP_EPOCH_UNSHARDED);
         Outcome::Done
     }
 
@@ -801,7 +807,7 @@ impl Broker {
                 codec::encode_empty_reply(out, op::PING, rid);
                 Ok(Outcome::Done)
             }
-            Request::Fetch { topic, max_messages, max_bytes, wait_ms, ack_timeout_ms } => {
+            Request::Fetch { topic, max_messages, max_bytes, wait_ms, ack_timeout_ms, .. } => {
                 if max_messages == 0 {
                     return Err((ErrorCode::BadArgument, "max_messages must be at least 1".into()));
                 }
@@ -842,12 +848,12 @@ impl Broker {
                 self.parked.insert(conn, key);
                 Ok(Outcome::Parked)
             }
-            Request::Ack { topic, ids } => {
+            Request::Ack { topic, ids, .. } => {
                 let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
                 self.ids_op(tid, op::ACK, ids.iter(), rid, out, |t, id, timers| t.ack(id, timers));
                 Ok(Outcome::Done)
             }
-            Request::Touch { topic, ack_timeout_ms, ids } => {
+            Request::Touch { topic, ack_timeout_ms, ids, .. } => {
                 let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
                 // The deadline counts from this turn's clock (the wheel's
                 // own time is the last turn's, which may be long ago).
@@ -857,7 +863,7 @@ impl Broker {
                 });
                 Ok(Outcome::Done)
             }
-            Request::Nack { topic, delay_ms, flags, ids } => {
+            Request::Nack { topic, delay_ms, flags, ids, .. } => {
                 let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
                 self.nack(tid, delay_ms, flags & codec::NACK_FLAG_DEAD_LETTER != 0, ids.iter(), rid, now, out);
                 Ok(Outcome::Done)
@@ -898,6 +904,13 @@ impl Broker {
             | Request::DeleteTopic { .. }
             | Request::PurgeTopic { .. }
             | Request::Redrive { .. } => unreachable!("held requests go through handle_held"),
+            // Version-2 ops: the codec refuses them in a version-1 session.
+            Request::CreateGroup { .. }
+            | Request::DeleteGroup { .. }
+            | Request::ListGroups { .. }
+            | Request::ResetGroup { .. } => {
+                Err((ErrorCode::UnknownOp, format!("opcode 0x{:02x} needs protocol version 2", req.op())))
+            }
         }
     }
 
@@ -994,7 +1007,7 @@ impl Broker {
                 codec::encode_u64_reply(out, op::PURGE_TOPIC, rid, removed);
                 Ok(())
             }
-            Request::Redrive { topic, max_messages } => {
+            Request::Redrive { topic, max_messages, .. } => {
                 let moved = self.redrive(topic, max_messages)?;
                 codec::encode_u64_reply(out, op::REDRIVE, rid, moved);
                 Ok(())
@@ -1296,7 +1309,7 @@ impl Broker {
                     if let Some(e) = self.topics.by_id.get_mut(&w.topic) {
                         e.waiters.retain(|k| *k != waiter);
                         if let Some(out) = outbox.out(w.conn) {
-                            codec::MessagesWriter::begin(out, w.request_id, &e.topic.name).finish(out);
+                            codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, SESSION_VERSION).finish(out);
                         }
                     }
                     outbox.unblock(w.conn);
@@ -1625,7 +1638,7 @@ fn touch(e: &mut Entry, touched: &mut Vec<TopicId>) {
 fn deliver(e: &mut Entry, wheel: &mut Wheel<Timer>, w: &Waiter, now: Now, out: &mut Vec<u8>) {
     let timeout = if w.ack_timeout_ms == 0 { e.topic.settings.ack_timeout_ms } else { w.ack_timeout_ms };
     let deadline = now.mono_ms + u64::from(timeout);
-    let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name);
+    let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, SESSION_VERSION);
     let mut timers = TopicTimers { wheel, topic: e.id };
     e.topic.fetch(w.consumer, w.max_messages, w.max_bytes, deadline, &mut timers, |t, d| {
         if let Some(m) = t.seq.get(d.id) {
@@ -1634,6 +1647,8 @@ fn deliver(e: &mut Entry, wheel: &mut Wheel<Timer>, w: &Waiter, now: Now, out: &
                 born_ms: m.born_ms,
                 delivery_count: d.deliveries,
                 dead: t.dead_info(d.id),
+                origin_group: "",
+                props: codec::Props::EMPTY,
                 payload: m.payload,
             };
             writer.push(out, &msg);

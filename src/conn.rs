@@ -337,7 +337,7 @@ impl ConnState {
                 break;
             }
             let rest = &input[used..];
-            match codec::decode_request(rest, &limits) {
+            match codec::decode_request(rest, &limits, broker::SESSION_VERSION) {
                 Ok(Decoded::NeedMore) => break,
                 Ok(Decoded::Frame(frame, n)) => {
                     if self.held && !broker::is_held(frame.request.op()) {

@@ -134,10 +134,10 @@ const PRODUCE_OVERHEAD_BYTES: u64 = 2 + 4;
 /// Bytes a message of a PRODUCE takes besides its properties and payload,
 /// at most: the properties' length (version 2) and the payload's.
 const PRODUCE_MESSAGE_OVERHEAD_BYTES: u64 = 2 + 4;
-/// Bytes each message adds to a FETCH reply besides its properties and
-/// payload, at most, not counting the origin group's name: id, born_ms,
-/// delivery_count, flags, the dead-letter fields with the origin group's
-/// length, the properties' length and the payload's.
+/// Bytes each message adds to a FETCH reply besides its payload,
+/// properties and origin group's name (which FETCH's byte budget counts),
+/// at most: id, born_ms, delivery_count, flags, the dead-letter fields with
+/// the origin group's length, the properties' length and the payload's.
 pub const FETCH_MESSAGE_OVERHEAD_BYTES: u32 = 8 + 8 + 2 + 1 + (8 + 2 + 1 + 2) + 2 + 4;
 /// Most bytes of properties a message can have: their length is a u16.
 pub const PROPS_BYTES_LIMIT: u32 = u16::MAX as u32;
@@ -166,9 +166,8 @@ impl Limits {
                 self.fetch_bytes_max, self.message_bytes_max
             ));
         }
-        let message_overhead = u64::from(FETCH_MESSAGE_OVERHEAD_BYTES) + u64::from(self.group_name_bytes_max);
         let largest_reply = u64::from(self.fetch_bytes_max)
-            + message_overhead * u64::from(self.batch_messages_max)
+            + u64::from(FETCH_MESSAGE_OVERHEAD_BYTES) * u64::from(self.batch_messages_max)
             + u64::from(self.topic_name_bytes_max)
             + 64;
         // Reading pauses at half the limit, and one more reply may follow.
@@ -262,7 +261,7 @@ mod tests {
         assert!(limits.check().unwrap_err().contains("buffered-bytes-max"));
         let limits = Limits {
             buffered_bytes_max: 100 << 20,
-            output_bytes_max: 21 << 20,
+            output_bytes_max: 18 << 20,
             frame_bytes_max: 4 << 20,
             ..Limits::default()
         };
@@ -283,16 +282,15 @@ mod tests {
         refused(Limits { tag_bytes_max: 100, props_bytes_max: 102, ..Limits::default() }, "tag-bytes-max");
         assert_eq!(Limits { tag_bytes_max: 100, props_bytes_max: 103, ..Limits::default() }.check(), Ok(()));
         refused(Limits { filter_bytes_max: 0, ..Limits::default() }, "filter-bytes-max");
-        // A FETCH reply's dead letters carry their group's name: it counts
-        // in the largest reply output_bytes_max must hold twice.
+        // Every message of the largest FETCH reply may be a dead letter
+        // with properties: their fields count, their bytes are in the budget.
         let d = Limits::default();
-        let per_message = u64::from(FETCH_MESSAGE_OVERHEAD_BYTES) + 1;
         let largest = u64::from(d.fetch_bytes_max)
-            + per_message * u64::from(d.batch_messages_max)
+            + u64::from(FETCH_MESSAGE_OVERHEAD_BYTES) * u64::from(d.batch_messages_max)
             + u64::from(d.topic_name_bytes_max)
             + 64;
-        let tight = Limits { group_name_bytes_max: 1, output_bytes_max: 2 * largest as u32, ..d };
+        let tight = Limits { output_bytes_max: 2 * largest as u32, ..d };
         assert_eq!(tight.check(), Ok(()));
-        refused(Limits { group_name_bytes_max: 2, ..tight }, "output-bytes-max");
+        refused(Limits { output_bytes_max: 2 * largest as u32 - 1, ..tight }, "output-bytes-max");
     }
 }

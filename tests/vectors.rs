@@ -75,7 +75,7 @@ fn raw(op: u8, request_id: u32, body: &[u8]) -> Vec<u8> {
 
 fn encoded(request_id: u32, request: Request<'_>) -> Vec<u8> {
     let mut out = Vec::new();
-    encode_request(&mut out, request_id, &request);
+    encode_request(&mut out, request_id, &request, 1);
     out
 }
 
@@ -98,7 +98,7 @@ fn more_frames() -> Vec<Vector> {
             "hello-grown-reply",
             "A HELLO reply with 4 bytes after its layout, as a later broker may send: a client decodes the same fields and ignores the rest of the frame.",
             Kind::Grown(
-                reply(op::HELLO, 1, Reply::Hello { version: 1, limits: DecodeLimits::from(&Limits::default()) }),
+                reply(op::HELLO, 1, Reply::Hello { version: 1, limits: limits().reported(1), map_epoch: 0 }),
                 &[0, 0, 0, 2],
             ),
         ),
@@ -133,7 +133,10 @@ fn more_frames() -> Vec<Vector> {
         frame(
             "nack-dead-letter-request",
             "NACK with the DEAD_LETTER flag: move message 3 to jobs.dlq at once (delay_ms is ignored).",
-            request(19, Request::Nack { topic: jobs, delay_ms: 0, flags: NACK_FLAG_DEAD_LETTER, ids: ids(&[3]) }),
+            request(
+                19,
+                Request::Nack { topic: jobs, group: "", delay_ms: 0, flags: NACK_FLAG_DEAD_LETTER, ids: ids(&[3]) },
+            ),
         ),
         frame(
             "nack-dead-letter-reply",
@@ -152,7 +155,14 @@ fn edge_frames() -> Vec<Vector> {
             "FETCH one message, waiting up to 1 s, with a 10 s ack timeout.",
             request(
                 20,
-                Request::Fetch { topic: jobs, max_messages: 1, max_bytes: 0, wait_ms: 1000, ack_timeout_ms: 10_000 },
+                Request::Fetch {
+                    topic: jobs,
+                    group: "",
+                    max_messages: 1,
+                    max_bytes: 0,
+                    wait_ms: 1000,
+                    ack_timeout_ms: 10_000,
+                },
             ),
         ),
         frame(
@@ -183,7 +193,7 @@ fn edge_frames() -> Vec<Vector> {
         frame(
             "ack-duplicate-request",
             "ACK ids 9, 2 and 2 again: there is no message 9.",
-            request(22, Request::Ack { topic: jobs, ids: ids(&[9, 2, 2]) }),
+            request(22, Request::Ack { topic: jobs, group: "", ids: ids(&[9, 2, 2]) }),
         ),
         frame(
             "ack-duplicate-reply",
@@ -213,7 +223,7 @@ fn edge_frames() -> Vec<Vector> {
 fn refusals() -> Vec<Vector> {
     let limits = DecodeLimits::from(&Limits::default());
     let jobs = "jobs";
-    let empty = Batch { count: 0, bytes: &[] };
+    let empty = Batch { count: 0, bytes: &[], with_props: false };
     let mut too_large_body = Vec::new();
     put_str(&mut too_large_body, jobs.as_bytes());
     put_u32(&mut too_large_body, 1);
@@ -228,7 +238,7 @@ fn refusals() -> Vec<Vector> {
         refused(
             "ack-no-ids-request",
             "ACK with no ids: BATCH_TOO_LARGE.",
-            encoded(31, Request::Ack { topic: jobs, ids: ids(&[]) }),
+            encoded(31, Request::Ack { topic: jobs, group: "", ids: ids(&[]) }),
             ErrorCode::BatchTooLarge,
         ),
         refused(
@@ -246,7 +256,7 @@ fn refusals() -> Vec<Vector> {
         refused(
             "nack-unknown-flag-request",
             "NACK with flags 0x02, a bit this version does not define: MALFORMED.",
-            encoded(34, Request::Nack { topic: jobs, delay_ms: 0, flags: 0x02, ids: ids(&[1]) }),
+            encoded(34, Request::Nack { topic: jobs, group: "", delay_ms: 0, flags: 0x02, ids: ids(&[1]) }),
             ErrorCode::Malformed,
         ),
         refused(
@@ -499,24 +509,24 @@ fn request_body(r: &Request<'_>) -> J {
             let messages = batch.iter().map(|p| J::Obj(vec![("len", num(p.len() as u64)), ("payload", hex(p))]));
             vec![topic(t), ("count", num(batch.count)), ("messages", J::Arr(messages.collect()))]
         }
-        Request::Fetch { topic: t, max_messages, max_bytes, wait_ms, ack_timeout_ms } => vec![
+        Request::Fetch { topic: t, max_messages, max_bytes, wait_ms, ack_timeout_ms, .. } => vec![
             topic(t),
             ("max_messages", num(max_messages)),
             ("max_bytes", num(max_bytes)),
             ("wait_ms", num(wait_ms)),
             ("ack_timeout_ms", num(ack_timeout_ms)),
         ],
-        Request::Ack { topic: t, ids } => {
+        Request::Ack { topic: t, ids, .. } => {
             vec![topic(t), ("count", num(ids.len() as u64)), ("ids", id_list(ids.iter()))]
         }
-        Request::Nack { topic: t, delay_ms, flags, ids } => vec![
+        Request::Nack { topic: t, delay_ms, flags, ids, .. } => vec![
             topic(t),
             ("delay_ms", num(delay_ms)),
             ("flags", num(flags)),
             ("count", num(ids.len() as u64)),
             ("ids", id_list(ids.iter())),
         ],
-        Request::Touch { topic: t, ack_timeout_ms, ids } => vec![
+        Request::Touch { topic: t, ack_timeout_ms, ids, .. } => vec![
             topic(t),
             ("ack_timeout_ms", num(ack_timeout_ms)),
             ("count", num(ids.len() as u64)),
@@ -530,7 +540,8 @@ fn request_body(r: &Request<'_>) -> J {
             ("ack_timeout_ms", num(settings.ack_timeout_ms)),
             ("max_deliveries", num(settings.max_deliveries)),
         ],
-        Request::Redrive { topic: t, max_messages } => vec![topic(t), ("max_messages", num(max_messages))],
+        Request::Redrive { topic: t, max_messages, .. } => vec![topic(t), ("max_messages", num(max_messages))],
+        _ => vec![],
     })
 }
 
@@ -552,7 +563,7 @@ fn message_json(m: &Message<'_>) -> J {
 
 fn reply_body(r: &Reply<'_>) -> J {
     J::Obj(match r {
-        Reply::Hello { version, limits } => vec![
+        Reply::Hello { version, limits, .. } => vec![
             ("version", num(*version)),
             ("frame_bytes_max", num(limits.frame_bytes_max)),
             ("message_bytes_max", num(limits.message_bytes_max)),
@@ -595,6 +606,7 @@ fn reply_body(r: &Reply<'_>) -> J {
             vec![("count", num(topics.len() as u64)), ("topics", J::Arr(topics.iter().map(topic).collect()))]
         }
         Reply::Error { message, .. } => vec![("message", text(message))],
+        _ => vec![],
     })
 }
 
@@ -639,7 +651,7 @@ fn direction(name: &str) -> &'static str {
 }
 
 fn decode_whole_request<'a>(bytes: &'a [u8], name: &str) -> Frame<'a> {
-    match decode_request(bytes, &limits()) {
+    match decode_request(bytes, &limits(), 1) {
         Ok(Decoded::Frame(f, n)) if n == bytes.len() => f,
         other => panic!("vector {name}: decode_request gave {other:?} for {} bytes", bytes.len()),
     }
@@ -653,7 +665,7 @@ fn decode_whole_reply<'a>(bytes: &'a [u8], name: &str) -> ReplyFrame<'a> {
 }
 
 fn refusal(bytes: &[u8], name: &str) -> DecodeError {
-    match decode_request(bytes, &limits()) {
+    match decode_request(bytes, &limits(), 1) {
         Err(e) => e,
         other => panic!("vector {name}: expected the decoder to refuse it, got {other:?}"),
     }
@@ -673,7 +685,7 @@ fn vector_json(v: &Vector) -> J {
         ("header", header_json(&bytes)),
     ];
     match &v.kind {
-        Kind::Frame(Expect::Request(want)) => {
+        Kind::Frame(Expect::Request(want, _)) => {
             assert_eq!(dir, "request", "vector {} holds a request", v.name);
             let got = decode_whole_request(&bytes, v.name);
             assert_eq!(&got, want, "vector {}", v.name);
@@ -689,7 +701,7 @@ fn vector_json(v: &Vector) -> J {
             }
             fields.push(("body", reply_body(&got.reply)));
         }
-        Kind::Grown(Expect::Request(_), _) => panic!("vector {}: only replies may grow", v.name),
+        Kind::Grown(Expect::Request(..), _) => panic!("vector {}: only replies may grow", v.name),
         Kind::Refused { code, closes, .. } => {
             assert_eq!(dir, "request", "vector {} holds a request", v.name);
             let e = refusal(&bytes, v.name);
@@ -793,7 +805,7 @@ fn every_op_has_a_request_and_a_reply() {
     };
     for code in (0u8..REPLY_BIT).filter(|&o| !matches!(op_name(o), J::Null)) {
         assert!(
-            has(&|e| matches!(e, Expect::Request(f) if f.request.op() == code)),
+            has(&|e| matches!(e, Expect::Request(f, _) if f.request.op() == code)),
             "no request vector of op {code:#04x}"
         );
         let ok_reply =

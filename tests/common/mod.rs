@@ -111,7 +111,6 @@ pub fn small_limits() -> Limits {
         batch_messages_max: 8,
         topic_name_bytes_max: 16,
         fetch_bytes_max: 1024,
-        group_name_bytes_max: 16,
         ..Limits::default()
     };
     l.check().expect("small limits are consistent");
