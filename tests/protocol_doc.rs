@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::frames::{Expect, doc_frames, encode, encode_reply};
+use common::frames::{Expect, doc_frames, doc_frames_v2, encode, encode_reply};
 use runnel::codec::*;
 use runnel::limits::Limits;
 
@@ -180,7 +180,8 @@ fn assert_row(rows: &[Vec<String>], heading: &str, first: &str, second: &str) {
 fn every_example_decodes_to_its_frame_and_encodes_back() {
     let doc = doc();
     let found = examples(&doc).unwrap_or_else(|e| panic!("docs/protocol.md: {e}"));
-    let expected = doc_frames();
+    let mut expected = doc_frames();
+    expected.extend(doc_frames_v2());
     let mut failures = Vec::new();
     for ex in &found {
         if !expected.iter().any(|f| f.name == ex.tag) {
