@@ -32,7 +32,7 @@ use byteorder::{ByteOrder, LittleEndian};
 pub mod group;
 pub mod props;
 
-pub use group::{GroupInfo, GroupSettings, GroupStats, Start, check_group_name};
+pub use group::{GROUP_FLAG_BROADCAST, GroupInfo, GroupSettings, GroupStats, Start, check_group_name};
 pub use props::{Props, PropsLimits};
 
 /// The protocol versions the broker negotiates.
@@ -1487,3 +1487,5 @@ pub fn decode_reply(buf: &[u8], frame_bytes_max: usize) -> Result<Decoded<ReplyF
 #[cfg(test)]
 #[path = "codec_tests.rs"]
 mod tests;
+#[cfg(test)]
+mod v2_tests;

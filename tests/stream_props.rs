@@ -398,7 +398,9 @@ fn the_decoders_agree_with_the_bytes() {
         for _ in 0..20 {
             let buf = decode_input(&mut rng);
             for (i, limits) in decode_props::LIMIT_SETS.iter().enumerate() {
-                decode_props::check_request(&buf, limits, 1, &format!("seed {seed}, limits {i}"));
+                for version in [1, 2] {
+                    decode_props::check_request(&buf, limits, version, &format!("seed {seed}, limits {i}, v{version}"));
+                }
             }
             decode_props::check_reply(&buf, usize::MAX, &format!("seed {seed}"));
             decode_props::check_reply(&buf, 64, &format!("seed {seed}"));
@@ -466,6 +468,43 @@ fn the_fuzz_corpus_replays_clean() {
     }
 }
 
+/// One request of each op version 2 adds or lays out anew, encoded in
+/// version 2, named for the op.
+fn version_2_requests() -> Vec<(&'static str, Vec<u8>)> {
+    let mut props = Vec::new();
+    codec::props::put_tag(&mut props, "a");
+    codec::props::put_header(&mut props, "k", b"v");
+    let props = codec::Props::parse(&props, 2, &LIMITS.props()).expect("valid properties");
+    let mut batch = Vec::new();
+    codec::encode_message(&mut batch, &props, b"one");
+    codec::encode_message(&mut batch, &codec::Props::EMPTY, b"two");
+    let mut ids = Vec::new();
+    codec::encode_ids(&mut ids, &[1, 2]);
+    let ids = Ids { bytes: &ids };
+    let (topic, group) = ("a", "g");
+    let settings = codec::GroupSettings { broadcast: true, ack_timeout_ms: 5, max_deliveries: 2, filter: "a || b" };
+    let requests = [
+        ("produce", Request::Produce { topic, batch: Batch { count: 2, bytes: &batch, with_props: true } }),
+        ("fetch", Request::Fetch { topic, group, max_messages: 2, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 }),
+        ("ack", Request::Ack { topic, group, ids }),
+        ("nack", Request::Nack { topic, group, delay_ms: 5, flags: 0, ids }),
+        ("touch", Request::Touch { topic, group, ack_timeout_ms: 5, ids }),
+        ("redrive", Request::Redrive { topic, group, max_messages: 0 }),
+        ("create-group", Request::CreateGroup { topic, group, settings, start: codec::Start::Id(3) }),
+        ("delete-group", Request::DeleteGroup { topic, group }),
+        ("list-groups", Request::ListGroups { topic }),
+        ("reset-group", Request::ResetGroup { topic, group, start: codec::Start::Time(9) }),
+    ];
+    requests
+        .iter()
+        .map(|(name, req)| {
+            let mut frame = Vec::new();
+            codec::encode_request(&mut frame, 7, req, 2);
+            (*name, frame)
+        })
+        .collect()
+}
+
 /// Writes the seed corpus of both targets (RUNNEL_WRITE_CORPUS=1): one of
 /// each request, edge cases, and a few random streams.
 fn write_seed_corpus() {
@@ -507,6 +546,11 @@ fn write_seed_corpus() {
     write("decode", "frame-too-large-header", &[0, 0x10, 0, 0, 0, 0x10, 0, 0, 0, 1, 0, 0, 0]);
     write("decode", "ping-with-flags", &[0, 8, 0, 0, 0, 2, 0, 1, 0, 9, 0, 0, 0]);
     write("decode", "unknown-op", &[0, 8, 0, 0, 0, 0x7f, 0, 0, 0, 9, 0, 0, 0]);
+    // decode, version 2 (first byte 0x40): a request of each op version 2
+    // adds or lays out anew.
+    for (name, frame) in version_2_requests() {
+        write("decode", &format!("request-v2-{name}"), &[[0x40].as_slice(), &frame].concat());
+    }
 
     // stream: a session of every op, edge cases, random streams.
     write("stream", "session-every-op", &FuzzInput::encode(0, &[], &all));
