@@ -32,7 +32,10 @@ use byteorder::{ByteOrder, LittleEndian};
 pub mod group;
 pub mod props;
 
-pub use group::{GROUP_FLAG_BROADCAST, GroupInfo, GroupSettings, GroupStats, Start, check_group_name};
+pub use group::{
+    GROUP_FLAG_BROADCAST, GroupInfo, GroupSettings, GroupStats, Start, check_group_name, encode_group_created_reply,
+    encode_groups_reply,
+};
 pub use props::{Props, PropsLimits};
 
 /// The protocol versions the broker negotiates.
@@ -1273,25 +1276,6 @@ pub fn encode_topics_reply(out: &mut Vec<u8>, request_id: u32, topics: &[(&str, 
         put_str(out, name.as_bytes());
         put_u32(out, s.ack_timeout_ms);
         put_u16(out, s.max_deliveries);
-    }
-    end_frame(out, start);
-}
-
-/// Appends the reply to CREATE_GROUP: whether the group is new, and its
-/// cursor.
-pub fn encode_group_created_reply(out: &mut Vec<u8>, request_id: u32, created: bool, cursor: u64) {
-    let start = begin_frame(out, op::CREATE_GROUP | REPLY_BIT, 0, request_id);
-    out.push(u8::from(created));
-    put_u64(out, cursor);
-    end_frame(out, start);
-}
-
-/// Appends a LIST_GROUPS reply.
-pub fn encode_groups_reply(out: &mut Vec<u8>, request_id: u32, groups: &[GroupInfo<'_>]) {
-    let start = begin_frame(out, op::LIST_GROUPS | REPLY_BIT, 0, request_id);
-    put_u32(out, groups.len() as u32);
-    for g in groups {
-        group::put_group_info(out, g);
     }
     end_frame(out, start);
 }

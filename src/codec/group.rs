@@ -7,7 +7,7 @@
 //! default group, the one version-1 frames use.
 
 use super::{BodyError, ErrorCode, Rd, Request, malformed, put_str, put_u16, put_u32, put_u64, str_field, topic};
-use super::{DecodeLimits, check_name_bytes};
+use super::{DecodeLimits, REPLY_BIT, begin_frame, check_name_bytes, end_frame, op};
 
 /// Bit in CREATE_GROUP's and LIST_GROUPS' flags: a broadcast group.
 pub const GROUP_FLAG_BROADCAST: u8 = 0x01;
@@ -144,7 +144,7 @@ pub(super) fn parse_group_op<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits)
     let short = || malformed("body too short");
     let topic = topic(rd, limits, false)?;
     Ok(match op {
-        super::op::CREATE_GROUP => {
+        op::CREATE_GROUP => {
             let group = group(rd, limits)?;
             let flags = rd.u8().ok_or_else(short)?;
             if flags & !GROUP_FLAG_BROADCAST != 0 {
@@ -157,8 +157,8 @@ pub(super) fn parse_group_op<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits)
             let settings = GroupSettings { broadcast: flags != 0, ack_timeout_ms, max_deliveries, filter };
             Request::CreateGroup { topic, group, settings, start }
         }
-        super::op::DELETE_GROUP => Request::DeleteGroup { topic, group: group(rd, limits)? },
-        super::op::RESET_GROUP => {
+        op::DELETE_GROUP => Request::DeleteGroup { topic, group: group(rd, limits)? },
+        op::RESET_GROUP => {
             let group = group(rd, limits)?;
             Request::ResetGroup { topic, group, start: start(rd)? }
         }
@@ -198,8 +198,27 @@ fn put_start(out: &mut Vec<u8>, start: Start) {
     put_u64(out, value);
 }
 
+/// Appends the reply to CREATE_GROUP: whether the group is new, and its
+/// cursor.
+pub fn encode_group_created_reply(out: &mut Vec<u8>, request_id: u32, created: bool, cursor: u64) {
+    let start = begin_frame(out, op::CREATE_GROUP | REPLY_BIT, 0, request_id);
+    out.push(u8::from(created));
+    put_u64(out, cursor);
+    end_frame(out, start);
+}
+
+/// Appends a LIST_GROUPS reply.
+pub fn encode_groups_reply(out: &mut Vec<u8>, request_id: u32, groups: &[GroupInfo<'_>]) {
+    let start = begin_frame(out, op::LIST_GROUPS | REPLY_BIT, 0, request_id);
+    put_u32(out, groups.len() as u32);
+    for g in groups {
+        put_group_info(out, g);
+    }
+    end_frame(out, start);
+}
+
 /// Appends one group of a LIST_GROUPS reply.
-pub fn put_group_info(out: &mut Vec<u8>, g: &GroupInfo<'_>) {
+fn put_group_info(out: &mut Vec<u8>, g: &GroupInfo<'_>) {
     put_str(out, g.name.as_bytes());
     out.push(if g.settings.broadcast { GROUP_FLAG_BROADCAST } else { 0 });
     put_u32(out, g.settings.ack_timeout_ms);
