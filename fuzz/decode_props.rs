@@ -20,17 +20,51 @@ use runnel::codec::{self, DecodeLimits, Decoded, ErrorCode, HEADER_BYTES, REPLY_
 /// The limits a decode input is checked under, picked by its first byte.
 pub const LIMIT_SETS: [DecodeLimits; 4] = [
     // The simulation's (fuzz/sim.rs small_limits).
-    DecodeLimits { frame_bytes_max: 2048, message_bytes_max: 64, batch_messages_max: 8, topic_name_bytes_max: 16 },
+    DecodeLimits {
+        frame_bytes_max: 2048,
+        message_bytes_max: 64,
+        batch_messages_max: 8,
+        topic_name_bytes_max: 16,
+        output_bytes_max: 1 << 20,
+        fetch_bytes_max: 256,
+        idle_timeout_ms: 0,
+        group_name_bytes_max: 16,
+        tags_per_message_max: 2,
+        tag_bytes_max: 8,
+        props_bytes_max: 48,
+        filter_bytes_max: 32,
+    },
     // The broker's defaults.
     DecodeLimits {
         frame_bytes_max: 8 << 20,
         message_bytes_max: 1 << 20,
         batch_messages_max: 8192,
         topic_name_bytes_max: 200,
+        output_bytes_max: 32 << 20,
+        fetch_bytes_max: 8 << 20,
+        idle_timeout_ms: 600_000,
+        group_name_bytes_max: 200,
+        tags_per_message_max: 8,
+        tag_bytes_max: 128,
+        props_bytes_max: 16 << 10,
+        filter_bytes_max: 4096,
     },
     DecodeLimits::CLIENT,
     // Tiny: every bound is a few bytes away.
-    DecodeLimits { frame_bytes_max: 40, message_bytes_max: 3, batch_messages_max: 2, topic_name_bytes_max: 2 },
+    DecodeLimits {
+        frame_bytes_max: 40,
+        message_bytes_max: 3,
+        batch_messages_max: 2,
+        topic_name_bytes_max: 2,
+        output_bytes_max: 1 << 20,
+        fetch_bytes_max: 256,
+        idle_timeout_ms: 0,
+        group_name_bytes_max: 2,
+        tags_per_message_max: 1,
+        tag_bytes_max: 2,
+        props_bytes_max: 8,
+        filter_bytes_max: 4,
+    },
 ];
 
 /// Strict prefixes checked in full up to this frame size; larger frames get
@@ -52,10 +86,11 @@ fn prefixes(n: usize) -> Vec<usize> {
     v
 }
 
-/// Checks `decode_request(buf)` against the bytes, under `limits`.
-pub fn check_request(buf: &[u8], limits: &DecodeLimits, ctx: &str) {
-    let result = codec::decode_request(buf, limits);
-    assert_eq!(codec::decode_request(buf, limits), result, "{ctx}: not deterministic");
+/// Checks `decode_request(buf)` against the bytes, under `limits`, in the
+/// layouts of protocol `version`.
+pub fn check_request(buf: &[u8], limits: &DecodeLimits, version: u16, ctx: &str) {
+    let result = codec::decode_request(buf, limits, version);
+    assert_eq!(codec::decode_request(buf, limits, version), result, "{ctx}: not deterministic");
     let max = limits.frame_bytes_max as usize;
     match &result {
         Ok(Decoded::Frame(frame, n)) => {
@@ -64,11 +99,11 @@ pub fn check_request(buf: &[u8], limits: &DecodeLimits, ctx: &str) {
             assert_eq!(n, claimed(buf), "{ctx}: consumed other than the length field says");
             assert!(n <= max, "{ctx}: took a frame over frame_bytes_max");
             let mut again = Vec::with_capacity(n);
-            codec::encode_request(&mut again, frame.request_id, &frame.request);
+            codec::encode_request(&mut again, frame.request_id, &frame.request, version);
             assert!(again == buf[..n], "{ctx}: encode(decode(bytes)) != bytes for {frame:?}");
-            assert_eq!(codec::decode_request(&again, limits), result, "{ctx}: decode(encode(f)) != f");
+            assert_eq!(codec::decode_request(&again, limits, version), result, "{ctx}: decode(encode(f)) != f");
             for p in prefixes(n) {
-                let r = codec::decode_request(&buf[..p], limits);
+                let r = codec::decode_request(&buf[..p], limits, version);
                 assert_eq!(r, Ok(Decoded::NeedMore), "{ctx}: a {p}-byte prefix of a {n}-byte frame");
             }
         }
@@ -99,7 +134,7 @@ pub fn check_request(buf: &[u8], limits: &DecodeLimits, ctx: &str) {
                     } else {
                         assert!(n <= buf.len(), "{ctx}: refused a {n}-byte frame before it all came");
                         assert!(n <= max, "{ctx}: a frame over frame_bytes_max refused as {:?}", e.code);
-                        let alone = codec::decode_request(&buf[..n], limits);
+                        let alone = codec::decode_request(&buf[..n], limits, version);
                         assert_eq!(alone, result, "{ctx}: the refusal depends on bytes after the frame");
                     }
                 }
@@ -118,11 +153,15 @@ pub fn encode_reply(f: &ReplyFrame<'_>) -> Vec<u8> {
             codec::put_str(&mut out, message.as_bytes());
             codec::end_frame(&mut out, start);
         }
-        Reply::Hello { version, limits } => codec::encode_hello_reply(&mut out, rid, *version, limits),
+        Reply::Hello { version, limits, map_epoch } => {
+            codec::encode_hello_reply(&mut out, rid, *version, limits, *map_epoch)
+        }
         Reply::Pong => codec::encode_empty_reply(&mut out, f.op, rid),
         Reply::Produced { first_id, count } => codec::encode_produce_reply(&mut out, rid, *first_id, *count),
         Reply::Messages { topic, messages } => {
-            let mut w = codec::MessagesWriter::begin(&mut out, rid, topic);
+            // Replies need no version: the highest writes whatever a
+            // message carries, and only that.
+            let mut w = codec::MessagesWriter::begin(&mut out, rid, topic, codec::CODEC_VERSION_MAX);
             for m in messages {
                 w.push(&mut out, m);
             }
@@ -142,6 +181,9 @@ pub fn encode_reply(f: &ReplyFrame<'_>) -> Vec<u8> {
         Reply::Created { created } => codec::encode_u64_reply(&mut out, op::CREATE_TOPIC, rid, u64::from(*created)),
         Reply::Count(n) => codec::encode_u64_reply(&mut out, f.op, rid, *n),
         Reply::Topics(topics) => codec::encode_topics_reply(&mut out, rid, topics),
+        Reply::GroupCreated { created, cursor } => codec::encode_group_created_reply(&mut out, rid, *created, *cursor),
+        Reply::Groups(groups) => codec::encode_groups_reply(&mut out, rid, groups),
+        Reply::Cursor(cursor) => codec::encode_u64_reply(&mut out, f.op, rid, *cursor),
     }
     out
 }
@@ -186,15 +228,17 @@ pub fn check_reply(buf: &[u8], frame_bytes_max: usize, ctx: &str) {
     }
 }
 
-/// The decode fuzz target's whole check: the first byte picks the limits,
-/// the rest is the buffer, decoded as a request and as a reply.
+/// The decode fuzz target's whole check: the first byte picks the limits
+/// (its low bits) and the protocol version (bit 0x40), the rest is the
+/// buffer, decoded as a request and as a reply.
 pub fn check_decode(data: &[u8], ctx: &str) {
     let (pick, buf) = match data.split_first() {
         Some((p, rest)) => (*p, rest),
         None => (0, data),
     };
     let limits = &LIMIT_SETS[pick as usize % LIMIT_SETS.len()];
-    check_request(buf, limits, ctx);
+    let version = if pick & 0x40 != 0 { 2 } else { 1 };
+    check_request(buf, limits, version, ctx);
     let reply_max = if pick & 0x80 != 0 { 64 } else { usize::MAX };
     check_reply(buf, reply_max, ctx);
 }

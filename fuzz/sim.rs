@@ -279,7 +279,7 @@ impl Watch for Seen<'_> {
         let ctx = self.ctx;
         assert!((HEADER_BYTES..=input.len()).contains(&n), "{ctx}: the decoder consumed {n} bytes of {}", input.len());
         let mut again = Vec::with_capacity(n);
-        codec::encode_request(&mut again, frame.request_id, &frame.request);
+        codec::encode_request(&mut again, frame.request_id, &frame.request, 1);
         assert!(again == input[..n], "{ctx}: re-encoding {frame:?} does not give the consumed bytes");
         self.events.push(Event::Frame { op: frame.request.op(), request_id: frame.request_id, bytes: n });
     }
@@ -520,9 +520,9 @@ impl Sim {
         let mut stream = Vec::new();
         let token = self.cfg.broker.auth_token.clone().unwrap_or_default();
         let hello = Request::Hello { min_version: 1, max_version: 1, token: &token };
-        codec::encode_request(&mut stream, 1, &hello);
+        codec::encode_request(&mut stream, 1, &hello, 1);
         for (i, req) in frames.iter().enumerate() {
-            codec::encode_request(&mut stream, i as u32 + 2, req);
+            codec::encode_request(&mut stream, i as u32 + 2, req, 1);
         }
         let key = self.connect();
         self.feed(key, &[&stream], Arrival::AllAtOnce);
@@ -547,8 +547,15 @@ impl Sim {
         let bytes = self.session(&[
             Request::DeleteTopic { topic: CHECK_TOPIC },
             Request::CreateTopic { topic: CHECK_TOPIC, settings: TopicSettings::default() },
-            Request::Produce { topic: CHECK_TOPIC, batch: Batch { count: 1, bytes: &batch } },
-            Request::Fetch { topic: CHECK_TOPIC, max_messages: 10, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 },
+            Request::Produce { topic: CHECK_TOPIC, batch: Batch { count: 1, bytes: &batch, with_props: false } },
+            Request::Fetch {
+                topic: CHECK_TOPIC,
+                group: "",
+                max_messages: 10,
+                max_bytes: 0,
+                wait_ms: 0,
+                ack_timeout_ms: 0,
+            },
         ]);
         let ctx = &self.ctx;
         let replies = decode_replies(&bytes, ctx);
@@ -578,7 +585,8 @@ impl Sim {
         let payloads = [[b'c'; 64]; 3];
         let mut batch = Vec::new();
         codec::encode_batch(&mut batch, &payloads);
-        let produce = Request::Produce { topic: CHURN_TOPIC, batch: Batch { count: 3, bytes: &batch } };
+        let produce =
+            Request::Produce { topic: CHURN_TOPIC, batch: Batch { count: 3, bytes: &batch, with_props: false } };
         let purge = Request::PurgeTopic { topic: CHURN_TOPIC };
         // The stream may have produced to (or deleted) this topic too: it
         // starts afresh, so the checks see only what churn does.
@@ -795,7 +803,7 @@ fn check_accounting(c: &Conn, len: usize, limits: &codec::DecodeLimits, ctx: &st
             "{ctx}: bytes buffered while a skipped frame is still being discarded"
         );
         if to_discard == 0 && !rest.is_empty() {
-            let r = codec::decode_request(rest, limits);
+            let r = codec::decode_request(rest, limits, 1);
             assert!(matches!(r, Ok(Decoded::NeedMore)), "{ctx}: a decodable frame was left buffered: {r:?}");
         }
     }

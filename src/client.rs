@@ -4,13 +4,21 @@
 //! Simple calls (`produce`, `fetch`, `ack`, ...) send one request and wait
 //! for its reply. Pipelining is `send` many requests, `flush` once, then
 //! `recv` the replies, which come back in request order.
+//!
+//! The client offers every version its codec speaks and uses the one the
+//! broker picks. Against a version-1 broker it speaks version 1: consumer
+//! groups and message properties (version 2) are refused with
+//! `Error::Version` before anything is sent, and every other call works,
+//! on the default group.
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-use crate::codec::{self, DeadInfo, DecodeLimits, Decoded, ErrorCode, Ids, Reply, Request, TopicSettings};
+use crate::codec::props::{self, PropsLimits};
+use crate::codec::{self, DeadInfo, DecodeLimits, Decoded, ErrorCode, GroupSettings, GroupStats, Ids, Props};
+use crate::codec::{Reply, Request, Start, TopicSettings};
 
 /// Why a call failed.
 #[derive(Debug)]
@@ -23,6 +31,15 @@ pub enum Error {
     },
     /// The broker sent something this client cannot parse.
     Protocol(String),
+    /// The call needs protocol version `needed`; the broker speaks only
+    /// `version`. Nothing was sent.
+    Version {
+        needed: u16,
+        version: u16,
+    },
+    /// The call's arguments cannot be put in a frame (a tag with a space,
+    /// properties over 65535 bytes). Nothing was sent.
+    Invalid(String),
 }
 
 impl Error {
@@ -44,6 +61,11 @@ impl std::fmt::Display for Error {
                 write!(f, "broker error {name} ({code}): {message}")
             }
             Error::Protocol(m) => write!(f, "protocol: {m}"),
+            Error::Version { needed, version } => write!(
+                f,
+                "this needs protocol version {needed} (consumer groups, tags, headers); the broker speaks version {version}"
+            ),
+            Error::Invalid(m) => write!(f, "invalid request: {m}"),
         }
     }
 }
@@ -65,7 +87,84 @@ pub struct Delivered {
     pub born_ms: u64,
     pub delivery_count: u16,
     pub dead: Option<DeadInfo>,
+    /// With `dead`: the group that dead-lettered it ("" = the default
+    /// group, and always "" in a version-1 session).
+    pub origin_group: String,
+    /// Its properties as the broker sent them (empty in a version-1
+    /// session): read them with `tags`, `headers` and `header`.
+    pub props: Vec<u8>,
     pub payload: Vec<u8>,
+}
+
+impl Delivered {
+    /// The properties; validated when the reply was decoded.
+    fn parsed_props(&self) -> Props<'_> {
+        Props::parse(&self.props, codec::CODEC_VERSION_MAX, &PropsLimits::ANY).unwrap_or_default()
+    }
+    /// The message's tags, in order.
+    pub fn tags(&self) -> Vec<&str> {
+        self.parsed_props().tags().collect()
+    }
+    /// The message's headers, in order (a key may repeat).
+    pub fn headers(&self) -> Vec<(&str, &[u8])> {
+        self.parsed_props().headers().collect()
+    }
+    /// The value of the first header named `key`.
+    pub fn header(&self, key: &str) -> Option<&[u8]> {
+        self.parsed_props().header(key)
+    }
+}
+
+/// A message to produce with properties (version 2): its payload, tags and
+/// headers. `ProduceMessage::new(b"...").tag("eu").header("trace", b"7")`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProduceMessage<'a> {
+    pub payload: &'a [u8],
+    /// The properties blob being built.
+    props: Vec<u8>,
+    /// Why a tag or header could not be added (too long for its u16
+    /// length); the send refuses the message.
+    invalid: Option<String>,
+}
+
+impl<'a> ProduceMessage<'a> {
+    pub fn new(payload: &'a [u8]) -> ProduceMessage<'a> {
+        ProduceMessage { payload, props: Vec::new(), invalid: None }
+    }
+    /// Adds a tag (checked when the message is sent).
+    pub fn tag(mut self, tag: &str) -> ProduceMessage<'a> {
+        match u16::try_from(tag.len()) {
+            Ok(_) => props::put_tag(&mut self.props, tag),
+            Err(_) => self.invalid = Some(format!("a tag of {} bytes", tag.len())),
+        }
+        self
+    }
+    /// Adds a header (a key may repeat).
+    pub fn header(mut self, key: &str, value: &[u8]) -> ProduceMessage<'a> {
+        match u16::try_from(2 + key.len() + value.len()) {
+            Ok(_) => props::put_header(&mut self.props, key, value),
+            Err(_) => self.invalid = Some(format!("a header of {} bytes", key.len() + value.len())),
+        }
+        self
+    }
+    /// Whether it has tags or headers.
+    pub fn has_props(&self) -> bool {
+        !self.props.is_empty()
+    }
+}
+
+/// One group of LIST_GROUPS, owned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupEntry {
+    /// "" is the default group.
+    pub name: String,
+    pub broadcast: bool,
+    /// The settings in effect (the topic's filled in).
+    pub ack_timeout_ms: u32,
+    pub max_deliveries: u16,
+    /// The tag filter; `*` or empty for every message.
+    pub filter: String,
+    pub stats: GroupStats,
 }
 
 /// What an ACK, NACK or TOUCH did.
@@ -83,7 +182,7 @@ pub type StatsSection = (String, Vec<(String, u64)>);
 /// A reply, owned (for pipelined `recv`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OwnedReply {
-    Hello { version: u16, limits: DecodeLimits },
+    Hello { version: u16, limits: DecodeLimits, map_epoch: u64 },
     Pong,
     Produced { first_id: u64, count: u32 },
     Messages { topic: String, messages: Vec<Delivered> },
@@ -92,6 +191,9 @@ pub enum OwnedReply {
     Created(bool),
     Count(u64),
     Topics(Vec<(String, TopicSettings)>),
+    GroupCreated { created: bool, cursor: u64 },
+    Groups(Vec<GroupEntry>),
+    Cursor(u64),
 }
 
 /// FETCH parameters.
@@ -125,9 +227,13 @@ pub struct Client {
     /// Ids of requests sent and not yet answered, in order.
     waiting: VecDeque<u32>,
     next_id: u32,
-    /// The broker's limits, from HELLO.
+    /// The broker's limits, from HELLO (a version-1 broker reports the
+    /// first four; the others are 0).
     pub limits: DecodeLimits,
+    /// The protocol version the broker chose.
     pub version: u16,
+    /// The broker's shard map epoch (version 2); 0 = not sharded.
+    pub map_epoch: u64,
     /// Scratch for batch and id bodies.
     body: Vec<u8>,
 }
@@ -151,13 +257,20 @@ impl Client {
             next_id: 1,
             limits: DecodeLimits::CLIENT,
             version: 0,
+            map_epoch: 0,
             body: Vec::new(),
         };
-        let req = Request::Hello { min_version: codec::VERSION_MIN, max_version: codec::VERSION_MAX, token };
+        let req = Request::Hello { min_version: codec::VERSION_MIN, max_version: codec::CODEC_VERSION_MAX, token };
         match c.call(&req)? {
-            OwnedReply::Hello { version, limits } => {
+            OwnedReply::Hello { version, .. }
+                if !(codec::VERSION_MIN..=codec::CODEC_VERSION_MAX).contains(&version) =>
+            {
+                Err(Error::Protocol(format!("the broker chose version {version}, which this client did not offer")))
+            }
+            OwnedReply::Hello { version, limits, map_epoch } => {
                 c.version = version;
                 c.limits = limits;
+                c.map_epoch = map_epoch;
                 Ok(c)
             }
             other => Err(unexpected(&other)),
@@ -170,25 +283,83 @@ impl Client {
         Ok(())
     }
 
-    /// Queues a request; returns its request id. Nothing is written until
-    /// `flush` (or a call that waits for a reply).
+    /// Queues a request, in the negotiated version's layout; returns its
+    /// request id. Nothing is written until `flush` (or a call that waits
+    /// for a reply). A request the version cannot carry is a programmer
+    /// error here (it panics); `try_send` returns `Error::Version`.
     pub fn send(&mut self, req: &Request<'_>) -> u32 {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
-        codec::encode_request(&mut self.wbuf, id, req);
+        codec::encode_request(&mut self.wbuf, id, req, self.version);
         self.waiting.push_back(id);
         id
+    }
+
+    /// `send`, or `Error::Version` if the request needs a version the
+    /// broker does not speak.
+    pub fn try_send(&mut self, req: &Request<'_>) -> Result<u32> {
+        self.require(req.version_needed())?;
+        Ok(self.send(req))
+    }
+
+    /// `Error::Version` unless the broker speaks version `needed` (before
+    /// HELLO, version 0: the layouts of version 1, HELLO's among them).
+    fn require(&self, needed: u16) -> Result<()> {
+        if self.version.max(1) < needed {
+            return Err(Error::Version { needed, version: self.version });
+        }
+        Ok(())
     }
 
     /// Queues a PRODUCE of `payloads`.
     pub fn send_produce<P: AsRef<[u8]>>(&mut self, topic: &str, payloads: &[P]) -> u32 {
         let mut body = std::mem::take(&mut self.body);
         body.clear();
-        codec::encode_batch(&mut body, payloads);
-        let id =
-            self.send(&Request::Produce { topic, batch: codec::Batch { count: payloads.len() as u32, bytes: &body } });
+        let with_props = self.version >= 2;
+        for p in payloads {
+            if with_props {
+                codec::encode_message(&mut body, &Props::EMPTY, p.as_ref());
+            } else {
+                codec::encode_batch(&mut body, &[p]);
+            }
+        }
+        let batch = codec::Batch { count: payloads.len() as u32, bytes: &body, with_props };
+        let id = self.send(&Request::Produce { topic, batch });
         self.body = body;
         id
+    }
+
+    /// Queues a PRODUCE of messages with tags and headers (version 2, or
+    /// version 1 when none has any).
+    pub fn send_produce_messages(&mut self, topic: &str, messages: &[ProduceMessage<'_>]) -> Result<u32> {
+        if self.version < 2 {
+            if messages.iter().any(ProduceMessage::has_props) {
+                self.require(2)?;
+            }
+            let payloads: Vec<&[u8]> = messages.iter().map(|m| m.payload).collect();
+            return Ok(self.send_produce(topic, &payloads));
+        }
+        // The wire's own bound; the broker judges its limits.
+        let limits = PropsLimits { props_bytes_max: u32::from(u16::MAX), ..PropsLimits::ANY };
+        let mut body = std::mem::take(&mut self.body);
+        body.clear();
+        for (i, m) in messages.iter().enumerate() {
+            let parsed = match &m.invalid {
+                Some(why) => Err(why.clone()),
+                None => Props::parse(&m.props, self.version, &limits).map_err(|e| e.message),
+            };
+            match parsed {
+                Ok(p) => codec::encode_message(&mut body, &p, m.payload),
+                Err(e) => {
+                    self.body = body;
+                    return Err(Error::Invalid(format!("message {i}: {e}")));
+                }
+            }
+        }
+        let batch = codec::Batch { count: messages.len() as u32, bytes: &body, with_props: true };
+        let id = self.send(&Request::Produce { topic, batch });
+        self.body = body;
+        Ok(id)
     }
 
     /// Writes every queued request.
@@ -255,12 +426,19 @@ impl Client {
         }
     }
 
+    /// Sends `req` and waits for its reply; `Error::Version` (nothing
+    /// sent) if the broker's version cannot carry it.
     fn call(&mut self, req: &Request<'_>) -> Result<OwnedReply> {
+        self.no_pipelined_replies()?;
+        self.try_send(req)?;
+        self.recv()
+    }
+
+    fn no_pipelined_replies(&self) -> Result<()> {
         if !self.waiting.is_empty() {
             return Err(Error::Protocol("a simple call while pipelined replies are unread".into()));
         }
-        self.send(req);
-        self.recv()
+        Ok(())
     }
 
     pub fn ping(&mut self) -> Result<()> {
@@ -277,19 +455,31 @@ impl Client {
 
     /// Produces a batch atomically; returns (first id, count).
     pub fn produce_batch<P: AsRef<[u8]>>(&mut self, topic: &str, payloads: &[P]) -> Result<(u64, u32)> {
-        if !self.waiting.is_empty() {
-            return Err(Error::Protocol("a simple call while pipelined replies are unread".into()));
-        }
+        self.no_pipelined_replies()?;
         self.send_produce(topic, payloads);
-        match self.recv()? {
-            OwnedReply::Produced { first_id, count } => Ok((first_id, count)),
-            other => Err(unexpected(&other)),
-        }
+        produced(self.recv())
     }
 
+    /// Produces messages with tags and headers atomically (version 2);
+    /// returns (first id, count).
+    pub fn produce_messages(&mut self, topic: &str, messages: &[ProduceMessage<'_>]) -> Result<(u64, u32)> {
+        self.no_pipelined_replies()?;
+        self.send_produce_messages(topic, messages)?;
+        produced(self.recv())
+    }
+
+    /// FETCH for the default group.
     pub fn fetch(&mut self, topic: &str, f: Fetch) -> Result<Vec<Delivered>> {
+        self.fetch_group(topic, "", f)
+    }
+
+    /// FETCH for `group` ("" = the default group; any other needs version
+    /// 2). A group that does not exist yet is created from the topic's
+    /// newest message on (docs/protocol.md, "Consumer groups").
+    pub fn fetch_group(&mut self, topic: &str, group: &str, f: Fetch) -> Result<Vec<Delivered>> {
         let req = Request::Fetch {
             topic,
+            group,
             max_messages: f.max_messages,
             max_bytes: f.max_bytes,
             wait_ms: f.wait_ms,
@@ -310,8 +500,13 @@ impl Client {
     }
 
     pub fn ack(&mut self, topic: &str, ids: &[u64]) -> Result<IdsResult> {
+        self.ack_group(topic, "", ids)
+    }
+
+    /// ACK for `group`: the messages are done for that group alone.
+    pub fn ack_group(&mut self, topic: &str, group: &str, ids: &[u64]) -> Result<IdsResult> {
         let body = self.ids_body(ids);
-        let r = self.call(&Request::Ack { topic, ids: Ids { bytes: &body } });
+        let r = self.call(&Request::Ack { topic, group, ids: Ids { bytes: &body } });
         self.body = body;
         ids_result(r)
     }
@@ -319,16 +514,33 @@ impl Client {
     /// NACK: back to ready after `delay_ms` (0 = now), or to the
     /// dead-letter topic at once with `dead_letter`.
     pub fn nack(&mut self, topic: &str, ids: &[u64], delay_ms: u32, dead_letter: bool) -> Result<IdsResult> {
+        self.nack_group(topic, "", ids, delay_ms, dead_letter)
+    }
+
+    /// NACK for `group`.
+    pub fn nack_group(
+        &mut self,
+        topic: &str,
+        group: &str,
+        ids: &[u64],
+        delay_ms: u32,
+        dead_letter: bool,
+    ) -> Result<IdsResult> {
         let flags = if dead_letter { codec::NACK_FLAG_DEAD_LETTER } else { 0 };
         let body = self.ids_body(ids);
-        let r = self.call(&Request::Nack { topic, delay_ms, flags, ids: Ids { bytes: &body } });
+        let r = self.call(&Request::Nack { topic, group, delay_ms, flags, ids: Ids { bytes: &body } });
         self.body = body;
         ids_result(r)
     }
 
     pub fn touch(&mut self, topic: &str, ids: &[u64], ack_timeout_ms: u32) -> Result<IdsResult> {
+        self.touch_group(topic, "", ids, ack_timeout_ms)
+    }
+
+    /// TOUCH for `group`.
+    pub fn touch_group(&mut self, topic: &str, group: &str, ids: &[u64], ack_timeout_ms: u32) -> Result<IdsResult> {
         let body = self.ids_body(ids);
-        let r = self.call(&Request::Touch { topic, ack_timeout_ms, ids: Ids { bytes: &body } });
+        let r = self.call(&Request::Touch { topic, group, ack_timeout_ms, ids: Ids { bytes: &body } });
         self.body = body;
         ids_result(r)
     }
@@ -371,11 +583,55 @@ impl Client {
     }
     /// Moves up to `max_messages` (0 = all) from `<topic>.dlq` back to `topic`.
     pub fn redrive(&mut self, topic: &str, max_messages: u32) -> Result<u64> {
-        self.count_call(&Request::Redrive { topic, max_messages })
+        self.redrive_group(topic, "", max_messages)
+    }
+    /// Moves up to `max_messages` (0 = all) of the dead letters `group`
+    /// made back to `topic`, for that group only (version 2 for a group
+    /// other than the default one).
+    pub fn redrive_group(&mut self, topic: &str, group: &str, max_messages: u32) -> Result<u64> {
+        self.count_call(&Request::Redrive { topic, group, max_messages })
     }
     pub fn list_topics(&mut self) -> Result<Vec<(String, TopicSettings)>> {
         match self.call(&Request::ListTopics)? {
             OwnedReply::Topics(t) => Ok(t),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Creates a consumer group starting at `start`, or changes the
+    /// settings of an existing one (not its position). Returns whether it
+    /// was created, and its cursor. Version 2.
+    pub fn create_group(
+        &mut self,
+        topic: &str,
+        group: &str,
+        settings: GroupSettings<'_>,
+        start: Start,
+    ) -> Result<(bool, u64)> {
+        match self.call(&Request::CreateGroup { topic, group, settings, start })? {
+            OwnedReply::GroupCreated { created, cursor } => Ok((created, cursor)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Deletes a group; returns how many messages it held. Version 2.
+    pub fn delete_group(&mut self, topic: &str, group: &str) -> Result<u64> {
+        self.count_call(&Request::DeleteGroup { topic, group })
+    }
+
+    /// Every group of `topic`, with its settings and state. Version 2.
+    pub fn list_groups(&mut self, topic: &str) -> Result<Vec<GroupEntry>> {
+        match self.call(&Request::ListGroups { topic })? {
+            OwnedReply::Groups(g) => Ok(g),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Moves a group's cursor to `start`, dropping what it had in flight;
+    /// returns the new cursor. Version 2.
+    pub fn reset_group(&mut self, topic: &str, group: &str, start: Start) -> Result<u64> {
+        match self.call(&Request::ResetGroup { topic, group, start })? {
+            OwnedReply::Cursor(c) => Ok(c),
             other => Err(unexpected(&other)),
         }
     }
@@ -404,28 +660,48 @@ fn ids_result(r: Result<OwnedReply>) -> Result<IdsResult> {
     }
 }
 
+fn produced(r: Result<OwnedReply>) -> Result<(u64, u32)> {
+    match r? {
+        OwnedReply::Produced { first_id, count } => Ok((first_id, count)),
+        other => Err(unexpected(&other)),
+    }
+}
+
 fn unexpected(r: &OwnedReply) -> Error {
     Error::Protocol(format!("unexpected reply {r:?}"))
 }
 
+fn own_message(m: &codec::Message<'_>) -> Delivered {
+    Delivered {
+        id: m.id,
+        born_ms: m.born_ms,
+        delivery_count: m.delivery_count,
+        dead: m.dead,
+        origin_group: m.origin_group.to_string(),
+        props: m.props.bytes().to_vec(),
+        payload: m.payload.to_vec(),
+    }
+}
+
+fn own_group(g: &codec::GroupInfo<'_>) -> GroupEntry {
+    GroupEntry {
+        name: g.name.to_string(),
+        broadcast: g.settings.broadcast,
+        ack_timeout_ms: g.settings.ack_timeout_ms,
+        max_deliveries: g.settings.max_deliveries,
+        filter: g.settings.filter.to_string(),
+        stats: g.stats,
+    }
+}
+
 fn own(r: Reply<'_>) -> Result<OwnedReply> {
     Ok(match r {
-        Reply::Hello { version, limits } => OwnedReply::Hello { version, limits },
+        Reply::Hello { version, limits, map_epoch } => OwnedReply::Hello { version, limits, map_epoch },
         Reply::Pong => OwnedReply::Pong,
         Reply::Produced { first_id, count } => OwnedReply::Produced { first_id, count },
-        Reply::Messages { topic, messages } => OwnedReply::Messages {
-            topic: topic.to_string(),
-            messages: messages
-                .into_iter()
-                .map(|m| Delivered {
-                    id: m.id,
-                    born_ms: m.born_ms,
-                    delivery_count: m.delivery_count,
-                    dead: m.dead,
-                    payload: m.payload.to_vec(),
-                })
-                .collect(),
-        },
+        Reply::Messages { topic, messages } => {
+            OwnedReply::Messages { topic: topic.to_string(), messages: messages.iter().map(own_message).collect() }
+        }
         Reply::Ids { done, failed } => OwnedReply::Ids(IdsResult { done, failed }),
         Reply::Stats(s) => OwnedReply::Stats(
             s.into_iter()
@@ -435,6 +711,9 @@ fn own(r: Reply<'_>) -> Result<OwnedReply> {
         Reply::Created { created } => OwnedReply::Created(created),
         Reply::Count(n) => OwnedReply::Count(n),
         Reply::Topics(t) => OwnedReply::Topics(t.into_iter().map(|(n, s)| (n.to_string(), s)).collect()),
+        Reply::GroupCreated { created, cursor } => OwnedReply::GroupCreated { created, cursor },
+        Reply::Groups(g) => OwnedReply::Groups(g.iter().map(own_group).collect()),
+        Reply::Cursor(c) => OwnedReply::Cursor(c),
         Reply::Error { code, message } => return Err(Error::Broker { code, message: message.to_string() }),
     })
 }

@@ -1,5 +1,5 @@
-//! Frames of the runnel wire protocol, version 1 (docs/protocol.md is the
-//! contract; this file implements it).
+//! Frames of the runnel wire protocol, versions 1 and 2 (docs/protocol.md
+//! is the contract; this file implements it).
 //!
 //! Every frame is a 12-byte header and a body; all integers little-endian:
 //!
@@ -17,18 +17,44 @@
 //! "need more", or a typed error that says whether the frame boundary is
 //! still known. It never allocates, and it checks every length against the
 //! limits before the caller buffers anything. Encoding appends to a `Vec`.
+//!
+//! One opcode has one meaning in every version; its layout is chosen by the
+//! session's negotiated version, which the request decoder and encoder take
+//! (before HELLO, and in version 1, the version-1 layouts). An op or a
+//! property type the session's version lacks is refused, never guessed at.
+//! Replies need no version: a later version's reply fields are announced by
+//! flag bits (a delivered message) or follow the version's fields (HELLO).
+//! Version 2 adds consumer groups (`group.rs`) and message properties
+//! (`props.rs`).
 
 use byteorder::{ByteOrder, LittleEndian};
 
-/// The protocol versions this build speaks.
+pub mod group;
+pub mod props;
+
+pub use group::{
+    GROUP_FLAG_BROADCAST, GroupInfo, GroupSettings, GroupStats, Start, check_group_name, encode_group_created_reply,
+    encode_groups_reply,
+};
+pub use props::{Props, PropsLimits};
+
+/// The protocol versions the broker negotiates.
 pub const VERSION_MIN: u16 = 1;
 pub const VERSION_MAX: u16 = 1;
+/// The highest version this codec, and so the client, speaks. The broker
+/// raises VERSION_MAX to it once it serves every version-2 op.
+pub const CODEC_VERSION_MAX: u16 = 2;
 /// Bytes in a frame header.
 pub const HEADER_BYTES: usize = 12;
 /// Bit set in the op of every reply.
 pub const REPLY_BIT: u8 = 0x80;
 /// Bit in a delivered message's flags: dead-letter fields follow.
 pub const MSG_FLAG_DEAD: u8 = 0x01;
+/// Bit in a delivered message's flags (version 2): its properties follow.
+pub const MSG_FLAG_PROPS: u8 = 0x02;
+/// Bit in a delivered message's flags (version 2, with MSG_FLAG_DEAD): the
+/// name of the group that dead-lettered it follows the dead-letter fields.
+pub const MSG_FLAG_ORIGIN_GROUP: u8 = 0x04;
 /// Bit in NACK's flags: dead-letter the messages now instead of retrying.
 pub const NACK_FLAG_DEAD_LETTER: u8 = 0x01;
 
@@ -47,6 +73,20 @@ pub mod op {
     pub const PURGE_TOPIC: u8 = 0x32;
     pub const LIST_TOPICS: u8 = 0x33;
     pub const REDRIVE: u8 = 0x34;
+    pub const CREATE_GROUP: u8 = 0x40;
+    pub const DELETE_GROUP: u8 = 0x41;
+    pub const LIST_GROUPS: u8 = 0x42;
+    pub const RESET_GROUP: u8 = 0x43;
+
+    /// The first protocol version that has `op`, if any has.
+    pub fn since(op: u8) -> Option<u16> {
+        match op {
+            HELLO | PING | PRODUCE | FETCH | ACK | NACK | TOUCH | STATS => Some(1),
+            CREATE_TOPIC | DELETE_TOPIC | PURGE_TOPIC | LIST_TOPICS | REDRIVE => Some(1),
+            CREATE_GROUP | DELETE_GROUP | LIST_GROUPS | RESET_GROUP => Some(2),
+            _ => None,
+        }
+    }
 }
 
 /// Status codes of error replies. The numbers are part of the protocol.
@@ -88,6 +128,25 @@ pub enum ErrorCode {
     /// The broker's connection buffers are full (buffered_bytes_max): a
     /// request with a large reply was not served.
     Busy = 17,
+    /// The consumer group does not exist (version 2).
+    UnknownGroup = 18,
+    /// A group's tag filter does not parse, is too long, or compiles too
+    /// large (version 2).
+    BadFilter = 19,
+    /// Creating the group would pass groups_per_topic_max (version 2).
+    TooManyGroups = 20,
+    /// Reserved, never sent by this build: a sharded broker does not own
+    /// the topic; the client re-routes.
+    Moved = 21,
+    /// Reserved, never sent by this build: the topic is moving between
+    /// shards; the client retries shortly.
+    TryAgain = 22,
+    /// Reserved, never sent by this build: the broker is not the primary of
+    /// the topic; the client re-routes.
+    NotPrimary = 23,
+    /// Reserved, never sent by this build: a request names topics of
+    /// several shards; the client splits it.
+    CrossShard = 24,
 }
 
 impl ErrorCode {
@@ -111,6 +170,13 @@ impl ErrorCode {
             15 => TooManyConnections,
             16 => BadArgument,
             17 => Busy,
+            18 => UnknownGroup,
+            19 => BadFilter,
+            20 => TooManyGroups,
+            21 => Moved,
+            22 => TryAgain,
+            23 => NotPrimary,
+            24 => CrossShard,
             _ => return None,
         })
     }
@@ -136,17 +202,38 @@ impl ErrorCode {
             TooManyConnections => "TOO_MANY_CONNECTIONS",
             BadArgument => "BAD_ARGUMENT",
             Busy => "BUSY",
+            UnknownGroup => "UNKNOWN_GROUP",
+            BadFilter => "BAD_FILTER",
+            TooManyGroups => "TOO_MANY_GROUPS",
+            Moved => "MOVED",
+            TryAgain => "TRYAGAIN",
+            NotPrimary => "NOT_PRIMARY",
+            CrossShard => "CROSSSHARD",
         }
     }
 }
 
-/// The limits the decoder enforces; a copy of the broker's.
+/// The broker's limits a peer must know: the decoder enforces the sizes,
+/// and the HELLO reply reports them all (`crate::limits` has their reasons).
+/// A version-1 HELLO reply carries only the first four; the others read as
+/// 0 from it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeLimits {
     pub frame_bytes_max: u32,
     pub message_bytes_max: u32,
     pub batch_messages_max: u32,
     pub topic_name_bytes_max: u32,
+    /// Most reply bytes waiting for one peer (version 2 reports it).
+    pub output_bytes_max: u32,
+    /// Most message bytes in one FETCH reply (version 2 reports it).
+    pub fetch_bytes_max: u32,
+    /// Time a connection may stay silent, ms; 0 never (version 2 reports it).
+    pub idle_timeout_ms: u32,
+    pub group_name_bytes_max: u32,
+    pub tags_per_message_max: u32,
+    pub tag_bytes_max: u32,
+    pub props_bytes_max: u32,
+    pub filter_bytes_max: u32,
 }
 
 impl DecodeLimits {
@@ -156,7 +243,43 @@ impl DecodeLimits {
         message_bytes_max: u32::MAX,
         batch_messages_max: u32::MAX,
         topic_name_bytes_max: 1000,
+        output_bytes_max: u32::MAX,
+        fetch_bytes_max: u32::MAX,
+        idle_timeout_ms: 0,
+        group_name_bytes_max: 1000,
+        tags_per_message_max: u32::MAX,
+        tag_bytes_max: u32::MAX,
+        props_bytes_max: u32::MAX,
+        filter_bytes_max: u32::MAX,
     };
+
+    /// These limits as a HELLO reply of `version` reports them: version 1
+    /// carries the first four, and the others read as 0.
+    pub fn reported(&self, version: u16) -> DecodeLimits {
+        if version >= 2 {
+            return *self;
+        }
+        DecodeLimits {
+            output_bytes_max: 0,
+            fetch_bytes_max: 0,
+            idle_timeout_ms: 0,
+            group_name_bytes_max: 0,
+            tags_per_message_max: 0,
+            tag_bytes_max: 0,
+            props_bytes_max: 0,
+            filter_bytes_max: 0,
+            ..*self
+        }
+    }
+
+    /// The limits of message properties.
+    pub fn props(&self) -> PropsLimits {
+        PropsLimits {
+            tags_per_message_max: self.tags_per_message_max,
+            tag_bytes_max: self.tag_bytes_max,
+            props_bytes_max: self.props_bytes_max,
+        }
+    }
 }
 
 impl From<&crate::limits::Limits> for DecodeLimits {
@@ -166,6 +289,14 @@ impl From<&crate::limits::Limits> for DecodeLimits {
             message_bytes_max: l.message_bytes_max,
             batch_messages_max: l.batch_messages_max,
             topic_name_bytes_max: l.topic_name_bytes_max,
+            output_bytes_max: l.output_bytes_max,
+            fetch_bytes_max: l.fetch_bytes_max,
+            idle_timeout_ms: l.idle_timeout_ms,
+            group_name_bytes_max: l.group_name_bytes_max,
+            tags_per_message_max: l.tags_per_message_max,
+            tag_bytes_max: l.tag_bytes_max,
+            props_bytes_max: l.props_bytes_max,
+            filter_bytes_max: l.filter_bytes_max,
         }
     }
 }
@@ -177,40 +308,60 @@ pub struct TopicSettings {
     pub max_deliveries: u16,
 }
 
-/// A PRODUCE batch: `count` messages, each `u32 len` then the payload.
-/// Validated by the decoder, so iterating cannot fail.
+/// A PRODUCE batch: `count` messages, each `u32 len` then the payload, or
+/// in version 2 `u16 props_len`, the properties, then `u32 len` and the
+/// payload. Validated by the decoder, so iterating cannot fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Batch<'a> {
     pub count: u32,
-    /// The length-prefixed payloads, exactly.
+    /// The messages as they are on the wire, exactly.
     pub bytes: &'a [u8],
+    /// Each message starts with its properties (the version-2 layout).
+    pub with_props: bool,
 }
 
 impl<'a> Batch<'a> {
-    pub fn iter(&self) -> BatchIter<'a> {
-        BatchIter { rest: self.bytes }
+    /// The payloads alone, without their properties (see `messages`).
+    pub fn iter(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.messages().map(|(_, payload)| payload)
     }
-    /// Total payload bytes (without the length fields).
+    /// Each message's properties and payload.
+    pub fn messages(&self) -> BatchIter<'a> {
+        BatchIter { rest: self.bytes, with_props: self.with_props }
+    }
+    /// Bytes of the messages, properties and payloads, without their length
+    /// fields: what message_bytes_max bounds one message of.
     pub fn payload_bytes(&self) -> u64 {
-        self.bytes.len() as u64 - 4 * u64::from(self.count)
+        let per_message = if self.with_props { 2 + 4 } else { 4 };
+        self.bytes.len() as u64 - per_message * u64::from(self.count)
     }
 }
 
 pub struct BatchIter<'a> {
     rest: &'a [u8],
+    with_props: bool,
+}
+
+impl<'a> BatchIter<'a> {
+    /// Takes a length-prefixed field; the batch was validated, so a short
+    /// one only means the end.
+    fn field(&mut self, len_bytes: usize) -> Option<&'a [u8]> {
+        let len = match len_bytes {
+            2 => LittleEndian::read_u16(self.rest.get(..2)?) as usize,
+            _ => LittleEndian::read_u32(self.rest.get(..4)?) as usize,
+        };
+        let end = (len_bytes + len).min(self.rest.len());
+        let field = &self.rest[len_bytes..end];
+        self.rest = &self.rest[end..];
+        Some(field)
+    }
 }
 
 impl<'a> Iterator for BatchIter<'a> {
-    type Item = &'a [u8];
-    fn next(&mut self) -> Option<&'a [u8]> {
-        if self.rest.len() < 4 {
-            return None;
-        }
-        let len = LittleEndian::read_u32(self.rest) as usize;
-        let end = (4 + len).min(self.rest.len());
-        let payload = &self.rest[4..end];
-        self.rest = &self.rest[end..];
-        Some(payload)
+    type Item = (Props<'a>, &'a [u8]);
+    fn next(&mut self) -> Option<(Props<'a>, &'a [u8])> {
+        let props = if self.with_props { Props::trusted(self.field(2)?) } else { Props::EMPTY };
+        Some((props, self.field(4)?))
     }
 }
 
@@ -232,7 +383,8 @@ impl<'a> Ids<'a> {
     }
 }
 
-/// A decoded request.
+/// A decoded request. `group` is the consumer group a version-2 frame
+/// names; version-1 frames name none, and decode to "", the default group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Request<'a> {
     Hello {
@@ -247,6 +399,7 @@ pub enum Request<'a> {
     },
     Fetch {
         topic: &'a str,
+        group: &'a str,
         max_messages: u32,
         max_bytes: u32,
         wait_ms: u32,
@@ -254,16 +407,19 @@ pub enum Request<'a> {
     },
     Ack {
         topic: &'a str,
+        group: &'a str,
         ids: Ids<'a>,
     },
     Nack {
         topic: &'a str,
+        group: &'a str,
         delay_ms: u32,
         flags: u8,
         ids: Ids<'a>,
     },
     Touch {
         topic: &'a str,
+        group: &'a str,
         ack_timeout_ms: u32,
         ids: Ids<'a>,
     },
@@ -284,7 +440,27 @@ pub enum Request<'a> {
     ListTopics,
     Redrive {
         topic: &'a str,
+        group: &'a str,
         max_messages: u32,
+    },
+    /// Version 2 and later.
+    CreateGroup {
+        topic: &'a str,
+        group: &'a str,
+        settings: GroupSettings<'a>,
+        start: Start,
+    },
+    DeleteGroup {
+        topic: &'a str,
+        group: &'a str,
+    },
+    ListGroups {
+        topic: &'a str,
+    },
+    ResetGroup {
+        topic: &'a str,
+        group: &'a str,
+        start: Start,
     },
 }
 
@@ -304,7 +480,27 @@ impl Request<'_> {
             Request::PurgeTopic { .. } => op::PURGE_TOPIC,
             Request::ListTopics => op::LIST_TOPICS,
             Request::Redrive { .. } => op::REDRIVE,
+            Request::CreateGroup { .. } => op::CREATE_GROUP,
+            Request::DeleteGroup { .. } => op::DELETE_GROUP,
+            Request::ListGroups { .. } => op::LIST_GROUPS,
+            Request::ResetGroup { .. } => op::RESET_GROUP,
         }
+    }
+
+    /// The lowest version whose layout can carry this request: 2 for a
+    /// group op, a group other than the default one, or a message with
+    /// properties.
+    pub fn version_needed(&self) -> u16 {
+        let v2 = match *self {
+            Request::Fetch { group, .. }
+            | Request::Ack { group, .. }
+            | Request::Nack { group, .. }
+            | Request::Touch { group, .. }
+            | Request::Redrive { group, .. } => !group.is_empty(),
+            Request::Produce { batch, .. } => batch.messages().any(|(props, _)| !props.is_empty()),
+            other => op::since(other.op()) == Some(2),
+        };
+        if v2 { 2 } else { 1 }
     }
 }
 
@@ -394,14 +590,20 @@ pub fn check_topic_name(name: &[u8], name_bytes_max: u32) -> Result<&str, String
     if name.is_empty() {
         return Err("topic name is empty".into());
     }
+    check_name_bytes("topic", name, max)
+}
+
+/// Checks the length and alphabet (`[A-Za-z0-9._-]`) of a topic or group
+/// name, `what`.
+fn check_name_bytes<'a>(what: &str, name: &'a [u8], max: usize) -> Result<&'a str, String> {
     if name.len() > max {
-        return Err(format!("topic name is {} bytes, more than topic_name_bytes_max ({max})", name.len()));
+        return Err(format!("{what} name is {} bytes, more than {what}_name_bytes_max ({max})", name.len()));
     }
     if let Some(&b) = name.iter().find(|b| !(b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))) {
-        return Err(format!("topic name has byte 0x{b:02x}; allowed are A-Z a-z 0-9 . _ -"));
+        return Err(format!("{what} name has byte 0x{b:02x}; allowed are A-Z a-z 0-9 . _ -"));
     }
     // Every byte is ASCII, so this cannot fail; the Err arm is unreachable.
-    std::str::from_utf8(name).map_err(|_| "topic name is not UTF-8".to_string())
+    std::str::from_utf8(name).map_err(|_| format!("{what} name is not UTF-8"))
 }
 
 fn topic<'a>(rd: &mut Rd<'a>, limits: &DecodeLimits, allow_empty: bool) -> Result<&'a str, BodyError> {
@@ -425,7 +627,7 @@ fn ids<'a>(rd: &mut Rd<'a>, limits: &DecodeLimits) -> Result<Ids<'a>, BodyError>
     Ok(Ids { bytes })
 }
 
-fn batch<'a>(rd: &mut Rd<'a>, limits: &DecodeLimits) -> Result<Batch<'a>, BodyError> {
+fn batch<'a>(rd: &mut Rd<'a>, limits: &DecodeLimits, version: u16) -> Result<Batch<'a>, BodyError> {
     let count = rd.u32().ok_or_else(|| malformed("message count missing"))?;
     if count == 0 || count > limits.batch_messages_max {
         return Err(BodyError(
@@ -434,20 +636,49 @@ fn batch<'a>(rd: &mut Rd<'a>, limits: &DecodeLimits) -> Result<Batch<'a>, BodyEr
         ));
     }
     let start = rd.pos;
+    let with_props = version >= 2;
     for i in 0..count {
+        let props_len = if with_props { message_props(rd, limits, version)? } else { 0 };
         let len = rd.u32().ok_or_else(|| malformed("message length missing"))?;
-        if len > limits.message_bytes_max {
+        if u64::from(len) + props_len as u64 > u64::from(limits.message_bytes_max) {
+            let what = if with_props { "bytes of properties and payload" } else { "bytes" };
             return Err(BodyError(
                 ErrorCode::MessageTooLarge,
-                format!("message {i} is {len} bytes, more than message_bytes_max ({})", limits.message_bytes_max),
+                format!(
+                    "message {i} is {} {what}, more than message_bytes_max ({})",
+                    u64::from(len) + props_len as u64,
+                    limits.message_bytes_max
+                ),
             ));
         }
         rd.bytes(len as usize).ok_or_else(|| malformed("message runs past the frame"))?;
     }
-    Ok(Batch { count, bytes: &rd.buf[start..rd.pos] })
+    Ok(Batch { count, bytes: &rd.buf[start..rd.pos], with_props })
 }
 
-fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits) -> Result<Request<'a>, BodyError> {
+/// Reads and validates a PRODUCE message's properties (version 2); returns
+/// their length.
+fn message_props(rd: &mut Rd<'_>, limits: &DecodeLimits, version: u16) -> Result<usize, BodyError> {
+    let len = rd.u16().ok_or_else(|| malformed("properties length missing"))? as usize;
+    if len > limits.props_bytes_max as usize {
+        let max = limits.props_bytes_max;
+        return Err(BodyError(
+            ErrorCode::BadArgument,
+            format!("properties are {len} bytes, more than props_bytes_max ({max})"),
+        ));
+    }
+    let bytes = rd.bytes(len).ok_or_else(|| malformed("properties run past the frame"))?;
+    Props::parse(bytes, version, &limits.props()).map_err(|e| BodyError(e.code, e.message))?;
+    Ok(len)
+}
+
+/// The group a consumer-side frame names: a string after the topic from
+/// version 2 on; "" (the default group) in version 1.
+fn group_of<'a>(rd: &mut Rd<'a>, limits: &DecodeLimits, version: u16) -> Result<&'a str, BodyError> {
+    if version >= 2 { group::group(rd, limits) } else { Ok("") }
+}
+
+fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits, version: u16) -> Result<Request<'a>, BodyError> {
     let short = || malformed("body too short");
     let req = match op {
         op::HELLO => {
@@ -460,32 +691,33 @@ fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits) -> Result<Requ
         op::PING => Request::Ping,
         op::PRODUCE => {
             let topic = topic(rd, limits, false)?;
-            Request::Produce { topic, batch: batch(rd, limits)? }
+            Request::Produce { topic, batch: batch(rd, limits, version)? }
         }
         op::FETCH => Request::Fetch {
             topic: topic(rd, limits, false)?,
+            group: group_of(rd, limits, version)?,
             max_messages: rd.u32().ok_or_else(short)?,
             max_bytes: rd.u32().ok_or_else(short)?,
             wait_ms: rd.u32().ok_or_else(short)?,
             ack_timeout_ms: rd.u32().ok_or_else(short)?,
         },
         op::ACK => {
-            let topic = topic(rd, limits, false)?;
-            Request::Ack { topic, ids: ids(rd, limits)? }
+            let (topic, group) = (topic(rd, limits, false)?, group_of(rd, limits, version)?);
+            Request::Ack { topic, group, ids: ids(rd, limits)? }
         }
         op::NACK => {
-            let topic = topic(rd, limits, false)?;
+            let (topic, group) = (topic(rd, limits, false)?, group_of(rd, limits, version)?);
             let delay_ms = rd.u32().ok_or_else(short)?;
             let flags = rd.u8().ok_or_else(short)?;
             if flags & !NACK_FLAG_DEAD_LETTER != 0 {
                 return Err(malformed("unknown NACK flag"));
             }
-            Request::Nack { topic, delay_ms, flags, ids: ids(rd, limits)? }
+            Request::Nack { topic, group, delay_ms, flags, ids: ids(rd, limits)? }
         }
         op::TOUCH => {
-            let topic = topic(rd, limits, false)?;
+            let (topic, group) = (topic(rd, limits, false)?, group_of(rd, limits, version)?);
             let ack_timeout_ms = rd.u32().ok_or_else(short)?;
-            Request::Touch { topic, ack_timeout_ms, ids: ids(rd, limits)? }
+            Request::Touch { topic, group, ack_timeout_ms, ids: ids(rd, limits)? }
         }
         op::STATS => Request::Stats { topic: topic(rd, limits, true)? },
         op::CREATE_TOPIC => {
@@ -498,8 +730,11 @@ fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits) -> Result<Requ
         op::PURGE_TOPIC => Request::PurgeTopic { topic: topic(rd, limits, false)? },
         op::LIST_TOPICS => Request::ListTopics,
         op::REDRIVE => {
-            let topic = topic(rd, limits, false)?;
-            Request::Redrive { topic, max_messages: rd.u32().ok_or_else(short)? }
+            let (topic, group) = (topic(rd, limits, false)?, group_of(rd, limits, version)?);
+            Request::Redrive { topic, group, max_messages: rd.u32().ok_or_else(short)? }
+        }
+        op::CREATE_GROUP | op::DELETE_GROUP | op::LIST_GROUPS | op::RESET_GROUP => {
+            group::parse_group_op(op, rd, limits)?
         }
         other => return Err(BodyError(ErrorCode::UnknownOp, format!("unknown opcode 0x{other:02x}"))),
     };
@@ -507,6 +742,18 @@ fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits) -> Result<Requ
         return Err(malformed("bytes left over after the body"));
     }
     Ok(req)
+}
+
+/// Refuses an op the session's version lacks, before its body is read.
+fn check_op_version(op: u8, version: u16) -> Result<(), BodyError> {
+    match op::since(op) {
+        None => Err(BodyError(ErrorCode::UnknownOp, format!("unknown opcode 0x{op:02x}"))),
+        Some(v) if v > version.max(1) => Err(BodyError(
+            ErrorCode::UnknownOp,
+            format!("opcode 0x{op:02x} is of protocol version {v}; this connection speaks version {}", version.max(1)),
+        )),
+        Some(_) => Ok(()),
+    }
 }
 
 /// The fields of a frame header.
@@ -546,8 +793,14 @@ pub fn read_header(buf: &[u8]) -> Result<Option<Header>, BoundaryLost> {
     }))
 }
 
-/// Decodes the request at the start of `buf`.
-pub fn decode_request<'a>(buf: &'a [u8], limits: &DecodeLimits) -> Result<Decoded<Frame<'a>>, DecodeError> {
+/// Decodes the request at the start of `buf`, in the layouts of the
+/// session's negotiated `version` (before HELLO, 0 or 1: version 1's; the
+/// HELLO request is the same in every version).
+pub fn decode_request<'a>(
+    buf: &'a [u8],
+    limits: &DecodeLimits,
+    version: u16,
+) -> Result<Decoded<Frame<'a>>, DecodeError> {
     let header = match read_header(buf) {
         Ok(Some(h)) => h,
         Ok(None) => return Ok(Decoded::NeedMore),
@@ -582,7 +835,8 @@ pub fn decode_request<'a>(buf: &'a [u8], limits: &DecodeLimits) -> Result<Decode
         ));
     }
     let mut rd = Rd { buf: &buf[HEADER_BYTES..header.frame_bytes], pos: 0 };
-    match parse_body(header.op, &mut rd, limits) {
+    let parsed = check_op_version(header.op, version).and_then(|()| parse_body(header.op, &mut rd, limits, version));
+    match parsed {
         Ok(request) => Ok(Decoded::Frame(Frame { request_id: header.request_id, request }, header.frame_bytes)),
         Err(BodyError(code, message)) => Err(err(code, skip, message)),
     }
@@ -644,9 +898,20 @@ fn put_ids(out: &mut Vec<u8>, ids: &[u64]) {
     }
 }
 
-/// Encodes a request from owned parts (the client side; also the tests).
-pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>) {
+/// Encodes a request from owned parts (the client side; also the tests),
+/// in the layouts of `version`. A request that version cannot carry
+/// (`Request::version_needed`), or a batch built for the other layout, is a
+/// programmer error: the client checks before it sends.
+pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>, version: u16) {
+    let v2 = version >= 2;
+    assert!(req.version_needed() <= version.max(1), "{req:?} needs protocol version 2, not {version}");
     let start = begin_frame(out, req.op(), 0, request_id);
+    let topic_group = |out: &mut Vec<u8>, topic: &str, group: &str| {
+        put_str(out, topic.as_bytes());
+        if v2 {
+            put_str(out, group.as_bytes());
+        }
+    };
     match *req {
         Request::Hello { min_version, max_version, token } => {
             put_u16(out, min_version);
@@ -655,31 +920,31 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>) {
         }
         Request::Ping | Request::ListTopics => {}
         Request::Produce { topic, batch } => {
+            assert_eq!(batch.with_props, v2, "a batch built for the other version's layout");
             put_str(out, topic.as_bytes());
             put_u32(out, batch.count);
             out.extend_from_slice(batch.bytes);
         }
-        Request::Fetch { topic, max_messages, max_bytes, wait_ms, ack_timeout_ms } => {
-            put_str(out, topic.as_bytes());
-            put_u32(out, max_messages);
-            put_u32(out, max_bytes);
-            put_u32(out, wait_ms);
-            put_u32(out, ack_timeout_ms);
+        Request::Fetch { topic, group, max_messages, max_bytes, wait_ms, ack_timeout_ms } => {
+            topic_group(out, topic, group);
+            for v in [max_messages, max_bytes, wait_ms, ack_timeout_ms] {
+                put_u32(out, v);
+            }
         }
-        Request::Ack { topic, ids } => {
-            put_str(out, topic.as_bytes());
+        Request::Ack { topic, group, ids } => {
+            topic_group(out, topic, group);
             put_u32(out, ids.len() as u32);
             out.extend_from_slice(ids.bytes);
         }
-        Request::Nack { topic, delay_ms, flags, ids } => {
-            put_str(out, topic.as_bytes());
+        Request::Nack { topic, group, delay_ms, flags, ids } => {
+            topic_group(out, topic, group);
             put_u32(out, delay_ms);
             out.push(flags);
             put_u32(out, ids.len() as u32);
             out.extend_from_slice(ids.bytes);
         }
-        Request::Touch { topic, ack_timeout_ms, ids } => {
-            put_str(out, topic.as_bytes());
+        Request::Touch { topic, group, ack_timeout_ms, ids } => {
+            topic_group(out, topic, group);
             put_u32(out, ack_timeout_ms);
             put_u32(out, ids.len() as u32);
             out.extend_from_slice(ids.bytes);
@@ -692,10 +957,14 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>) {
             put_u32(out, settings.ack_timeout_ms);
             put_u16(out, settings.max_deliveries);
         }
-        Request::Redrive { topic, max_messages } => {
-            put_str(out, topic.as_bytes());
+        Request::Redrive { topic, group, max_messages } => {
+            topic_group(out, topic, group);
             put_u32(out, max_messages);
         }
+        Request::CreateGroup { .. }
+        | Request::DeleteGroup { .. }
+        | Request::ListGroups { .. }
+        | Request::ResetGroup { .. } => group::encode_group_op(out, req),
     }
     end_frame(out, start);
 }
@@ -706,6 +975,14 @@ pub fn encode_batch<P: AsRef<[u8]>>(out: &mut Vec<u8>, payloads: &[P]) {
         put_u32(out, p.as_ref().len() as u32);
         out.extend_from_slice(p.as_ref());
     }
+}
+
+/// Appends one message of a version-2 PRODUCE batch body (for
+/// `Batch::bytes` with `with_props`): its properties, then its payload.
+pub fn encode_message(out: &mut Vec<u8>, props: &Props<'_>, payload: &[u8]) {
+    props::put_props(out, props);
+    put_u32(out, payload.len() as u32);
+    out.extend_from_slice(payload);
 }
 
 /// Appends ids as an `Ids` body.
@@ -722,15 +999,57 @@ pub fn encode_error(out: &mut Vec<u8>, op: u8, request_id: u32, code: ErrorCode,
     end_frame(out, start);
 }
 
-/// Appends the reply to HELLO.
-pub fn encode_hello_reply(out: &mut Vec<u8>, request_id: u32, version: u16, limits: &DecodeLimits) {
+/// The map epoch of a broker that is not sharded (the HELLO reply's
+/// `map_epoch`, version 2).
+pub const MAP_EPOCH_UNSHARDED: u64 = 0;
+
+/// Appends the reply to HELLO: the chosen version and the limits; from
+/// version 2 on, every limit of `DecodeLimits` and the shard map's epoch.
+pub fn encode_hello_reply(out: &mut Vec<u8>, request_id: u32, version: u16, limits: &DecodeLimits, map_epoch: u64) {
     let start = begin_frame(out, op::HELLO | REPLY_BIT, 0, request_id);
     put_u16(out, version);
     put_u32(out, limits.frame_bytes_max);
     put_u32(out, limits.message_bytes_max);
     put_u32(out, limits.batch_messages_max);
     put_u32(out, limits.topic_name_bytes_max);
+    if version >= 2 {
+        put_u32(out, limits.output_bytes_max);
+        put_u32(out, limits.fetch_bytes_max);
+        put_u32(out, limits.idle_timeout_ms);
+        put_u64(out, map_epoch);
+        put_u32(out, limits.group_name_bytes_max);
+        put_u32(out, limits.tags_per_message_max);
+        put_u32(out, limits.tag_bytes_max);
+        put_u32(out, limits.props_bytes_max);
+        put_u32(out, limits.filter_bytes_max);
+    }
     end_frame(out, start);
+}
+
+/// Reads a HELLO reply's body (see `encode_hello_reply`).
+fn parse_hello_reply<'a>(rd: &mut Rd<'_>) -> Option<Reply<'a>> {
+    let version = rd.u16()?;
+    let mut limits = DecodeLimits {
+        frame_bytes_max: rd.u32()?,
+        message_bytes_max: rd.u32()?,
+        batch_messages_max: rd.u32()?,
+        topic_name_bytes_max: rd.u32()?,
+        ..DecodeLimits::CLIENT
+    }
+    .reported(1);
+    let mut map_epoch = 0;
+    if version >= 2 {
+        limits.output_bytes_max = rd.u32()?;
+        limits.fetch_bytes_max = rd.u32()?;
+        limits.idle_timeout_ms = rd.u32()?;
+        map_epoch = rd.u64()?;
+        limits.group_name_bytes_max = rd.u32()?;
+        limits.tags_per_message_max = rd.u32()?;
+        limits.tag_bytes_max = rd.u32()?;
+        limits.props_bytes_max = rd.u32()?;
+        limits.filter_bytes_max = rd.u32()?;
+    }
+    Some(Reply::Hello { version, limits, map_epoch })
 }
 
 /// Appends a reply with an empty body (PING).
@@ -757,7 +1076,7 @@ pub fn encode_ids_reply(out: &mut Vec<u8>, op: u8, request_id: u32, done: u32, f
 }
 
 /// Appends a reply whose body is one u64 (DELETE_TOPIC, PURGE_TOPIC,
-/// REDRIVE) or one u8 (CREATE_TOPIC).
+/// REDRIVE, DELETE_GROUP, RESET_GROUP) or one u8 (CREATE_TOPIC).
 pub fn encode_u64_reply(out: &mut Vec<u8>, op: u8, request_id: u32, value: u64) {
     let start = begin_frame(out, op | REPLY_BIT, 0, request_id);
     if op == op::CREATE_TOPIC {
@@ -777,6 +1096,11 @@ pub struct Message<'a> {
     pub delivery_count: u16,
     /// Present for messages in a dead-letter topic.
     pub dead: Option<DeadInfo>,
+    /// With `dead`: the group that dead-lettered it; "" for the default
+    /// group (version 2; a version-1 session is not told).
+    pub origin_group: &'a str,
+    /// Its tags and headers (version 2; a version-1 session gets none).
+    pub props: Props<'a>,
     pub payload: &'a [u8],
 }
 
@@ -830,29 +1154,23 @@ pub struct MessagesWriter {
     start: usize,
     count_at: usize,
     count: u32,
+    /// The session's version: what a message may carry.
+    version: u16,
 }
 
 impl MessagesWriter {
-    pub fn begin(out: &mut Vec<u8>, request_id: u32, topic: &str) -> MessagesWriter {
+    /// Starts the reply to a FETCH of a session speaking `version`.
+    pub fn begin(out: &mut Vec<u8>, request_id: u32, topic: &str, version: u16) -> MessagesWriter {
         let start = begin_frame(out, op::FETCH | REPLY_BIT, 0, request_id);
         put_str(out, topic.as_bytes());
         let count_at = out.len();
         put_u32(out, 0);
-        MessagesWriter { start, count_at, count: 0 }
+        MessagesWriter { start, count_at, count: 0, version }
     }
+    /// Appends a message; for a version-1 session without its properties
+    /// and origin group, which that version cannot carry.
     pub fn push(&mut self, out: &mut Vec<u8>, m: &Message<'_>) {
-        put_u64(out, m.id);
-        put_u64(out, m.born_ms);
-        put_u16(out, m.delivery_count);
-        match &m.dead {
-            None => out.push(0),
-            Some(d) => {
-                out.push(MSG_FLAG_DEAD);
-                put_dead_info(out, d);
-            }
-        }
-        put_u32(out, m.payload.len() as u32);
-        out.extend_from_slice(m.payload);
+        put_message(out, m, self.version);
         self.count += 1;
     }
     pub fn count(&self) -> u32 {
@@ -865,13 +1183,14 @@ impl MessagesWriter {
 }
 
 /// Bytes of a message's fields in a FETCH reply before its payload,
-/// without the dead-letter fields: id, born_ms, delivery_count, flags, len.
+/// without the fields its flags announce: id, born_ms, delivery_count,
+/// flags, len.
 const MESSAGE_WIRE_FIXED_BYTES: usize = 8 + 8 + 2 + 1 + 4;
 
-/// Bytes one message takes in a FETCH reply (`MessagesWriter::push`).
-pub const fn message_wire_bytes(payload_bytes: usize, dead: bool) -> usize {
-    MESSAGE_WIRE_FIXED_BYTES + if dead { DEAD_INFO_BYTES } else { 0 } + payload_bytes
-}
+/// Most bytes a message takes in a FETCH reply besides its payload, its
+/// properties and its origin group's name: the fixed fields, the
+/// dead-letter fields and the two u16 lengths of those variable fields.
+pub const MESSAGE_WIRE_OVERHEAD_BYTES_MAX: usize = MESSAGE_WIRE_FIXED_BYTES + DEAD_INFO_BYTES + 2 + 2;
 
 /// Bytes of the dead-letter fields (`put_dead_info`).
 pub const DEAD_INFO_BYTES: usize = 8 + 2 + 1;
@@ -882,6 +1201,58 @@ pub fn put_dead_info(out: &mut Vec<u8>, d: &DeadInfo) {
     put_u64(out, d.origin_id);
     put_u16(out, d.origin_deliveries);
     out.push(d.reason as u8);
+}
+
+/// The flags a message is sent with to a session of `version`.
+fn message_flags(m: &Message<'_>, version: u16) -> u8 {
+    let mut flags = 0;
+    if m.dead.is_some() {
+        flags |= MSG_FLAG_DEAD;
+        if version >= 2 && !m.origin_group.is_empty() {
+            flags |= MSG_FLAG_ORIGIN_GROUP;
+        }
+    }
+    if version >= 2 && !m.props.is_empty() {
+        flags |= MSG_FLAG_PROPS;
+    }
+    flags
+}
+
+/// The one layout of a delivered message: id, born_ms, delivery_count,
+/// flags, then the fields the flags announce, then the payload.
+fn put_message(out: &mut Vec<u8>, m: &Message<'_>, version: u16) {
+    let flags = message_flags(m, version);
+    put_u64(out, m.id);
+    put_u64(out, m.born_ms);
+    put_u16(out, m.delivery_count);
+    out.push(flags);
+    if let Some(d) = &m.dead {
+        put_dead_info(out, d);
+    }
+    if flags & MSG_FLAG_ORIGIN_GROUP != 0 {
+        put_str(out, m.origin_group.as_bytes());
+    }
+    if flags & MSG_FLAG_PROPS != 0 {
+        props::put_props(out, &m.props);
+    }
+    put_u32(out, m.payload.len() as u32);
+    out.extend_from_slice(m.payload);
+}
+
+/// Bytes a message takes in the FETCH reply of a session of `version`.
+pub fn message_wire_bytes(m: &Message<'_>, version: u16) -> usize {
+    let flags = message_flags(m, version);
+    let mut n = MESSAGE_WIRE_FIXED_BYTES + m.payload.len();
+    if m.dead.is_some() {
+        n += DEAD_INFO_BYTES;
+    }
+    if flags & MSG_FLAG_ORIGIN_GROUP != 0 {
+        n += 2 + m.origin_group.len();
+    }
+    if flags & MSG_FLAG_PROPS != 0 {
+        n += 2 + m.props.bytes().len();
+    }
+    n
 }
 
 /// Builds a STATS reply: a broker section and a section per topic, each a
@@ -942,6 +1313,8 @@ pub enum Reply<'a> {
     Hello {
         version: u16,
         limits: DecodeLimits,
+        /// The epoch of the shard map (version 2); 0 = not sharded.
+        map_epoch: u64,
     },
     Pong,
     Produced {
@@ -961,9 +1334,17 @@ pub enum Reply<'a> {
     Created {
         created: bool,
     },
-    /// DELETE_TOPIC, PURGE_TOPIC, REDRIVE: how many messages.
+    /// DELETE_TOPIC, PURGE_TOPIC, REDRIVE, DELETE_GROUP: how many messages.
     Count(u64),
     Topics(Vec<(&'a str, TopicSettings)>),
+    /// CREATE_GROUP: whether the group is new, and its cursor.
+    GroupCreated {
+        created: bool,
+        cursor: u64,
+    },
+    Groups(Vec<GroupInfo<'a>>),
+    /// RESET_GROUP: the group's new cursor.
+    Cursor(u64),
     Error {
         code: u8,
         message: &'a str,
@@ -988,9 +1369,12 @@ fn parse_message<'a>(rd: &mut Rd<'a>) -> Option<Message<'a>> {
     let born_ms = rd.u64()?;
     let delivery_count = rd.u16()?;
     let flags = rd.u8()?;
-    if flags & !MSG_FLAG_DEAD != 0 {
-        // A flag this version does not know may announce fields it cannot
-        // skip: refuse rather than misread.
+    let known = MSG_FLAG_DEAD | MSG_FLAG_PROPS | MSG_FLAG_ORIGIN_GROUP;
+    // A flag this codec does not know may announce fields it cannot skip:
+    // refuse rather than misread. An origin group without dead-letter
+    // fields, or an empty one (the default group goes without), is not
+    // what a broker writes.
+    if flags & !known != 0 || flags & (MSG_FLAG_DEAD | MSG_FLAG_ORIGIN_GROUP) == MSG_FLAG_ORIGIN_GROUP {
         return None;
     }
     let dead = if flags & MSG_FLAG_DEAD != 0 {
@@ -998,8 +1382,15 @@ fn parse_message<'a>(rd: &mut Rd<'a>) -> Option<Message<'a>> {
     } else {
         None
     };
+    let origin_group = if flags & MSG_FLAG_ORIGIN_GROUP != 0 { str_field(rd).filter(|g| !g.is_empty())? } else { "" };
+    let props = if flags & MSG_FLAG_PROPS != 0 {
+        let len = rd.u16()?;
+        Props::parse(rd.bytes(len as usize)?, CODEC_VERSION_MAX, &PropsLimits::ANY).ok().filter(|p| !p.is_empty())?
+    } else {
+        Props::EMPTY
+    };
     let len = rd.u32()?;
-    Some(Message { id, born_ms, delivery_count, dead, payload: rd.bytes(len as usize)? })
+    Some(Message { id, born_ms, delivery_count, dead, origin_group, props, payload: rd.bytes(len as usize)? })
 }
 
 fn parse_reply_body<'a>(op: u8, status: u8, rd: &mut Rd<'a>) -> Option<Reply<'a>> {
@@ -1007,15 +1398,7 @@ fn parse_reply_body<'a>(op: u8, status: u8, rd: &mut Rd<'a>) -> Option<Reply<'a>
         return Some(Reply::Error { code: status, message: str_field(rd)? });
     }
     let reply = match op {
-        op::HELLO => Reply::Hello {
-            version: rd.u16()?,
-            limits: DecodeLimits {
-                frame_bytes_max: rd.u32()?,
-                message_bytes_max: rd.u32()?,
-                batch_messages_max: rd.u32()?,
-                topic_name_bytes_max: rd.u32()?,
-            },
-        },
+        op::HELLO => parse_hello_reply(rd)?,
         op::PING => Reply::Pong,
         op::PRODUCE => Reply::Produced { first_id: rd.u64()?, count: rd.u32()? },
         op::FETCH => {
@@ -1052,7 +1435,17 @@ fn parse_reply_body<'a>(op: u8, status: u8, rd: &mut Rd<'a>) -> Option<Reply<'a>
             Reply::Stats(sections)
         }
         op::CREATE_TOPIC => Reply::Created { created: rd.u8()? != 0 },
-        op::DELETE_TOPIC | op::PURGE_TOPIC | op::REDRIVE => Reply::Count(rd.u64()?),
+        op::DELETE_TOPIC | op::PURGE_TOPIC | op::REDRIVE | op::DELETE_GROUP => Reply::Count(rd.u64()?),
+        op::CREATE_GROUP => Reply::GroupCreated { created: rd.u8()? != 0, cursor: rd.u64()? },
+        op::RESET_GROUP => Reply::Cursor(rd.u64()?),
+        op::LIST_GROUPS => {
+            let n = rd.u32()?;
+            let mut groups = Vec::with_capacity((n as usize).min(rd.buf.len() / group::GROUP_INFO_BYTES_MIN));
+            for _ in 0..n {
+                groups.push(group::parse_group_info(rd)?);
+            }
+            Reply::Groups(groups)
+        }
         op::LIST_TOPICS => {
             let n = rd.u32()?;
             let mut topics = Vec::with_capacity((n as usize).min(rd.buf.len() / 8));
@@ -1101,3 +1494,5 @@ pub fn decode_reply(buf: &[u8], frame_bytes_max: usize) -> Result<Decoded<ReplyF
 #[cfg(test)]
 #[path = "codec_tests.rs"]
 mod tests;
+#[cfg(test)]
+mod v2_tests;

@@ -67,8 +67,20 @@ fn seed_guard(test: &'static str, seed: u64) -> SeedGuard {
 // ---------------------------------------------------------------------------
 
 /// Small limits, so that every bound is reached with a few bytes.
-const SMALL: DecodeLimits =
-    DecodeLimits { frame_bytes_max: 2048, message_bytes_max: 64, batch_messages_max: 8, topic_name_bytes_max: 16 };
+const SMALL: DecodeLimits = DecodeLimits {
+    frame_bytes_max: 2048,
+    message_bytes_max: 64,
+    batch_messages_max: 8,
+    topic_name_bytes_max: 16,
+    output_bytes_max: 1 << 20,
+    fetch_bytes_max: 256,
+    idle_timeout_ms: 0,
+    group_name_bytes_max: 16,
+    tags_per_message_max: 2,
+    tag_bytes_max: 8,
+    props_bytes_max: 48,
+    filter_bytes_max: 32,
+};
 
 /// A name of exactly `SMALL.topic_name_bytes_max` bytes, every kind of byte allowed.
 const LONGEST_TOPIC: &str = "abcdefghij.-_XYZ";
@@ -111,7 +123,7 @@ fn default_limits() -> DecodeLimits {
 
 fn encode(request_id: u32, req: &Request<'_>) -> Vec<u8> {
     let mut out = Vec::new();
-    encode_request(&mut out, request_id, req);
+    encode_request(&mut out, request_id, req, 1);
     out
 }
 
@@ -159,7 +171,7 @@ fn head(buf: &[u8]) -> String {
 
 #[track_caller]
 fn decode_ok<'a>(buf: &'a [u8], limits: &DecodeLimits) -> (Frame<'a>, usize) {
-    match decode_request(buf, limits) {
+    match decode_request(buf, limits, 1) {
         Ok(Decoded::Frame(f, n)) => (f, n),
         other => panic!("expected a request frame from {}, got {other:?}", head(buf)),
     }
@@ -167,7 +179,7 @@ fn decode_ok<'a>(buf: &'a [u8], limits: &DecodeLimits) -> (Frame<'a>, usize) {
 
 #[track_caller]
 fn decode_err(buf: &[u8], limits: &DecodeLimits) -> DecodeError {
-    match decode_request(buf, limits) {
+    match decode_request(buf, limits, 1) {
         Err(e) => e,
         other => panic!("expected an error from {}, got {other:?}", head(buf)),
     }
@@ -205,16 +217,18 @@ fn request_with_topic(op: u8, topic: &str) -> Request<'_> {
     const ONE_MESSAGE: &[u8] = &[2, 0, 0, 0, b'h', b'i'];
     const ONE_ID: &[u8] = &[7, 0, 0, 0, 0, 0, 0, 0];
     match op {
-        op::PRODUCE => Request::Produce { topic, batch: Batch { count: 1, bytes: ONE_MESSAGE } },
-        op::FETCH => Request::Fetch { topic, max_messages: 10, max_bytes: 1000, wait_ms: 0, ack_timeout_ms: 0 },
-        op::ACK => Request::Ack { topic, ids: Ids { bytes: ONE_ID } },
-        op::NACK => Request::Nack { topic, delay_ms: 0, flags: 0, ids: Ids { bytes: ONE_ID } },
-        op::TOUCH => Request::Touch { topic, ack_timeout_ms: 100, ids: Ids { bytes: ONE_ID } },
+        op::PRODUCE => Request::Produce { topic, batch: Batch { count: 1, bytes: ONE_MESSAGE, with_props: false } },
+        op::FETCH => {
+            Request::Fetch { topic, group: "", max_messages: 10, max_bytes: 1000, wait_ms: 0, ack_timeout_ms: 0 }
+        }
+        op::ACK => Request::Ack { topic, group: "", ids: Ids { bytes: ONE_ID } },
+        op::NACK => Request::Nack { topic, group: "", delay_ms: 0, flags: 0, ids: Ids { bytes: ONE_ID } },
+        op::TOUCH => Request::Touch { topic, group: "", ack_timeout_ms: 100, ids: Ids { bytes: ONE_ID } },
         op::STATS => Request::Stats { topic },
         op::CREATE_TOPIC => Request::CreateTopic { topic, settings: TopicSettings::default() },
         op::DELETE_TOPIC => Request::DeleteTopic { topic },
         op::PURGE_TOPIC => Request::PurgeTopic { topic },
-        op::REDRIVE => Request::Redrive { topic, max_messages: 1 },
+        op::REDRIVE => Request::Redrive { topic, group: "", max_messages: 1 },
         _ => panic!("op 0x{op:02x} takes no topic"),
     }
 }
@@ -284,30 +298,40 @@ impl Samples {
         let one_id = Ids { bytes: &self.one_id };
         let many_ids = Ids { bytes: &self.many_ids_bytes };
         vec![
-            ("produce one", Request::Produce { topic: "orders", batch: Batch { count: 1, bytes: &self.one } }),
+            (
+                "produce one",
+                Request::Produce { topic: "orders", batch: Batch { count: 1, bytes: &self.one, with_props: false } },
+            ),
             (
                 "produce many",
                 Request::Produce {
                     topic: "orders",
-                    batch: Batch { count: self.many_payloads.len() as u32, bytes: &self.many },
+                    batch: Batch { count: self.many_payloads.len() as u32, bytes: &self.many, with_props: false },
                 },
             ),
             (
                 "produce empty payloads",
-                Request::Produce { topic: "e", batch: Batch { count: 3, bytes: &self.empties } },
+                Request::Produce { topic: "e", batch: Batch { count: 3, bytes: &self.empties, with_props: false } },
             ),
             (
                 "produce message_bytes_max",
-                Request::Produce { topic: LONGEST_TOPIC, batch: Batch { count: 1, bytes: &self.full } },
+                Request::Produce {
+                    topic: LONGEST_TOPIC,
+                    batch: Batch { count: 1, bytes: &self.full, with_props: false },
+                },
             ),
             (
                 "produce to dead letters",
-                Request::Produce { topic: LONGEST_DLQ_TOPIC, batch: Batch { count: 1, bytes: &self.one } },
+                Request::Produce {
+                    topic: LONGEST_DLQ_TOPIC,
+                    batch: Batch { count: 1, bytes: &self.one, with_props: false },
+                },
             ),
             (
                 "fetch",
                 Request::Fetch {
                     topic: "orders",
+                    group: "",
                     max_messages: 100,
                     max_bytes: 1 << 20,
                     wait_ms: 30_000,
@@ -318,20 +342,27 @@ impl Samples {
                 "fetch extremes",
                 Request::Fetch {
                     topic: "o",
+                    group: "",
                     max_messages: u32::MAX,
                     max_bytes: 0,
                     wait_ms: u32::MAX,
                     ack_timeout_ms: u32::MAX,
                 },
             ),
-            ("ack one", Request::Ack { topic: "orders", ids: one_id }),
-            ("ack many", Request::Ack { topic: "orders", ids: many_ids }),
-            ("nack", Request::Nack { topic: "orders", delay_ms: 0, flags: 0, ids: many_ids }),
+            ("ack one", Request::Ack { topic: "orders", group: "", ids: one_id }),
+            ("ack many", Request::Ack { topic: "orders", group: "", ids: many_ids }),
+            ("nack", Request::Nack { topic: "orders", group: "", delay_ms: 0, flags: 0, ids: many_ids }),
             (
                 "nack dead letter",
-                Request::Nack { topic: "orders", delay_ms: u32::MAX, flags: NACK_FLAG_DEAD_LETTER, ids: one_id },
+                Request::Nack {
+                    topic: "orders",
+                    group: "",
+                    delay_ms: u32::MAX,
+                    flags: NACK_FLAG_DEAD_LETTER,
+                    ids: one_id,
+                },
             ),
-            ("touch", Request::Touch { topic: "orders", ack_timeout_ms: 5_000, ids: many_ids }),
+            ("touch", Request::Touch { topic: "orders", group: "", ack_timeout_ms: 5_000, ids: many_ids }),
         ]
     }
 
@@ -361,8 +392,8 @@ impl Samples {
             ("delete topic", Request::DeleteTopic { topic: "orders" }),
             ("purge topic", Request::PurgeTopic { topic: "orders.dlq" }),
             ("list topics", Request::ListTopics),
-            ("redrive", Request::Redrive { topic: "orders.dlq", max_messages: 100 }),
-            ("redrive all", Request::Redrive { topic: "orders", max_messages: 0 }),
+            ("redrive", Request::Redrive { topic: "orders.dlq", group: "", max_messages: 100 }),
+            ("redrive all", Request::Redrive { topic: "orders", group: "", max_messages: 0 }),
         ]
     }
 
@@ -377,14 +408,32 @@ impl Samples {
 // ---------------------------------------------------------------------------
 
 const MESSAGES: [Message<'static>; 7] = [
-    Message { id: 1, born_ms: 1_700_000_000_000, delivery_count: 1, dead: None, payload: b"first" },
-    Message { id: u64::MAX, born_ms: 0, delivery_count: u16::MAX, dead: None, payload: b"" },
+    Message {
+        id: 1,
+        born_ms: 1_700_000_000_000,
+        delivery_count: 1,
+        dead: None,
+        payload: b"first",
+        origin_group: "",
+        props: Props::EMPTY,
+    },
+    Message {
+        id: u64::MAX,
+        born_ms: 0,
+        delivery_count: u16::MAX,
+        dead: None,
+        payload: b"",
+        origin_group: "",
+        props: Props::EMPTY,
+    },
     Message {
         id: 7,
         born_ms: u64::MAX,
         delivery_count: 2,
         dead: Some(DeadInfo { origin_id: 42, origin_deliveries: 5, reason: DeadReason::AckTimeout }),
         payload: b"\0\xff binary",
+        origin_group: "",
+        props: Props::EMPTY,
     },
     Message {
         id: 8,
@@ -392,6 +441,8 @@ const MESSAGES: [Message<'static>; 7] = [
         delivery_count: 1,
         dead: Some(DeadInfo { origin_id: u64::MAX, origin_deliveries: u16::MAX, reason: DeadReason::Nacked }),
         payload: b"x",
+        origin_group: "",
+        props: Props::EMPTY,
     },
     Message {
         id: 9,
@@ -399,6 +450,8 @@ const MESSAGES: [Message<'static>; 7] = [
         delivery_count: 1,
         dead: Some(DeadInfo { origin_id: 0, origin_deliveries: 0, reason: DeadReason::Rejected }),
         payload: b"",
+        origin_group: "",
+        props: Props::EMPTY,
     },
     Message {
         id: 10,
@@ -406,11 +459,21 @@ const MESSAGES: [Message<'static>; 7] = [
         delivery_count: 3,
         dead: Some(DeadInfo { origin_id: 1, origin_deliveries: 1, reason: DeadReason::ConsumerLost }),
         payload: b"lost",
+        origin_group: "",
+        props: Props::EMPTY,
     },
-    Message { id: 11, born_ms: 6, delivery_count: 1, dead: None, payload: &[0x5a; 64] },
+    Message {
+        id: 11,
+        born_ms: 6,
+        delivery_count: 1,
+        dead: None,
+        payload: &[0x5a; 64],
+        origin_group: "",
+        props: Props::EMPTY,
+    },
 ];
 
-const ALL_ERROR_CODES: [ErrorCode; 17] = [
+const ALL_ERROR_CODES: [ErrorCode; 24] = [
     ErrorCode::Malformed,
     ErrorCode::UnknownOp,
     ErrorCode::Version,
@@ -428,6 +491,13 @@ const ALL_ERROR_CODES: [ErrorCode; 17] = [
     ErrorCode::TooManyConnections,
     ErrorCode::BadArgument,
     ErrorCode::Busy,
+    ErrorCode::UnknownGroup,
+    ErrorCode::BadFilter,
+    ErrorCode::TooManyGroups,
+    ErrorCode::Moved,
+    ErrorCode::TryAgain,
+    ErrorCode::NotPrimary,
+    ErrorCode::CrossShard,
 ];
 
 /// The longest key a STATS pair can carry: its length is a u8.
@@ -463,15 +533,15 @@ fn encode_reply_samples(out: &mut Vec<u8>) -> Vec<(String, Range<usize>, ReplyFr
 
 /// HELLO, PONG, PRODUCE's, the id lists', the counts' and CREATE's replies.
 fn encode_small_replies(out: &mut Vec<u8>, r: &mut Recorder) {
-    encode_hello_reply(out, 1, 1, &SMALL);
-    r.add(out, "hello", op::HELLO, 1, Reply::Hello { version: 1, limits: SMALL });
-    encode_hello_reply(out, u32::MAX, u16::MAX, &DecodeLimits::CLIENT);
+    encode_hello_reply(out, 1, 1, &SMALL, 0);
+    r.add(out, "hello", op::HELLO, 1, Reply::Hello { version: 1, limits: SMALL.reported(1), map_epoch: 0 });
+    encode_hello_reply(out, u32::MAX, u16::MAX, &DecodeLimits::CLIENT, u64::MAX);
     r.add(
         out,
         "hello, client limits",
         op::HELLO,
         u32::MAX,
-        Reply::Hello { version: u16::MAX, limits: DecodeLimits::CLIENT },
+        Reply::Hello { version: u16::MAX, limits: DecodeLimits::CLIENT, map_epoch: u64::MAX },
     );
 
     encode_empty_reply(out, op::PING, 2);
@@ -527,17 +597,17 @@ fn encode_error_replies(out: &mut Vec<u8>, r: &mut Recorder) {
 
 /// FETCH replies: none, a few, and dead letters to the longest topic.
 fn encode_messages_replies(out: &mut Vec<u8>, r: &mut Recorder) {
-    let w = MessagesWriter::begin(out, 60, "orders");
+    let w = MessagesWriter::begin(out, 60, "orders", 1);
     assert_eq!(w.count(), 0);
     w.finish(out);
     r.add(out, "no messages", op::FETCH, 60, Reply::Messages { topic: "orders", messages: vec![] });
-    let mut w = MessagesWriter::begin(out, 61, "orders");
+    let mut w = MessagesWriter::begin(out, 61, "orders", 1);
     for m in &MESSAGES[..2] {
         w.push(out, m);
     }
     w.finish(out);
     r.add(out, "messages", op::FETCH, 61, Reply::Messages { topic: "orders", messages: MESSAGES[..2].to_vec() });
-    let mut w = MessagesWriter::begin(out, 62, LONGEST_DLQ_TOPIC);
+    let mut w = MessagesWriter::begin(out, 62, LONGEST_DLQ_TOPIC, 1);
     for m in &MESSAGES {
         w.push(out, m);
     }
@@ -613,7 +683,7 @@ fn every_request_round_trips() {
         }
         // Followed by another frame, it still consumes only its own bytes.
         let mut two = buf.clone();
-        encode_request(&mut two, 99, &Request::Ping);
+        encode_request(&mut two, 99, &Request::Ping, 1);
         let (frame, n) = decode_ok(&two, &SMALL);
         assert_eq!((frame.request, n), (req, buf.len()), "{name}: followed by another frame");
         let (frame, n) = decode_ok(&two[buf.len()..], &SMALL);
@@ -639,7 +709,7 @@ fn batch_and_ids_iterate_what_was_encoded() {
 
     let produce = Request::Produce {
         topic: "t",
-        batch: Batch { count: samples.many_payloads.len() as u32, bytes: &samples.many },
+        batch: Batch { count: samples.many_payloads.len() as u32, bytes: &samples.many, with_props: false },
     };
     let buf = encode(7, &produce);
     let (frame, _) = decode_ok(&buf, &SMALL);
@@ -651,13 +721,14 @@ fn batch_and_ids_iterate_what_was_encoded() {
     let payload_bytes: usize = want.iter().map(|p| p.len()).sum();
     assert_eq!(batch.payload_bytes(), payload_bytes as u64);
 
-    let empties = Request::Produce { topic: "t", batch: Batch { count: 3, bytes: &samples.empties } };
+    let empties =
+        Request::Produce { topic: "t", batch: Batch { count: 3, bytes: &samples.empties, with_props: false } };
     let buf = encode(8, &empties);
     let Request::Produce { batch, .. } = decode_ok(&buf, &SMALL).0.request else { panic!("not a produce") };
     assert_eq!(batch.iter().collect::<Vec<_>>(), vec![b"" as &[u8]; 3]);
     assert_eq!(batch.payload_bytes(), 0);
 
-    let full = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &samples.full } };
+    let full = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &samples.full, with_props: false } };
     let buf = encode(9, &full);
     let Request::Produce { batch, .. } = decode_ok(&buf, &SMALL).0.request else { panic!("not a produce") };
     assert_eq!(batch.iter().collect::<Vec<_>>(), vec![&[0xab; 64][..]]);
@@ -665,9 +736,9 @@ fn batch_and_ids_iterate_what_was_encoded() {
 
     let ids = Ids { bytes: &samples.many_ids_bytes };
     for req in [
-        Request::Ack { topic: "t", ids },
-        Request::Nack { topic: "t", delay_ms: 1, flags: NACK_FLAG_DEAD_LETTER, ids },
-        Request::Touch { topic: "t", ack_timeout_ms: 1, ids },
+        Request::Ack { topic: "t", group: "", ids },
+        Request::Nack { topic: "t", group: "", delay_ms: 1, flags: NACK_FLAG_DEAD_LETTER, ids },
+        Request::Touch { topic: "t", group: "", ack_timeout_ms: 1, ids },
     ] {
         let buf = encode(10, &req);
         let (frame, _) = decode_ok(&buf, &SMALL);
@@ -720,11 +791,11 @@ fn every_reply_round_trips() {
 #[test]
 fn a_message_takes_message_wire_bytes() {
     let mut out = Vec::new();
-    let mut w = MessagesWriter::begin(&mut out, 1, "t");
+    let mut w = MessagesWriter::begin(&mut out, 1, "t", 1);
     for (i, m) in MESSAGES.iter().enumerate() {
         let before = out.len();
         w.push(&mut out, m);
-        assert_eq!(out.len() - before, message_wire_bytes(m.payload.len(), m.dead.is_some()), "message {i}");
+        assert_eq!(out.len() - before, message_wire_bytes(m, 1), "message {i}");
         assert_eq!(w.count(), i as u32 + 1);
     }
     w.finish(&mut out);
@@ -740,7 +811,7 @@ fn error_codes_and_dead_reasons_have_stable_numbers_and_names() {
         assert!(names.insert(code.name()), "{} twice", code.name());
     }
     assert_eq!(ErrorCode::from_u8(0), None);
-    assert_eq!(ErrorCode::from_u8(18), None);
+    assert_eq!(ErrorCode::from_u8(25), None);
     assert_eq!(ErrorCode::from_u8(0xff), None);
     let reasons = [DeadReason::AckTimeout, DeadReason::Nacked, DeadReason::Rejected, DeadReason::ConsumerLost];
     let mut names = BTreeSet::new();
@@ -763,7 +834,7 @@ fn every_prefix_of_a_request_needs_more() {
     for (name, buf) in samples.frames() {
         for limits in [SMALL, DecodeLimits::CLIENT] {
             for k in 0..buf.len() {
-                assert_eq!(decode_request(&buf[..k], &limits), Ok(Decoded::NeedMore), "{name}: prefix of {k} bytes");
+                assert_eq!(decode_request(&buf[..k], &limits, 1), Ok(Decoded::NeedMore), "{name}: prefix of {k} bytes");
             }
         }
     }
@@ -775,9 +846,9 @@ fn every_prefix_of_a_random_request_needs_more() {
         let _guard = seed_guard("every_prefix_of_a_random_request_needs_more", seed);
         let mut rng = Rng::new(seed);
         let buf = random_request_frame(&mut rng);
-        assert!(matches!(decode_request(&buf, &SMALL), Ok(Decoded::Frame(_, n)) if n == buf.len()), "seed {seed}");
+        assert!(matches!(decode_request(&buf, &SMALL, 1), Ok(Decoded::Frame(_, n)) if n == buf.len()), "seed {seed}");
         for k in 0..buf.len() {
-            assert_eq!(decode_request(&buf[..k], &SMALL), Ok(Decoded::NeedMore), "seed {seed}: prefix of {k}");
+            assert_eq!(decode_request(&buf[..k], &SMALL, 1), Ok(Decoded::NeedMore), "seed {seed}: prefix of {k}");
         }
     }
 }
@@ -832,7 +903,7 @@ impl RequestInput {
         bytes = &bytes[dropped..];
         self.buf.extend_from_slice(bytes);
         while !self.buf.is_empty() {
-            match decode_request(&self.buf, limits) {
+            match decode_request(&self.buf, limits, 1) {
                 Ok(Decoded::Frame(frame, consumed)) => {
                     let bytes = encode(frame.request_id, &frame.request);
                     self.events.push(Event::Frame { consumed, bytes });
@@ -881,22 +952,27 @@ fn random_request_frame(rng: &mut Rng) -> Vec<u8> {
             Request::Hello { min_version: rng.next_u64() as u16, max_version: rng.next_u64() as u16, token: &token }
         }
         op::PING => Request::Ping,
-        op::PRODUCE => Request::Produce { topic: &topic, batch: Batch { count: payloads.len() as u32, bytes: &batch } },
+        op::PRODUCE => Request::Produce {
+            topic: &topic,
+            batch: Batch { count: payloads.len() as u32, bytes: &batch, with_props: false },
+        },
         op::FETCH => Request::Fetch {
             topic: &topic,
+            group: "",
             max_messages: rng.next_u64() as u32,
             max_bytes: rng.next_u64() as u32,
             wait_ms: rng.next_u64() as u32,
             ack_timeout_ms: rng.next_u64() as u32,
         },
-        op::ACK => Request::Ack { topic: &topic, ids },
+        op::ACK => Request::Ack { topic: &topic, group: "", ids },
         op::NACK => Request::Nack {
             topic: &topic,
+            group: "",
             delay_ms: rng.next_u64() as u32,
             flags: rng.pick(&[0, NACK_FLAG_DEAD_LETTER]),
             ids,
         },
-        op::TOUCH => Request::Touch { topic: &topic, ack_timeout_ms: rng.next_u64() as u32, ids },
+        op::TOUCH => Request::Touch { topic: &topic, group: "", ack_timeout_ms: rng.next_u64() as u32, ids },
         op::STATS => Request::Stats { topic: if rng.one_in(3) { "" } else { &topic } },
         op::CREATE_TOPIC => Request::CreateTopic {
             topic: &topic,
@@ -905,7 +981,7 @@ fn random_request_frame(rng: &mut Rng) -> Vec<u8> {
         op::DELETE_TOPIC => Request::DeleteTopic { topic: &topic },
         op::PURGE_TOPIC => Request::PurgeTopic { topic: &topic },
         op::LIST_TOPICS => Request::ListTopics,
-        op::REDRIVE => Request::Redrive { topic: &topic, max_messages: rng.next_u64() as u32 },
+        op::REDRIVE => Request::Redrive { topic: &topic, group: "", max_messages: rng.next_u64() as u32 },
         other => unreachable!("op 0x{other:02x}"),
     };
     encode(request_id, &req)
@@ -923,7 +999,7 @@ fn random_bad_request(rng: &mut Rng) -> (Vec<u8>, Event) {
         1 => (encode(request_id, &request_with_topic(op::DELETE_TOPIC, "bad topic")), ErrorCode::BadTopic),
         2 => {
             let batch = batch_bytes(&[vec![1; SMALL.message_bytes_max as usize + 1]]);
-            let req = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &batch } };
+            let req = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &batch, with_props: false } };
             (encode(request_id, &req), ErrorCode::MessageTooLarge)
         }
         3 => (raw_frame(op::PING, 0, 0, request_id, b"xyz"), ErrorCode::Malformed),
@@ -1006,8 +1082,9 @@ fn random_reply_frame(rng: &mut Rng, out: &mut Vec<u8>) {
                 message_bytes_max: rng.next_u64() as u32,
                 batch_messages_max: rng.next_u64() as u32,
                 topic_name_bytes_max: rng.next_u64() as u32,
+                ..DecodeLimits::CLIENT
             };
-            encode_hello_reply(out, request_id, rng.next_u64() as u16, &limits);
+            encode_hello_reply(out, request_id, rng.next_u64() as u16, &limits, 0);
         }
         1 => encode_empty_reply(out, op::PING, request_id),
         2 => encode_produce_reply(out, request_id, rng.next_u64(), rng.next_u64() as u32),
@@ -1045,7 +1122,7 @@ fn random_reply_frame(rng: &mut Rng, out: &mut Vec<u8>) {
 /// A FETCH reply of up to five random messages, some dead letters.
 fn random_messages_reply(rng: &mut Rng, out: &mut Vec<u8>, request_id: u32) {
     let topic = rng.topic();
-    let mut w = MessagesWriter::begin(out, request_id, &topic);
+    let mut w = MessagesWriter::begin(out, request_id, &topic, 1);
     for _ in 0..rng.below(6) {
         let len = rng.range(0, 30);
         let payload = rng.bytes(len);
@@ -1060,6 +1137,8 @@ fn random_messages_reply(rng: &mut Rng, out: &mut Vec<u8>, request_id: u32) {
             delivery_count: rng.next_u64() as u16,
             dead,
             payload: &payload,
+            origin_group: "",
+            props: Props::EMPTY,
         };
         w.push(out, &m);
     }
@@ -1148,7 +1227,7 @@ fn a_length_below_the_minimum_loses_the_boundary() {
     }
     // Fewer than 4 bytes cannot say anything yet.
     for k in 0..4 {
-        assert_eq!(decode_request(&[0u8; 3][..k], &SMALL), Ok(Decoded::NeedMore));
+        assert_eq!(decode_request(&[0u8; 3][..k], &SMALL, 1), Ok(Decoded::NeedMore));
         assert_eq!(decode_reply(&[0u8; 3][..k], usize::MAX), Ok(Decoded::NeedMore));
     }
 }
@@ -1161,13 +1240,13 @@ fn a_frame_too_large_is_refused_from_its_header() {
     assert_eq!(fits.len(), 100);
     assert_eq!(decode_ok(&fits, &limits).1, 100);
     for k in 0..fits.len() {
-        assert_eq!(decode_request(&fits[..k], &limits), Ok(Decoded::NeedMore), "prefix of {k}");
+        assert_eq!(decode_request(&fits[..k], &limits, 1), Ok(Decoded::NeedMore), "prefix of {k}");
     }
 
     let big = encode(0xdead_beef, &Request::Hello { min_version: 1, max_version: 1, token: &[b'x'; 83] });
     assert_eq!(big.len(), 101);
     for k in 0..HEADER_BYTES {
-        assert_eq!(decode_request(&big[..k], &limits), Ok(Decoded::NeedMore), "prefix of {k}");
+        assert_eq!(decode_request(&big[..k], &limits, 1), Ok(Decoded::NeedMore), "prefix of {k}");
     }
     for k in HEADER_BYTES..=big.len() {
         let e = decode_err(&big[..k], &limits);
@@ -1251,7 +1330,10 @@ fn a_message_over_message_bytes_max_is_refused() {
     ];
     for (name, payloads) in cases {
         let batch = batch_bytes(&payloads);
-        let req = Request::Produce { topic: "t", batch: Batch { count: payloads.len() as u32, bytes: &batch } };
+        let req = Request::Produce {
+            topic: "t",
+            batch: Batch { count: payloads.len() as u32, bytes: &batch, with_props: false },
+        };
         assert_refused(&encode(3, &req), &SMALL, ErrorCode::MessageTooLarge, name);
     }
     // The limit is checked before the payload is looked for.
@@ -1262,10 +1344,10 @@ fn a_message_over_message_bytes_max_is_refused() {
     // A limit of 0 still takes empty messages.
     let zero = DecodeLimits { message_bytes_max: 0, ..SMALL };
     let batch = batch_bytes(&[b""]);
-    let req = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &batch } };
+    let req = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &batch, with_props: false } };
     assert_eq!(decode_ok(&encode(5, &req), &zero).0.request, req);
     let batch = batch_bytes(&[b"x"]);
-    let req = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &batch } };
+    let req = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &batch, with_props: false } };
     assert_refused(&encode(5, &req), &zero, ErrorCode::MessageTooLarge, "1 byte over a limit of 0");
 }
 
@@ -1277,15 +1359,16 @@ fn a_batch_of_none_or_too_many_is_refused() {
     for count in [0, max + 1, 1000] {
         let payloads = vec![b"m".to_vec(); count];
         let batch = batch_bytes(&payloads);
-        let req = Request::Produce { topic: "t", batch: Batch { count: count as u32, bytes: &batch } };
+        let req =
+            Request::Produce { topic: "t", batch: Batch { count: count as u32, bytes: &batch, with_props: false } };
         assert_refused(&encode(6, &req), &limits, ErrorCode::BatchTooLarge, &format!("{count} messages"));
 
         let ids = ids_bytes(&vec![9; count]);
         let ids = Ids { bytes: &ids };
         for req in [
-            Request::Ack { topic: "t", ids },
-            Request::Nack { topic: "t", delay_ms: 0, flags: 0, ids },
-            Request::Touch { topic: "t", ack_timeout_ms: 0, ids },
+            Request::Ack { topic: "t", group: "", ids },
+            Request::Nack { topic: "t", group: "", delay_ms: 0, flags: 0, ids },
+            Request::Touch { topic: "t", group: "", ack_timeout_ms: 0, ids },
         ] {
             let what = format!("op 0x{:02x} with {count} ids", req.op());
             assert_refused(&encode(7, &req), &limits, ErrorCode::BatchTooLarge, &what);
@@ -1371,7 +1454,7 @@ fn bytes_after_the_body_are_refused() {
     }
     // A batch or id list with more than its count says.
     let two = batch_bytes(&[b"a", b"b"]);
-    let req = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &two } };
+    let req = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &two, with_props: false } };
     assert_refused(&encode(14, &req), &SMALL, ErrorCode::Malformed, "2 messages, count 1");
 }
 
@@ -1389,7 +1472,7 @@ fn a_body_cut_short_is_refused() {
     }
     // A batch or id list with fewer than its count says.
     let one = batch_bytes(&[b"a"]);
-    let req = Request::Produce { topic: "t", batch: Batch { count: 2, bytes: &one } };
+    let req = Request::Produce { topic: "t", batch: Batch { count: 2, bytes: &one, with_props: false } };
     assert_refused(&encode(15, &req), &SMALL, ErrorCode::Malformed, "1 message, count 2");
     let frame = raw_frame(op::ACK, 0, 0, 15, &[1, 0, b't', 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
     assert_refused(&frame, &SMALL, ErrorCode::Malformed, "1 id, count 2");
@@ -1404,7 +1487,7 @@ fn a_body_cut_short_is_refused() {
 fn unknown_nack_flags_are_refused() {
     let ids = ids_bytes(&[1]);
     for flags in [0x02, 0x03, 0x80, 0xff] {
-        let req = Request::Nack { topic: "t", delay_ms: 0, flags, ids: Ids { bytes: &ids } };
+        let req = Request::Nack { topic: "t", group: "", delay_ms: 0, flags, ids: Ids { bytes: &ids } };
         assert_refused(&encode(17, &req), &SMALL, ErrorCode::Malformed, &format!("flags {flags:#x}"));
     }
 }
@@ -1468,7 +1551,7 @@ fn malformed_replies_are_errors() {
     }
     // Fields with values no encoder writes.
     let mut w = Vec::new();
-    let mut m = MessagesWriter::begin(&mut w, 1, "t");
+    let mut m = MessagesWriter::begin(&mut w, 1, "t", 1);
     m.push(&mut w, &MESSAGES[2]);
     m.finish(&mut w);
     let reason_at = w.len() - 4 - MESSAGES[2].payload.len() - 1;
@@ -1505,7 +1588,7 @@ fn reply_flags_are_ignored() {
 
 /// Decodes `buf` as a request and checks the answer against the bytes.
 fn check_request(buf: &[u8], limits: &DecodeLimits, seed: u64) {
-    let result = decode_request(buf, limits);
+    let result = decode_request(buf, limits, 1);
     let whole_header = buf.len() >= HEADER_BYTES;
     match &result {
         Ok(Decoded::Frame(frame, n)) => {
@@ -1516,7 +1599,7 @@ fn check_request(buf: &[u8], limits: &DecodeLimits, seed: u64) {
             // returns gives back exactly the bytes it consumed.
             assert_eq!(encode(frame.request_id, &frame.request), buf[..n], "seed {seed}: not canonical");
             // And it did not look past them.
-            assert_eq!(decode_request(&buf[..n], limits), result, "seed {seed}: depends on bytes after the frame");
+            assert_eq!(decode_request(&buf[..n], limits, 1), result, "seed {seed}: depends on bytes after the frame");
         }
         Ok(Decoded::NeedMore) => {
             let incomplete = !whole_header
@@ -1640,8 +1723,20 @@ fn garbage(rng: &mut Rng) -> Vec<u8> {
 
 #[test]
 fn garbage_never_panics_and_the_decoders_agree_with_the_bytes() {
-    let tiny =
-        DecodeLimits { frame_bytes_max: 40, message_bytes_max: 3, batch_messages_max: 2, topic_name_bytes_max: 2 };
+    let tiny = DecodeLimits {
+        frame_bytes_max: 40,
+        message_bytes_max: 3,
+        batch_messages_max: 2,
+        topic_name_bytes_max: 2,
+        output_bytes_max: 1 << 20,
+        fetch_bytes_max: 256,
+        idle_timeout_ms: 0,
+        group_name_bytes_max: 2,
+        tags_per_message_max: 1,
+        tag_bytes_max: 2,
+        props_bytes_max: 8,
+        filter_bytes_max: 4,
+    };
     let limit_sets = [SMALL, default_limits(), DecodeLimits::CLIENT, tiny];
     for seed in seeds(1000) {
         let _guard = seed_guard("garbage_never_panics_and_the_decoders_agree_with_the_bytes", seed);
@@ -1664,7 +1759,7 @@ fn valid_frames_pass_the_same_checks() {
         let _guard = seed_guard("valid_frames_pass_the_same_checks", seed);
         let mut rng = Rng::new(seed);
         let request = random_request_frame(&mut rng);
-        assert!(matches!(decode_request(&request, &SMALL), Ok(Decoded::Frame(..))), "seed {seed}");
+        assert!(matches!(decode_request(&request, &SMALL, 1), Ok(Decoded::Frame(..))), "seed {seed}");
         check_request(&request, &SMALL, seed);
         let mut reply = Vec::new();
         random_reply_frame(&mut rng, &mut reply);

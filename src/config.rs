@@ -278,6 +278,13 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--handshake-timeout-ms", "MS", "time a new connection has to send HELLO"),
     ("--idle-timeout-ms", "MS", "time a connection may stay silent; 0 for no limit"),
     ("--frame-timeout-ms", "MS", "time a frame may stay incomplete"),
+    ("--group-name-bytes-max", "N", "longest consumer-group name"),
+    ("--groups-per-topic-max", "N", "most consumer groups of one topic, its default group included"),
+    ("--tags-per-message-max", "N", "most tags on one message"),
+    ("--tag-bytes-max", "N", "longest tag"),
+    ("--props-bytes-max", "N", "most bytes of one message's properties (tags and headers)"),
+    ("--filter-bytes-max", "N", "longest tag filter of a consumer group"),
+    ("--filter-compiled-bytes-max", "N", "most memory one compiled regular-expression filter may take"),
 ];
 
 /// `runnel serve`'s flags with their defaults.
@@ -397,7 +404,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 17] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 24] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -416,6 +423,13 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 17] {
         ("handshake-timeout-ms", l.handshake_timeout_ms.into()),
         ("idle-timeout-ms", l.idle_timeout_ms.into()),
         ("frame-timeout-ms", l.frame_timeout_ms.into()),
+        ("group-name-bytes-max", l.group_name_bytes_max.into()),
+        ("groups-per-topic-max", l.groups_per_topic_max.into()),
+        ("tags-per-message-max", l.tags_per_message_max.into()),
+        ("tag-bytes-max", l.tag_bytes_max.into()),
+        ("props-bytes-max", l.props_bytes_max.into()),
+        ("filter-bytes-max", l.filter_bytes_max.into()),
+        ("filter-compiled-bytes-max", l.filter_compiled_bytes_max.into()),
     ]
 }
 
@@ -446,7 +460,14 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         read_bytes_per_turn_max,
         handshake_timeout_ms,
         idle_timeout_ms,
-        frame_timeout_ms
+        frame_timeout_ms,
+        group_name_bytes_max,
+        groups_per_topic_max,
+        tags_per_message_max,
+        tag_bytes_max,
+        props_bytes_max,
+        filter_bytes_max,
+        filter_compiled_bytes_max
     );
     Ok(())
 }

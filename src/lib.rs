@@ -4,6 +4,7 @@
 //! bench share it. One file, one noun:
 //! - `limits`: every bound, with its default and reason;
 //! - `codec`: the wire frames (docs/protocol.md is the contract);
+//! - `filter`: a consumer group's tag filter (`*`, `a || b`, `re:...`);
 //! - `conn`: a connection's protocol state: input, bit bucket, output and
 //!   the decode/serve step, without socket or clock;
 //! - `wheel`: the hashed timing wheel for ack deadlines and delays;
@@ -44,6 +45,7 @@ mod compactor;
 pub mod config;
 pub mod conn;
 mod failure_log;
+pub mod filter;
 pub mod http;
 pub mod limits;
 pub mod log;

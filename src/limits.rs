@@ -73,6 +73,34 @@ pub struct Limits {
     /// Time a frame may stay incomplete (slowloris): a peer that trickles a
     /// frame slower than this is closed.
     pub frame_timeout_ms: u32,
+    /// Longest consumer-group name. Names are stored per group, written in
+    /// the group's log records and echoed with every dead letter of the
+    /// group. At most 1000, as topic names.
+    pub group_name_bytes_max: u32,
+    /// Most consumer groups of one topic, its default group included. A
+    /// message is released only once every group is done with it, so each
+    /// group adds a check to every acknowledgement, and a row to
+    /// LIST_GROUPS and STATS.
+    pub groups_per_topic_max: u32,
+    /// Most tags on one message. Tags are interned per topic and a group's
+    /// filter is decided once per distinct set of tags, so few short tags
+    /// keep that table small.
+    pub tags_per_message_max: u32,
+    /// Longest tag, in bytes of UTF-8.
+    pub tag_bytes_max: u32,
+    /// Most bytes of one message's properties (its tags and headers, with
+    /// their type and length fields). Properties are kept in memory with
+    /// the message; they also count toward message_bytes_max. At most 65535,
+    /// the most the properties' u16 length can say.
+    pub props_bytes_max: u32,
+    /// Longest tag filter of a consumer group (`*`, a list `a || b`, or a
+    /// regular expression).
+    pub filter_bytes_max: u32,
+    /// Most memory one compiled regular-expression filter may take (the
+    /// `regex` crate's size limits): a pattern such as `(a{100}){100}` is
+    /// short but compiles to a huge program; past this it gets BAD_FILTER
+    /// instead of taking the broker's memory and a loop turn's time.
+    pub filter_compiled_bytes_max: u32,
 }
 
 impl Default for Limits {
@@ -95,27 +123,43 @@ impl Default for Limits {
             handshake_timeout_ms: 10_000,
             idle_timeout_ms: 600_000,
             frame_timeout_ms: 30_000,
+            group_name_bytes_max: 200,
+            groups_per_topic_max: 64,
+            tags_per_message_max: 8,
+            tag_bytes_max: 128,
+            props_bytes_max: 16 << 10,
+            filter_bytes_max: 4096,
+            filter_compiled_bytes_max: 256 << 10,
         }
     }
 }
 
 /// Bytes a frame header takes (see docs/protocol.md).
 pub const FRAME_HEADER_BYTES: u32 = 12;
-/// Bytes a PRODUCE body needs besides its topic name and payloads: the
-/// topic length, the count and each message's length field.
+/// Bytes a PRODUCE body needs besides its topic name and messages: the
+/// topic length and the count.
 const PRODUCE_OVERHEAD_BYTES: u64 = 2 + 4;
-/// Bytes each message adds to a FETCH reply besides its payload, at most
-/// (with the dead-letter fields): the wire layout's own count.
-pub const FETCH_MESSAGE_OVERHEAD_BYTES: u32 = crate::codec::message_wire_bytes(0, true) as u32;
+/// Bytes a message of a PRODUCE takes besides its properties and payload,
+/// at most: the properties' length (version 2) and the payload's.
+const PRODUCE_MESSAGE_OVERHEAD_BYTES: u64 = 2 + 4;
+/// Bytes each message adds to a FETCH reply besides its payload,
+/// properties and origin group's name (which FETCH's byte budget counts),
+/// at most: the wire layout's own count.
+pub const FETCH_MESSAGE_OVERHEAD_BYTES: u32 = crate::codec::MESSAGE_WIRE_OVERHEAD_BYTES_MAX as u32;
+/// Most bytes of properties a message can have: their length is a u16.
+pub const PROPS_BYTES_LIMIT: u32 = u16::MAX as u32;
+/// Most bytes of a topic or group name (a u16 string; kept well under it).
+const NAME_BYTES_LIMIT: u32 = 1000;
 
 impl Limits {
     /// Checks that the limits can work together. Returns a sentence naming
     /// the two limits that clash.
     pub fn check(&self) -> Result<(), String> {
+        self.check_groups()?;
         let one_message_frame = u64::from(FRAME_HEADER_BYTES)
             + PRODUCE_OVERHEAD_BYTES
             + u64::from(self.topic_name_bytes_max)
-            + 4
+            + PRODUCE_MESSAGE_OVERHEAD_BYTES
             + u64::from(self.message_bytes_max);
         if u64::from(self.frame_bytes_max) < one_message_frame {
             return Err(format!(
@@ -153,9 +197,6 @@ impl Limits {
         if self.batch_messages_max == 0 || self.topics_max == 0 || self.connections_max == 0 {
             return Err("batch-messages-max, topics-max and connections-max must be at least 1".into());
         }
-        if self.topic_name_bytes_max == 0 || self.topic_name_bytes_max > 1000 {
-            return Err("topic-name-bytes-max must be between 1 and 1000".into());
-        }
         if self.topic_messages_max == 0 || self.topic_bytes_max == 0 {
             return Err("topic-messages-max and topic-bytes-max must be at least 1".into());
         }
@@ -173,6 +214,36 @@ impl Limits {
         }
         if self.read_bytes_per_turn_max < 4096 {
             return Err("read-bytes-per-turn-max must be at least 4096".into());
+        }
+        Ok(())
+    }
+
+    /// The limits of names, consumer groups, tags and headers (first: the
+    /// sizes of replies derive from them).
+    fn check_groups(&self) -> Result<(), String> {
+        if self.topic_name_bytes_max == 0 || self.topic_name_bytes_max > NAME_BYTES_LIMIT {
+            return Err(format!("topic-name-bytes-max must be between 1 and {NAME_BYTES_LIMIT}"));
+        }
+        if self.group_name_bytes_max == 0 || self.group_name_bytes_max > NAME_BYTES_LIMIT {
+            return Err(format!("group-name-bytes-max must be between 1 and {NAME_BYTES_LIMIT}"));
+        }
+        if self.groups_per_topic_max == 0 {
+            return Err("groups-per-topic-max must be at least 1 (the default group)".into());
+        }
+        if self.props_bytes_max > PROPS_BYTES_LIMIT {
+            return Err(format!(
+                "props-bytes-max must be at most {PROPS_BYTES_LIMIT}: the properties' length is a u16"
+            ));
+        }
+        // A tag entry is its type, its u16 length and its bytes.
+        if self.tag_bytes_max == 0 || u64::from(self.tag_bytes_max) + 3 > u64::from(self.props_bytes_max) {
+            return Err(format!(
+                "tag-bytes-max ({}) must be at least 1, and props-bytes-max ({}) must hold one tag of it with its 3-byte type and length",
+                self.tag_bytes_max, self.props_bytes_max
+            ));
+        }
+        if self.filter_bytes_max == 0 || self.filter_compiled_bytes_max == 0 {
+            return Err("filter-bytes-max and filter-compiled-bytes-max must be at least 1".into());
         }
         Ok(())
     }
@@ -205,5 +276,31 @@ mod tests {
             ..Limits::default()
         };
         assert_eq!(limits.check(), Ok(()));
+    }
+
+    #[test]
+    fn group_and_property_limits_are_checked() {
+        let refused = |l: Limits, name: &str| {
+            let err = l.check().expect_err(name);
+            assert!(err.contains(name), "{err}");
+        };
+        refused(Limits { group_name_bytes_max: 0, ..Limits::default() }, "group-name-bytes-max");
+        refused(Limits { group_name_bytes_max: 1001, ..Limits::default() }, "group-name-bytes-max");
+        refused(Limits { groups_per_topic_max: 0, ..Limits::default() }, "groups-per-topic-max");
+        refused(Limits { props_bytes_max: 65536, ..Limits::default() }, "props-bytes-max");
+        refused(Limits { tag_bytes_max: 0, ..Limits::default() }, "tag-bytes-max");
+        refused(Limits { tag_bytes_max: 100, props_bytes_max: 102, ..Limits::default() }, "tag-bytes-max");
+        assert_eq!(Limits { tag_bytes_max: 100, props_bytes_max: 103, ..Limits::default() }.check(), Ok(()));
+        refused(Limits { filter_bytes_max: 0, ..Limits::default() }, "filter-bytes-max");
+        // Every message of the largest FETCH reply may be a dead letter
+        // with properties: their fields count, their bytes are in the budget.
+        let d = Limits::default();
+        let largest = u64::from(d.fetch_bytes_max)
+            + u64::from(FETCH_MESSAGE_OVERHEAD_BYTES) * u64::from(d.batch_messages_max)
+            + u64::from(d.topic_name_bytes_max)
+            + 64;
+        let tight = Limits { output_bytes_max: 2 * largest as u32, ..d };
+        assert_eq!(tight.check(), Ok(()));
+        refused(Limits { output_bytes_max: 2 * largest as u32 - 1, ..tight }, "output-bytes-max");
     }
 }

@@ -99,7 +99,7 @@ fn a_frame_over_frame_bytes_max_is_discarded_as_it_arrives() {
     let inner_body = batch_body(&[b"smuggled"]);
     let mut inner = Vec::new();
     for i in 0..40 {
-        codec::encode_request(&mut inner, 500 + i, &produce_req("smuggled", &inner_body, 1));
+        codec::encode_request(&mut inner, 500 + i, &produce_req("smuggled", &inner_body, 1), 1);
     }
     let payloads: Vec<Vec<u8>> = (0..6).map(|_| inner[..1000].to_vec()).collect();
     let body = batch_body(&payloads);
@@ -224,14 +224,16 @@ fn truncated_bodies_and_trailing_bytes_are_malformed() {
     let (srv, _dir) = start(small_limits());
     let mut c = srv.client();
     c.produce("t", b"x").unwrap();
-    let fetch =
-        encode(20, &Request::Fetch { topic: "t", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 });
+    let fetch = encode(
+        20,
+        &Request::Fetch { topic: "t", group: "", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 },
+    );
     let ids = ids_body(&[1, 2]);
-    let ack = encode(21, &Request::Ack { topic: "t", ids: Ids { bytes: &ids } });
+    let ack = encode(21, &Request::Ack { topic: "t", group: "", ids: Ids { bytes: &ids } });
     let create = encode(22, &Request::CreateTopic { topic: "c", settings: TopicSettings::default() });
     let body = batch_body(&[b"abc".as_slice(), b"defg"]);
     let produce = encode(23, &produce_req("t", &body, 2));
-    let nack = encode(24, &Request::Nack { topic: "t", delay_ms: 0, flags: 0, ids: Ids { bytes: &ids } });
+    let nack = encode(24, &Request::Nack { topic: "t", group: "", delay_ms: 0, flags: 0, ids: Ids { bytes: &ids } });
     let mut cases: Vec<(&str, u32, Vec<u8>)> = vec![
         ("FETCH without ack_timeout_ms", 20, reframe(fetch[..fetch.len() - 4].to_vec())),
         ("FETCH with a byte too many", 20, reframe([fetch.as_slice(), &[0]].concat())),
@@ -277,14 +279,14 @@ fn bad_topic_names_get_bad_topic() {
     for name in bad {
         let reqs = [
             produce_req(name, &body, 1),
-            Request::Fetch { topic: name, max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 },
-            Request::Ack { topic: name, ids: Ids { bytes: &ids } },
-            Request::Nack { topic: name, delay_ms: 0, flags: 0, ids: Ids { bytes: &ids } },
-            Request::Touch { topic: name, ack_timeout_ms: 0, ids: Ids { bytes: &ids } },
+            Request::Fetch { topic: name, group: "", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 },
+            Request::Ack { topic: name, group: "", ids: Ids { bytes: &ids } },
+            Request::Nack { topic: name, group: "", delay_ms: 0, flags: 0, ids: Ids { bytes: &ids } },
+            Request::Touch { topic: name, group: "", ack_timeout_ms: 0, ids: Ids { bytes: &ids } },
             Request::CreateTopic { topic: name, settings: TopicSettings::default() },
             Request::DeleteTopic { topic: name },
             Request::PurgeTopic { topic: name },
-            Request::Redrive { topic: name, max_messages: 0 },
+            Request::Redrive { topic: name, group: "", max_messages: 0 },
         ];
         for req in reqs {
             c.send(&req);

@@ -192,7 +192,7 @@ fn auth_token_is_required_and_failures_close_the_connection() {
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut out = Vec::new();
     for rid in 1..=5 {
-        codec::encode_request(&mut out, rid, &Request::Ping);
+        codec::encode_request(&mut out, rid, &Request::Ping, 1);
     }
     s.write_all(&out).unwrap();
     let mut got = Vec::new();

@@ -111,7 +111,7 @@ fn a_peer_that_pipelines_and_reads_is_not_disconnected_by_output_bytes_max() {
     // Eight FETCHes of one message each, in one write: 8 KiB of replies, all
     // produced in one turn, twice output_bytes_max.
     for _ in 0..8 {
-        c.send(&Request::Fetch { topic: "t", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 });
+        c.send(&Request::Fetch { topic: "t", group: "", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 });
     }
     c.flush().unwrap();
     for i in 0..8u8 {
@@ -134,7 +134,7 @@ fn thousands_of_idle_connections_do_not_stop_a_normal_client() {
     let (srv, _dir) = Server::start(Config::default());
     let mut idle = Vec::with_capacity(n);
     let mut hello = Vec::new();
-    codec::encode_request(&mut hello, 1, &Request::Hello { min_version: 1, max_version: 1, token: b"" });
+    codec::encode_request(&mut hello, 1, &Request::Hello { min_version: 1, max_version: 1, token: b"" }, 1);
     for i in 0..n {
         let mut s = TcpStream::connect(srv.addr).unwrap();
         // Half say HELLO and go quiet; half never say anything.
@@ -192,7 +192,7 @@ fn handshake_idle_and_frame_timeouts_close_connections() {
     // Trickles half a frame (slowloris).
     let mut slow = srv.client();
     let mut frame = Vec::new();
-    codec::encode_request(&mut frame, 9, &Request::Ping);
+    codec::encode_request(&mut frame, 9, &Request::Ping, 1);
     slow.write_raw(&frame[..5]).unwrap();
     let mut slow_stream = slow.stream().try_clone().unwrap();
     assert!(closed_by_broker(&mut slow_stream), "frame timeout");
@@ -217,7 +217,7 @@ fn an_answered_long_poll_restarts_the_idle_clock() {
     let limits = Limits { idle_timeout_ms: 1000, ..Limits::default() };
     let (srv, _dir) = Server::start(Config { limits, ..Config::default() });
     let long_poll =
-        |topic, wait_ms| Request::Fetch { topic, max_messages: 1, max_bytes: 0, wait_ms, ack_timeout_ms: 0 };
+        |topic, wait_ms| Request::Fetch { topic, group: "", max_messages: 1, max_bytes: 0, wait_ms, ack_timeout_ms: 0 };
     // Both park for longer than idle_timeout_ms: one until its wait ends,
     // one until a message comes.
     let mut waits = srv.client();
@@ -276,7 +276,7 @@ fn a_peer_that_vanishes_with_messages_in_flight_gives_them_back_at_once() {
     r.hello();
     r.write(&encode(
         5,
-        &Request::Fetch { topic: "t", max_messages: 2, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 600_000 },
+        &Request::Fetch { topic: "t", group: "", max_messages: 2, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 600_000 },
     ));
     match r.recv().reply() {
         Reply::Messages { messages, .. } => assert_eq!(ids(&messages), vec![first, first + 1]),
@@ -287,7 +287,7 @@ fn a_peer_that_vanishes_with_messages_in_flight_gives_them_back_at_once() {
     assert_eq!(taken, vec![first + 2]);
     // Half an ACK, then gone.
     let ids = ids_body(&[first, first + 1]);
-    let ack = encode(6, &Request::Ack { topic: "t", ids: Ids { bytes: &ids } });
+    let ack = encode(6, &Request::Ack { topic: "t", group: "", ids: Ids { bytes: &ids } });
     r.write(&ack[..ack.len() / 2]);
     drop(r);
     let back = b.fetch("t", wait_for(10)).unwrap();
@@ -311,7 +311,7 @@ fn a_peer_that_closes_behind_a_long_poll_is_forgotten() {
     bytes.extend(encode(2, &produce_req("other", &body, 1)));
     bytes.extend(encode(
         3,
-        &Request::Fetch { topic: "lp", max_messages: 1, max_bytes: 0, wait_ms: 60_000, ack_timeout_ms: 0 },
+        &Request::Fetch { topic: "lp", group: "", max_messages: 1, max_bytes: 0, wait_ms: 60_000, ack_timeout_ms: 0 },
     ));
     let mut s = TcpStream::connect(srv.addr).unwrap();
     s.write_all(&bytes).unwrap();

@@ -853,7 +853,7 @@ fn an_answered_ack_survives_sigkill() {
         assert_eq!(got, vec![victim], "seed {seed}: round {round}: the victim is the only message");
         let mut ids = Vec::new();
         codec::encode_ids(&mut ids, &[victim]);
-        c.send(&Request::Ack { topic: "acked", ids: Ids { bytes: &ids } });
+        c.send(&Request::Ack { topic: "acked", group: "", ids: Ids { bytes: &ids } });
         c.send_produce("bulk", &[rng.bytes(ACK_BULK_BYTES)]);
         c.flush().unwrap_or_else(|e| panic!("seed {seed}: round {round}: send the ACK and the PRODUCE: {e}"));
         match c.recv() {

@@ -231,8 +231,10 @@ fn peers_that_never_read_cannot_take_the_brokers_memory() {
     }
     let rss_before = proc_status_bytes(pid, "VmRSS");
 
-    let fetch_big =
-        encode(1, &Request::Fetch { topic: "big", max_messages: 64, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 });
+    let fetch_big = encode(
+        1,
+        &Request::Fetch { topic: "big", group: "", max_messages: 64, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 },
+    );
     // The half frames first, while the buffers have room for them.
     let mut hogs = Vec::new();
     for _ in 0..HALF_FRAMES {
@@ -298,7 +300,14 @@ fn a_lone_client_pipelining_at_full_speed_is_never_busy() {
     // pipeline: some 66 MiB of replies, read as they come.
     for i in 0..116 {
         if i % 7 == 0 && i / 7 < 16 {
-            c.send(&Request::Fetch { topic: "big", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 });
+            c.send(&Request::Fetch {
+                topic: "big",
+                group: "",
+                max_messages: 1,
+                max_bytes: 0,
+                wait_ms: 0,
+                ack_timeout_ms: 0,
+            });
         } else {
             c.send(&Request::Stats { topic: "" });
         }
@@ -373,6 +382,7 @@ fn while_the_buffers_are_full_large_replies_are_busy_and_small_ones_flow() {
     let mut consumer = srv.client();
     consumer.send(&Request::Fetch {
         topic: "later",
+        group: "",
         max_messages: 1,
         max_bytes: 0,
         wait_ms: 60_000,

@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::frames::{Expect, doc_frames, encode, encode_reply};
+use common::frames::{Expect, doc_frames, doc_frames_v2, encode, encode_reply};
 use runnel::codec::*;
 use runnel::limits::Limits;
 
@@ -39,11 +39,11 @@ fn check_example(tag: &str, bytes: &[u8], expect: &Expect) -> Result<(), String>
     let limits = DecodeLimits::from(&Limits::default());
     let mut again = Vec::new();
     match expect {
-        Expect::Request(want) => {
+        Expect::Request(want, version) => {
             if !tag.ends_with("-request") {
                 return Err("holds a request, so its tag must end in -request".into());
             }
-            let (got, used) = match decode_request(bytes, &limits) {
+            let (got, used) = match decode_request(bytes, &limits, *version) {
                 Ok(Decoded::Frame(f, used)) => (f, used),
                 other => return Err(format!("decode_request gave {other:?}")),
             };
@@ -53,7 +53,7 @@ fn check_example(tag: &str, bytes: &[u8], expect: &Expect) -> Result<(), String>
             if got != *want {
                 return Err(format!("decoded {got:?}, expected {want:?}"));
             }
-            encode_request(&mut again, got.request_id, &got.request);
+            encode_request(&mut again, got.request_id, &got.request, *version);
         }
         Expect::Reply(want) => {
             if !tag.ends_with("-reply") {
@@ -180,7 +180,8 @@ fn assert_row(rows: &[Vec<String>], heading: &str, first: &str, second: &str) {
 fn every_example_decodes_to_its_frame_and_encodes_back() {
     let doc = doc();
     let found = examples(&doc).unwrap_or_else(|e| panic!("docs/protocol.md: {e}"));
-    let expected = doc_frames();
+    let mut expected = doc_frames();
+    expected.extend(doc_frames_v2());
     let mut failures = Vec::new();
     for ex in &found {
         if !expected.iter().any(|f| f.name == ex.tag) {
@@ -213,16 +214,16 @@ fn error_table_names_every_code() {
     let doc = doc();
     let heading = "## Error codes";
     let rows = table_rows(&doc, heading);
-    for n in 1..=17u8 {
+    for n in 1..=24u8 {
         let code = ErrorCode::from_u8(n).unwrap_or_else(|| panic!("ErrorCode::from_u8({n}) is None"));
         assert_eq!(code as u8, n);
         assert_row(&rows, heading, &n.to_string(), code.name());
     }
     // The table lists exactly the codes there are.
     assert_eq!(ErrorCode::from_u8(0), None);
-    assert_eq!(ErrorCode::from_u8(18), None);
+    assert_eq!(ErrorCode::from_u8(25), None);
     let numbered = rows.iter().filter(|r| r[0].parse::<u8>().is_ok()).count();
-    assert_eq!(numbered, 17, "the error table has rows for codes that do not exist");
+    assert_eq!(numbered, 24, "the error table has rows for codes that do not exist");
 }
 
 #[test]
@@ -244,6 +245,10 @@ fn opcode_and_reason_tables_match_the_codec() {
         (op::PURGE_TOPIC, "PURGE_TOPIC"),
         (op::LIST_TOPICS, "LIST_TOPICS"),
         (op::REDRIVE, "REDRIVE"),
+        (op::CREATE_GROUP, "CREATE_GROUP"),
+        (op::DELETE_GROUP, "DELETE_GROUP"),
+        (op::LIST_GROUPS, "LIST_GROUPS"),
+        (op::RESET_GROUP, "RESET_GROUP"),
     ];
     for (code, name) in ops {
         assert_row(&rows, heading, &format!("0x{code:02x}"), name);
@@ -263,7 +268,7 @@ fn limits_table_matches_the_defaults() {
     let heading = "## Limits";
     let rows = table_rows(&doc, heading);
     let d = Limits::default();
-    let limits: [(&str, u64); 17] = [
+    let limits: [(&str, u64); 24] = [
         ("frame_bytes_max", d.frame_bytes_max.into()),
         ("message_bytes_max", d.message_bytes_max.into()),
         ("batch_messages_max", d.batch_messages_max.into()),
@@ -281,6 +286,13 @@ fn limits_table_matches_the_defaults() {
         ("handshake_timeout_ms", d.handshake_timeout_ms.into()),
         ("idle_timeout_ms", d.idle_timeout_ms.into()),
         ("frame_timeout_ms", d.frame_timeout_ms.into()),
+        ("group_name_bytes_max", d.group_name_bytes_max.into()),
+        ("groups_per_topic_max", d.groups_per_topic_max.into()),
+        ("tags_per_message_max", d.tags_per_message_max.into()),
+        ("tag_bytes_max", d.tag_bytes_max.into()),
+        ("props_bytes_max", d.props_bytes_max.into()),
+        ("filter_bytes_max", d.filter_bytes_max.into()),
+        ("filter_compiled_bytes_max", d.filter_compiled_bytes_max.into()),
     ];
     for (name, default) in limits {
         let row = rows

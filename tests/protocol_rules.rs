@@ -62,7 +62,7 @@ fn the_client_ignores_bytes_past_a_replys_layout() {
         let mut out = Vec::new();
         let hello = read_frame(&mut s);
         let limits = DecodeLimits::from(&runnel::limits::Limits::default());
-        codec::encode_hello_reply(&mut out, rid(&hello), 1, &limits);
+        codec::encode_hello_reply(&mut out, rid(&hello), 1, &limits, 0);
         grow(&mut out, 0, &extra);
         s.write_all(&out).expect("write");
         for _ in 0..3 {

@@ -61,9 +61,9 @@ fn hello_negotiates_the_highest_common_version() {
     let got = r.recv();
     assert_eq!((got.op(), got.request_id()), (op::HELLO, 11));
     match got.reply() {
-        Reply::Hello { version, limits } => {
-            assert_eq!(version, 1);
-            assert_eq!(limits, codec::DecodeLimits::from(&runnel::limits::Limits::default()));
+        Reply::Hello { version, limits, map_epoch } => {
+            assert_eq!((version, map_epoch), (1, 0));
+            assert_eq!(limits, codec::DecodeLimits::from(&runnel::limits::Limits::default()).reported(1));
         }
         other => panic!("expected HELLO reply, got {other:?}"),
     }
@@ -382,9 +382,9 @@ fn touch_deadline_counts_from_the_touch_not_from_an_earlier_turn() {
     // 300 ms; no 300 ms pass between those two turns.
     let mut body = Vec::new();
     codec::encode_ids(&mut body, &[id]);
-    c.send(&Request::Touch { topic: "t", ack_timeout_ms: 300, ids: Ids { bytes: &body } });
+    c.send(&Request::Touch { topic: "t", group: "", ack_timeout_ms: 300, ids: Ids { bytes: &body } });
     c.send_produce("other", &[b"y"]);
-    c.send(&Request::Fetch { topic: "t", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 });
+    c.send(&Request::Fetch { topic: "t", group: "", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 });
     c.flush().unwrap();
     assert_eq!(c.recv().unwrap(), OwnedReply::Ids(ids_result(1, &[])));
     assert!(matches!(c.recv().unwrap(), OwnedReply::Produced { count: 1, .. }));
@@ -590,11 +590,11 @@ fn pipelined_requests_are_answered_in_order() {
     c.send_produce("p", &[b"a".as_slice(), b"b"]);
     c.send(&Request::Ping);
     c.send_produce("p", &[b"c"]);
-    c.send(&Request::Fetch { topic: "p", max_messages: 2, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 });
-    c.send(&Request::Ack { topic: "p", ids: Ids { bytes: &ack_body } });
+    c.send(&Request::Fetch { topic: "p", group: "", max_messages: 2, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 });
+    c.send(&Request::Ack { topic: "p", group: "", ids: Ids { bytes: &ack_body } });
     c.send(&Request::Stats { topic: "p" });
     c.send(&Request::Ping);
-    c.send(&Request::Fetch { topic: "p", max_messages: 10, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 });
+    c.send(&Request::Fetch { topic: "p", group: "", max_messages: 10, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 });
     // And a long tail: PRODUCE to another topic and PING, interleaved.
     for i in 0..100u32 {
         c.send_produce("q", &[i.to_le_bytes()]);
@@ -655,15 +655,16 @@ fn pipelined_requests_are_answered_in_order() {
 fn a_request_sent_one_byte_at_a_time_is_served() {
     let (srv, _dir) = Server::start(Config::default());
     let mut bytes = Vec::new();
-    codec::encode_request(&mut bytes, 1, &Request::Hello { min_version: 1, max_version: 1, token: b"" });
+    codec::encode_request(&mut bytes, 1, &Request::Hello { min_version: 1, max_version: 1, token: b"" }, 1);
     let body = batch_body(&[b"first".as_slice(), b"", &[0xAB; 100]]);
-    codec::encode_request(&mut bytes, 2, &produce_req("slow", &body, 3));
+    codec::encode_request(&mut bytes, 2, &produce_req("slow", &body, 3), 1);
     codec::encode_request(
         &mut bytes,
         3,
-        &Request::Fetch { topic: "slow", max_messages: 10, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 },
+        &Request::Fetch { topic: "slow", group: "", max_messages: 10, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 },
+        1,
     );
-    codec::encode_request(&mut bytes, 4, &Request::Ping);
+    codec::encode_request(&mut bytes, 4, &Request::Ping, 1);
 
     let mut r = Raw::connect(srv.addr);
     for (i, b) in bytes.iter().enumerate() {
@@ -706,7 +707,7 @@ fn many_frames_in_one_write_get_every_reply_in_order() {
     let mut bytes = Vec::new();
     for i in 0..200u32 {
         let body = batch_body(&[format!("msg-{i}").into_bytes()]);
-        codec::encode_request(&mut bytes, rid(i), &produce_req("bulk", &body, 1));
+        codec::encode_request(&mut bytes, rid(i), &produce_req("bulk", &body, 1), 1);
     }
     r.s.write_all(&bytes).unwrap();
     let mut firsts = Vec::new();
@@ -867,7 +868,14 @@ fn requests_pipelined_behind_a_parked_fetch_wait_for_it() {
     let (srv, _dir) = Server::start(Config::default());
     let mut c = srv.client();
     let mut p = srv.client();
-    c.send(&Request::Fetch { topic: "lp", max_messages: 1, max_bytes: 0, wait_ms: 10_000, ack_timeout_ms: 0 });
+    c.send(&Request::Fetch {
+        topic: "lp",
+        group: "",
+        max_messages: 1,
+        max_bytes: 0,
+        wait_ms: 10_000,
+        ack_timeout_ms: 0,
+    });
     c.send(&Request::Ping);
     c.send(&Request::Stats { topic: "lp" });
     c.flush().unwrap();

@@ -142,12 +142,16 @@ impl Harness {
         let mut body = Vec::new();
         codec::encode_batch(&mut body, payloads);
         let body: &[u8] = &body;
-        self.call(&Request::Produce { topic, batch: Batch { count: payloads.len() as u32, bytes: body } })
+        self.call(&Request::Produce {
+            topic,
+            batch: Batch { count: payloads.len() as u32, bytes: body, with_props: false },
+        })
     }
 
     /// Fetches everything ready and acks nothing; returns (id, payload).
     fn fetch_all(&mut self, topic: &str) -> Vec<(u64, Vec<u8>)> {
-        let req = Request::Fetch { topic, max_messages: 10_000, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 60_000 };
+        let req =
+            Request::Fetch { topic, group: "", max_messages: 10_000, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 60_000 };
         match self.call(&req) {
             Reply::Messages { messages, .. } => messages.iter().map(|m| (m.id, m.payload.to_vec())).collect(),
             other => panic!("fetch: {other:?}"),
@@ -157,7 +161,7 @@ impl Harness {
     fn ack(&mut self, topic: &str, ids: &[u64]) -> Reply<'static> {
         let mut body = Vec::new();
         codec::encode_ids(&mut body, ids);
-        self.call(&Request::Ack { topic, ids: Ids { bytes: &body } })
+        self.call(&Request::Ack { topic, group: "", ids: Ids { bytes: &body } })
     }
 }
 
@@ -535,13 +539,13 @@ fn on_a_full_disk_the_write_drops_only_the_produces() {
 
     let mut body = Vec::new();
     codec::encode_ids(&mut body, &ids[..1]);
-    let (ack_rid, mut out) = h.send(&Request::Ack { topic: "t", ids: Ids { bytes: &body } });
+    let (ack_rid, mut out) = h.send(&Request::Ack { topic: "t", group: "", ids: Ids { bytes: &body } });
     assert!(!out.is_empty(), "the ACK is answered at once");
     // As large as the batch that found the disk full.
     let refused = [b'r'; 500];
     let mut batch = Vec::new();
     codec::encode_batch(&mut batch, &[refused.as_slice(); 16]);
-    let produce = Request::Produce { topic: "t", batch: Batch { count: 16, bytes: &batch } };
+    let produce = Request::Produce { topic: "t", batch: Batch { count: 16, bytes: &batch, with_props: false } };
     let (produce_rid, held) = h.send(&produce);
     assert!(held.is_empty(), "the PRODUCE's reply is held");
 

@@ -61,8 +61,8 @@ fn seed_guard(test: &'static str, seed: u64) -> SeedGuard {
 // Random streams.
 // ---------------------------------------------------------------------------
 
-const LIMITS: DecodeLimits =
-    DecodeLimits { frame_bytes_max: 2048, message_bytes_max: 64, batch_messages_max: 8, topic_name_bytes_max: 16 };
+/// The simulation's limits (fuzz/sim.rs small_limits), as the decoder holds them.
+const LIMITS: DecodeLimits = decode_props::LIMIT_SETS[0];
 
 /// Topics most frames name, so that frames meet each other's messages.
 const TOPICS: [&str; 5] = ["a", "b", "a.dlq", "b.dlq", "zz-check"];
@@ -113,7 +113,7 @@ fn hello(rng: &mut Rng, request_id: u32, token: &[u8]) -> Vec<u8> {
     let (min_version, max_version) =
         if rng.one_in(8) { (rng.below(4) as u16, rng.below(4) as u16) } else { (1, rng.range(1, 3) as u16) };
     let mut out = Vec::new();
-    codec::encode_request(&mut out, request_id, &Request::Hello { min_version, max_version, token });
+    codec::encode_request(&mut out, request_id, &Request::Hello { min_version, max_version, token }, 1);
     out
 }
 
@@ -138,22 +138,27 @@ fn valid_frame(rng: &mut Rng, request_id: u32, token: &[u8]) -> Vec<u8> {
     let req = match rng.pick(&ALL_OPS) {
         op::HELLO => return hello(rng, request_id, token),
         op::PING => Request::Ping,
-        op::PRODUCE => Request::Produce { topic: &topic, batch: Batch { count: payloads.len() as u32, bytes: &batch } },
+        op::PRODUCE => Request::Produce {
+            topic: &topic,
+            batch: Batch { count: payloads.len() as u32, bytes: &batch, with_props: false },
+        },
         op::FETCH => Request::Fetch {
             topic: &topic,
+            group: "",
             max_messages: if rng.one_in(3) { rng.u32() } else { rng.range(0, 10) as u32 },
             max_bytes: if rng.one_in(2) { rng.u32() } else { rng.range(0, 300) as u32 },
             wait_ms: if rng.one_in(3) { rng.u32() } else { short_ms(rng) },
             ack_timeout_ms: if rng.one_in(3) { rng.u32() } else { short_ms(rng) },
         },
-        op::ACK => Request::Ack { topic: &topic, ids },
+        op::ACK => Request::Ack { topic: &topic, group: "", ids },
         op::NACK => Request::Nack {
             topic: &topic,
+            group: "",
             delay_ms: if rng.one_in(3) { rng.u32() } else { short_ms(rng) },
             flags: rng.pick(&[0, NACK_FLAG_DEAD_LETTER]),
             ids,
         },
-        op::TOUCH => Request::Touch { topic: &topic, ack_timeout_ms: rng.u32(), ids },
+        op::TOUCH => Request::Touch { topic: &topic, group: "", ack_timeout_ms: rng.u32(), ids },
         op::STATS => Request::Stats { topic: if rng.one_in(3) { "" } else { &topic } },
         op::CREATE_TOPIC => Request::CreateTopic {
             topic: &topic,
@@ -165,11 +170,11 @@ fn valid_frame(rng: &mut Rng, request_id: u32, token: &[u8]) -> Vec<u8> {
         op::DELETE_TOPIC => Request::DeleteTopic { topic: &topic },
         op::PURGE_TOPIC => Request::PurgeTopic { topic: &topic },
         op::LIST_TOPICS => Request::ListTopics,
-        op::REDRIVE => Request::Redrive { topic: &topic, max_messages: rng.pick(&[0, 1, 3, u32::MAX]) },
+        op::REDRIVE => Request::Redrive { topic: &topic, group: "", max_messages: rng.pick(&[0, 1, 3, u32::MAX]) },
         other => unreachable!("op 0x{other:02x}"),
     };
     let mut out = Vec::new();
-    codec::encode_request(&mut out, request_id, &req);
+    codec::encode_request(&mut out, request_id, &req, 1);
     out
 }
 
@@ -393,7 +398,9 @@ fn the_decoders_agree_with_the_bytes() {
         for _ in 0..20 {
             let buf = decode_input(&mut rng);
             for (i, limits) in decode_props::LIMIT_SETS.iter().enumerate() {
-                decode_props::check_request(&buf, limits, &format!("seed {seed}, limits {i}"));
+                for version in [1, 2] {
+                    decode_props::check_request(&buf, limits, version, &format!("seed {seed}, limits {i}, v{version}"));
+                }
             }
             decode_props::check_reply(&buf, usize::MAX, &format!("seed {seed}"));
             decode_props::check_reply(&buf, 64, &format!("seed {seed}"));
@@ -468,17 +475,55 @@ fn the_fuzz_corpus_replays_clean() {
 #[test]
 fn a_stream_that_fills_the_churn_topic_passes() {
     let mut stream = Vec::new();
-    codec::encode_request(&mut stream, 1, &Request::Hello { min_version: 1, max_version: 1, token: b"" });
+    codec::encode_request(&mut stream, 1, &Request::Hello { min_version: 1, max_version: 1, token: b"" }, 1);
     let payloads = [[b'x'; 1]; 8];
     let mut batch = Vec::new();
     codec::encode_batch(&mut batch, &payloads);
     for rid in 2..4 {
-        let produce = Request::Produce { topic: "zz-churn", batch: Batch { count: 8, bytes: &batch } };
-        codec::encode_request(&mut stream, rid, &produce);
+        let produce =
+            Request::Produce { topic: "zz-churn", batch: Batch { count: 8, bytes: &batch, with_props: false } };
+        codec::encode_request(&mut stream, rid, &produce, 1);
     }
     // Flag 8: small segments, so the checks after the stream churn.
     let cov = FuzzInput { flags: 8, cuts: vec![], stream: &stream }.check("the churn topic filled");
     assert!(cov.replies.iter().filter(|r| r.0 == op::PRODUCE && r.1 == 0).count() == 2, "{:?}", cov.replies);
+}
+
+/// One request of each op version 2 adds or lays out anew, encoded in
+/// version 2, named for the op.
+fn version_2_requests() -> Vec<(&'static str, Vec<u8>)> {
+    let mut props = Vec::new();
+    codec::props::put_tag(&mut props, "a");
+    codec::props::put_header(&mut props, "k", b"v");
+    let props = codec::Props::parse(&props, 2, &LIMITS.props()).expect("valid properties");
+    let mut batch = Vec::new();
+    codec::encode_message(&mut batch, &props, b"one");
+    codec::encode_message(&mut batch, &codec::Props::EMPTY, b"two");
+    let mut ids = Vec::new();
+    codec::encode_ids(&mut ids, &[1, 2]);
+    let ids = Ids { bytes: &ids };
+    let (topic, group) = ("a", "g");
+    let settings = codec::GroupSettings { broadcast: true, ack_timeout_ms: 5, max_deliveries: 2, filter: "a || b" };
+    let requests = [
+        ("produce", Request::Produce { topic, batch: Batch { count: 2, bytes: &batch, with_props: true } }),
+        ("fetch", Request::Fetch { topic, group, max_messages: 2, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 }),
+        ("ack", Request::Ack { topic, group, ids }),
+        ("nack", Request::Nack { topic, group, delay_ms: 5, flags: 0, ids }),
+        ("touch", Request::Touch { topic, group, ack_timeout_ms: 5, ids }),
+        ("redrive", Request::Redrive { topic, group, max_messages: 0 }),
+        ("create-group", Request::CreateGroup { topic, group, settings, start: codec::Start::Id(3) }),
+        ("delete-group", Request::DeleteGroup { topic, group }),
+        ("list-groups", Request::ListGroups { topic }),
+        ("reset-group", Request::ResetGroup { topic, group, start: codec::Start::Time(9) }),
+    ];
+    requests
+        .iter()
+        .map(|(name, req)| {
+            let mut frame = Vec::new();
+            codec::encode_request(&mut frame, 7, req, 2);
+            (*name, frame)
+        })
+        .collect()
 }
 
 /// Writes the seed corpus of both targets (RUNNEL_WRITE_CORPUS=1): one of
@@ -501,7 +546,7 @@ fn write_seed_corpus() {
     }
     let cfg = SimConfig::from_flags(0);
     let mut hello = Vec::new();
-    codec::encode_request(&mut hello, 1, &Request::Hello { min_version: 1, max_version: 1, token: b"" });
+    codec::encode_request(&mut hello, 1, &Request::Hello { min_version: 1, max_version: 1, token: b"" }, 1);
     let mut all = hello.clone();
     for i in 0..40 {
         all.extend_from_slice(&valid_frame(&mut rng, 100 + i, b""));
@@ -522,6 +567,11 @@ fn write_seed_corpus() {
     write("decode", "frame-too-large-header", &[0, 0x10, 0, 0, 0, 0x10, 0, 0, 0, 1, 0, 0, 0]);
     write("decode", "ping-with-flags", &[0, 8, 0, 0, 0, 2, 0, 1, 0, 9, 0, 0, 0]);
     write("decode", "unknown-op", &[0, 8, 0, 0, 0, 0x7f, 0, 0, 0, 9, 0, 0, 0]);
+    // decode, version 2 (first byte 0x40): a request of each op version 2
+    // adds or lays out anew.
+    for (name, frame) in version_2_requests() {
+        write("decode", &format!("request-v2-{name}"), &[[0x40].as_slice(), &frame].concat());
+    }
 
     // stream: a session of every op, edge cases, random streams.
     write("stream", "session-every-op", &FuzzInput::encode(0, &[], &all));
@@ -532,25 +582,28 @@ fn write_seed_corpus() {
     codec::encode_request(
         &mut produce_fetch,
         2,
-        &Request::Produce { topic: "a", batch: Batch { count: 2, bytes: &batch } },
+        &Request::Produce { topic: "a", batch: Batch { count: 2, bytes: &batch, with_props: false } },
+        1,
     );
-    let fetch = Request::Fetch { topic: "a", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 5 };
-    codec::encode_request(&mut produce_fetch, 3, &fetch);
+    let fetch = Request::Fetch { topic: "a", group: "", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 5 };
+    codec::encode_request(&mut produce_fetch, 3, &fetch, 1);
     let mut nack = Vec::new();
     codec::encode_ids(&mut nack, &[1]);
-    let nack = Request::Nack { topic: "a", delay_ms: 0, flags: NACK_FLAG_DEAD_LETTER, ids: Ids { bytes: &nack } };
-    codec::encode_request(&mut produce_fetch, 4, &nack);
-    let fetch_dlq = Request::Fetch { topic: "a.dlq", max_messages: 5, max_bytes: 0, wait_ms: 30, ack_timeout_ms: 0 };
-    codec::encode_request(&mut produce_fetch, 5, &fetch_dlq);
+    let nack =
+        Request::Nack { topic: "a", group: "", delay_ms: 0, flags: NACK_FLAG_DEAD_LETTER, ids: Ids { bytes: &nack } };
+    codec::encode_request(&mut produce_fetch, 4, &nack, 1);
+    let fetch_dlq =
+        Request::Fetch { topic: "a.dlq", group: "", max_messages: 5, max_bytes: 0, wait_ms: 30, ack_timeout_ms: 0 };
+    codec::encode_request(&mut produce_fetch, 5, &fetch_dlq, 1);
     write("stream", "produce-fetch-nack-dlq", &FuzzInput::encode(0, &[], &produce_fetch));
     write("stream", "produce-fetch-nack-dlq-auth-split", &FuzzInput::encode(0x11, &[1, 30, 31], &produce_fetch));
     let mut oversized = hello.clone();
     oversized.extend_from_slice(&oversized_frame(&mut rng, 2, true));
-    codec::encode_request(&mut oversized, 3, &Request::Ping);
+    codec::encode_request(&mut oversized, 3, &Request::Ping, 1);
     write("stream", "oversized-then-ping", &FuzzInput::encode(0, &[20, 100, 1000, 2000], &oversized));
     let mut lost = hello.clone();
     lost.extend_from_slice(&[3, 0, 0, 0]);
-    codec::encode_request(&mut lost, 3, &Request::Ping);
+    codec::encode_request(&mut lost, 3, &Request::Ping, 1);
     write("stream", "lost-boundary", &FuzzInput::encode(0, &[], &lost));
     // Two connections (flag 0x20): the first cut divides the stream.
     let mut two = produce_fetch.clone();

@@ -134,7 +134,7 @@ fn setup(broker: &mut Broker, events: &Events) -> [Session; 3] {
 fn produce(broker: &mut Broker, session: &mut Session, rid: u32, payload: &[u8]) -> Outcome {
     let mut body = Vec::new();
     codec::encode_batch(&mut body, &[payload]);
-    let request = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &body } };
+    let request = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &body, with_props: false } };
     broker.handle(
         ConnKey(PRODUCER_CONN),
         session,
@@ -154,7 +154,8 @@ fn a_turn_writes_then_syncs_then_delivers_then_acknowledges() {
     // The acker holds message 1 in flight; the waiter parks on the topic.
     assert_eq!(produce(&mut broker, &mut producer, 3, b"first"), Outcome::Held);
     broker.commit(NOW, &mut Recording { outs: Default::default(), events: events.clone() });
-    let fetch = |wait_ms| Request::Fetch { topic: "t", max_messages: 1, max_bytes: 0, wait_ms, ack_timeout_ms: 0 };
+    let fetch =
+        |wait_ms| Request::Fetch { topic: "t", group: "", max_messages: 1, max_bytes: 0, wait_ms, ack_timeout_ms: 0 };
     let got = handle(&mut broker, ACKER_CONN, &mut acker, 4, fetch(0));
     assert!(got.len() > 40, "setup: the acker got the first message");
     let frame = Frame { request_id: 5, request: fetch(1000) };
@@ -168,7 +169,13 @@ fn a_turn_writes_then_syncs_then_delivers_then_acknowledges() {
     // PRODUCE (held).
     let mut ids = Vec::new();
     codec::encode_ids(&mut ids, &[1]);
-    let ack = handle(&mut broker, ACKER_CONN, &mut acker, 6, Request::Ack { topic: "t", ids: Ids { bytes: &ids } });
+    let ack = handle(
+        &mut broker,
+        ACKER_CONN,
+        &mut acker,
+        6,
+        Request::Ack { topic: "t", group: "", ids: Ids { bytes: &ids } },
+    );
     assert!(!ack.is_empty(), "the ACK is answered into its buffer");
     assert_eq!(produce(&mut broker, &mut producer, 7, b"second"), Outcome::Held, "a durable produce waits");
     assert_eq!(take(&events), [], "nothing is written while requests are served");
@@ -200,13 +207,13 @@ fn a_turn_of_only_acks_writes_and_does_not_sync() {
     let [mut acker, _, mut producer] = setup(&mut broker, &events);
     assert_eq!(produce(&mut broker, &mut producer, 3, b"only"), Outcome::Held);
     broker.commit(NOW, &mut Recording { outs: Default::default(), events: events.clone() });
-    let fetch = Request::Fetch { topic: "t", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 };
+    let fetch = Request::Fetch { topic: "t", group: "", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 };
     handle(&mut broker, ACKER_CONN, &mut acker, 4, fetch);
     take(&events);
 
     let mut ids = Vec::new();
     codec::encode_ids(&mut ids, &[1]);
-    handle(&mut broker, ACKER_CONN, &mut acker, 5, Request::Ack { topic: "t", ids: Ids { bytes: &ids } });
+    handle(&mut broker, ACKER_CONN, &mut acker, 5, Request::Ack { topic: "t", group: "", ids: Ids { bytes: &ids } });
     let mut written = broker.write(NOW);
     assert!(!written.syncs(), "nothing waits on a sync");
     broker.sync(&mut written, NOW, &mut Recording { outs: Default::default(), events: events.clone() });

@@ -1,6 +1,6 @@
-//! Generates docs/vectors/protocol-v1.json, the protocol's test vectors for
-//! client writers, from the codec, and fails when the file in the tree is
-//! not what the codec gives.
+//! Generates docs/vectors/protocol-v1.json and protocol-v2.json, the
+//! protocol's test vectors for client writers, from the codec, and fails
+//! when a file in the tree is not what the codec gives.
 //!
 //! A vector is a frame's bytes with every field decoded: the examples of
 //! docs/protocol.md (tests/common/frames.rs, the list tests/protocol_doc.rs
@@ -26,7 +26,10 @@ use common::frames::*;
 use runnel::codec::*;
 use runnel::limits::Limits;
 
-const VECTORS_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/vectors/protocol-v1.json");
+/// The vectors file of protocol `version`.
+fn vectors_path(version: u16) -> String {
+    format!("{}/docs/vectors/protocol-v{version}.json", env!("CARGO_MANIFEST_DIR"))
+}
 
 // ---------------------------------------------------------------------------
 // The vectors.
@@ -75,7 +78,7 @@ fn raw(op: u8, request_id: u32, body: &[u8]) -> Vec<u8> {
 
 fn encoded(request_id: u32, request: Request<'_>) -> Vec<u8> {
     let mut out = Vec::new();
-    encode_request(&mut out, request_id, &request);
+    encode_request(&mut out, request_id, &request, 1);
     out
 }
 
@@ -98,7 +101,7 @@ fn more_frames() -> Vec<Vector> {
             "hello-grown-reply",
             "A HELLO reply with 4 bytes after its layout, as a later broker may send: a client decodes the same fields and ignores the rest of the frame.",
             Kind::Grown(
-                reply(op::HELLO, 1, Reply::Hello { version: 1, limits: DecodeLimits::from(&Limits::default()) }),
+                reply(op::HELLO, 1, Reply::Hello { version: 1, limits: limits().reported(1), map_epoch: 0 }),
                 &[0, 0, 0, 2],
             ),
         ),
@@ -133,7 +136,10 @@ fn more_frames() -> Vec<Vector> {
         frame(
             "nack-dead-letter-request",
             "NACK with the DEAD_LETTER flag: move message 3 to jobs.dlq at once (delay_ms is ignored).",
-            request(19, Request::Nack { topic: jobs, delay_ms: 0, flags: NACK_FLAG_DEAD_LETTER, ids: ids(&[3]) }),
+            request(
+                19,
+                Request::Nack { topic: jobs, group: "", delay_ms: 0, flags: NACK_FLAG_DEAD_LETTER, ids: ids(&[3]) },
+            ),
         ),
         frame(
             "nack-dead-letter-reply",
@@ -152,7 +158,14 @@ fn edge_frames() -> Vec<Vector> {
             "FETCH one message, waiting up to 1 s, with a 10 s ack timeout.",
             request(
                 20,
-                Request::Fetch { topic: jobs, max_messages: 1, max_bytes: 0, wait_ms: 1000, ack_timeout_ms: 10_000 },
+                Request::Fetch {
+                    topic: jobs,
+                    group: "",
+                    max_messages: 1,
+                    max_bytes: 0,
+                    wait_ms: 1000,
+                    ack_timeout_ms: 10_000,
+                },
             ),
         ),
         frame(
@@ -183,7 +196,7 @@ fn edge_frames() -> Vec<Vector> {
         frame(
             "ack-duplicate-request",
             "ACK ids 9, 2 and 2 again: there is no message 9.",
-            request(22, Request::Ack { topic: jobs, ids: ids(&[9, 2, 2]) }),
+            request(22, Request::Ack { topic: jobs, group: "", ids: ids(&[9, 2, 2]) }),
         ),
         frame(
             "ack-duplicate-reply",
@@ -213,7 +226,7 @@ fn edge_frames() -> Vec<Vector> {
 fn refusals() -> Vec<Vector> {
     let limits = DecodeLimits::from(&Limits::default());
     let jobs = "jobs";
-    let empty = Batch { count: 0, bytes: &[] };
+    let empty = Batch { count: 0, bytes: &[], with_props: false };
     let mut too_large_body = Vec::new();
     put_str(&mut too_large_body, jobs.as_bytes());
     put_u32(&mut too_large_body, 1);
@@ -228,7 +241,7 @@ fn refusals() -> Vec<Vector> {
         refused(
             "ack-no-ids-request",
             "ACK with no ids: BATCH_TOO_LARGE.",
-            encoded(31, Request::Ack { topic: jobs, ids: ids(&[]) }),
+            encoded(31, Request::Ack { topic: jobs, group: "", ids: ids(&[]) }),
             ErrorCode::BatchTooLarge,
         ),
         refused(
@@ -246,7 +259,7 @@ fn refusals() -> Vec<Vector> {
         refused(
             "nack-unknown-flag-request",
             "NACK with flags 0x02, a bit this version does not define: MALFORMED.",
-            encoded(34, Request::Nack { topic: jobs, delay_ms: 0, flags: 0x02, ids: ids(&[1]) }),
+            encoded(34, Request::Nack { topic: jobs, group: "", delay_ms: 0, flags: 0x02, ids: ids(&[1]) }),
             ErrorCode::Malformed,
         ),
         refused(
@@ -320,15 +333,157 @@ fn refusal_pairs() -> Vec<Vector> {
     ]
 }
 
-/// Every vector, the doc's examples first.
-fn vectors() -> Vec<Vector> {
-    let doc = doc_frames().into_iter().map(|f| Vector {
+fn doc_vectors(frames: Vec<Named>) -> impl Iterator<Item = Vector> {
+    frames.into_iter().map(|f| Vector {
         name: f.name,
         description: f.description,
         doc_example: true,
         kind: Kind::Frame(f.expect),
-    });
-    doc.chain(more_frames()).chain(edge_frames()).chain(refusals()).chain(refusal_pairs()).collect()
+    })
+}
+
+/// Every vector of protocol `version`, the doc's examples first.
+fn vectors(version: u16) -> Vec<Vector> {
+    match version {
+        1 => doc_vectors(doc_frames())
+            .chain(more_frames())
+            .chain(edge_frames())
+            .chain(refusals())
+            .chain(refusal_pairs())
+            .collect(),
+        _ => doc_vectors(doc_frames_v2()).chain(frames_v2()).chain(refusals_v2()).collect(),
+    }
+}
+
+fn encoded_v2(request_id: u32, request: Request<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_request(&mut out, request_id, &request, 2);
+    out
+}
+
+/// Version-2 frames beyond the doc's examples.
+fn frames_v2() -> Vec<Vector> {
+    let (jobs, billing) = ("jobs", "billing");
+    let broadcast = GroupSettings { broadcast: true, ack_timeout_ms: 5000, max_deliveries: 3, filter: r"re:^order\." };
+    let untagged_dead = Message {
+        dead: Some(DeadInfo { origin_id: 4, origin_deliveries: 16, reason: DeadReason::AckTimeout }),
+        ..message(2, 1, None, b"x")
+    };
+    vec![
+        frame(
+            "create-group-broadcast-request",
+            "CREATE_GROUP audit of jobs: a broadcast group from message 100 on, a 5 s ack timeout, 3 deliveries, the tags a regular expression matches.",
+            request_v2(
+                14,
+                Request::CreateGroup { topic: jobs, group: "audit", settings: broadcast, start: Start::Id(100) },
+            ),
+        ),
+        frame(
+            "create-group-existing-reply",
+            "CREATE_GROUP of a group that exists: created 0, its settings changed, its cursor where it was.",
+            reply(op::CREATE_GROUP, 14, Reply::GroupCreated { created: false, cursor: 57 }),
+        ),
+        frame(
+            "reset-group-latest-request",
+            "RESET_GROUP billing to latest: only messages produced from now on.",
+            request_v2(15, Request::ResetGroup { topic: jobs, group: billing, start: Start::Latest }),
+        ),
+        frame(
+            "fetch-default-group-v2-request",
+            "FETCH (version 2) for the default group: an empty group name.",
+            request_v2(
+                16,
+                Request::Fetch { topic: jobs, group: "", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 },
+            ),
+        ),
+        frame(
+            "fetch-dlq-default-group-v2-reply",
+            "A dead letter of the default group, without properties, in a version-2 session: byte for byte the version-1 layout (flags 1, no origin group).",
+            reply(op::FETCH, 16, Reply::Messages { topic: "jobs.dlq", messages: vec![untagged_dead] }),
+        ),
+        frame(
+            "list-groups-empty-reply",
+            "LIST_GROUPS of a topic with no group yet.",
+            reply(op::LIST_GROUPS, 17, Reply::Groups(vec![])),
+        ),
+        frame(
+            "bad-filter-reply",
+            "An error reply to CREATE_GROUP with a filter that does not parse (BAD_FILTER, status 19). The message text is an example.",
+            error(op::CREATE_GROUP, 18, ErrorCode::BadFilter, "filter \"re:(\": regex parse error"),
+        ),
+        frame(
+            "too-many-groups-reply",
+            "An error reply to CREATE_GROUP past groups_per_topic_max (TOO_MANY_GROUPS, status 20). The message text is an example.",
+            error(op::CREATE_GROUP, 19, ErrorCode::TooManyGroups, "topic jobs has groups_per_topic_max (64) groups"),
+        ),
+    ]
+}
+
+/// Version-2 requests the decoder refuses.
+fn refusals_v2() -> Vec<Vector> {
+    let jobs = "jobs";
+    let mut unknown_type = Vec::new();
+    put_str(&mut unknown_type, jobs.as_bytes());
+    put_u32(&mut unknown_type, 1);
+    unknown_type.extend_from_slice(&[3, 0, 3, 0, 0, 0, 0, 0, 0, 0]);
+    let mut long_tag = Vec::new();
+    props::put_tag(&mut long_tag, &"t".repeat(129));
+    let mut long_tag_body = Vec::new();
+    put_str(&mut long_tag_body, jobs.as_bytes());
+    put_u32(&mut long_tag_body, 1);
+    put_u16(&mut long_tag_body, long_tag.len() as u16);
+    long_tag_body.extend_from_slice(&long_tag);
+    put_u32(&mut long_tag_body, 0);
+    let mut bad_start = encoded_v2(42, Request::ResetGroup { topic: jobs, group: "g", start: Start::Earliest });
+    let n = bad_start.len();
+    bad_start[n - 8] = 1;
+    let long_filter = "f".repeat(4097);
+    let filter_settings = GroupSettings { filter: &long_filter, ..GroupSettings::default() };
+    vec![
+        refused(
+            "produce-unknown-property-request",
+            "PRODUCE (version 2) of a message with a property of type 3, which version 2 does not define: BAD_ARGUMENT, never skipped.",
+            raw(op::PRODUCE, 40, &unknown_type),
+            ErrorCode::BadArgument,
+        ),
+        refused(
+            "produce-long-tag-request",
+            "PRODUCE (version 2) of a message with a tag of tag_bytes_max + 1 bytes: BAD_ARGUMENT.",
+            raw(op::PRODUCE, 41, &long_tag_body),
+            ErrorCode::BadArgument,
+        ),
+        refused(
+            "reset-group-bad-start-request",
+            "RESET_GROUP to earliest (kind 0) with a start value other than 0: BAD_ARGUMENT.",
+            bad_start,
+            ErrorCode::BadArgument,
+        ),
+        refused(
+            "fetch-bad-group-request",
+            "FETCH (version 2) for the group \"a b\": BAD_ARGUMENT, since a group name has the topic names' alphabet.",
+            encoded_v2(
+                43,
+                Request::Fetch {
+                    topic: jobs,
+                    group: "a b",
+                    max_messages: 1,
+                    max_bytes: 0,
+                    wait_ms: 0,
+                    ack_timeout_ms: 0,
+                },
+            ),
+            ErrorCode::BadArgument,
+        ),
+        refused(
+            "create-group-long-filter-request",
+            "CREATE_GROUP with a filter of filter_bytes_max + 1 bytes: BAD_FILTER, from the decoder.",
+            encoded_v2(
+                44,
+                Request::CreateGroup { topic: jobs, group: "g", settings: filter_settings, start: Start::Latest },
+            ),
+            ErrorCode::BadFilter,
+        ),
+    ]
 }
 
 // ---------------------------------------------------------------------------
@@ -464,6 +619,10 @@ fn op_name(op: u8) -> J {
         op::PURGE_TOPIC => "PURGE_TOPIC",
         op::LIST_TOPICS => "LIST_TOPICS",
         op::REDRIVE => "REDRIVE",
+        op::CREATE_GROUP => "CREATE_GROUP",
+        op::DELETE_GROUP => "DELETE_GROUP",
+        op::LIST_GROUPS => "LIST_GROUPS",
+        op::RESET_GROUP => "RESET_GROUP",
         _ => return J::Null,
     };
     text(name)
@@ -488,35 +647,91 @@ fn id_list(ids: impl Iterator<Item = u64>) -> J {
     J::Arr(ids.map(num).collect())
 }
 
-fn request_body(r: &Request<'_>) -> J {
+fn request_body(r: &Request<'_>, version: u16) -> J {
     let topic = |t: &str| ("topic", text(t));
-    J::Obj(match *r {
+    let mut fields = request_fields(r);
+    // Version 2's group follows the topic.
+    if let (true, Some(group)) = (version >= 2, request_group(r)) {
+        fields.insert(1, ("group", text(group)));
+    }
+    if let Request::Produce { topic: t, batch } = *r {
+        fields = vec![topic(t), ("count", num(batch.count)), ("messages", batch_json(&batch))];
+    }
+    J::Obj(fields)
+}
+
+/// The group of a request whose version-2 layout has one after the topic.
+fn request_group<'a>(r: &Request<'a>) -> Option<&'a str> {
+    match *r {
+        Request::Fetch { group, .. }
+        | Request::Ack { group, .. }
+        | Request::Nack { group, .. }
+        | Request::Touch { group, .. }
+        | Request::Redrive { group, .. }
+        | Request::CreateGroup { group, .. }
+        | Request::DeleteGroup { group, .. }
+        | Request::ResetGroup { group, .. } => Some(group),
+        _ => None,
+    }
+}
+
+fn batch_json(batch: &Batch<'_>) -> J {
+    let messages = batch.messages().map(|(props, p)| {
+        let mut fields = Vec::new();
+        if batch.with_props {
+            fields.extend([("props_len", num(props.bytes().len() as u64)), ("props", props_json(&props))]);
+        }
+        fields.extend([("len", num(p.len() as u64)), ("payload", hex(p))]);
+        J::Obj(fields)
+    });
+    J::Arr(messages.collect())
+}
+
+fn props_json(props: &Props<'_>) -> J {
+    let entry = |p: props::Prop<'_>| match p {
+        props::Prop::Tag(t) => J::Obj(vec![("type", num(props::PROP_TAG)), ("name", text("tag")), ("tag", text(t))]),
+        props::Prop::Header { key, value } => J::Obj(vec![
+            ("type", num(props::PROP_HEADER)),
+            ("name", text("header")),
+            ("key", text(key)),
+            ("value", hex(value)),
+        ]),
+    };
+    J::Arr(props.iter().map(entry).collect())
+}
+
+fn start_json(start: Start) -> [(&'static str, J); 2] {
+    let (kind, value) = start.to_wire();
+    [("start_kind", num(kind)), ("start_value", num(value))]
+}
+
+/// A request's fields in layout order, without version 2's group.
+fn request_fields(r: &Request<'_>) -> Vec<(&'static str, J)> {
+    let topic = |t: &str| ("topic", text(t));
+    match *r {
         Request::Hello { min_version, max_version, token } => {
             vec![("min_version", num(min_version)), ("max_version", num(max_version)), ("token", hex(token))]
         }
         Request::Ping | Request::ListTopics => vec![],
-        Request::Produce { topic: t, batch } => {
-            let messages = batch.iter().map(|p| J::Obj(vec![("len", num(p.len() as u64)), ("payload", hex(p))]));
-            vec![topic(t), ("count", num(batch.count)), ("messages", J::Arr(messages.collect()))]
-        }
-        Request::Fetch { topic: t, max_messages, max_bytes, wait_ms, ack_timeout_ms } => vec![
+        Request::Produce { .. } => vec![],
+        Request::Fetch { topic: t, max_messages, max_bytes, wait_ms, ack_timeout_ms, .. } => vec![
             topic(t),
             ("max_messages", num(max_messages)),
             ("max_bytes", num(max_bytes)),
             ("wait_ms", num(wait_ms)),
             ("ack_timeout_ms", num(ack_timeout_ms)),
         ],
-        Request::Ack { topic: t, ids } => {
+        Request::Ack { topic: t, ids, .. } => {
             vec![topic(t), ("count", num(ids.len() as u64)), ("ids", id_list(ids.iter()))]
         }
-        Request::Nack { topic: t, delay_ms, flags, ids } => vec![
+        Request::Nack { topic: t, delay_ms, flags, ids, .. } => vec![
             topic(t),
             ("delay_ms", num(delay_ms)),
             ("flags", num(flags)),
             ("count", num(ids.len() as u64)),
             ("ids", id_list(ids.iter())),
         ],
-        Request::Touch { topic: t, ack_timeout_ms, ids } => vec![
+        Request::Touch { topic: t, ack_timeout_ms, ids, .. } => vec![
             topic(t),
             ("ack_timeout_ms", num(ack_timeout_ms)),
             ("count", num(ids.len() as u64)),
@@ -530,35 +745,103 @@ fn request_body(r: &Request<'_>) -> J {
             ("ack_timeout_ms", num(settings.ack_timeout_ms)),
             ("max_deliveries", num(settings.max_deliveries)),
         ],
-        Request::Redrive { topic: t, max_messages } => vec![topic(t), ("max_messages", num(max_messages))],
-    })
+        Request::Redrive { topic: t, max_messages, .. } => vec![topic(t), ("max_messages", num(max_messages))],
+        Request::CreateGroup { topic: t, settings: g, start, .. } => {
+            let mut fields = vec![topic(t), ("flags", num(u8::from(g.broadcast)))];
+            fields.extend(start_json(start));
+            fields.extend([
+                ("ack_timeout_ms", num(g.ack_timeout_ms)),
+                ("max_deliveries", num(g.max_deliveries)),
+                ("filter", text(g.filter)),
+            ]);
+            fields
+        }
+        Request::DeleteGroup { topic: t, .. } | Request::ListGroups { topic: t } => vec![topic(t)],
+        Request::ResetGroup { topic: t, start, .. } => {
+            let mut fields = vec![topic(t)];
+            fields.extend(start_json(start));
+            fields
+        }
+    }
 }
 
 fn message_json(m: &Message<'_>) -> J {
     let mut fields = vec![("id", num(m.id)), ("born_ms", num(m.born_ms)), ("delivery_count", num(m.delivery_count))];
-    match m.dead {
-        None => fields.push(("flags", num(0u8))),
-        Some(d) => fields.extend([
-            ("flags", num(MSG_FLAG_DEAD)),
+    let origin_group = m.dead.is_some() && !m.origin_group.is_empty();
+    let flag = |on: bool, bit: u8| if on { bit } else { 0 };
+    let flags = flag(m.dead.is_some(), MSG_FLAG_DEAD)
+        | flag(!m.props.is_empty(), MSG_FLAG_PROPS)
+        | flag(origin_group, MSG_FLAG_ORIGIN_GROUP);
+    fields.push(("flags", num(flags)));
+    if let Some(d) = m.dead {
+        fields.extend([
             ("origin_id", num(d.origin_id)),
             ("origin_deliveries", num(d.origin_deliveries)),
             ("reason", num(d.reason as u8)),
             ("reason_name", text(d.reason.name())),
-        ]),
+        ]);
+    }
+    if origin_group {
+        fields.push(("origin_group", text(m.origin_group)));
+    }
+    if !m.props.is_empty() {
+        fields.extend([("props_len", num(m.props.bytes().len() as u64)), ("props", props_json(&m.props))]);
     }
     fields.extend([("len", num(m.payload.len() as u64)), ("payload", hex(m.payload))]);
     J::Obj(fields)
 }
 
+fn group_json(g: &GroupInfo<'_>) -> J {
+    let s = &g.stats;
+    J::Obj(vec![
+        ("name", text(g.name)),
+        ("flags", num(u8::from(g.settings.broadcast))),
+        ("ack_timeout_ms", num(g.settings.ack_timeout_ms)),
+        ("max_deliveries", num(g.settings.max_deliveries)),
+        ("filter", text(g.settings.filter)),
+        ("cursor", num(s.cursor)),
+        ("lag", num(s.lag)),
+        ("inflight", num(s.inflight)),
+        ("retry", num(s.retry)),
+        ("delayed", num(s.delayed)),
+        ("dead_lettered", num(s.dead_lettered)),
+        ("oldest_unacked_age_ms", num(s.oldest_unacked_age_ms)),
+        ("consumers", num(s.consumers)),
+    ])
+}
+
+/// The limits a HELLO reply of `version` carries, in layout order (the
+/// map epoch among them).
+fn hello_limits_json(version: u16, l: &DecodeLimits, map_epoch: u64) -> Vec<(&'static str, J)> {
+    let mut fields = vec![
+        ("frame_bytes_max", num(l.frame_bytes_max)),
+        ("message_bytes_max", num(l.message_bytes_max)),
+        ("batch_messages_max", num(l.batch_messages_max)),
+        ("topic_name_bytes_max", num(l.topic_name_bytes_max)),
+    ];
+    if version >= 2 {
+        fields.extend([
+            ("output_bytes_max", num(l.output_bytes_max)),
+            ("fetch_bytes_max", num(l.fetch_bytes_max)),
+            ("idle_timeout_ms", num(l.idle_timeout_ms)),
+            ("map_epoch", num(map_epoch)),
+            ("group_name_bytes_max", num(l.group_name_bytes_max)),
+            ("tags_per_message_max", num(l.tags_per_message_max)),
+            ("tag_bytes_max", num(l.tag_bytes_max)),
+            ("props_bytes_max", num(l.props_bytes_max)),
+            ("filter_bytes_max", num(l.filter_bytes_max)),
+        ]);
+    }
+    fields
+}
+
 fn reply_body(r: &Reply<'_>) -> J {
     J::Obj(match r {
-        Reply::Hello { version, limits } => vec![
-            ("version", num(*version)),
-            ("frame_bytes_max", num(limits.frame_bytes_max)),
-            ("message_bytes_max", num(limits.message_bytes_max)),
-            ("batch_messages_max", num(limits.batch_messages_max)),
-            ("topic_name_bytes_max", num(limits.topic_name_bytes_max)),
-        ],
+        Reply::Hello { version, limits, map_epoch } => {
+            let mut fields = vec![("version", num(*version))];
+            fields.extend(hello_limits_json(*version, limits, *map_epoch));
+            fields
+        }
         Reply::Pong => vec![],
         Reply::Produced { first_id, count } => vec![("first_id", num(*first_id)), ("count", num(*count))],
         Reply::Messages { topic, messages } => vec![
@@ -595,6 +878,11 @@ fn reply_body(r: &Reply<'_>) -> J {
             vec![("count", num(topics.len() as u64)), ("topics", J::Arr(topics.iter().map(topic).collect()))]
         }
         Reply::Error { message, .. } => vec![("message", text(message))],
+        Reply::GroupCreated { created, cursor } => vec![("created", num(u8::from(*created))), ("cursor", num(*cursor))],
+        Reply::Groups(groups) => {
+            vec![("count", num(groups.len() as u64)), ("groups", J::Arr(groups.iter().map(group_json).collect()))]
+        }
+        Reply::Cursor(cursor) => vec![("cursor", num(*cursor))],
     })
 }
 
@@ -638,8 +926,8 @@ fn direction(name: &str) -> &'static str {
     }
 }
 
-fn decode_whole_request<'a>(bytes: &'a [u8], name: &str) -> Frame<'a> {
-    match decode_request(bytes, &limits()) {
+fn decode_whole_request<'a>(bytes: &'a [u8], version: u16, name: &str) -> Frame<'a> {
+    match decode_request(bytes, &limits(), version) {
         Ok(Decoded::Frame(f, n)) if n == bytes.len() => f,
         other => panic!("vector {name}: decode_request gave {other:?} for {} bytes", bytes.len()),
     }
@@ -652,16 +940,17 @@ fn decode_whole_reply<'a>(bytes: &'a [u8], name: &str) -> ReplyFrame<'a> {
     }
 }
 
-fn refusal(bytes: &[u8], name: &str) -> DecodeError {
-    match decode_request(bytes, &limits()) {
+fn refusal(bytes: &[u8], version: u16, name: &str) -> DecodeError {
+    match decode_request(bytes, &limits(), version) {
         Err(e) => e,
         other => panic!("vector {name}: expected the decoder to refuse it, got {other:?}"),
     }
 }
 
-/// Decodes a vector's bytes with the codec, checks the result against what
-/// the vector was built from, and returns the vector as JSON.
-fn vector_json(v: &Vector) -> J {
+/// Decodes a vector's bytes with the codec, in the layouts of the file's
+/// `version`, checks the result against what the vector was built from,
+/// and returns the vector as JSON.
+fn vector_json(v: &Vector, version: u16) -> J {
     let bytes = bytes_of(v);
     let dir = direction(v.name);
     let mut fields = vec![
@@ -673,11 +962,12 @@ fn vector_json(v: &Vector) -> J {
         ("header", header_json(&bytes)),
     ];
     match &v.kind {
-        Kind::Frame(Expect::Request(want)) => {
+        Kind::Frame(Expect::Request(want, request_version)) => {
             assert_eq!(dir, "request", "vector {} holds a request", v.name);
-            let got = decode_whole_request(&bytes, v.name);
+            assert!(*request_version <= version, "vector {}: a version-{request_version} request", v.name);
+            let got = decode_whole_request(&bytes, version, v.name);
             assert_eq!(&got, want, "vector {}", v.name);
-            fields.extend([("op_name", op_name(got.request.op())), ("body", request_body(&got.request))]);
+            fields.extend([("op_name", op_name(got.request.op())), ("body", request_body(&got.request, version))]);
         }
         Kind::Frame(Expect::Reply(want)) | Kind::Grown(Expect::Reply(want), _) => {
             assert_eq!(dir, "reply", "vector {} holds a reply", v.name);
@@ -689,10 +979,10 @@ fn vector_json(v: &Vector) -> J {
             }
             fields.push(("body", reply_body(&got.reply)));
         }
-        Kind::Grown(Expect::Request(_), _) => panic!("vector {}: only replies may grow", v.name),
+        Kind::Grown(Expect::Request(..), _) => panic!("vector {}: only replies may grow", v.name),
         Kind::Refused { code, closes, .. } => {
             assert_eq!(dir, "request", "vector {} holds a request", v.name);
-            let e = refusal(&bytes, v.name);
+            let e = refusal(&bytes, version, v.name);
             assert_eq!((e.code, e.skip == Skip::Close), (*code, *closes), "vector {}: {e:?}", v.name);
             let op = if bytes.len() >= HEADER_BYTES { op_name(bytes[4]) } else { J::Null };
             let refused = J::Obj(vec![
@@ -706,8 +996,8 @@ fn vector_json(v: &Vector) -> J {
     J::Obj(fields)
 }
 
-/// The whole file, as the codec gives it.
-fn generate() -> String {
+/// The whole file of protocol `version`, as the codec gives it.
+fn generate(version: u16) -> String {
     let l = limits();
     let top = J::Obj(vec![
         (
@@ -717,17 +1007,9 @@ fn generate() -> String {
                  tests/vectors.rs. docs/vectors/README.md describes the format.",
             ),
         ),
-        ("protocol_version", num(VERSION_MAX)),
-        (
-            "limits",
-            J::Obj(vec![
-                ("frame_bytes_max", num(l.frame_bytes_max)),
-                ("message_bytes_max", num(l.message_bytes_max)),
-                ("batch_messages_max", num(l.batch_messages_max)),
-                ("topic_name_bytes_max", num(l.topic_name_bytes_max)),
-            ]),
-        ),
-        ("vectors", J::Arr(vectors().iter().map(vector_json).collect())),
+        ("protocol_version", num(version)),
+        ("limits", J::Obj(hello_limits_json(version, &l, MAP_EPOCH_UNSHARDED))),
+        ("vectors", J::Arr(vectors(version).iter().map(|v| vector_json(v, version)).collect())),
     ]);
     let mut out = String::new();
     top.write(&mut out, 0);
@@ -758,47 +1040,70 @@ fn first_difference(file: &str, codec: &str) -> String {
 // The tests.
 // ---------------------------------------------------------------------------
 
-#[test]
-fn the_vectors_file_is_what_the_codec_gives() {
-    let want = generate();
+/// Writes (with RUNNEL_WRITE_VECTORS=1) or checks the file of `version`.
+fn check_file(version: u16) {
+    let (path, want) = (vectors_path(version), generate(version));
     if std::env::var_os("RUNNEL_WRITE_VECTORS").is_some_and(|v| v == "1") {
-        std::fs::write(VECTORS_PATH, &want).unwrap_or_else(|e| panic!("cannot write {VECTORS_PATH}: {e}"));
-        eprintln!("wrote {VECTORS_PATH}");
+        std::fs::write(&path, &want).unwrap_or_else(|e| panic!("cannot write {path}: {e}"));
+        eprintln!("wrote {path}");
         return;
     }
-    let have = std::fs::read_to_string(VECTORS_PATH).unwrap_or_default();
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         have == want,
-        "{VECTORS_PATH} is not what the codec gives; if the change is meant, regenerate it with\n  \
+        "{path} is not what the codec gives; if the change is meant, regenerate it with\n  \
          RUNNEL_WRITE_VECTORS=1 cargo test --release --test vectors\nreview the diff and commit it.\n\n{}",
         first_difference(&have, &want)
     );
 }
 
 #[test]
+fn the_vectors_file_is_what_the_codec_gives() {
+    check_file(1);
+}
+
+#[test]
+fn the_version_2_vectors_file_is_what_the_codec_gives() {
+    check_file(2);
+}
+
+#[test]
 fn vector_names_are_unique() {
-    let all = vectors();
-    for (i, v) in all.iter().enumerate() {
-        assert!(!all[..i].iter().any(|w| w.name == v.name), "vector name {} is used twice", v.name);
+    for version in [1, 2] {
+        let all = vectors(version);
+        for (i, v) in all.iter().enumerate() {
+            assert!(!all[..i].iter().any(|w| w.name == v.name), "vector name {} is used twice", v.name);
+        }
     }
 }
 
-/// Every op has a request and an OK reply, and there are error replies and
-/// refused requests.
+/// Every op of version 1 has a request and an OK reply in the version-1
+/// file, and every op version 2 adds or lays out anew in the version-2 one;
+/// both have error replies and refused requests.
 #[test]
 fn every_op_has_a_request_and_a_reply() {
-    let all = vectors();
+    check_ops(1, &|code| op::since(code) == Some(1));
+    let relaid = [op::PRODUCE, op::FETCH, op::ACK, op::NACK, op::TOUCH, op::REDRIVE];
+    check_ops(2, &|code| op::since(code) == Some(2) || relaid.contains(&code));
+}
+
+fn check_ops(version: u16, wanted: &dyn Fn(u8) -> bool) {
+    let all = vectors(version);
     let has = |want: &dyn Fn(&Expect) -> bool| {
         all.iter().any(|v| matches!(&v.kind, Kind::Frame(e) | Kind::Grown(e, _) if want(e)))
     };
-    for code in (0u8..REPLY_BIT).filter(|&o| !matches!(op_name(o), J::Null)) {
+    for code in (0u8..REPLY_BIT).filter(|&o| !matches!(op_name(o), J::Null) && wanted(o)) {
         assert!(
-            has(&|e| matches!(e, Expect::Request(f) if f.request.op() == code)),
-            "no request vector of op {code:#04x}"
+            has(&|e| matches!(e, Expect::Request(f, _) if f.request.op() == code)),
+            "no request vector of op {code:#04x} in version {version}'s file"
         );
+        // A reply version 2 does not lay out anew is in version 1's file.
+        let reply_version = if op::since(code) == Some(2) { 2 } else { 1 };
         let ok_reply =
             |e: &Expect| matches!(e, Expect::Reply(f) if f.op == code && !matches!(f.reply, Reply::Error { .. }));
-        assert!(has(&ok_reply), "no OK reply vector of op {code:#04x}");
+        let replies = vectors(reply_version);
+        let has_reply = replies.iter().any(|v| matches!(&v.kind, Kind::Frame(e) | Kind::Grown(e, _) if ok_reply(e)));
+        assert!(has_reply, "no OK reply vector of op {code:#04x}");
     }
     assert!(has(&|e| matches!(e, Expect::Reply(ReplyFrame { reply: Reply::Error { .. }, .. }))));
     assert!(all.iter().any(|v| matches!(v.kind, Kind::Refused { .. })));
@@ -808,13 +1113,19 @@ fn every_op_has_a_request_and_a_reply() {
 /// carries the op, request id and code the decoder gives for the request.
 #[test]
 fn refused_requests_match_their_error_replies() {
-    let all = vectors();
+    for version in [1, 2] {
+        check_refusal_pairs(version);
+    }
+}
+
+fn check_refusal_pairs(version: u16) {
+    let all = vectors(version);
     for v in &all {
         let Kind::Refused { bytes, .. } = &v.kind else { continue };
         let reply_name = v.name.replace("-request", "-reply");
         let Some(r) = all.iter().find(|w| w.name == reply_name) else { continue };
         let Kind::Frame(Expect::Reply(f)) = &r.kind else { panic!("{reply_name} is not a reply") };
-        let e = refusal(bytes, v.name);
+        let e = refusal(bytes, version, v.name);
         let Reply::Error { code, .. } = f.reply else { panic!("{reply_name} is not an error reply") };
         assert_eq!((f.op, f.request_id, code), (e.op, e.request_id, e.code as u8), "{} and {reply_name}", v.name);
     }

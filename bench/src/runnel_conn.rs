@@ -116,7 +116,7 @@ impl RunnelConsumer {
         }
         self.body.clear();
         codec::encode_ids(&mut self.body, &self.pending);
-        self.client.send(&Request::Ack { topic: &self.topic, ids: Ids { bytes: &self.body } });
+        self.client.send(&Request::Ack { topic: &self.topic, group: "", ids: Ids { bytes: &self.body } });
         true
     }
 
@@ -126,6 +126,7 @@ impl RunnelConsumer {
         let acked = self.send_ack();
         self.client.send(&Request::Fetch {
             topic: &self.topic,
+            group: "",
             max_messages: max,
             max_bytes: 0,
             wait_ms,

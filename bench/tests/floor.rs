@@ -79,6 +79,7 @@ fn a_long_poll_is_answered_by_a_produce_or_when_its_wait_passes() {
     // A produce on another connection answers the parked FETCH.
     let req = runnel::codec::Request::Fetch {
         topic: "t",
+        group: "",
         max_messages: 10,
         max_bytes: 0,
         wait_ms: 60_000,

@@ -53,6 +53,7 @@ mod turn;
 mod waiters;
 
 pub use crate::record::TopicId;
+pub use requests::SESSION_VERSION;
 pub use stats::{BrokerStats, LoopStats, TopicMetrics};
 pub use turn::{TurnReport, Written};
 

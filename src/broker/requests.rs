@@ -23,6 +23,12 @@ pub(super) type Refusal = (ErrorCode, String);
 /// requires a token.
 const AUTH_FAILURES_MAX: u32 = 3;
 
+/// The protocol version of every session: this broker negotiates version 1
+/// only (codec::VERSION_MAX), so frames are decoded and deliveries written
+/// in version 1's layouts. Serving version 2 replaces this with the
+/// session's negotiated version.
+pub const SESSION_VERSION: u16 = 1;
+
 impl Request<'_> {
     /// Whether the reply to this request waits for the turn's sync: it says
     /// something the log must hold first (a produce was stored, a topic was
@@ -42,7 +48,11 @@ impl Request<'_> {
             | Request::Nack { .. }
             | Request::Touch { .. }
             | Request::Stats { .. }
-            | Request::ListTopics => false,
+            | Request::ListTopics
+            | Request::ListGroups { .. } => false,
+            // Group changes are log records the reply promises, as a
+            // topic's are.
+            Request::CreateGroup { .. } | Request::DeleteGroup { .. } | Request::ResetGroup { .. } => true,
         }
     }
 }
@@ -111,23 +121,30 @@ impl Broker {
                 codec::encode_empty_reply(out, op::PING, rid);
                 Ok(Outcome::Done)
             }
-            Request::Fetch { topic, max_messages, max_bytes, wait_ms, ack_timeout_ms } => {
+            Request::Fetch { topic, max_messages, max_bytes, wait_ms, ack_timeout_ms, .. } => {
                 let args = FetchArgs { max_messages, max_bytes, wait_ms, ack_timeout_ms };
                 self.fetch(session, topic, args, at, out)
             }
-            Request::Ack { topic, ids } => self.ack(topic, ids, rid, out),
-            Request::Touch { topic, ack_timeout_ms, ids } => self.touch(topic, ack_timeout_ms, ids, at, out),
-            Request::Nack { topic, delay_ms, flags, ids } => self.nack(topic, delay_ms, flags, ids, at, out),
+            Request::Ack { topic, ids, .. } => self.ack(topic, ids, rid, out),
+            Request::Touch { topic, ack_timeout_ms, ids, .. } => self.touch(topic, ack_timeout_ms, ids, at, out),
+            Request::Nack { topic, delay_ms, flags, ids, .. } => self.nack(topic, delay_ms, flags, ids, at, out),
             Request::Stats { topic } => self.stats(topic, at, out),
             Request::ListTopics => self.list_topics(at, out),
             Request::Produce { topic, batch } => self.produce(topic, batch, at, out),
             Request::CreateTopic { topic, settings } => self.create_topic(topic, settings, rid, out),
             Request::DeleteTopic { topic } => self.delete_topic(topic, rid, out),
             Request::PurgeTopic { topic } => self.purge_topic(topic, rid, out),
-            Request::Redrive { topic, max_messages } => {
+            Request::Redrive { topic, max_messages, .. } => {
                 let moved = self.redrive(topic, max_messages)?;
                 codec::encode_u64_reply(out, op::REDRIVE, rid, moved);
                 Ok(Outcome::Held)
+            }
+            // Version-2 ops: the codec refuses them in a version-1 session.
+            Request::CreateGroup { .. }
+            | Request::DeleteGroup { .. }
+            | Request::ListGroups { .. }
+            | Request::ResetGroup { .. } => {
+                Err((ErrorCode::UnknownOp, format!("opcode 0x{:02x} needs protocol version 2", req.op())))
             }
         }
     }
@@ -163,7 +180,7 @@ impl Broker {
         }
         session.hello = true;
         session.auth_failures = 0;
-        codec::encode_hello_reply(out, rid, version, &self.decode_limits);
+        codec::encode_hello_reply(out, rid, version, &self.decode_limits, codec::MAP_EPOCH_UNSHARDED);
         Outcome::Done
     }
 
@@ -619,13 +636,21 @@ pub(super) fn deliver(
     let timeout = if w.ack_timeout_ms == 0 { e.topic.settings.ack_timeout_ms } else { w.ack_timeout_ms };
     let deadline = now.mono_ms + u64::from(timeout);
     let max_messages = w.max_messages.min(timer_room(timers_max, wheel));
-    let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name);
+    let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, SESSION_VERSION);
     let mut timers = GroupTimers { wheel, topic: e.id, group: w.group };
     let take = Take { owner: w.consumer, max_messages, max_bytes: w.max_bytes, deadline_ms: deadline };
     e.topic.fetch(w.group, take, &mut timers, |seq, d| {
         if let Some(m) = seq.get(d.id) {
             let dead = seq.dead_info(d.id);
-            let msg = Message { id: d.id, born_ms: m.born_ms, delivery_count: d.deliveries, dead, payload: m.payload };
+            let msg = Message {
+                id: d.id,
+                born_ms: m.born_ms,
+                delivery_count: d.deliveries,
+                dead,
+                origin_group: "",
+                props: codec::Props::EMPTY,
+                payload: m.payload,
+            };
             writer.push(out, &msg);
         }
     });

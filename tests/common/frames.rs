@@ -12,10 +12,11 @@ use runnel::limits::Limits;
 /// The wall clock of the examples: 2026-01-01T00:00:00.123Z in ms.
 pub const BORN_MS: u64 = 1_767_225_600_123;
 
-/// A frame a test expects: a request or a reply.
+/// A frame a test expects: a request, in the layout of a protocol version,
+/// or a reply (replies need no version).
 #[derive(Clone, Debug)]
 pub enum Expect {
-    Request(Frame<'static>),
+    Request(Frame<'static>, u16),
     Reply(ReplyFrame<'static>),
 }
 
@@ -41,11 +42,16 @@ pub fn ids(v: &[u64]) -> Ids<'static> {
 pub fn batch(payloads: &[&[u8]]) -> Batch<'static> {
     let mut bytes = Vec::new();
     encode_batch(&mut bytes, payloads);
-    Batch { count: payloads.len() as u32, bytes: bytes.leak() }
+    Batch { count: payloads.len() as u32, bytes: bytes.leak(), with_props: false }
 }
 
 pub fn request(request_id: u32, request: Request<'static>) -> Expect {
-    Expect::Request(Frame { request_id, request })
+    Expect::Request(Frame { request_id, request }, 1)
+}
+
+/// A request in the version-2 layout.
+pub fn request_v2(request_id: u32, request: Request<'static>) -> Expect {
+    Expect::Request(Frame { request_id, request }, 2)
 }
 
 pub fn reply(op: u8, request_id: u32, reply: Reply<'static>) -> Expect {
@@ -57,7 +63,15 @@ pub fn error(op: u8, request_id: u32, code: ErrorCode, message: &'static str) ->
 }
 
 pub fn message(id: u64, delivery_count: u16, dead: Option<DeadInfo>, payload: &'static [u8]) -> Message<'static> {
-    Message { id, born_ms: BORN_MS, delivery_count, dead, payload }
+    Message {
+        id,
+        born_ms: BORN_MS,
+        delivery_count,
+        dead,
+        payload,
+        origin_group: "",
+        props: runnel::codec::Props::EMPTY,
+    }
 }
 
 pub fn settings(ack_timeout_ms: u32, max_deliveries: u16) -> TopicSettings {
@@ -102,8 +116,14 @@ pub fn doc_frames() -> Vec<Named> {
     let limits = DecodeLimits::from(&Limits::default());
     let jobs = "jobs";
     let dead = DeadInfo { origin_id: 2, origin_deliveries: 16, reason: DeadReason::Nacked };
-    let fetch =
-        |topic, max_messages, wait_ms| Request::Fetch { topic, max_messages, max_bytes: 0, wait_ms, ack_timeout_ms: 0 };
+    let fetch = |topic, max_messages, wait_ms| Request::Fetch {
+        topic,
+        group: "",
+        max_messages,
+        max_bytes: 0,
+        wait_ms,
+        ack_timeout_ms: 0,
+    };
     vec![
         named(
             "hello-request",
@@ -113,7 +133,7 @@ pub fn doc_frames() -> Vec<Named> {
         named(
             "hello-reply",
             "The broker chooses version 1 and reports its default limits.",
-            reply(op::HELLO, 1, Reply::Hello { version: 1, limits }),
+            reply(op::HELLO, 1, Reply::Hello { version: 1, limits: limits.reported(1), map_epoch: 0 }),
         ),
         named("ping-request", "PING.", request(2, Request::Ping)),
         named("ping-reply", "The reply to PING.", reply(op::PING, 2, Reply::Pong)),
@@ -147,13 +167,13 @@ pub fn doc_frames() -> Vec<Named> {
         named(
             "ack-request",
             "ACK messages 1 and 7; there is no message 7.",
-            request(5, Request::Ack { topic: jobs, ids: ids(&[1, 7]) }),
+            request(5, Request::Ack { topic: jobs, group: "", ids: ids(&[1, 7]) }),
         ),
         named("ack-reply", "One id took effect; 7 failed.", reply(op::ACK, 5, Reply::Ids { done: 1, failed: vec![7] })),
         named(
             "touch-request",
             "TOUCH: give message 2 another 60 s.",
-            request(6, Request::Touch { topic: jobs, ack_timeout_ms: 60_000, ids: ids(&[2]) }),
+            request(6, Request::Touch { topic: jobs, group: "", ack_timeout_ms: 60_000, ids: ids(&[2]) }),
         ),
         named(
             "touch-reply",
@@ -163,7 +183,7 @@ pub fn doc_frames() -> Vec<Named> {
         named(
             "nack-request",
             "NACK: give message 2 back, to be ready again in 1 s.",
-            request(7, Request::Nack { topic: jobs, delay_ms: 1000, flags: 0, ids: ids(&[2]) }),
+            request(7, Request::Nack { topic: jobs, group: "", delay_ms: 1000, flags: 0, ids: ids(&[2]) }),
         ),
         named(
             "nack-reply",
@@ -218,7 +238,7 @@ pub fn doc_frames() -> Vec<Named> {
         named(
             "redrive-request",
             "REDRIVE every ready message of jobs.dlq back to jobs.",
-            request(13, Request::Redrive { topic: jobs, max_messages: 0 }),
+            request(13, Request::Redrive { topic: jobs, group: "", max_messages: 0 }),
         ),
         named("redrive-reply", "One message moved.", reply(op::REDRIVE, 13, Reply::Count(1))),
         named("purge-topic-request", "PURGE_TOPIC jobs.", request(14, Request::PurgeTopic { topic: jobs })),
@@ -233,6 +253,190 @@ pub fn doc_frames() -> Vec<Named> {
     ]
 }
 
+/// Properties of the version-2 examples: tag `eu`, header `trace` = `7f`.
+pub fn example_props() -> Props<'static> {
+    let mut bytes = Vec::new();
+    props::put_tag(&mut bytes, "eu");
+    props::put_header(&mut bytes, "trace", b"7f");
+    Props::parse(bytes.leak(), 2, &PropsLimits::ANY).expect("valid properties") // ok: test data
+}
+
+/// A version-2 PRODUCE batch of (properties, payload).
+pub fn batch_v2(messages: &[(Props<'static>, &[u8])]) -> Batch<'static> {
+    let mut bytes = Vec::new();
+    for (props, payload) in messages {
+        encode_message(&mut bytes, props, payload);
+    }
+    Batch { count: messages.len() as u32, bytes: bytes.leak(), with_props: true }
+}
+
+/// The settings of the `billing` group of the version-2 examples.
+pub fn billing_settings() -> GroupSettings<'static> {
+    GroupSettings { broadcast: false, ack_timeout_ms: 0, max_deliveries: 0, filter: "eu || us" }
+}
+
+/// Every version-2 example docs/protocol.md must carry, in the order of
+/// the doc: one version-2 session, request ids counting up.
+pub fn doc_frames_v2() -> Vec<Named> {
+    let limits = DecodeLimits::from(&Limits::default());
+    let (jobs, billing) = ("jobs", "billing");
+    let props = example_props();
+    let dead = DeadInfo { origin_id: 1, origin_deliveries: 5, reason: DeadReason::Nacked };
+    let tagged = Message { props, ..message(1, 1, None, b"hello") };
+    let dead_letter = Message { origin_group: billing, props, ..message(1, 1, Some(dead), b"hello") };
+    let mut frames = vec![
+        named(
+            "hello-v2-request",
+            "HELLO: the client speaks versions 1 to 2 and has no token.",
+            request(1, Request::Hello { min_version: 1, max_version: 2, token: b"" }),
+        ),
+        named(
+            "hello-v2-reply",
+            "A broker that speaks version 2 chooses it and reports every limit a version-2 client needs.",
+            reply(op::HELLO, 1, Reply::Hello { version: 2, limits, map_epoch: 0 }),
+        ),
+        named(
+            "produce-v2-request",
+            "PRODUCE (version 2) two messages to jobs: hello with the tag eu and the header trace = 7f, and world without properties.",
+            request_v2(
+                2,
+                Request::Produce { topic: jobs, batch: batch_v2(&[(props, b"hello"), (Props::EMPTY, b"world")]) },
+            ),
+        ),
+        named(
+            "create-group-request",
+            "CREATE_GROUP billing on jobs: competing consumers, from the earliest message, the topic's ack timeout and max deliveries, tags eu or us.",
+            request_v2(
+                3,
+                Request::CreateGroup {
+                    topic: jobs,
+                    group: billing,
+                    settings: billing_settings(),
+                    start: Start::Earliest,
+                },
+            ),
+        ),
+        named(
+            "create-group-reply",
+            "The group is new; its cursor is message 1.",
+            reply(op::CREATE_GROUP, 3, Reply::GroupCreated { created: true, cursor: 1 }),
+        ),
+        named(
+            "fetch-v2-request",
+            "FETCH (version 2) for the group billing: up to 10 messages, waiting up to 5 s.",
+            request_v2(
+                4,
+                Request::Fetch {
+                    topic: jobs,
+                    group: billing,
+                    max_messages: 10,
+                    max_bytes: 0,
+                    wait_ms: 5000,
+                    ack_timeout_ms: 0,
+                },
+            ),
+        ),
+        named(
+            "fetch-v2-reply",
+            "Message 1 with its properties (flags bit 1); world has no tag, so billing's filter passed it over.",
+            reply(op::FETCH, 4, Reply::Messages { topic: jobs, messages: vec![tagged] }),
+        ),
+    ];
+    frames.extend(doc_frames_v2_consumer(jobs, billing));
+    frames.extend([
+        named(
+            "fetch-dlq-v2-request",
+            "FETCH (version 2) one message of jobs.dlq for its default group, without waiting.",
+            request_v2(8, Request::Fetch { topic: "jobs.dlq", group: "", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 }),
+        ),
+        named(
+            "fetch-dlq-v2-reply",
+            "From jobs.dlq (version 2): message 1 of jobs, NACKed on its 5th delivery in the group billing, with the origin group (flags bit 2) and its properties.",
+            reply(op::FETCH, 8, Reply::Messages { topic: "jobs.dlq", messages: vec![dead_letter] }),
+        ),
+        named(
+            "redrive-v2-request",
+            "REDRIVE (version 2) every dead letter of the group billing back to it.",
+            request_v2(9, Request::Redrive { topic: jobs, group: billing, max_messages: 0 }),
+        ),
+    ]);
+    frames.extend(doc_frames_v2_admin(jobs, billing));
+    frames
+}
+
+/// ACK, NACK and TOUCH of the version-2 examples.
+fn doc_frames_v2_consumer(jobs: &'static str, billing: &'static str) -> Vec<Named> {
+    vec![
+        named(
+            "ack-v2-request",
+            "ACK (version 2) message 1 for the group billing only.",
+            request_v2(5, Request::Ack { topic: jobs, group: billing, ids: ids(&[1]) }),
+        ),
+        named(
+            "nack-v2-request",
+            "NACK (version 2) message 1 for the group billing, to be ready again in 1 s.",
+            request_v2(6, Request::Nack { topic: jobs, group: billing, delay_ms: 1000, flags: 0, ids: ids(&[1]) }),
+        ),
+        named(
+            "touch-v2-request",
+            "TOUCH (version 2): give message 1 another 60 s in the group billing.",
+            request_v2(7, Request::Touch { topic: jobs, group: billing, ack_timeout_ms: 60_000, ids: ids(&[1]) }),
+        ),
+    ]
+}
+
+/// The group admin frames of the version-2 examples.
+fn doc_frames_v2_admin(jobs: &'static str, billing: &'static str) -> Vec<Named> {
+    let default_group = GroupInfo {
+        name: "",
+        settings: GroupSettings { broadcast: false, ack_timeout_ms: 30_000, max_deliveries: 16, filter: "" },
+        stats: GroupStats { cursor: 3, lag: 0, inflight: 0, ..GroupStats::default() },
+    };
+    let billing_group = GroupInfo {
+        name: billing,
+        settings: GroupSettings { ack_timeout_ms: 30_000, max_deliveries: 16, ..billing_settings() },
+        stats: GroupStats {
+            cursor: 2,
+            lag: 0,
+            inflight: 1,
+            retry: 0,
+            delayed: 0,
+            dead_lettered: 1,
+            oldest_unacked_age_ms: 1500,
+            consumers: 2,
+        },
+    };
+    vec![
+        named("list-groups-request", "LIST_GROUPS of jobs.", request_v2(10, Request::ListGroups { topic: jobs })),
+        named(
+            "list-groups-reply",
+            "Two groups, the default group first: its settings in effect and its numbers.",
+            reply(op::LIST_GROUPS, 10, Reply::Groups(vec![default_group, billing_group])),
+        ),
+        named(
+            "reset-group-request",
+            "RESET_GROUP billing to the first message born at or after 2026-01-01T00:00:00.123Z.",
+            request_v2(11, Request::ResetGroup { topic: jobs, group: billing, start: Start::Time(BORN_MS) }),
+        ),
+        named(
+            "reset-group-reply",
+            "The group's new cursor is message 1.",
+            reply(op::RESET_GROUP, 11, Reply::Cursor(1)),
+        ),
+        named(
+            "delete-group-request",
+            "DELETE_GROUP billing.",
+            request_v2(12, Request::DeleteGroup { topic: jobs, group: billing }),
+        ),
+        named("delete-group-reply", "It held one message.", reply(op::DELETE_GROUP, 12, Reply::Count(1))),
+        named(
+            "unknown-group-reply",
+            "An error reply (version 2): an ACK for billing after DELETE_GROUP gets UNKNOWN_GROUP (status 18). The message text is an example.",
+            error(op::ACK, 13, ErrorCode::UnknownGroup, "no group billing in topic jobs"),
+        ),
+    ]
+}
+
 // ---------------------------------------------------------------------------
 // Encoding, with the encoders the broker and the client use.
 // ---------------------------------------------------------------------------
@@ -241,11 +445,13 @@ pub fn doc_frames() -> Vec<Named> {
 pub fn encode_reply(out: &mut Vec<u8>, frame: &ReplyFrame<'_>) {
     let (op, id) = (frame.op, frame.request_id);
     match &frame.reply {
-        Reply::Hello { version, limits } => encode_hello_reply(out, id, *version, limits),
+        Reply::Hello { version, limits, map_epoch } => encode_hello_reply(out, id, *version, limits, *map_epoch),
         Reply::Pong => encode_empty_reply(out, op, id),
         Reply::Produced { first_id, count } => encode_produce_reply(out, id, *first_id, *count),
         Reply::Messages { topic, messages } => {
-            let mut w = MessagesWriter::begin(out, id, topic);
+            // Replies need no version: a message's flags say what it
+            // carries, and the highest version writes whatever it has.
+            let mut w = MessagesWriter::begin(out, id, topic, CODEC_VERSION_MAX);
             for m in messages {
                 w.push(out, m);
             }
@@ -265,6 +471,9 @@ pub fn encode_reply(out: &mut Vec<u8>, frame: &ReplyFrame<'_>) {
         Reply::Created { created } => encode_u64_reply(out, op, id, u64::from(*created)),
         Reply::Count(n) => encode_u64_reply(out, op, id, *n),
         Reply::Topics(topics) => encode_topics_reply(out, id, topics),
+        Reply::GroupCreated { created, cursor } => encode_group_created_reply(out, id, *created, *cursor),
+        Reply::Groups(groups) => encode_groups_reply(out, id, groups),
+        Reply::Cursor(cursor) => encode_u64_reply(out, op, id, *cursor),
         Reply::Error { code, message } => {
             let code = ErrorCode::from_u8(*code).unwrap_or_else(|| panic!("error code {code} is not an ErrorCode"));
             encode_error(out, op, id, code, message);
@@ -276,7 +485,7 @@ pub fn encode_reply(out: &mut Vec<u8>, frame: &ReplyFrame<'_>) {
 pub fn encode(expect: &Expect) -> Vec<u8> {
     let mut out = Vec::new();
     match expect {
-        Expect::Request(f) => encode_request(&mut out, f.request_id, &f.request),
+        Expect::Request(f, version) => encode_request(&mut out, f.request_id, &f.request, *version),
         Expect::Reply(f) => encode_reply(&mut out, f),
     }
     out

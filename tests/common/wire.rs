@@ -48,7 +48,7 @@ pub fn stat(c: &mut Client, topic: &str, key: &str) -> u64 {
 /// A request frame, encoded by the codec.
 pub fn encode(rid: u32, req: &Request<'_>) -> Vec<u8> {
     let mut out = Vec::new();
-    codec::encode_request(&mut out, rid, req);
+    codec::encode_request(&mut out, rid, req, 1);
     out
 }
 
@@ -66,7 +66,7 @@ pub fn batch_body<P: AsRef<[u8]>>(payloads: &[P]) -> Vec<u8> {
 }
 
 pub fn produce_req<'a>(topic: &'a str, body: &'a [u8], count: u32) -> Request<'a> {
-    Request::Produce { topic, batch: Batch { count, bytes: body } }
+    Request::Produce { topic, batch: Batch { count, bytes: body, with_props: false } }
 }
 
 pub fn ids_body(ids: &[u64]) -> Vec<u8> {

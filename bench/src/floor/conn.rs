@@ -127,7 +127,7 @@ impl Conn {
                 self.paused = true;
                 return (Step::Stop, used);
             }
-            match codec::decode_request(&input[used..], &limits) {
+            match codec::decode_request(&input[used..], &limits, 1) {
                 Ok(Decoded::NeedMore) => return (Step::Continue, used),
                 Ok(Decoded::Frame(frame, n)) => {
                     used += n;
@@ -161,7 +161,7 @@ mod tests {
     fn requests(reqs: &[Request<'_>]) -> Vec<u8> {
         let mut out = Vec::new();
         for (i, r) in reqs.iter().enumerate() {
-            encode_request(&mut out, i as u32 + 1, r);
+            encode_request(&mut out, i as u32 + 1, r, 1);
         }
         out
     }
@@ -183,7 +183,7 @@ mod tests {
     }
 
     fn produce<'a>(topic: &'a str, records: &'a [u8]) -> Request<'a> {
-        Request::Produce { topic, batch: Batch { count: 1, bytes: records } }
+        Request::Produce { topic, batch: Batch { count: 1, bytes: records, with_props: false } }
     }
 
     #[test]
@@ -195,8 +195,8 @@ mod tests {
             Request::Hello { min_version: 1, max_version: 1, token: b"" },
             produce("t", &records),
             produce("t", &records),
-            Request::Fetch { topic: "t", max_messages: 10, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 },
-            Request::Ack { topic: "t", ids: Ids { bytes: &ids } },
+            Request::Fetch { topic: "t", group: "", max_messages: 10, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 },
+            Request::Ack { topic: "t", group: "", ids: Ids { bytes: &ids } },
             Request::Ping,
         ]);
         let whole = {
@@ -221,7 +221,7 @@ mod tests {
     #[test]
     fn a_parked_fetch_stops_decoding_and_keeps_what_follows() {
         let stream = requests(&[
-            Request::Fetch { topic: "t", max_messages: 1, max_bytes: 0, wait_ms: 100, ack_timeout_ms: 0 },
+            Request::Fetch { topic: "t", group: "", max_messages: 1, max_bytes: 0, wait_ms: 100, ack_timeout_ms: 0 },
             Request::Ping,
         ]);
         let mut c = Conn::default();

@@ -135,7 +135,18 @@ impl Topic {
                 break;
             }
             let payload = &block[at + 4..at + 4 + len];
-            w.push(out, &Message { id: self.first_id, born_ms: 0, delivery_count: 1, dead: None, payload });
+            w.push(
+                out,
+                &Message {
+                    id: self.first_id,
+                    born_ms: 0,
+                    delivery_count: 1,
+                    dead: None,
+                    payload,
+                    origin_group: "",
+                    props: runnel::codec::Props::EMPTY,
+                },
+            );
             self.head += 4 + len;
             self.first_id += 1;
             payload_bytes += len as u64;
@@ -197,7 +208,7 @@ impl Echo {
             Request::Hello { min_version, max_version, .. } => {
                 if min_version <= codec::VERSION_MAX && max_version >= codec::VERSION_MIN {
                     let version = max_version.min(codec::VERSION_MAX);
-                    codec::encode_hello_reply(out, rid, version, &self.limits.decode);
+                    codec::encode_hello_reply(out, rid, version, &self.limits.decode, 0);
                 } else {
                     codec::encode_error(out, op::HELLO, rid, ErrorCode::Version, "runnel-floor speaks version 1");
                 }
@@ -279,7 +290,7 @@ impl Echo {
     /// Writes the FETCH reply of `f` on topic `t`, with what is queued.
     fn answer(&mut self, t: usize, f: &Waiter, out: &mut Vec<u8>) {
         let topic = &mut self.topics[t];
-        let mut w = MessagesWriter::begin(out, f.request_id, &topic.name);
+        let mut w = MessagesWriter::begin(out, f.request_id, &topic.name, 1);
         self.queued_bytes -= topic.take(&mut w, out, f.max_messages, f.max_bytes);
         w.finish(out);
     }
@@ -382,7 +393,7 @@ mod tests {
     fn produce(echo: &mut Echo, topic: &str, payloads: &[&[u8]]) -> Vec<u8> {
         let mut records = Vec::new();
         encode_batch(&mut records, payloads);
-        let batch = Batch { count: payloads.len() as u32, bytes: &records };
+        let batch = Batch { count: payloads.len() as u32, bytes: &records, with_props: false };
         let mut out = Vec::new();
         let frame = Frame { request_id: 9, request: Request::Produce { topic, batch } };
         assert_eq!(echo.handle(1, &frame, 0, &mut out), Outcome::Done);
@@ -391,7 +402,7 @@ mod tests {
 
     fn fetch(echo: &mut Echo, key: usize, max_messages: u32, max_bytes: u32, wait_ms: u32) -> (Outcome, Vec<u8>) {
         let mut out = Vec::new();
-        let request = Request::Fetch { topic: "t", max_messages, max_bytes, wait_ms, ack_timeout_ms: 0 };
+        let request = Request::Fetch { topic: "t", group: "", max_messages, max_bytes, wait_ms, ack_timeout_ms: 0 };
         let outcome = echo.handle(key, &Frame { request_id: 4, request }, 0, &mut out);
         (outcome, out)
     }
@@ -466,7 +477,7 @@ mod tests {
         assert_eq!(code(&produce(&mut echo, "t", &[b"1"])), ErrorCode::QueueFull as u8);
         assert_eq!(code(&fetch(&mut echo, 2, 0, 0, 0).1), ErrorCode::BadArgument as u8);
         let mut out = Vec::new();
-        let nack = Request::Nack { topic: "t", delay_ms: 0, flags: 0, ids: Ids { bytes: &[0; 8] } };
+        let nack = Request::Nack { topic: "t", group: "", delay_ms: 0, flags: 0, ids: Ids { bytes: &[0; 8] } };
         echo.handle(1, &Frame { request_id: 3, request: nack }, 0, &mut out);
         assert_eq!(code(&out), ErrorCode::UnknownOp as u8);
         let mut out = Vec::new();

@@ -1,0 +1,325 @@
+//! Message properties (protocol version 2): a message's tags and headers,
+//! kept as one blob of type-length-value entries, as RocketMQ keeps a
+//! message's properties map. docs/protocol.md ("Message properties") is the
+//! contract.
+//!
+//! ```text
+//! entry: u8 type, u16 len, len bytes of value
+//! type 1 tag:    the value is the tag, UTF-8
+//! type 2 header: the value is a key (u16 len, UTF-8) then the header's
+//!                value, the bytes up to the end of the entry
+//! ```
+//!
+//! The blob is validated once, when it is decoded (`Props::parse`), so that
+//! iterating a `Props` cannot fail and the broker can store, index and send
+//! the bytes as they came. A later protocol version adds types (a key, a
+//! dedup id, a delivery time); a type the session's version lacks is
+//! refused, never skipped, so that a property is never silently lost.
+
+use byteorder::{ByteOrder, LittleEndian};
+
+use super::{ErrorCode, put_u16};
+
+/// Property type: a tag (UTF-8), repeatable.
+pub const PROP_TAG: u8 = 1;
+/// Property type: a header (a key string, then the value bytes).
+pub const PROP_HEADER: u8 = 2;
+/// Bytes of an entry's type and length fields.
+pub const PROP_ENTRY_OVERHEAD_BYTES: usize = 1 + 2;
+
+/// The bounds the decoder holds properties to; a copy of the broker's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PropsLimits {
+    /// Most tags on one message.
+    pub tags_per_message_max: u32,
+    /// Longest tag, bytes.
+    pub tag_bytes_max: u32,
+    /// Most bytes of the whole blob, its entries' type and length included.
+    pub props_bytes_max: u32,
+}
+
+impl PropsLimits {
+    /// Bounds only the wire format sets: for reading what a broker sent.
+    pub const ANY: PropsLimits =
+        PropsLimits { tags_per_message_max: u32::MAX, tag_bytes_max: u32::MAX, props_bytes_max: u32::MAX };
+}
+
+/// Why a properties blob was refused: the error code and a sentence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PropsError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+fn bad(message: String) -> PropsError {
+    PropsError { code: ErrorCode::BadArgument, message }
+}
+
+fn malformed(message: &str) -> PropsError {
+    PropsError { code: ErrorCode::Malformed, message: message.to_string() }
+}
+
+/// One property.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prop<'a> {
+    Tag(&'a str),
+    Header { key: &'a str, value: &'a [u8] },
+}
+
+/// A validated properties blob (possibly empty).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Props<'a> {
+    /// The entries, back to back, exactly.
+    bytes: &'a [u8],
+}
+
+/// Whether version `version` of the protocol knows property type `kind`.
+pub fn prop_type_known(kind: u8, version: u16) -> bool {
+    version >= 2 && matches!(kind, PROP_TAG | PROP_HEADER)
+}
+
+/// Checks a tag: 1 to `tag_bytes_max` bytes of UTF-8 without `|`,
+/// whitespace or control characters, so that every tag can be named in a
+/// filter's list (`a || b`).
+pub fn check_tag(tag: &[u8], tag_bytes_max: u32) -> Result<&str, String> {
+    if tag.is_empty() {
+        return Err("a tag is empty".into());
+    }
+    if tag.len() > tag_bytes_max as usize {
+        return Err(format!("a tag is {} bytes, more than tag_bytes_max ({tag_bytes_max})", tag.len()));
+    }
+    let tag = std::str::from_utf8(tag).map_err(|_| "a tag is not UTF-8".to_string())?;
+    if let Some(c) = tag.chars().find(|&c| c == '|' || c.is_whitespace() || c.is_control()) {
+        return Err(format!("tag {tag:?} has {c:?}; a tag has no '|', whitespace or control characters"));
+    }
+    Ok(tag)
+}
+
+/// Reads one entry at the start of `rest`: its type, its value, and the
+/// bytes it took. `None` when the entry runs past `rest`.
+fn entry(rest: &[u8]) -> Option<(u8, &[u8], usize)> {
+    let kind = *rest.first()?;
+    let len = LittleEndian::read_u16(rest.get(1..3)?) as usize;
+    let value = rest.get(PROP_ENTRY_OVERHEAD_BYTES..PROP_ENTRY_OVERHEAD_BYTES + len)?;
+    Some((kind, value, PROP_ENTRY_OVERHEAD_BYTES + len))
+}
+
+/// Splits a header's value into its key and value. `Err` for a key that
+/// runs past the entry (MALFORMED) or is empty or not UTF-8.
+fn header(value: &[u8]) -> Result<(&str, &[u8]), PropsError> {
+    let len = value.get(..2).map(LittleEndian::read_u16).ok_or_else(|| malformed("a header has no key length"))?;
+    let key = value.get(2..2 + len as usize).ok_or_else(|| malformed("a header's key runs past its entry"))?;
+    let key = std::str::from_utf8(key).map_err(|_| bad("a header's key is not UTF-8".into()))?;
+    if key.is_empty() {
+        return Err(bad("a header's key is empty".into()));
+    }
+    Ok((key, &value[2 + key.len()..]))
+}
+
+impl<'a> Props<'a> {
+    /// No properties.
+    pub const EMPTY: Props<'static> = Props { bytes: &[] };
+
+    /// Validates a blob against the session's `version` and `limits`:
+    /// MALFORMED when an entry runs past the blob, BAD_ARGUMENT for a type
+    /// the version lacks, a bad tag or header, or a limit passed.
+    pub fn parse(bytes: &'a [u8], version: u16, limits: &PropsLimits) -> Result<Props<'a>, PropsError> {
+        if bytes.len() > limits.props_bytes_max as usize {
+            return Err(bad(format!(
+                "properties are {} bytes, more than props_bytes_max ({})",
+                bytes.len(),
+                limits.props_bytes_max
+            )));
+        }
+        let (mut at, mut tags) = (0, 0u32);
+        while at < bytes.len() {
+            let (kind, value, n) =
+                entry(&bytes[at..]).ok_or_else(|| malformed("a property runs past the properties"))?;
+            if !prop_type_known(kind, version) {
+                return Err(bad(format!("property type {kind} is not one of protocol version {version}")));
+            }
+            if kind == PROP_TAG {
+                tags += 1;
+                if tags > limits.tags_per_message_max {
+                    let max = limits.tags_per_message_max;
+                    return Err(bad(format!("more than tags_per_message_max ({max}) tags on a message")));
+                }
+                check_tag(value, limits.tag_bytes_max).map_err(bad)?;
+            } else {
+                header(value)?;
+            }
+            at += n;
+        }
+        Ok(Props { bytes })
+    }
+
+    /// A blob `parse` already validated (kept with the batch it came in).
+    pub(super) fn trusted(bytes: &'a [u8]) -> Props<'a> {
+        Props { bytes }
+    }
+
+    /// The blob, as it came.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Every property, in the order they came.
+    pub fn iter(&self) -> PropsIter<'a> {
+        PropsIter { rest: self.bytes }
+    }
+
+    /// The tags, in order.
+    pub fn tags(&self) -> impl Iterator<Item = &'a str> + 'a {
+        self.iter().filter_map(|p| match p {
+            Prop::Tag(t) => Some(t),
+            Prop::Header { .. } => None,
+        })
+    }
+
+    /// The headers, in order (a key may repeat).
+    pub fn headers(&self) -> impl Iterator<Item = (&'a str, &'a [u8])> + 'a {
+        self.iter().filter_map(|p| match p {
+            Prop::Header { key, value } => Some((key, value)),
+            Prop::Tag(_) => None,
+        })
+    }
+
+    /// The value of the first header named `key`.
+    pub fn header(&self, key: &str) -> Option<&'a [u8]> {
+        self.headers().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+}
+
+/// The properties of a validated blob, in order.
+pub struct PropsIter<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for PropsIter<'a> {
+    type Item = Prop<'a>;
+    fn next(&mut self) -> Option<Prop<'a>> {
+        // The blob was validated by `Props::parse`: every entry is whole and
+        // of a known type, so the `?`s below end only at the end.
+        let (kind, value, n) = entry(self.rest)?;
+        self.rest = &self.rest[n..];
+        Some(match kind {
+            PROP_TAG => Prop::Tag(std::str::from_utf8(value).ok()?),
+            _ => {
+                let (key, value) = header(value).ok()?;
+                Prop::Header { key, value }
+            }
+        })
+    }
+}
+
+/// Appends a tag entry to a blob being built. The caller checks the tag
+/// (`check_tag`); the decoder refuses a bad one.
+pub fn put_tag(out: &mut Vec<u8>, tag: &str) {
+    assert!(tag.len() <= usize::from(u16::MAX), "a tag over 65535 bytes");
+    out.push(PROP_TAG);
+    put_u16(out, tag.len() as u16);
+    out.extend_from_slice(tag.as_bytes());
+}
+
+/// Appends a header entry to a blob being built.
+pub fn put_header(out: &mut Vec<u8>, key: &str, value: &[u8]) {
+    assert!(2 + key.len() + value.len() <= usize::from(u16::MAX), "a header over 65535 bytes");
+    out.push(PROP_HEADER);
+    put_u16(out, (2 + key.len() + value.len()) as u16);
+    put_u16(out, key.len() as u16);
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(value);
+}
+
+/// Appends a blob with its u16 length: the properties field of a message,
+/// on the wire (and in the log, which shares this helper, not a layout).
+pub fn put_props(out: &mut Vec<u8>, props: &Props<'_>) {
+    assert!(props.bytes.len() <= usize::from(u16::MAX), "properties over 65535 bytes");
+    put_u16(out, props.bytes.len() as u16);
+    out.extend_from_slice(props.bytes);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: PropsLimits = PropsLimits { tags_per_message_max: 2, tag_bytes_max: 5, props_bytes_max: 64 };
+
+    fn blob(tags: &[&str], headers: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for t in tags {
+            put_tag(&mut out, t);
+        }
+        for (k, v) in headers {
+            put_header(&mut out, k, v);
+        }
+        out
+    }
+
+    fn refused(bytes: &[u8], limits: &PropsLimits) -> ErrorCode {
+        Props::parse(bytes, 2, limits).expect_err("refused").code
+    }
+
+    #[test]
+    fn tags_and_headers_come_back_in_order() {
+        let mut bytes = blob(&["a"], &[("k", b"v1")]);
+        put_tag(&mut bytes, "b");
+        put_header(&mut bytes, "k", b"");
+        let p = Props::parse(&bytes, 2, &LIMITS).expect("valid");
+        assert_eq!(p.tags().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(p.headers().collect::<Vec<_>>(), [("k", &b"v1"[..]), ("k", &b""[..])]);
+        assert_eq!(p.header("k"), Some(&b"v1"[..]));
+        assert_eq!(p.header("x"), None);
+        let all: Vec<Prop> = p.iter().collect();
+        assert_eq!(all[0], Prop::Tag("a"));
+        assert_eq!(all.len(), 4);
+        assert_eq!(p.bytes(), &bytes[..]);
+        let mut framed = Vec::new();
+        put_props(&mut framed, &p);
+        assert_eq!((framed[..2].to_vec(), &framed[2..]), ((bytes.len() as u16).to_le_bytes().to_vec(), &bytes[..]));
+        assert!(Props::parse(&[], 2, &LIMITS).expect("empty").is_empty());
+    }
+
+    #[test]
+    fn a_version_without_properties_refuses_every_type() {
+        let bytes = blob(&["a"], &[]);
+        assert_eq!(Props::parse(&bytes, 1, &LIMITS).expect_err("v1").code, ErrorCode::BadArgument);
+        assert!(!prop_type_known(PROP_TAG, 1));
+        assert!(prop_type_known(PROP_HEADER, 2));
+        assert!(!prop_type_known(3, 2), "a later version's type is refused, not skipped");
+        assert_eq!(refused(&[3, 0, 0], &LIMITS), ErrorCode::BadArgument);
+    }
+
+    #[test]
+    fn limits_are_held_at_their_boundaries() {
+        assert!(Props::parse(&blob(&["abcde", "x"], &[]), 2, &LIMITS).is_ok());
+        assert_eq!(refused(&blob(&["abcdef"], &[]), &LIMITS), ErrorCode::BadArgument, "tag_bytes_max + 1");
+        assert_eq!(refused(&blob(&["a", "b", "c"], &[]), &LIMITS), ErrorCode::BadArgument, "one tag too many");
+        // A header entry: type, length, key length, key, value.
+        let big = [7u8; 59];
+        assert!(Props::parse(&blob(&[], &[("k", &big[..58])]), 2, &LIMITS).is_ok(), "64 bytes");
+        assert_eq!(refused(&blob(&[], &[("k", &big[..59])]), &LIMITS), ErrorCode::BadArgument, "65 bytes");
+    }
+
+    #[test]
+    fn bad_entries_are_refused_with_their_code() {
+        for tag in ["", "a|b", "a b", "a\tb", "\u{7f}"] {
+            assert_eq!(refused(&blob(&[tag], &[]), &PropsLimits::ANY), ErrorCode::BadArgument, "{tag:?}");
+        }
+        assert_eq!(refused(&[PROP_TAG, 2, 0, 0xff, 0xfe], &LIMITS), ErrorCode::BadArgument, "not UTF-8");
+        assert_eq!(refused(&blob(&[], &[("", b"v")]), &LIMITS), ErrorCode::BadArgument, "empty key");
+        assert_eq!(refused(&[PROP_HEADER, 2, 0, 0xff, 0xff], &LIMITS), ErrorCode::Malformed, "key past the entry");
+        assert_eq!(refused(&[PROP_HEADER, 1, 0, 0], &LIMITS), ErrorCode::Malformed, "no key length");
+        let whole = blob(&["ab"], &[("k", b"v")]);
+        for cut in 1..whole.len() {
+            if cut == 5 {
+                continue; // a whole tag entry, then nothing: valid
+            }
+            assert_eq!(refused(&whole[..cut], &LIMITS), ErrorCode::Malformed, "cut at {cut}");
+        }
+    }
+}
