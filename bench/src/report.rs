@@ -53,12 +53,13 @@ pub struct Report {
     pub skipped: Vec<String>,
 }
 
-const WORKLOADS: [(&str, &str); 9] = [
+const WORKLOADS: [(&str, &str); 10] = [
     ("W1", "W1: produce throughput (1 connection, closed loop)"),
     ("W2", "W2: fan-in (many connections, depth 1)"),
     ("W3", "W3: end-to-end latency, open loop"),
     ("W4", "W4: work queue"),
     ("W5", "W5: backlog fill and drain"),
+    ("W6", "W6: fan-out to consumer groups (durable; msgs/s and CPU are per delivery, to every group)"),
     ("W3C", "W3C: end-to-end latency while the log is rewritten (durable)"),
     ("W3S", "W3S: end-to-end latency with runnel's --spin-us (non-durable)"),
     ("W3B", "W3B: end-to-end latency with a busy-polling client (non-durable; the client core is 100% busy)"),
@@ -220,7 +221,7 @@ fn notes(r: &RunResult) -> String {
                 n.push(format!("other processes (and steal) {:.1}% of a core meanwhile", o * 100.0));
             }
         }
-        "W4" => {
+        "W4" | "W6" => {
             if let Some(p) = r.extra("produced_msgs_per_s") {
                 n.push(format!("produced {} msgs/s", fmt_count(p)));
             }

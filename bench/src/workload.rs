@@ -10,6 +10,9 @@
 //!   message's intended send time (no coordinated omission).
 //! - W4 work queue: producers and consumers on one topic at once.
 //! - W5 backlog: fill a topic with small messages, then drain it.
+//! - W6 fan-out: one producer, 1/4/16 consumer groups of two consumers
+//!   each, durable; every group gets every message (and runnel with 16
+//!   groups each filtering one of 16 tags).
 //! - W3C: W3 at 10k msgs/s, durable, while the broker rewrites its log:
 //!   runnel compacting (1 MiB segments, a backlog of unacknowledged
 //!   messages spread over old segments), Redis running BGREWRITEAOF.
@@ -28,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use crate::conn::{Consumer, Producer, Target};
 use crate::latency::{Latency, Samples, now_ns};
+use crate::runnel_conn;
 use crate::server::{Durability, Kind, Server};
 use crate::sys;
 use crate::tracker::{self, Seen, Verify};
@@ -149,6 +153,12 @@ pub enum Config {
         consumers: usize,
     },
     W5,
+    /// Fan-out to `groups` consumer groups; with `tagged`, each group
+    /// filters one of `groups` tags and each message has one of them.
+    W6 {
+        groups: usize,
+        tagged: bool,
+    },
     /// W3 while the log is rewritten: runnel compacting, Redis running
     /// BGREWRITEAOF.
     W3Compact {
@@ -184,6 +194,9 @@ const BATCH_DEPTH: usize = 4;
 const FETCH_MAX: u32 = 1024;
 const DRAIN_FETCH_MAX: u32 = 1000;
 const WAIT_MS: u32 = 100;
+/// W6: consumers per group, and the producer's pipeline depth.
+const W6_CONSUMERS_PER_GROUP: usize = 2;
+const W6_DEPTH: usize = 16;
 /// W3C: runnel's segment size, small so that compaction runs all the time.
 const W3C_SEGMENT_BYTES: u64 = 1 << 20;
 /// W3C: acknowledged messages produced around each unacknowledged one, in
@@ -196,7 +209,7 @@ const R1_SIZE: usize = 1024;
 /// busy-polls too (200 µs covers the 100 µs between messages at 10k/s).
 const W3B_SPIN_US: u32 = 200;
 /// All the workload ids, in the order they run.
-pub const WORKLOADS: [&str; 9] = ["W1", "W2", "W3", "W4", "W5", "W3C", "W3S", "W3B", "R1"];
+pub const WORKLOADS: [&str; 10] = ["W1", "W2", "W3", "W4", "W5", "W6", "W3C", "W3S", "W3B", "R1"];
 
 impl Config {
     pub fn workload(&self) -> &'static str {
@@ -206,6 +219,7 @@ impl Config {
             Config::W3 { .. } => "W3",
             Config::W4 { .. } => "W4",
             Config::W5 => "W5",
+            Config::W6 { .. } => "W6",
             Config::W3Compact { .. } => "W3C",
             Config::W3Spin { .. } => "W3S",
             Config::W3Busy { .. } => "W3B",
@@ -231,6 +245,11 @@ impl Config {
             "W3" => [1_000, 10_000, 100_000].map(|rate| Config::W3 { rate }).to_vec(),
             "W4" => vec![Config::W4 { producers: 4, consumers: 4 }],
             "W5" => vec![Config::W5],
+            "W6" => {
+                let mut v: Vec<Config> = [1, 4, 16].map(|groups| Config::W6 { groups, tagged: false }).to_vec();
+                v.push(Config::W6 { groups: 16, tagged: true });
+                v
+            }
             "W3C" => vec![Config::W3Compact { rate: 10_000 }],
             "W3S" => {
                 let mut v = Vec::new();
@@ -265,6 +284,8 @@ impl Config {
             Config::W1 { produce: Produce::Batch(_), .. } => kind.speaks_runnel(),
             Config::W3Spin { .. } | Config::R1 { .. } => kind == Kind::Runnel,
             Config::W5 => kind != Kind::Floor,
+            // Only runnel filters by tag; the floor has no groups.
+            Config::W6 { tagged, .. } => kind != Kind::Floor && (!tagged || kind == Kind::Runnel),
             // beanstalkd has no log rewrite to compare with, the floor no log.
             Config::W3Compact { .. } => matches!(kind, Kind::Runnel | Kind::Redis),
             // `--spin-us` is runnel's; every broker runs the plain loop.
@@ -279,7 +300,7 @@ impl Config {
     pub fn durabilities(&self) -> &'static [Durability] {
         match self {
             Config::W5 | Config::W3Spin { .. } | Config::W3Busy { .. } => &[Durability::Volatile],
-            Config::W3Compact { .. } | Config::R1 { .. } => &[Durability::Durable],
+            Config::W3Compact { .. } | Config::R1 { .. } | Config::W6 { .. } => &[Durability::Durable],
             _ => &Durability::ALL,
         }
     }
@@ -324,6 +345,13 @@ impl Config {
                 format!("{producers} producers (depth 16) + {consumers} consumers, {SIZE} B")
             }
             Config::W5 => format!("{W5_SIZE} B"),
+            Config::W6 { groups, tagged: false } => format!(
+                "{groups} group{} x {W6_CONSUMERS_PER_GROUP} consumers, 1 producer (depth {W6_DEPTH}), {SIZE} B",
+                if groups == 1 { "" } else { "s" }
+            ),
+            Config::W6 { groups, tagged: true } => format!(
+                "{groups} groups x {W6_CONSUMERS_PER_GROUP} consumers, each group filtering 1 of {groups} tags, 1 producer (depth {W6_DEPTH}), {SIZE} B"
+            ),
             Config::W3Compact { rate } => format!(
                 "{} msgs/s open loop, {SIZE} B, log rewritten during the run (runnel: compaction, Redis: BGREWRITEAOF)",
                 rate_label(rate)
@@ -490,6 +518,7 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
         }
         Config::W4 { producers, consumers } => w4(ctx, producers, consumers).map(|r| vec![r]),
         Config::W5 => w5(ctx),
+        Config::W6 { groups, tagged } => w6(ctx, groups, tagged).map(|r| vec![r]),
         Config::W3Compact { rate } => w3c(ctx, rate).map(|r| vec![r]),
         Config::W3Busy { rate, .. } => w3b(ctx, rate).map(|r| vec![r]),
         Config::R1 { .. } => Err("R1 restarts its server: run it with `recovery`".into()),
@@ -585,8 +614,17 @@ fn drain(
     idle: Duration,
     deadline: Instant,
 ) -> Result<(u64, f64), String> {
+    drain_with(target.consumer(topic, "drain")?, seen, idle, deadline)
+}
+
+/// `drain` with the consumer `c`.
+fn drain_with(
+    mut c: Box<dyn Consumer>,
+    seen: &mut Seen,
+    idle: Duration,
+    deadline: Instant,
+) -> Result<(u64, f64), String> {
     let started = Instant::now();
-    let mut c = target.consumer(topic, "drain")?;
     let mut last = Instant::now();
     let mut got = 0u64;
     while !seen.complete() && Instant::now() < deadline {
@@ -1273,6 +1311,123 @@ fn w4(ctx: &Ctx<'_>, producers: usize, consumers: usize) -> Result<RunResult, St
     r.extra.push(("catch_up_s".into(), all_secs - window));
     r.verify = Some(finish(ctx, &topic, seen)?);
     Ok(r)
+}
+
+/// W6: one producer, `groups` consumer groups of two consumers each, for
+/// W4's time. The rate is deliveries (to every group) within the produce
+/// window; server CPU is per delivery over the whole run. Each group must
+/// get every acknowledged produce; with `tagged`, each message goes to the
+/// one group whose tag it has, so the groups together must get each once.
+fn w6(ctx: &Ctx<'_>, groups: usize, tagged: bool) -> Result<RunResult, String> {
+    let topic = format!("w6-{groups}{}", if tagged { "-tagged" } else { "" });
+    let tags = if tagged { groups as u32 } else { 0 };
+    let names: Vec<(String, String)> = (0..groups)
+        .map(|g| (format!("g{g}"), if tagged { runnel_conn::tag_of(g as u64, tags) } else { String::new() }))
+        .collect();
+    ctx.target.prepare_groups(&topic, &names)?;
+    // The consumers of a share stop once it has every produce: a group's
+    // own, or with tags one share for all groups.
+    let shares = if tagged { 1 } else { groups };
+    let done = Arc::new(AtomicBool::new(false));
+    let expected: Vec<_> = (0..shares).map(|_| Arc::new(AtomicU64::new(u64::MAX))).collect();
+    let delivered: Vec<_> = (0..shares).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let window_end_ns = Arc::new(AtomicU64::new(u64::MAX));
+    let mut chandles = Vec::new();
+    for (g, (group, _)) in names.iter().enumerate() {
+        let share = if tagged { 0 } else { g };
+        for i in 0..W6_CONSUMERS_PER_GROUP {
+            let c = ctx.target.group_consumer(&topic, group, &format!("c{i}"))?;
+            let run = ConsumerRun {
+                done: done.clone(),
+                expected: expected[share].clone(),
+                delivered: delivered[share].clone(),
+                from_ns: 0,
+                window_end_ns: window_end_ns.clone(),
+                idle: ctx.scale.drain_idle,
+                consume_max: ctx.consume_max(),
+            };
+            let h = thread::Builder::new()
+                .name(format!("w6-{group}-{i}"))
+                .spawn(move || run.run(c))
+                .map_err(|e| format!("cannot start a thread: {e}"))?;
+            chandles.push((share, h));
+        }
+    }
+    let mut p = ctx.target.fanout_producer(&topic, &names, tags)?;
+    let cpu = CpuMeter::start(ctx.server);
+    let t0 = Instant::now();
+    window_end_ns.store(now_ns() + ctx.scale.w4_time.as_nanos() as u64, Ordering::Relaxed);
+    let closed = Closed {
+        producer: 0,
+        size: SIZE,
+        depth: W6_DEPTH,
+        batch: 1,
+        deadline: t0 + ctx.scale.w4_time,
+        msgs_max: u64::MAX,
+    };
+    let produced = closed_loop(p.as_mut(), &closed, &mut Samples::default());
+    let window = t0.elapsed().as_secs_f64();
+    // A failed producer still stops the consumers: they are owed nothing.
+    let acked = *produced.as_ref().unwrap_or(&0);
+    expected.iter().for_each(|e| e.store(acked, Ordering::Release));
+    done.store(true, Ordering::Release);
+    let mut seen: Vec<Seen> = (0..shares).map(|_| Seen::new(&[acked])).collect();
+    let mut lat = Samples::default();
+    let mut in_window = 0;
+    let mut first_err = produced.err();
+    for (share, h) in chandles {
+        match join(h, "consumer") {
+            Ok(mut c) => {
+                lat.append(&mut c.lat);
+                in_window += c.in_window;
+                c.seqs.iter().for_each(|&q| seen[share].add(q));
+            }
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let deliveries: u64 = delivered.iter().map(|d| d.load(Ordering::Relaxed)).sum();
+    let mut r = RunResult::new(ctx, SIZE, "");
+    r.seconds = window;
+    r.messages = in_window;
+    r.cpu_seconds = cpu.read().map(|c| c * in_window as f64 / deliveries.max(1) as f64);
+    r.latency = lat.summarize("end to end from send (closed loop)");
+    r.extra.push(("produced_msgs_per_s".into(), acked as f64 / window));
+    if ctx.server.kind == Kind::Beanstalkd {
+        r.notes.push(
+            "one tube per group (beanstalkd has no groups): the producer puts each message into every tube".into(),
+        );
+    }
+    r.verify = Some(fanout_verify(ctx, &topic, &names, seen)?);
+    Ok(r)
+}
+
+/// W6's delivery check, every group's (or with tags the groups' together)
+/// as one; a group short of messages at the end is drained first.
+fn fanout_verify(ctx: &Ctx<'_>, topic: &str, names: &[(String, String)], seen: Vec<Seen>) -> Result<Verify, String> {
+    let deadline = Instant::now() + ctx.consume_max();
+    let mut all: Option<Verify> = None;
+    for (mut s, (group, _)) in seen.into_iter().zip(names) {
+        if !s.complete() {
+            let c = ctx.target.group_consumer(topic, group, "drain")?;
+            drain_with(c, &mut s, ctx.scale.drain_idle, deadline)?;
+        }
+        let mut v = s.verify();
+        v.cut_short = !v.ok() && Instant::now() >= deadline;
+        match &mut all {
+            Some(a) => a.add(v),
+            None => all = Some(v),
+        }
+    }
+    let v = all.unwrap_or_default();
+    if v.ok() || ctx.server.kind == Kind::Runnel {
+        ctx.target.cleanup(topic)?;
+    }
+    Ok(v)
 }
 
 fn w5(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
