@@ -169,6 +169,17 @@ impl Target {
         }
     }
 
+    /// Spreads the groups of a backlog of `msgs` messages (W5): group i to
+    /// message i * msgs / groups (runnel's RESET_GROUP; the ids of a new
+    /// topic start at 1). A Redis group's position is one id, which costs
+    /// the same memory wherever it is: Redis's stay at the start.
+    pub fn spread_groups(&self, topic: &str, groups: &[(String, String)], msgs: u64) -> Result<(), String> {
+        match self.kind {
+            Kind::Runnel => runnel_conn::spread_groups(self.addr, topic, groups, msgs),
+            _ => Ok(()),
+        }
+    }
+
     /// The producer of a fan-out to `groups`: one produce per message
     /// (runnel tagging each with one of `tags` tags if `tags` > 0), except
     /// beanstalkd's, which puts each message into every group's tube.

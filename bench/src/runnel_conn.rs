@@ -304,6 +304,17 @@ pub fn create_groups(addr: SocketAddr, topic: &str, groups: &[(String, String)])
     Ok(())
 }
 
+/// Moves group i of `groups` to message i * msgs / groups of `topic`
+/// (a new topic's ids start at 1).
+pub fn spread_groups(addr: SocketAddr, topic: &str, groups: &[(String, String)], msgs: u64) -> Result<(), String> {
+    let mut c = version_2(connect(addr)?, addr, "groups")?;
+    for (i, (group, _)) in groups.iter().enumerate() {
+        let id = 1 + i as u64 * msgs / groups.len() as u64;
+        c.reset_group(topic, group, Start::Id(id)).map_err(|e| format!("runnel RESET_GROUP {topic}/{group}: {e}"))?;
+    }
+    Ok(())
+}
+
 pub fn delete_topic(addr: SocketAddr, topic: &str) -> Result<(), String> {
     let mut c = connect(addr)?;
     c.delete_topic(topic).map(|_| ()).map_err(|e| format!("runnel DELETE_TOPIC {topic}: {e}"))

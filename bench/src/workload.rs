@@ -152,7 +152,11 @@ pub enum Config {
         producers: usize,
         consumers: usize,
     },
-    W5,
+    /// W5 with `groups` consumer groups at different positions (0: none,
+    /// consumed as one queue).
+    W5 {
+        groups: usize,
+    },
     /// Fan-out to `groups` consumer groups; with `tagged`, each group
     /// filters one of `groups` tags and each message has one of them.
     W6 {
@@ -218,7 +222,7 @@ impl Config {
             Config::W2 { .. } => "W2",
             Config::W3 { .. } => "W3",
             Config::W4 { .. } => "W4",
-            Config::W5 => "W5",
+            Config::W5 { .. } => "W5",
             Config::W6 { .. } => "W6",
             Config::W3Compact { .. } => "W3C",
             Config::W3Spin { .. } => "W3S",
@@ -244,7 +248,7 @@ impl Config {
             "W2" => [1, 16, 256].map(|conns| Config::W2 { conns }).to_vec(),
             "W3" => [1_000, 10_000, 100_000].map(|rate| Config::W3 { rate }).to_vec(),
             "W4" => vec![Config::W4 { producers: 4, consumers: 4 }],
-            "W5" => vec![Config::W5],
+            "W5" => [0, 1, 4, 16].map(|groups| Config::W5 { groups }).to_vec(),
             "W6" => {
                 let mut v: Vec<Config> = [1, 4, 16].map(|groups| Config::W6 { groups, tagged: false }).to_vec();
                 v.push(Config::W6 { groups: 16, tagged: true });
@@ -283,7 +287,8 @@ impl Config {
         match self {
             Config::W1 { produce: Produce::Batch(_), .. } => kind.speaks_runnel(),
             Config::W3Spin { .. } | Config::R1 { .. } => kind == Kind::Runnel,
-            Config::W5 => kind != Kind::Floor,
+            // With groups: runnel's and Redis Streams' (beanstalkd has none).
+            Config::W5 { groups } => kind != Kind::Floor && (*groups == 0 || kind != Kind::Beanstalkd),
             // Only runnel filters by tag; the floor has no groups.
             Config::W6 { tagged, .. } => kind != Kind::Floor && (!tagged || kind == Kind::Runnel),
             // beanstalkd has no log rewrite to compare with, the floor no log.
@@ -299,7 +304,7 @@ impl Config {
     /// 10M puts would take hours).
     pub fn durabilities(&self) -> &'static [Durability] {
         match self {
-            Config::W5 | Config::W3Spin { .. } | Config::W3Busy { .. } => &[Durability::Volatile],
+            Config::W5 { .. } | Config::W3Spin { .. } | Config::W3Busy { .. } => &[Durability::Volatile],
             Config::W3Compact { .. } | Config::R1 { .. } | Config::W6 { .. } => &[Durability::Durable],
             _ => &Durability::ALL,
         }
@@ -309,7 +314,7 @@ impl Config {
     pub fn server_args(&self, kind: Kind, scale: &Scale) -> Vec<String> {
         match (self, kind) {
             // The backlog is larger than runnel's default depth limits.
-            (Config::W5, Kind::Runnel) => vec![
+            (Config::W5 { .. }, Kind::Runnel) => vec![
                 "--topic-messages-max".into(),
                 (scale.w5_msgs * 2).to_string(),
                 "--topic-bytes-max".into(),
@@ -344,7 +349,10 @@ impl Config {
             Config::W4 { producers, consumers } => {
                 format!("{producers} producers (depth 16) + {consumers} consumers, {SIZE} B")
             }
-            Config::W5 => format!("{W5_SIZE} B"),
+            Config::W5 { groups: 0 } => format!("{W5_SIZE} B"),
+            Config::W5 { groups } => {
+                format!("{W5_SIZE} B, {groups} group{} at different positions", if groups == 1 { "" } else { "s" })
+            }
             Config::W6 { groups, tagged: false } => format!(
                 "{groups} group{} x {W6_CONSUMERS_PER_GROUP} consumers, 1 producer (depth {W6_DEPTH}), {SIZE} B",
                 if groups == 1 { "" } else { "s" }
@@ -388,7 +396,9 @@ impl Config {
                 format!("W3: end to end from intended send, {} msgs/s open loop", rate_label(rate)),
             )),
             Config::W4 { .. } => Some(("w4".into(), "W4: work queue, end to end from send".into())),
-            Config::W5 => Some(("w5".into(), "W5: produce round trip while filling the backlog (depth 256)".into())),
+            Config::W5 { groups: 0 } => {
+                Some(("w5".into(), "W5: produce round trip while filling the backlog (depth 256)".into()))
+            }
             Config::W3Compact { rate } => Some((
                 "w3-rewrite".into(),
                 format!(
@@ -517,7 +527,7 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
             w3(ctx, rate, &format!("w3-{rate}"), &mut |_| Ok(())).map(|r| vec![r])
         }
         Config::W4 { producers, consumers } => w4(ctx, producers, consumers).map(|r| vec![r]),
-        Config::W5 => w5(ctx),
+        Config::W5 { groups } => w5(ctx, groups),
         Config::W6 { groups, tagged } => w6(ctx, groups, tagged).map(|r| vec![r]),
         Config::W3Compact { rate } => w3c(ctx, rate).map(|r| vec![r]),
         Config::W3Busy { rate, .. } => w3b(ctx, rate).map(|r| vec![r]),
@@ -1430,10 +1440,20 @@ fn fanout_verify(ctx: &Ctx<'_>, topic: &str, names: &[(String, String)], seen: V
     Ok(v)
 }
 
-fn w5(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
+/// W5: fills a topic with `scale.w5_msgs` messages and drains it. With
+/// `groups`, they are made before the fill, all from the start; after it,
+/// group i moves to message i/`groups` of the backlog (runnel: RESET_GROUP;
+/// a Redis group's position is one id whatever it is, so its groups stay
+/// at the start), RSS is read, and group 0 drains it all.
+fn w5(ctx: &Ctx<'_>, groups: usize) -> Result<Vec<RunResult>, String> {
     let n = ctx.scale.w5_msgs;
-    let topic = "w5".to_string();
-    ctx.target.prepare(&topic)?;
+    let topic = format!("w5-{groups}");
+    let names: Vec<(String, String)> = (0..groups).map(|g| (format!("g{g}"), String::new())).collect();
+    if groups == 0 {
+        ctx.target.prepare(&topic)?;
+    } else {
+        ctx.target.prepare_groups(&topic, &names)?;
+    }
     let (rss_before, _) = ctx.server.rss()?;
     let mut p = ctx.target.producer(&topic)?;
     let closed = Closed {
@@ -1454,11 +1474,16 @@ fn w5(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
     fill.cpu_seconds = cpu.read();
     fill.messages = acked;
     fill.latency = lat.summarize("request round trip while filling (depth 256)");
+    ctx.target.spread_groups(&topic, &names, acked)?;
     let (rss_full, _) = ctx.server.rss()?;
     let cpu = CpuMeter::start(ctx.server);
     let mut seen = Seen::new(&[acked]);
     let deadline = Instant::now() + ctx.consume_max().max(ctx.scale.w5_fill_time_max);
-    let (got, secs) = drain(&ctx.target, &topic, &mut seen, ctx.scale.drain_idle, deadline)?;
+    let drainer = match names.first() {
+        Some((g0, _)) => ctx.target.group_consumer(&topic, g0, "drain")?,
+        None => ctx.target.consumer(&topic, "drain")?,
+    };
+    let (got, secs) = drain_with(drainer, &mut seen, ctx.scale.drain_idle, deadline)?;
     let mut drained = RunResult::new(ctx, W5_SIZE, "drain");
     drained.seconds = secs;
     drained.cpu_seconds = cpu.read();
