@@ -350,9 +350,8 @@ impl Config {
                 format!("{producers} producers (depth 16) + {consumers} consumers, {SIZE} B")
             }
             Config::W5 { groups: 0 } => format!("{W5_SIZE} B"),
-            Config::W5 { groups } => {
-                format!("{W5_SIZE} B, {groups} group{} at different positions", if groups == 1 { "" } else { "s" })
-            }
+            Config::W5 { groups: 1 } => format!("{W5_SIZE} B, 1 consumer group"),
+            Config::W5 { groups } => format!("{W5_SIZE} B, {groups} consumer groups at different positions"),
             Config::W6 { groups, tagged: false } => format!(
                 "{groups} group{} x {W6_CONSUMERS_PER_GROUP} consumers, 1 producer (depth {W6_DEPTH}), {SIZE} B",
                 if groups == 1 { "" } else { "s" }
