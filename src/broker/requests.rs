@@ -11,7 +11,7 @@ use super::topics::{Entry, dead_letter_name, unknown};
 use super::waiters::Waiter;
 use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, stats};
 use crate::codec::{self, Batch, DecodeError, ErrorCode, Frame, Ids, Message, Request, Skip, TopicSettings, op};
-use crate::queue::{GroupId, MsgId, Returned, Settings, Take, Topic};
+use crate::queue::{Body, GroupId, MsgId, Returned, Seq, Settings, TagSetId, Take, Topic};
 use crate::record::{MessageRecord, ProduceWriter, PurgeRecord, RemoveReason, RemoveRecord, RequeueRecord};
 use crate::wheel::{TimerKey, Wheel};
 
@@ -410,18 +410,22 @@ impl Broker {
     // Producers and admin: their replies wait for the sync.
     // -----------------------------------------------------------------------
 
-    /// PRODUCE: stores the batch, invisible until the sync; QUEUE_FULL if
-    /// the topic has no room for it.
+    /// PRODUCE: stores the batch with its messages' properties (the codec
+    /// validated them), invisible until the sync; QUEUE_FULL if the topic
+    /// has no room for it, or for the tag sets it brings.
     fn produce(&mut self, topic: &str, batch: Batch<'_>, at: At<'_>, out: &mut Vec<u8>) -> Result<Outcome, Refusal> {
         let tid = self.topic_for(topic, self.config.auto_create)?;
         let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
         let t = &mut e.topic;
-        room_for(t, u64::from(batch.count), batch.payload_bytes(), &self.config.limits)?;
+        let l = &self.config.limits;
+        room_for(t, u64::from(batch.count), batch.payload_bytes(), l)?;
+        let tag_sets = intern_batch(&mut t.seq, &batch, l.tag_sets_per_topic_max)?;
         let first = t.seq.next_id();
         let mut w = ProduceWriter::begin(&mut self.log, tid);
-        for payload in batch.iter() {
-            let (id, born_ms) = t.produce(at.now.wall_ms, payload);
-            w.push(&mut self.log, &MessageRecord { id, born_ms, deliveries: 0, dead: None, payload });
+        for (i, (props, payload)) in batch.messages().enumerate() {
+            let tag_set = tag_sets.get(i).copied().flatten();
+            let (id, born_ms) = t.produce(at.now.wall_ms, Body { props, tag_set, payload });
+            w.push(&mut self.log, &MessageRecord { id, born_ms, deliveries: 0, dead: None, props, payload });
             self.compactor.note_client_produce(tid, id);
         }
         // If the commit fails, this record goes (the produce is answered
@@ -583,6 +587,31 @@ pub(super) fn room_for(t: &Topic, count: u64, bytes: u64, l: &crate::limits::Lim
     ))
 }
 
+/// The tag sets of `batch`'s messages in `seq`'s table, a reference taken
+/// for each (`Seq::intern_tags`; empty for a batch without properties), or
+/// QUEUE_FULL, with none taken, if the sets it brings pass
+/// `tag_sets_per_topic_max`.
+fn intern_batch(seq: &mut Seq, batch: &Batch<'_>, max: u32) -> Result<Vec<Option<TagSetId>>, Refusal> {
+    if !batch.messages().any(|(props, _)| !props.is_empty()) {
+        return Ok(Vec::new());
+    }
+    let mut sets = Vec::with_capacity(batch.count as usize);
+    for (props, _) in batch.messages() {
+        match seq.intern_tags(&props, max) {
+            Ok(set) => sets.push(set),
+            Err(full) => {
+                sets.into_iter().for_each(|set| seq.untake_tags(set));
+                let message = format!(
+                    "the topic's messages have {} distinct sets of tags, the most tag_sets_per_topic_max allows",
+                    full.max
+                );
+                return Err((ErrorCode::QueueFull, message));
+            }
+        }
+    }
+    Ok(sets)
+}
+
 /// What a FETCH asks for.
 #[derive(Clone, Copy)]
 struct FetchArgs {
@@ -648,7 +677,7 @@ pub(super) fn deliver(
                 delivery_count: d.deliveries,
                 dead,
                 origin_group: "",
-                props: codec::Props::EMPTY,
+                props: m.props,
                 payload: m.payload,
             };
             writer.push(out, &msg);
