@@ -23,12 +23,6 @@ pub(super) type Refusal = (ErrorCode, String);
 /// requires a token.
 const AUTH_FAILURES_MAX: u32 = 3;
 
-/// The protocol version of every session: this broker negotiates version 1
-/// only (codec::VERSION_MAX), so frames are decoded and deliveries written
-/// in version 1's layouts. Serving version 2 replaces this with the
-/// session's negotiated version.
-pub const SESSION_VERSION: u16 = 1;
-
 impl Request<'_> {
     /// Whether the reply to this request waits for the turn's sync: it says
     /// something the log must hold first (a produce was stored, a topic was
@@ -121,13 +115,22 @@ impl Broker {
                 codec::encode_empty_reply(out, op::PING, rid);
                 Ok(Outcome::Done)
             }
-            Request::Fetch { topic, max_messages, max_bytes, wait_ms, ack_timeout_ms, .. } => {
+            Request::Fetch { topic, group, max_messages, max_bytes, wait_ms, ack_timeout_ms } => {
+                default_group_only(group)?;
                 let args = FetchArgs { max_messages, max_bytes, wait_ms, ack_timeout_ms };
                 self.fetch(session, topic, args, at, out)
             }
-            Request::Ack { topic, ids, .. } => self.ack(topic, ids, rid, out),
-            Request::Touch { topic, ack_timeout_ms, ids, .. } => self.touch(topic, ack_timeout_ms, ids, at, out),
-            Request::Nack { topic, delay_ms, flags, ids, .. } => self.nack(topic, delay_ms, flags, ids, at, out),
+            Request::Ack { topic, group, ids } => {
+                default_group_only(group).and_then(|_| self.ack(topic, ids, rid, out))
+            }
+            Request::Touch { topic, group, ack_timeout_ms, ids } => {
+                default_group_only(group)?;
+                self.touch(topic, ack_timeout_ms, ids, at, out)
+            }
+            Request::Nack { topic, group, delay_ms, flags, ids } => {
+                default_group_only(group)?;
+                self.nack(topic, delay_ms, flags, ids, at, out)
+            }
             Request::Stats { topic } => self.stats(topic, at, out),
             Request::ListTopics => self.list_topics(at, out),
             Request::Produce { topic, batch } => self.produce(topic, batch, at, out),
@@ -172,13 +175,14 @@ impl Broker {
             codec::encode_error(out, op::HELLO, rid, ErrorCode::Unauthenticated, "wrong or missing auth token");
             return self.failed_before_hello(session);
         }
-        let version = max_version.min(codec::VERSION_MAX);
+        let version = max_version.min(self.config.version_max);
         if version < min_version.max(codec::VERSION_MIN) {
-            let msg = format!("this broker speaks versions {}..={}", codec::VERSION_MIN, codec::VERSION_MAX);
+            let msg = format!("this broker speaks versions {}..={}", codec::VERSION_MIN, self.config.version_max);
             codec::encode_error(out, op::HELLO, rid, ErrorCode::Version, &msg);
             return self.failed_before_hello(session);
         }
         session.hello = true;
+        session.version = version;
         session.auth_failures = 0;
         codec::encode_hello_reply(out, rid, version, &self.decode_limits, codec::MAP_EPOCH_UNSHARDED);
         Outcome::Done
@@ -188,6 +192,7 @@ impl Broker {
     /// back to "HELLO required".
     fn hello_again(&mut self, session: &mut Session, req: &Request<'_>, rid: u32, out: &mut Vec<u8>) -> Outcome {
         session.hello = false;
+        session.version = 0;
         self.before_hello(session, &Frame { request_id: rid, request: *req }, out)
     }
 
@@ -637,6 +642,7 @@ impl FetchArgs {
             conn: at.conn,
             consumer: session.consumer,
             request_id: at.request_id,
+            version: session.version,
             topic,
             group,
             max_messages: self.max_messages.min(l.batch_messages_max),
@@ -665,7 +671,7 @@ pub(super) fn deliver(
     let timeout = if w.ack_timeout_ms == 0 { e.topic.settings.ack_timeout_ms } else { w.ack_timeout_ms };
     let deadline = now.mono_ms + u64::from(timeout);
     let max_messages = w.max_messages.min(timer_room(timers_max, wheel));
-    let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, SESSION_VERSION);
+    let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, w.version);
     let mut timers = GroupTimers { wheel, topic: e.id, group: w.group };
     let take = Take { owner: w.consumer, max_messages, max_bytes: w.max_bytes, deadline_ms: deadline };
     e.topic.fetch(w.group, take, &mut timers, |seq, d| {
@@ -684,6 +690,18 @@ pub(super) fn deliver(
         }
     });
     writer.finish(out);
+}
+
+/// UNKNOWN_GROUP for a consumer request of a version-2 session that names
+/// a group other than the default one (""): this build serves only it.
+fn default_group_only(group: &str) -> Result<(), Refusal> {
+    if group.is_empty() {
+        return Ok(());
+    }
+    Err((
+        ErrorCode::UnknownGroup,
+        format!("consumer group {group:?} does not exist; this broker serves only the default group \"\""),
+    ))
 }
 
 /// Compares secrets in time independent of where they differ.
