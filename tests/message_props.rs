@@ -282,6 +282,7 @@ fn tag_sets_past_their_limit_get_queue_full() {
     assert_eq!(err.code(), Some(ErrorCode::QueueFull), "{err}");
     assert!(err.to_string().contains("tag_sets_per_topic_max"), "{err}");
     assert_eq!(stat(&mut c, "t", "produced"), 3, "nothing of the refused batch");
+    assert_eq!(stat(&mut c, "t", "tag_sets"), 2);
     c.produce_messages("t", &[ProduceMessage::new(b"plain"), ProduceMessage::new(b"a2").tag("a")]).unwrap();
     // Once no message holds {a}, {d} takes its room.
     let held: Vec<u64> = drain(&mut c, "t").iter().filter(|m| m.tags() == ["a"]).map(|m| m.id).collect();
@@ -292,6 +293,35 @@ fn tag_sets_past_their_limit_get_queue_full() {
     let got = drain(&mut c, "t");
     assert_eq!(got.iter().map(|m| m.id).collect::<Vec<_>>(), [d]);
     assert_eq!(got[0].tags(), ["d"]);
+    assert_eq!(stat(&mut c, "t", "tag_sets"), 2);
+}
+
+/// Replay interns the tags afresh: after a restart the topic's sets are
+/// those of its messages, and the limit holds against them.
+#[test]
+fn a_restart_interns_the_tag_sets_of_the_messages_it_finds() {
+    let dir = TempDir::new("props-tag-sets");
+    let config = || v2_config(Limits { tag_sets_per_topic_max: 2, ..Limits::default() });
+    let srv = Server::start_in(config(), LogOptions::default(), dir.path());
+    let mut c = v2_client(&srv);
+    let (a, _) = c.produce_messages("t", &[ProduceMessage::new(b"a").tag("a")]).unwrap();
+    c.produce_messages("t", &[ProduceMessage::new(b"b").tag("b"), ProduceMessage::new(b"ab").tag("b").tag("a")])
+        .unwrap_err();
+    c.produce_messages("t", &[ProduceMessage::new(b"b").tag("b"), ProduceMessage::new(b"plain")]).unwrap();
+    drain(&mut c, "t");
+    assert_eq!(c.ack("t", &[a]).unwrap().done, 1);
+    drop(c);
+    srv.stop();
+
+    let srv = Server::start_in(config(), LogOptions::default(), dir.path());
+    let mut c = v2_client(&srv);
+    assert_eq!(stat(&mut c, "t", "tag_sets"), 1, "only {{b}} is held");
+    c.produce_messages("t", &[ProduceMessage::new(b"c").tag("c")]).unwrap();
+    let err = c.produce_messages("t", &[ProduceMessage::new(b"d").tag("d")]).expect_err("a third set");
+    assert_eq!(err.code(), Some(ErrorCode::QueueFull), "{err}");
+    let got = drain(&mut c, "t");
+    let tags: Vec<Vec<&str>> = got.iter().map(|m| m.tags()).collect();
+    assert_eq!(tags, [vec!["b"], vec![], vec!["c"]]);
 }
 
 /// A consumer request of a version-2 session naming a group other than

@@ -154,6 +154,7 @@ impl Model {
             bytes += (props.len() + payload.len()) as u64;
         }
         assert_eq!(seq.live_bytes(), bytes, "{at}");
+        assert_eq!(seq.tags().held() as usize, sets.len(), "{at}: sets held");
         for (set, n) in sets {
             assert_eq!(seq.tags().messages_of(set), n, "{at}: holders of set {}", set.raw());
         }

@@ -94,6 +94,8 @@ pub struct Tags {
     unused: Vec<TagSetId>,
     /// Sets in the table (held or not).
     len: u32,
+    /// Sets some live message holds: what `tag_sets_per_topic_max` bounds.
+    held: u32,
     /// Bumped by every reclaim that freed a set (ids may then be reused).
     epoch: u64,
     /// Scratch for a message's tag ids (no allocation per message).
@@ -107,6 +109,10 @@ impl Tags {
     }
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+    /// Tag sets some live message holds.
+    pub fn held(&self) -> u32 {
+        self.held
     }
     /// Changes whenever a set id may have been given to another set.
     pub fn epoch(&self) -> u64 {
@@ -149,7 +155,11 @@ impl Tags {
         };
         self.scratch = ids;
         if let Ok(Some(set)) = result {
-            self.sets[set.index()].messages += 1;
+            let slot = &mut self.sets[set.index()];
+            slot.messages += 1;
+            if slot.messages == 1 {
+                self.held += 1;
+            }
         }
         result
     }
@@ -235,7 +245,11 @@ impl Tags {
         let slot = &mut self.sets[set.index()];
         assert!(slot.messages > 0, "tag set {} released more often than taken", set.raw());
         slot.messages -= 1;
-        if slot.messages == 0 && !slot.listed {
+        if slot.messages > 0 {
+            return;
+        }
+        self.held -= 1;
+        if !slot.listed {
             slot.listed = true;
             self.unused.push(set);
         }
