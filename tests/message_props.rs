@@ -100,6 +100,21 @@ fn tags_and_headers_come_back_with_the_message() {
     assert_eq!((again[0].delivery_count, seen(&again)), (2, vec![three_seen()[0].clone()]));
 }
 
+/// FETCH's `max_bytes` counts properties with payloads: two messages of 10
+/// payload bytes and 11 of properties (one 8-byte tag) each are 42 bytes,
+/// over a budget of 40 (their payloads alone, 20, would fit).
+#[test]
+fn fetch_max_bytes_counts_properties() {
+    let (srv, _dir) = start_v2(Limits::default());
+    let mut c = v2_client(&srv);
+    let m = ProduceMessage::new(b"0123456789").tag("tag-nine");
+    c.produce_messages("t", &[m.clone(), m]).unwrap();
+    let got = c.fetch("t", Fetch { max_messages: 10, max_bytes: 40, ..Fetch::default() }).unwrap();
+    assert_eq!(got.len(), 1, "the second message passes the budget");
+    let got = c.fetch("t", Fetch { max_messages: 10, max_bytes: 40, ..Fetch::default() }).unwrap();
+    assert_eq!(got.len(), 1, "the first message is always delivered");
+}
+
 /// A version-1 session sees payloads exactly as before: no properties, no
 /// flag announcing them.
 #[test]
