@@ -128,6 +128,24 @@ fn untake_gives_back_a_reference_for_a_message_not_stored() {
 /// A live message of the model: (properties blob, payload, distinct tags).
 type Held = (Vec<u8>, Vec<u8>, BTreeSet<String>);
 
+/// Sets come and go without end; the table, its tags and its memory stay
+/// bounded by the sets held.
+#[test]
+fn a_stream_of_new_tag_sets_keeps_the_table_bounded() {
+    let mut seq = Seq::new(1);
+    let mut heap_max = 0;
+    for i in 0..10_000u32 {
+        let (x, y) = (format!("x{i:05}"), format!("y{i:05}"));
+        let id = append(&mut seq, &blob(&[&x, &y], &[]), b"", 3).unwrap();
+        assert!(seq.tags().len() <= 3 && seq.tags().distinct_tags() <= 6, "message {i}");
+        seq.release(id);
+        if i <= 100 {
+            heap_max = heap_max.max(seq.tags().heap_bytes());
+        }
+        assert!(i <= 100 || seq.tags().heap_bytes() <= heap_max, "message {i}: the table grew");
+    }
+}
+
 /// The model: each live message's properties, payload and tags.
 #[derive(Default)]
 struct Model {

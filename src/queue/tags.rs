@@ -114,6 +114,10 @@ impl Tags {
     pub fn held(&self) -> u32 {
         self.held
     }
+    /// Distinct tags in the table (of the sets it holds).
+    pub fn distinct_tags(&self) -> usize {
+        self.tag_ids.len()
+    }
     /// Changes whenever a set id may have been given to another set.
     pub fn epoch(&self) -> u64 {
         self.epoch
