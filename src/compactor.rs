@@ -64,7 +64,7 @@ const COMPACT_BYTES_PER_TURN: u64 = 256 << 10;
 const COMPACT_MESSAGES_PER_TURN: u32 = 4096;
 /// Log bytes a message's record takes besides its payload (ids, times,
 /// lengths; dead-letter fields not counted).
-const RECORD_MESSAGE_OVERHEAD_BYTES: u64 = record::message_record_bytes(0, false);
+const RECORD_MESSAGE_OVERHEAD_BYTES: u64 = record::message_record_bytes(0, 0, false);
 /// Turns between checks of whether to compact, when there is no work (and
 /// the space is not short: then every turn checks).
 const CHECK_EVERY_TURNS: u32 = 64;
@@ -390,9 +390,10 @@ impl Compactor {
             };
             let Some(m) = t.seq.get(live) else { break };
             let (deliveries, dead) = (t.deliveries(GroupId::DEFAULT, live), t.seq.dead_info(live));
-            w.push(log, &MessageRecord { id: live, born_ms: m.born_ms, deliveries, dead, payload: m.payload });
+            let (props, payload) = (m.props, m.payload);
+            w.push(log, &MessageRecord { id: live, born_ms: m.born_ms, deliveries, dead, props, payload });
             push_range(&mut self.turn_withdrawable_ranges, r.topic, live);
-            budget.bytes += m.payload.len() as u64 + RECORD_MESSAGE_OVERHEAD_BYTES;
+            budget.bytes += m.bytes() + RECORD_MESSAGE_OVERHEAD_BYTES;
             budget.messages += 1;
             id = live + 1;
         }

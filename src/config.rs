@@ -282,6 +282,7 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--groups-per-topic-max", "N", "most consumer groups of one topic, its default group included"),
     ("--tags-per-message-max", "N", "most tags on one message"),
     ("--tag-bytes-max", "N", "longest tag"),
+    ("--tag-sets-per-topic-max", "N", "most distinct sets of tags among one topic's messages"),
     ("--props-bytes-max", "N", "most bytes of one message's properties (tags and headers)"),
     ("--filter-bytes-max", "N", "longest tag filter of a consumer group"),
     ("--filter-compiled-bytes-max", "N", "most memory one compiled regular-expression filter may take"),
@@ -404,7 +405,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 24] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 25] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -427,6 +428,7 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 24] {
         ("groups-per-topic-max", l.groups_per_topic_max.into()),
         ("tags-per-message-max", l.tags_per_message_max.into()),
         ("tag-bytes-max", l.tag_bytes_max.into()),
+        ("tag-sets-per-topic-max", l.tag_sets_per_topic_max.into()),
         ("props-bytes-max", l.props_bytes_max.into()),
         ("filter-bytes-max", l.filter_bytes_max.into()),
         ("filter-compiled-bytes-max", l.filter_compiled_bytes_max.into()),
@@ -465,6 +467,7 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         groups_per_topic_max,
         tags_per_message_max,
         tag_bytes_max,
+        tag_sets_per_topic_max,
         props_bytes_max,
         filter_bytes_max,
         filter_compiled_bytes_max

@@ -14,20 +14,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::broker::TopicId;
 use crate::broker::topics::Topics;
-use crate::codec::DeadInfo;
 use crate::compactor::Compactor;
 use crate::log::ReadRecord;
-use crate::queue::{GroupId, MsgId, Timers};
+use crate::queue::{GroupId, MsgId, Stray, Timers};
 use crate::record::{MessageRecord, Record, TopicRecord};
 use crate::wheel::TimerKey;
-
-/// A message recovered out of id order.
-struct Stray {
-    born_ms: u64,
-    deliveries: u16,
-    dead: Option<DeadInfo>,
-    payload: Vec<u8>,
-}
 
 /// Recovery under way: the table being built, what the compactor learns
 /// of each segment, and the strays.
@@ -137,13 +128,14 @@ impl<'a> Replay<'a> {
         if t.seq.contains(m.id) {
             t.restore_deliveries(GroupId::DEFAULT, m.id, m.deliveries);
         } else if m.id >= t.seq.next_id() {
-            t.restore(m.id, m.born_ms, m.payload, m.deliveries, m.dead);
+            t.restore(m.id, m.born_ms, m.body(), m.deliveries, m.dead);
         } else {
             let strays = self.strays.entry(topic).or_default();
             let stray = strays.entry(m.id).or_insert_with(|| Stray {
                 born_ms: m.born_ms,
                 deliveries: m.deliveries,
                 dead: m.dead,
+                props: m.props.bytes().to_vec(),
                 payload: m.payload.to_vec(),
             });
             stray.deliveries = m.deliveries;
@@ -156,7 +148,7 @@ impl<'a> Replay<'a> {
     pub fn finish(self) {
         for (tid, strays) in self.strays {
             if let Some(e) = self.topics.get_mut(tid) {
-                e.topic.merge(strays.into_iter().map(|(id, s)| (id, s.born_ms, s.payload, s.deliveries, s.dead)));
+                e.topic.merge(strays.into_iter());
             }
         }
         let nameless: Vec<TopicId> = self.topics.iter().filter(|e| e.topic.name.is_empty()).map(|e| e.id).collect();
@@ -190,6 +182,7 @@ impl Timers for NoTimers {
 #[cfg(test)]
 mod tests {
     use crate::broker::{Broker, Config, Now, TopicId};
+    use crate::codec::Props;
     use crate::log::{Log, LogOptions, OpenError};
     use crate::queue::{GroupId, Settings};
     use crate::record::{DeleteRecord, MessageRecord, ProduceWriter, RemoveReason, RemoveRecord, TopicRecord};
@@ -225,7 +218,10 @@ mod tests {
         assert!(matches!(&err, OpenError::Apply { why, .. } if why.contains("names no topic")), "{err}");
         let err = open_after(|log| {
             let mut w = ProduceWriter::begin(log, TopicId::FLOOR);
-            w.push(log, &MessageRecord { id: 1, born_ms: 0, deliveries: 0, dead: None, payload: b"m" });
+            w.push(
+                log,
+                &MessageRecord { id: 1, born_ms: 0, deliveries: 0, dead: None, props: Props::EMPTY, payload: b"m" },
+            );
             w.end(log);
         })
         .err()

@@ -92,3 +92,11 @@ fn v1_data_directory_opens_with_nothing_lost() {
 fn v2_data_directory_opens_with_nothing_lost() {
     check("v2");
 }
+
+/// Written by commit d934b4a, the last build before version 2 of Produce
+/// (which stores each message's properties): Remove records of version 2
+/// (naming the default group), every other kind version 1.
+#[test]
+fn v3_data_directory_opens_with_nothing_lost() {
+    check("v3");
+}

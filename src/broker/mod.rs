@@ -53,7 +53,6 @@ mod turn;
 mod waiters;
 
 pub use crate::record::TopicId;
-pub use requests::SESSION_VERSION;
 pub use stats::{BrokerStats, LoopStats, TopicMetrics};
 pub use turn::{TurnReport, Written};
 
@@ -71,6 +70,12 @@ pub struct Config {
     pub defaults: Settings,
     /// When set, HELLO must carry this token.
     pub auth_token: Option<Vec<u8>>,
+    /// The highest protocol version HELLO negotiates: `codec::VERSION_MAX`.
+    /// Tests of the version-2 features the broker serves already (message
+    /// properties, on the default group) raise it to
+    /// `codec::CODEC_VERSION_MAX`, until VERSION_MAX is raised once every
+    /// version-2 op is served; it is no `runnel serve` flag.
+    pub version_max: u16,
 }
 
 impl Default for Config {
@@ -80,6 +85,7 @@ impl Default for Config {
             auto_create: true,
             defaults: Settings::default(),
             auth_token: None,
+            version_max: crate::codec::VERSION_MAX,
         }
     }
 }
@@ -121,6 +127,10 @@ pub struct Session {
     pub consumer: ConsumerId,
     /// HELLO succeeded.
     pub hello: bool,
+    /// The protocol version HELLO negotiated: the layout of the frames the
+    /// connection sends and of the messages it is delivered (0 before a
+    /// successful HELLO).
+    pub version: u16,
     /// Frames since the last successful HELLO that were not a successful
     /// HELLO, counted only when the broker requires a token.
     pub auth_failures: u32,

@@ -11,7 +11,7 @@ use super::topics::{Entry, dead_letter_name, unknown};
 use super::waiters::Waiter;
 use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, stats};
 use crate::codec::{self, Batch, DecodeError, ErrorCode, Frame, Ids, Message, Request, Skip, TopicSettings, op};
-use crate::queue::{GroupId, MsgId, Returned, Settings, Take, Topic};
+use crate::queue::{Body, GroupId, MsgId, Returned, Seq, Settings, TagSetId, Take, Topic};
 use crate::record::{MessageRecord, ProduceWriter, PurgeRecord, RemoveReason, RemoveRecord, RequeueRecord};
 use crate::wheel::{TimerKey, Wheel};
 
@@ -22,12 +22,6 @@ pub(super) type Refusal = (ErrorCode, String);
 /// frame before one) after which a connection is closed, when the broker
 /// requires a token.
 const AUTH_FAILURES_MAX: u32 = 3;
-
-/// The protocol version of every session: this broker negotiates version 1
-/// only (codec::VERSION_MAX), so frames are decoded and deliveries written
-/// in version 1's layouts. Serving version 2 replaces this with the
-/// session's negotiated version.
-pub const SESSION_VERSION: u16 = 1;
 
 impl Request<'_> {
     /// Whether the reply to this request waits for the turn's sync: it says
@@ -121,13 +115,22 @@ impl Broker {
                 codec::encode_empty_reply(out, op::PING, rid);
                 Ok(Outcome::Done)
             }
-            Request::Fetch { topic, max_messages, max_bytes, wait_ms, ack_timeout_ms, .. } => {
+            Request::Fetch { topic, group, max_messages, max_bytes, wait_ms, ack_timeout_ms } => {
+                default_group_only(group)?;
                 let args = FetchArgs { max_messages, max_bytes, wait_ms, ack_timeout_ms };
                 self.fetch(session, topic, args, at, out)
             }
-            Request::Ack { topic, ids, .. } => self.ack(topic, ids, rid, out),
-            Request::Touch { topic, ack_timeout_ms, ids, .. } => self.touch(topic, ack_timeout_ms, ids, at, out),
-            Request::Nack { topic, delay_ms, flags, ids, .. } => self.nack(topic, delay_ms, flags, ids, at, out),
+            Request::Ack { topic, group, ids } => {
+                default_group_only(group).and_then(|_| self.ack(topic, ids, rid, out))
+            }
+            Request::Touch { topic, group, ack_timeout_ms, ids } => {
+                default_group_only(group)?;
+                self.touch(topic, ack_timeout_ms, ids, at, out)
+            }
+            Request::Nack { topic, group, delay_ms, flags, ids } => {
+                default_group_only(group)?;
+                self.nack(topic, delay_ms, flags, ids, at, out)
+            }
             Request::Stats { topic } => self.stats(topic, at, out),
             Request::ListTopics => self.list_topics(at, out),
             Request::Produce { topic, batch } => self.produce(topic, batch, at, out),
@@ -172,13 +175,14 @@ impl Broker {
             codec::encode_error(out, op::HELLO, rid, ErrorCode::Unauthenticated, "wrong or missing auth token");
             return self.failed_before_hello(session);
         }
-        let version = max_version.min(codec::VERSION_MAX);
+        let version = max_version.min(self.config.version_max);
         if version < min_version.max(codec::VERSION_MIN) {
-            let msg = format!("this broker speaks versions {}..={}", codec::VERSION_MIN, codec::VERSION_MAX);
+            let msg = format!("this broker speaks versions {}..={}", codec::VERSION_MIN, self.config.version_max);
             codec::encode_error(out, op::HELLO, rid, ErrorCode::Version, &msg);
             return self.failed_before_hello(session);
         }
         session.hello = true;
+        session.version = version;
         session.auth_failures = 0;
         codec::encode_hello_reply(out, rid, version, &self.decode_limits, codec::MAP_EPOCH_UNSHARDED);
         Outcome::Done
@@ -188,6 +192,7 @@ impl Broker {
     /// back to "HELLO required".
     fn hello_again(&mut self, session: &mut Session, req: &Request<'_>, rid: u32, out: &mut Vec<u8>) -> Outcome {
         session.hello = false;
+        session.version = 0;
         self.before_hello(session, &Frame { request_id: rid, request: *req }, out)
     }
 
@@ -410,18 +415,22 @@ impl Broker {
     // Producers and admin: their replies wait for the sync.
     // -----------------------------------------------------------------------
 
-    /// PRODUCE: stores the batch, invisible until the sync; QUEUE_FULL if
-    /// the topic has no room for it.
+    /// PRODUCE: stores the batch with its messages' properties (the codec
+    /// validated them), invisible until the sync; QUEUE_FULL if the topic
+    /// has no room for it, or for the tag sets it brings.
     fn produce(&mut self, topic: &str, batch: Batch<'_>, at: At<'_>, out: &mut Vec<u8>) -> Result<Outcome, Refusal> {
         let tid = self.topic_for(topic, self.config.auto_create)?;
         let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
         let t = &mut e.topic;
-        room_for(t, u64::from(batch.count), batch.payload_bytes(), &self.config.limits)?;
+        let l = &self.config.limits;
+        room_for(t, u64::from(batch.count), batch.payload_bytes(), l)?;
+        let tag_sets = intern_batch(&mut t.seq, &batch, l.tag_sets_per_topic_max)?;
         let first = t.seq.next_id();
         let mut w = ProduceWriter::begin(&mut self.log, tid);
-        for payload in batch.iter() {
-            let (id, born_ms) = t.produce(at.now.wall_ms, payload);
-            w.push(&mut self.log, &MessageRecord { id, born_ms, deliveries: 0, dead: None, payload });
+        for (i, (props, payload)) in batch.messages().enumerate() {
+            let tag_set = tag_sets.get(i).copied().flatten();
+            let (id, born_ms) = t.produce(at.now.wall_ms, Body { props, tag_set, payload });
+            w.push(&mut self.log, &MessageRecord { id, born_ms, deliveries: 0, dead: None, props, payload });
             self.compactor.note_client_produce(tid, id);
         }
         // If the commit fails, this record goes (the produce is answered
@@ -583,6 +592,31 @@ pub(super) fn room_for(t: &Topic, count: u64, bytes: u64, l: &crate::limits::Lim
     ))
 }
 
+/// The tag sets of `batch`'s messages in `seq`'s table, a reference taken
+/// for each (`Seq::intern_tags`; empty for a batch without properties), or
+/// QUEUE_FULL, with none taken, if the sets it brings pass
+/// `tag_sets_per_topic_max`.
+fn intern_batch(seq: &mut Seq, batch: &Batch<'_>, max: u32) -> Result<Vec<Option<TagSetId>>, Refusal> {
+    if !batch.messages().any(|(props, _)| !props.is_empty()) {
+        return Ok(Vec::new());
+    }
+    let mut sets = Vec::with_capacity(batch.count as usize);
+    for (props, _) in batch.messages() {
+        match seq.intern_tags(&props, max) {
+            Ok(set) => sets.push(set),
+            Err(full) => {
+                sets.into_iter().for_each(|set| seq.untake_tags(set));
+                let message = format!(
+                    "the topic's messages have {} distinct sets of tags, the most tag_sets_per_topic_max allows",
+                    full.max
+                );
+                return Err((ErrorCode::QueueFull, message));
+            }
+        }
+    }
+    Ok(sets)
+}
+
 /// What a FETCH asks for.
 #[derive(Clone, Copy)]
 struct FetchArgs {
@@ -608,6 +642,7 @@ impl FetchArgs {
             conn: at.conn,
             consumer: session.consumer,
             request_id: at.request_id,
+            version: session.version,
             topic,
             group,
             max_messages: self.max_messages.min(l.batch_messages_max),
@@ -636,7 +671,7 @@ pub(super) fn deliver(
     let timeout = if w.ack_timeout_ms == 0 { e.topic.settings.ack_timeout_ms } else { w.ack_timeout_ms };
     let deadline = now.mono_ms + u64::from(timeout);
     let max_messages = w.max_messages.min(timer_room(timers_max, wheel));
-    let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, SESSION_VERSION);
+    let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, w.version);
     let mut timers = GroupTimers { wheel, topic: e.id, group: w.group };
     let take = Take { owner: w.consumer, max_messages, max_bytes: w.max_bytes, deadline_ms: deadline };
     e.topic.fetch(w.group, take, &mut timers, |seq, d| {
@@ -648,13 +683,25 @@ pub(super) fn deliver(
                 delivery_count: d.deliveries,
                 dead,
                 origin_group: "",
-                props: codec::Props::EMPTY,
+                props: m.props,
                 payload: m.payload,
             };
             writer.push(out, &msg);
         }
     });
     writer.finish(out);
+}
+
+/// UNKNOWN_GROUP for a consumer request of a version-2 session that names
+/// a group other than the default one (""): this build serves only it.
+fn default_group_only(group: &str) -> Result<(), Refusal> {
+    if group.is_empty() {
+        return Ok(());
+    }
+    Err((
+        ErrorCode::UnknownGroup,
+        format!("consumer group {group:?} does not exist; this broker serves only the default group \"\""),
+    ))
 }
 
 /// Compares secrets in time independent of where they differ.

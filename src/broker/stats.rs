@@ -115,6 +115,7 @@ impl Broker {
                 ("next_id", t.seq.next_id()),
                 ("waiters", self.waiters.waiting(e.id, g) as u64),
                 ("id", u64::from(e.id.0)),
+                ("tag_sets", u64::from(t.seq.tags().held())),
             ] {
                 w.kv(out, k, v);
             }

@@ -115,7 +115,7 @@ impl Group {
     }
 
     /// Moves up to `take.max_messages` ready messages (at least one if any,
-    /// then within `take.max_bytes` of payload) to in flight for
+    /// then within `take.max_bytes` of payload and properties) to in flight for
     /// `take.owner`, with the ack deadline `take.deadline_ms`. Calls `out`
     /// for each, in delivery order.
     pub fn fetch(&mut self, seq: &Seq, take: Take, timers: &mut impl Timers, mut out: impl FnMut(Delivery)) -> u32 {
@@ -126,7 +126,7 @@ impl Group {
         let mut owned = self.owners.remove(&owner).unwrap_or_default();
         while n < max_messages {
             let Some((id, prior)) = self.peek_ready(seq) else { break };
-            let len = seq.get(id).map_or(0, |m| m.payload.len() as u64);
+            let len = seq.get(id).map_or(0, |m| m.bytes());
             if n > 0 && bytes + len > max_bytes {
                 break;
             }
