@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use runnel::client::{Client, Fetch};
+use runnel::client::{Client, Fetch, ProduceMessage};
 use runnel::codec::{self, TopicSettings};
 use runnel::config::{Args, ArgsError, DEFAULT_ADDR, Flag, Serve, flag, serve_flags, switch};
 use runnel::log::{FsyncMode, Log};
@@ -69,7 +69,12 @@ fn sub(name: &str) -> Option<Sub> {
         "produce" => (
             "TOPIC",
             "send each line of stdin to TOPIC as one message, until all are acknowledged",
-            vec![addr(), flag("--batch", "N", PRODUCE_BATCH_DEFAULT, "most lines in one PRODUCE frame")],
+            vec![
+                addr(),
+                flag("--batch", "N", PRODUCE_BATCH_DEFAULT, "most lines in one PRODUCE frame"),
+                flag("--tag", "TAG", "none", "tag every message with TAG (repeatable; protocol version 2)"),
+                flag("--header", "KEY[=VALUE]", "none", "give every message this header (repeatable; version 2)"),
+            ],
         ),
         "consume" => (
             "TOPIC",
@@ -364,10 +369,44 @@ fn connect(addr: &str) -> Result<Client, Exit> {
     Client::connect_with(addr, token.as_bytes()).map_err(|e| Exit::Failed(format!("cannot talk to {addr}: {e}")))
 }
 
+/// The tags and headers `runnel produce` gives every message, from its
+/// `--tag` and `--header KEY[=VALUE]` flags (a key alone: an empty value).
+struct ProduceProps {
+    tags: Vec<String>,
+    /// (key, value).
+    headers: Vec<(String, String)>,
+}
+
+impl ProduceProps {
+    fn take(a: &mut Args) -> Result<ProduceProps, Exit> {
+        let tags = a.take_all("--tag");
+        let mut headers = Vec::new();
+        for h in a.take_all("--header") {
+            let (k, v) = h.split_once('=').unwrap_or((&h, ""));
+            if k.is_empty() {
+                return Err(Exit::Usage(format!("--header {h:?}: give KEY=VALUE, with a key")));
+            }
+            headers.push((k.to_string(), v.to_string()));
+        }
+        Ok(ProduceProps { tags, headers })
+    }
+    /// `payload` as a message with these properties.
+    fn message<'a>(&'a self, payload: &'a [u8]) -> ProduceMessage<'a> {
+        let m = self.tags.iter().fold(ProduceMessage::new(payload), |m, t| m.tag(t));
+        self.headers.iter().fold(m, |m, (k, v)| m.header(k, v.as_bytes()))
+    }
+    /// Bytes they add to each message on the wire, about.
+    fn bytes(&self) -> usize {
+        let tags: usize = self.tags.iter().map(|t| 3 + t.len()).sum();
+        tags + self.headers.iter().map(|(k, v)| 5 + k.len() + v.len()).sum::<usize>()
+    }
+}
+
 fn produce(raw: &[String], sub: &Sub) -> Result<(), Exit> {
     let mut a = Args::parse(raw, &sub.flags)?;
     let addr = addr(&mut a);
     let batch_max: usize = a.num("--batch")?.unwrap_or(PRODUCE_BATCH_DEFAULT).max(1);
+    let props = ProduceProps::take(&mut a)?;
     a.done()?;
     let topic = a.topic()?.to_string();
     let mut client = connect(&addr)?;
@@ -380,7 +419,13 @@ fn produce(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         if batch.is_empty() {
             return Ok(());
         }
-        client.produce_batch(&topic, batch).map_err(|e| format!("after {sent} acknowledged messages: {e}"))?;
+        let done = if props.tags.is_empty() && props.headers.is_empty() {
+            client.produce_batch(&topic, batch)
+        } else {
+            let messages: Vec<ProduceMessage<'_>> = batch.iter().map(|p| props.message(p)).collect();
+            client.produce_messages(&topic, &messages)
+        };
+        done.map_err(|e| format!("after {sent} acknowledged messages: {e}"))?;
         sent += batch.len() as u64;
         batch.clear();
         Ok(())
@@ -394,7 +439,7 @@ fn produce(raw: &[String], sub: &Sub) -> Result<(), Exit> {
             send(&mut batch, &mut client)?;
             batch_bytes = 0;
         }
-        batch_bytes += line.len() + 4;
+        batch_bytes += line.len() + 4 + props.bytes();
         batch.push(line);
     }
     Ok(send(&mut batch, &mut client)?)

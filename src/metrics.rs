@@ -142,12 +142,13 @@ fn render_broker(out: &mut String, broker: &Broker, loops: &LoopStats) {
 
 /// The per-topic families, one sample per topic in each.
 fn render_topics(out: &mut String, topics: &[TopicMetrics]) {
-    let families: [Family; 12] = [
+    let families: [Family; 13] = [
         ("runnel_topic_ready_messages", "gauge", "Messages ready for delivery.", |t| t.ready),
         ("runnel_topic_inflight_messages", "gauge", "Messages delivered and not acknowledged.", |t| t.inflight),
         ("runnel_topic_delayed_messages", "gauge", "Messages NACKed with a delay.", |t| t.delayed),
         ("runnel_topic_dead_letter_messages", "gauge", "Messages in the topic's .dlq topic.", |t| t.dead_letter),
-        ("runnel_topic_bytes", "gauge", "Payload bytes of unacknowledged messages.", |t| t.bytes),
+        ("runnel_topic_bytes", "gauge", "Payload and property bytes of unacknowledged messages.", |t| t.bytes),
+        ("runnel_topic_tag_sets", "gauge", "Distinct tag sets among the messages.", |t| t.tag_sets),
         ("runnel_topic_produced_total", "counter", "Messages produced.", |t| t.counters.produced),
         ("runnel_topic_delivered_total", "counter", "Deliveries, redeliveries included.", |t| t.counters.delivered),
         ("runnel_topic_redelivered_total", "counter", "Deliveries after the first.", |t| t.counters.redelivered),

@@ -121,6 +121,7 @@ fn metrics_endpoint_serves_the_whole_exposition() {
     assert_eq!(value(&samples, "runnel_topic_produced_total", Some("orders")), 3.0);
     assert_eq!(value(&samples, "runnel_topic_acked_total", Some("orders")), 1.0);
     assert_eq!(value(&samples, "runnel_topic_dead_letter_messages", Some("orders")), 0.0);
+    assert_eq!(value(&samples, "runnel_topic_tag_sets", Some("orders")), 0.0);
     assert!(value(&samples, "runnel_topic_oldest_unacked_age_seconds", Some("orders")) >= 0.0);
     assert!(value(&samples, "runnel_connections", None) >= 1.0);
     assert!(value(&samples, "runnel_fsyncs_total", None) >= 1.0);

@@ -597,7 +597,8 @@ pub(super) fn room_for(t: &Topic, count: u64, bytes: u64, l: &crate::limits::Lim
 /// QUEUE_FULL, with none taken, if the sets it brings pass
 /// `tag_sets_per_topic_max`.
 fn intern_batch(seq: &mut Seq, batch: &Batch<'_>, max: u32) -> Result<Vec<Option<TagSetId>>, Refusal> {
-    if !batch.messages().any(|(props, _)| !props.is_empty()) {
+    // A version-1 batch has no properties: not even a scan of it.
+    if !batch.with_props || !batch.messages().any(|(props, _)| !props.is_empty()) {
         return Ok(Vec::new());
     }
     let mut sets = Vec::with_capacity(batch.count as usize);

@@ -61,6 +61,9 @@ pub struct TopicMetrics {
     pub counters: Counters,
     /// Age of the oldest unacknowledged message, ms; 0 when none.
     pub oldest_age_ms: u64,
+    /// Distinct tag sets its messages hold (`tag_sets_per_topic_max`
+    /// bounds them).
+    pub tag_sets: u64,
 }
 
 impl Broker {
@@ -82,6 +85,7 @@ impl Broker {
                     bytes: t.seq.live_bytes(),
                     counters: t.counters(g),
                     oldest_age_ms: t.seq.oldest_born_ms().map_or(0, |b| now.wall_ms.saturating_sub(b)),
+                    tag_sets: u64::from(t.seq.tags().held()),
                 }
             })
             .collect()

@@ -124,7 +124,9 @@ impl Topic {
     // -----------------------------------------------------------------------
 
     /// A client's produce: appends a message, not yet visible to consumers
-    /// (until `publish`). Returns its id and the born time stored (never
+    /// (until `publish`), with its tag set's reference, which the caller
+    /// took (`Seq::intern_tags`, so that a batch is refused whole before
+    /// any of it is stored). Returns its id and the born time stored (never
     /// below the topic's last one).
     pub fn produce<'b>(&mut self, born_ms: u64, m: impl Into<Body<'b>>) -> (MsgId, u64) {
         self.produced += 1;
