@@ -27,6 +27,8 @@ use std::time::Instant;
 
 use byteorder::{ByteOrder, LittleEndian};
 
+use crate::metrics::{Phase, PhaseNanos};
+
 #[path = "recovery.rs"]
 mod recovery;
 pub use recovery::{CLEAN_STOP_FILE, Damage, DamageKind, Inspection, LastStop};
@@ -277,6 +279,9 @@ pub struct Log {
     /// Base offset of the segment this run first appended to: with
     /// `--fsync never`, the segments from it on are synced at a clean stop.
     run_first_base: u64,
+    /// The time this turn's calls on the files took, by phase, until the
+    /// loop takes it (`take_phases`).
+    phases: PhaseNanos,
     pub stats: LogStats,
 }
 
@@ -422,6 +427,7 @@ impl Log {
             releasing: None,
             dirty: false,
             clean_stop_marked: recovered.marked,
+            phases: PhaseNanos::default(),
             stats: LogStats::default(),
         };
         if log.segments.is_empty() {
@@ -446,6 +452,14 @@ impl Log {
     }
     pub fn fsync_mode(&self) -> FsyncMode {
         self.options.fsync
+    }
+    /// The time the files' calls took so far this turn, by phase.
+    pub fn phases(&self) -> &PhaseNanos {
+        &self.phases
+    }
+    /// The time the files' calls took since the last take, by phase.
+    pub fn take_phases(&mut self) -> PhaseNanos {
+        std::mem::take(&mut self.phases)
     }
 
     /// Begins a record in the turn buffer; append its body to `body()`,
@@ -526,11 +540,17 @@ impl Log {
     /// `write`, leaving `headroom` bytes of the disk free after the records.
     fn write_with(&mut self, sync: bool, headroom: u64) -> io::Result<WrittenTurn> {
         assert!(self.open_record.is_none(), "the turn is written with a record begun and not ended");
-        let started = Instant::now();
         if self.buf.is_empty() {
             return Ok(WrittenTurn { bytes: 0, records: 0, sync: false, withdrawn: false, write_nanos: 0 });
         }
-        match self.write_turn(headroom) {
+        let started = Instant::now();
+        let others = self.phases.total();
+        let result = self.write_turn(headroom);
+        let write_nanos = started.elapsed().as_nanos() as u64;
+        // What the write took besides a roll or a reservation in it.
+        let plain = write_nanos.saturating_sub(self.phases.total() - others);
+        self.phases.add(Phase::Write, plain);
+        match result {
             Ok(withdrawn) => Ok(WrittenTurn {
                 bytes: self.buf.len() as u64,
                 records: std::mem::take(&mut self.buf_records),
@@ -539,7 +559,7 @@ impl Log {
                     && self.options.fsync == FsyncMode::Turn
                     && (sync || self.unsynced_bytes_max_reached()),
                 withdrawn,
-                write_nanos: started.elapsed().as_nanos() as u64,
+                write_nanos,
             }),
             Err(e) => Err(self.fail_turn(e)),
         }
@@ -559,10 +579,14 @@ impl Log {
             return Ok(Committed { withdrawn: turn.withdrawn, ..Committed::default() });
         }
         assert_eq!(self.buf.len() as u64, turn.bytes, "records were appended between a turn's write and its sync");
-        let started = Instant::now();
+        let mut sync_nanos = 0;
         if turn.sync {
             let Some(f) = self.active.as_mut() else { unreachable!("the write opened it") };
-            if let Err(e) = f.sync_data() {
+            let started = Instant::now();
+            let synced = f.sync_data();
+            sync_nanos = started.elapsed().as_nanos() as u64;
+            self.phases.add(Phase::Fsync, sync_nanos);
+            if let Err(e) = synced {
                 return Err(self.fail_turn(e));
             }
             self.stats.fsyncs += 1;
@@ -579,7 +603,7 @@ impl Log {
         }
         self.stats.commits += 1;
         self.stats.records += turn.records;
-        let nanos = turn.write_nanos + started.elapsed().as_nanos() as u64;
+        let nanos = turn.write_nanos + sync_nanos;
         Ok(Committed { bytes: turn.bytes, synced: turn.sync, nanos, withdrawn: turn.withdrawn })
     }
 
@@ -635,13 +659,16 @@ impl Log {
             return Ok(Committed::default());
         }
         let started = Instant::now();
-        if let Err(e) = f.sync_data() {
+        let synced = f.sync_data();
+        let nanos = started.elapsed().as_nanos() as u64;
+        self.phases.add(Phase::Fsync, nanos);
+        if let Err(e) = synced {
             self.stats.failures += 1;
             return Err(e);
         }
         self.unsynced_bytes = 0;
         self.stats.fsyncs += 1;
-        Ok(Committed { bytes: 0, synced: true, nanos: started.elapsed().as_nanos() as u64, withdrawn: false })
+        Ok(Committed { bytes: 0, synced: true, nanos, withdrawn: false })
     }
 
     /// After a failed commit: keeps every record but the withdrawable ones
@@ -708,7 +735,7 @@ impl Log {
         self.cut_back()?;
         let active_bytes = self.segments.last().map_or(0, |s| s.bytes);
         if active_bytes > 0 && active_bytes + self.buf.len() as u64 > self.options.segment_bytes_max {
-            self.roll()?;
+            self.timed(Phase::Roll, Log::roll)?;
         }
         self.open_active()?;
         let at = self.segments.last().map_or(0, |s| s.bytes);
@@ -738,13 +765,27 @@ impl Log {
     /// Opens the active segment's file if it is not open yet (the first
     /// write after a start).
     fn open_active(&mut self) -> io::Result<()> {
-        if self.active.is_none() {
-            let base = self.segments.last().map_or(0, |s| s.base);
-            let path = self.dir.join(segment_name(base));
-            self.active = Some((self.opener)(&path)?);
-            sync_dir(&self.dir)?;
+        if self.active.is_some() {
+            return Ok(());
         }
-        Ok(())
+        self.timed(Phase::Roll, |log| {
+            let base = log.segments.last().map_or(0, |s| s.base);
+            let path = log.dir.join(segment_name(base));
+            log.active = Some((log.opener)(&path)?);
+            sync_dir(&log.dir)
+        })
+    }
+
+    /// Runs `f`, counting the time it took under `phase`, less what the
+    /// phases timed inside it counted: the phases stay disjoint.
+    fn timed<T>(&mut self, phase: Phase, f: impl FnOnce(&mut Log) -> T) -> T {
+        let inner = self.phases.total();
+        let started = Instant::now();
+        let result = f(self);
+        let nanos = started.elapsed().as_nanos() as u64;
+        let inner = self.phases.total() - inner;
+        self.phases.add(phase, nanos.saturating_sub(inner));
+        result
     }
 
     /// Reserves the active segment's space ahead of the writes, a
@@ -758,9 +799,11 @@ impl Log {
         if end <= self.reserved_bytes || end > self.options.segment_bytes_max {
             return false;
         }
-        let Some(f) = self.active.as_mut() else { return false };
         let want = end.next_multiple_of(RESERVE_AHEAD_BYTES).min(self.options.segment_bytes_max);
-        match f.reserve(want) {
+        let Some(reserved) = self.timed(Phase::Reserve, |log| log.active.as_mut().map(|f| f.reserve(want))) else {
+            return false;
+        };
+        match reserved {
             Ok(()) => {
                 self.reserved_bytes = want;
                 // Room for a step; `make_room` looks closer.
@@ -793,8 +836,9 @@ impl Log {
         if !stepped && !self.space_short && owned >= bytes {
             return Ok(());
         }
-        let Some(f) = self.active.as_ref() else { return Ok(()) };
-        let Ok(free) = f.free_bytes() else { return Ok(()) };
+        let Some(Ok(free)) = self.timed(Phase::Reserve, |log| log.active.as_ref().map(|f| f.free_bytes())) else {
+            return Ok(());
+        };
         let room = owned.saturating_add(free);
         // Short: the next step of produces would not fit.
         let produce_room = bytes + self.headroom_bytes + PRODUCE_HEADROOM_BYTES + RESERVE_AHEAD_BYTES;
@@ -827,7 +871,7 @@ impl Log {
         }
         self.forget_clean_stop()?;
         self.cut_back()?;
-        self.roll()?;
+        self.timed(Phase::Roll, Log::roll)?;
         Ok(true)
     }
 
@@ -909,6 +953,14 @@ impl Log {
     /// On an error the file is given up on (removed whole if it can be,
     /// else by the next start), so a failing disk cannot keep the loop busy.
     pub fn release_step(&mut self) -> io::Result<()> {
+        if self.releasing.is_none() {
+            return Ok(());
+        }
+        self.timed(Phase::Release, Log::release_slice)
+    }
+
+    /// `release_step`'s work, while a file is being released.
+    fn release_slice(&mut self) -> io::Result<()> {
         let short = self.space_short;
         let Some((file, _, len)) = self.releasing.as_mut() else { return Ok(()) };
         *len = if short { 0 } else { len.saturating_sub(RELEASE_BYTES_PER_TURN) };

@@ -96,7 +96,7 @@ use crate::conn::{ConnState, FULL_HOLDING_BYTES_MAX, Serve, Step};
 use crate::http::{HttpKey, HttpServer, LoopParts};
 use crate::limits::Limits;
 use crate::log::OpenError;
-use crate::metrics::{self, LoopMetrics};
+use crate::metrics::{self, LoopMetrics, PhaseNanos};
 use crate::sys;
 use crate::wheel::{TimerKey, Wheel};
 
@@ -337,7 +337,8 @@ pub struct Reactor {
     signals: Option<mio::net::UnixStream>,
     /// How long to poll without blocking before sleeping (`--spin-us`).
     spin: Duration,
-    /// What the loop measures of itself (fsync and produce-ack latency).
+    /// What the loop measures of itself: fsync and produce-ack latency,
+    /// and the time of each turn and of its phases.
     loop_metrics: LoopMetrics,
     /// The broker's limits, as configured.
     limits: Limits,
@@ -452,7 +453,10 @@ impl Reactor {
         let started = Instant::now();
         let now = now_at(self.started);
         self.loops.turns += 1;
-        run_turn(&mut ReactorTurn { reactor: self, events, started }, now);
+        let mut turn = ReactorTurn { reactor: self, events, started, phases: PhaseNanos::default() };
+        run_turn(&mut turn, now);
+        let phases = turn.phases;
+        self.loop_metrics.observe_turn(started.elapsed().as_nanos() as u64, &phases);
         Ok(())
     }
 
@@ -1045,12 +1049,14 @@ pub fn run_turn(steps: &mut impl TurnSteps, now: Now) {
     steps.close_and_watch(now);
 }
 
-/// The reactor's turn: its state, this turn's readiness events, and when
-/// the turn began (for the produce-ack latency).
+/// The reactor's turn: its state, this turn's readiness events, when the
+/// turn began (for the produce-ack latency and the turn's time), and what
+/// its phases took (for the turn's metrics).
 struct ReactorTurn<'a> {
     reactor: &'a mut Reactor,
     events: &'a Events,
     started: Instant,
+    phases: PhaseNanos,
 }
 
 impl TurnSteps for ReactorTurn<'_> {
@@ -1074,6 +1080,7 @@ impl TurnSteps for ReactorTurn<'_> {
         if let Some(ns) = report.sync_nanos {
             r.loop_metrics.fsync.observe(ns, 1);
         }
+        self.phases = report.phases;
         if report.produces_acked > 0 {
             let ns = self.started.elapsed().as_nanos() as u64;
             r.loop_metrics.produce_ack.observe(ns, report.produces_acked);

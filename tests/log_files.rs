@@ -350,3 +350,30 @@ fn repair_resumes_at_the_next_record_when_a_length_field_is_damaged() {
     assert_eq!(open_repair(dir.path()), kept, "repair drops record 20 only");
     assert_eq!(fs::metadata(&seg).expect("metadata").len(), record_bytes(49), "rewritten without it");
 }
+
+/// The log times each of its calls on the files by phase, for the loop's
+/// metrics: a turn's write and sync, the reservation of the first step, the
+/// roll to a new segment, and the release of a removed segment's space.
+#[test]
+fn the_log_times_each_phase_of_its_calls_on_the_files() {
+    use runnel::metrics::Phase;
+    let dir = TempDir::new("log-phases");
+    let (mut log, _) = open(dir.path(), 64 << 10).expect("open");
+    write(&mut log, 0, 1, 1);
+    let first = log.take_phases();
+    for p in [Phase::Write, Phase::Fsync, Phase::Reserve] {
+        assert!(first.get(p) > 0, "{p:?} not timed: {first:?}");
+    }
+    // The first write opened the segment (and synced the directory): a
+    // roll's work.
+    assert!(first.get(Phase::Roll) > 0, "{first:?}");
+    assert_eq!(log.take_phases().total(), 0, "taken");
+    // Past the segment's size: a roll.
+    write(&mut log, 1, 1000, 100);
+    let filled = log.take_phases();
+    assert!(log.segments().len() > 1 && filled.get(Phase::Roll) > 0, "{filled:?}");
+    let base = log.segments()[0].base;
+    log.remove_oldest(base).expect("remove");
+    log.release_step().expect("release");
+    assert!(log.take_phases().get(Phase::Release) > 0);
+}

@@ -11,10 +11,12 @@
 use std::collections::HashSet;
 use std::hash::BuildHasherDefault;
 use std::ops::Range;
+use std::time::Instant;
 
 use super::{Broker, ConnKey, GroupTimers, Now, Outbox, Timer, TopicId, stats};
 use crate::codec::{self, ErrorCode, Request, op};
 use crate::log::{Committed, WrittenTurn};
+use crate::metrics::{Phase, PhaseNanos};
 use crate::queue::{GroupId, IdHasher, MsgId, Returned};
 use crate::record::RequeueRecord;
 
@@ -60,6 +62,9 @@ pub(super) struct Turn {
     /// Between the turn's `write` and its `sync`: nothing may change the
     /// queues or append to the log then.
     written: bool,
+    /// Compaction's own work this turn (its calls on the log's files
+    /// left out: the log times those), ns.
+    compact_nanos: u64,
 }
 
 impl Turn {
@@ -162,6 +167,9 @@ pub struct TurnReport {
     pub produces_acked: u64,
     /// Nanoseconds the write and fdatasync took, if the turn synced.
     pub sync_nanos: Option<u64>,
+    /// How long the turn's phases that can stall it took: the calls on
+    /// the log's files and compaction's work.
+    pub phases: PhaseNanos,
 }
 
 impl Broker {
@@ -250,7 +258,11 @@ impl Broker {
     pub fn write(&mut self, now: Now) -> Written {
         self.turn.assert_open("a second write");
         self.turn.written = true;
+        let in_files = self.log.phases().total();
+        let started = Instant::now();
         self.compactor.step(&self.topics, &mut self.log, &mut self.failures, now);
+        let step_nanos = started.elapsed().as_nanos() as u64;
+        self.turn.compact_nanos = step_nanos.saturating_sub(self.log.phases().total() - in_files);
         let turn = self.log.write(self.turn.sync_wanted());
         let syncs = turn.as_ref().is_ok_and(|t| t.syncs());
         Written { turn: Some(turn), syncs }
@@ -296,6 +308,8 @@ impl Broker {
         self.turn.produced.clear();
         self.publish(now, outbox);
         self.send_held(stored, outbox, &mut report);
+        report.phases = self.log.take_phases();
+        report.phases.add(Phase::Compact, std::mem::take(&mut self.turn.compact_nanos));
         let t = &self.turn;
         assert!(t.held.is_empty() && t.holders.is_empty() && t.pending.is_empty(), "replies kept past the sync");
         assert!(t.produced.is_empty() && t.to_publish.is_empty(), "produces kept past the sync");
