@@ -238,8 +238,12 @@ pub struct Log {
     dir: PathBuf,
     options: LogOptions,
     /// Held for the life of the log: a second broker on the same directory
-    /// fails to take it.
-    _lock: recovery::DirLock,
+    /// fails to take it. None for a memory-only log, which has no
+    /// directory.
+    _lock: Option<recovery::DirLock>,
+    /// A memory-only log (`--memory-only`): it writes nothing, anywhere;
+    /// each turn's records are discarded where they would be written.
+    memory_only: bool,
     /// Segments in offset order; the last is the one appended to.
     segments: Vec<Segment>,
     /// The last segment, open for append.
@@ -407,11 +411,42 @@ impl Log {
         mut apply: impl FnMut(&ReadRecord<'_>) -> Result<(), String>,
     ) -> Result<(Log, Recovery), OpenError> {
         let recovered = recovery::recover(dir, &options, &mut apply)?;
-        let segments = recovered.segments;
-        let mut log = Log {
-            dir: dir.to_path_buf(),
+        let mut log = Log::over(dir.to_path_buf(), options, Some(recovered.lock), opener, recovered.segments);
+        log.clean_stop_marked = recovered.marked;
+        Ok((log, recovered.recovery))
+    }
+
+    /// A log that keeps nothing (`runnel serve --memory-only`): no
+    /// directory is read, locked or written, and each turn's records are
+    /// discarded where they would be written, so the broker drives it as it
+    /// drives a real log. Nothing is synced, reserved, rolled or released,
+    /// and the disk is never full, so neither compaction nor the full-disk
+    /// logic has anything to do.
+    pub fn in_memory() -> Log {
+        let options = LogOptions { fsync: FsyncMode::Never, ..LogOptions::default() };
+        let opener: Opener = Box::new(|_: &Path| Err(io::Error::other("a memory-only log opens no file")));
+        let mut log = Log::over(PathBuf::new(), options, None, opener, Vec::new());
+        log.memory_only = true;
+        log
+    }
+
+    /// A log of `segments` (none: an empty log) in `dir`, appending after
+    /// the last.
+    fn over(
+        dir: PathBuf,
+        options: LogOptions,
+        lock: Option<recovery::DirLock>,
+        opener: Opener,
+        mut segments: Vec<Segment>,
+    ) -> Log {
+        if segments.is_empty() {
+            segments.push(Segment { base: 0, bytes: 0 });
+        }
+        Log {
+            dir,
             options,
-            _lock: recovered.lock,
+            _lock: lock,
+            memory_only: false,
             run_first_base: segments.last().map_or(0, |s| s.base),
             segments,
             active: None,
@@ -426,14 +461,15 @@ impl Log {
             space_short: false,
             releasing: None,
             dirty: false,
-            clean_stop_marked: recovered.marked,
+            clean_stop_marked: false,
             phases: PhaseNanos::default(),
             stats: LogStats::default(),
-        };
-        if log.segments.is_empty() {
-            log.segments.push(Segment { base: 0, bytes: 0 });
         }
-        Ok((log, recovered.recovery))
+    }
+
+    /// Whether this log keeps nothing (`in_memory`).
+    pub fn memory_only(&self) -> bool {
+        self.memory_only
     }
 
     pub fn segments(&self) -> &[Segment] {
@@ -543,6 +579,9 @@ impl Log {
         if self.buf.is_empty() {
             return Ok(WrittenTurn { bytes: 0, records: 0, sync: false, withdrawn: false, write_nanos: 0 });
         }
+        if self.memory_only {
+            return Ok(self.discard_turn());
+        }
         let started = Instant::now();
         let others = self.phases.total();
         let result = self.write_turn(headroom);
@@ -563,6 +602,14 @@ impl Log {
             }),
             Err(e) => Err(self.fail_turn(e)),
         }
+    }
+
+    /// A memory-only log's write: the turn's records go nowhere, and the
+    /// turn is one that wrote nothing (there is nothing to sync).
+    fn discard_turn(&mut self) -> WrittenTurn {
+        self.buf_records = 0;
+        self.clear_turn();
+        WrittenTurn { bytes: 0, records: 0, sync: false, withdrawn: false, write_nanos: 0 }
     }
 
     /// The second half of a commit: the `fdatasync`, if `write` decided on
@@ -596,15 +643,21 @@ impl Log {
             s.bytes += turn.bytes;
         }
         self.unsynced_bytes = if turn.sync { 0 } else { self.unsynced_bytes + turn.bytes };
+        self.clear_turn();
+        self.stats.commits += 1;
+        self.stats.records += turn.records;
+        let nanos = turn.write_nanos + sync_nanos;
+        Ok(Committed { bytes: turn.bytes, synced: turn.sync, nanos, withdrawn: turn.withdrawn })
+    }
+
+    /// Empties the turn buffer once its records are done with, giving back
+    /// the memory of an unusually large turn.
+    fn clear_turn(&mut self) {
         self.buf.clear();
         self.withdrawable.clear();
         if self.buf.capacity() > 64 << 20 {
             self.buf = Vec::new();
         }
-        self.stats.commits += 1;
-        self.stats.records += turn.records;
-        let nanos = turn.write_nanos + sync_nanos;
-        Ok(Committed { bytes: turn.bytes, synced: turn.sync, nanos, withdrawn: turn.withdrawn })
     }
 
     /// A write or sync failed: keeps the records for the next commit

@@ -377,3 +377,19 @@ fn the_log_times_each_phase_of_its_calls_on_the_files() {
     log.release_step().expect("release");
     assert!(log.take_phases().get(Phase::Release) > 0);
 }
+
+/// A memory-only log (`--memory-only`) discards each turn where a log would
+/// write it: nothing is kept, synced, rolled or counted as written, and
+/// marking a clean stop writes no file.
+#[test]
+fn a_memory_only_log_discards_every_turn() {
+    let mut log = Log::in_memory();
+    assert!(log.memory_only());
+    write(&mut log, 0, 5000, 100);
+    assert_eq!((log.bytes(), log.segments().len(), log.head()), (0, 1, 0));
+    assert_eq!((log.stats.fsyncs, log.stats.commits, log.stats.records), (0, 0, 0));
+    assert!(!log.space_short() && !log.releasing());
+    assert!(!log.close_active().expect("close"), "no segment to close");
+    log.mark_clean_stop().expect("mark");
+    assert!(!Path::new(CLEAN_STOP_FILE).exists());
+}

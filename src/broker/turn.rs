@@ -258,11 +258,14 @@ impl Broker {
     pub fn write(&mut self, now: Now) -> Written {
         self.turn.assert_open("a second write");
         self.turn.written = true;
-        let in_files = self.log.phases().total();
-        let started = Instant::now();
-        self.compactor.step(&self.topics, &mut self.log, &mut self.failures, now);
-        let step_nanos = started.elapsed().as_nanos() as u64;
-        self.turn.compact_nanos = step_nanos.saturating_sub(self.log.phases().total() - in_files);
+        // A memory-only log has nothing to compact.
+        if !self.log.memory_only() {
+            let in_files = self.log.phases().total();
+            let started = Instant::now();
+            self.compactor.step(&self.topics, &mut self.log, &mut self.failures, now);
+            let step_nanos = started.elapsed().as_nanos() as u64;
+            self.turn.compact_nanos = step_nanos.saturating_sub(self.log.phases().total() - in_files);
+        }
         let turn = self.log.write(self.turn.sync_wanted());
         let syncs = turn.as_ref().is_ok_and(|t| t.syncs());
         Written { turn: Some(turn), syncs }
@@ -337,8 +340,12 @@ impl Broker {
                 } else if c.bytes > 0 {
                     self.failures.worked(now.mono_ms);
                 }
-                let last = self.log.segments().last().map_or(0, |s| s.base);
-                self.compactor.committed(last);
+                if self.log.memory_only() {
+                    self.compactor.discarded();
+                } else {
+                    let last = self.log.segments().last().map_or(0, |s| s.base);
+                    self.compactor.committed(last);
+                }
                 Stored { records: true, produces: !c.withdrawn }
             }
             Err(e) => {
