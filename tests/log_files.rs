@@ -393,3 +393,25 @@ fn a_memory_only_log_discards_every_turn() {
     log.mark_clean_stop().expect("mark");
     assert!(!Path::new(CLEAN_STOP_FILE).exists());
 }
+
+/// A new segment's name is made durable (the directory synced) only where
+/// its records will be synced: with `--fsync never` the loop does not wait
+/// for a directory sync at each roll, and the clean stop's marker syncs the
+/// directory once.
+#[test]
+fn only_a_log_that_syncs_its_records_syncs_a_new_segments_name() {
+    for (fsync, dir_synced) in [(FsyncMode::Turn, true), (FsyncMode::Never, false)] {
+        let dir = TempDir::new("dir-syncs");
+        let opts = LogOptions { fsync, ..options(64 << 10) };
+        let (mut log, _) = Log::open(dir.path(), opts.clone(), |_| Ok(())).expect("open");
+        write(&mut log, 0, 2000, 100);
+        let rolled = log.segments().len() as u64;
+        assert!(rolled > 2, "setup: rolls");
+        let expected = if dir_synced { rolled } else { 0 };
+        assert_eq!(log.stats.dir_syncs, expected, "{fsync:?}: the first segment and every roll");
+        log.mark_clean_stop().expect("mark");
+        drop(log);
+        let (log, _) = Log::open(dir.path(), opts, |_| Ok(())).expect("reopen");
+        assert_eq!(log.segments().len() as u64, rolled, "{fsync:?}: every segment reopens");
+    }
+}
