@@ -285,7 +285,7 @@ impl Compactor {
     /// short, first closes the active segment if most of the log is dead.
     fn compaction_due(&mut self, p: &mut Parts<'_>, now: Now) -> Option<u64> {
         let short = p.log.space_short();
-        // One removed segment's space is released at a time.
+        // The release thread's queue of removed segments is full.
         if p.log.releasing() {
             return None;
         }

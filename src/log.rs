@@ -31,6 +31,8 @@ use crate::metrics::{Phase, PhaseNanos};
 
 #[path = "recovery.rs"]
 mod recovery;
+#[path = "releaser.rs"]
+mod releaser;
 pub use recovery::{CLEAN_STOP_FILE, Damage, DamageKind, Inspection, LastStop};
 
 pub use crate::record::RecordKind;
@@ -58,11 +60,6 @@ const RESERVE_AHEAD_BYTES: u64 = 1 << 20;
 /// `Log::reserved_bytes` when the filesystem cannot reserve space (not
 /// retried before the next segment).
 const CANNOT_RESERVE: u64 = u64::MAX;
-/// Bytes of a removed segment's file released per turn. Unlinking a
-/// 64 MiB file frees its blocks in one call that took 14 ms here (the
-/// filesystem discards them as it goes), a stall of every connection; cut
-/// from its end in slices of this size, each call takes ~0.2 ms.
-const RELEASE_BYTES_PER_TURN: u64 = 256 << 10;
 /// The suffix a removed segment's file takes until it is released: not a
 /// segment to recovery, which deletes it.
 const REMOVING_SUFFIX: &str = ".removing";
@@ -272,9 +269,8 @@ pub struct Log {
     /// of produces past the headroom (or refused a write: ENOSPC), so
     /// compaction reclaims eagerly.
     space_short: bool,
-    /// A removed segment's file, renamed, being cut to nothing a slice per
-    /// turn, and its length left.
-    releasing: Option<(File, PathBuf, u64)>,
+    /// The thread that gives back removed segments' space.
+    releaser: releaser::Releaser,
     /// A write may have left bytes past the committed end of the active
     /// segment: set from a turn's write until its sync succeeds, and after
     /// a failure until they are cut (before the next write).
@@ -461,7 +457,7 @@ impl Log {
             reserved_bytes: 0,
             headroom_bytes: HEADROOM_BYTES_MIN,
             space_short: false,
-            releasing: None,
+            releaser: releaser::Releaser::default(),
             dirty: false,
             clean_stop_marked: false,
             phases: PhaseNanos::default(),
@@ -980,70 +976,50 @@ impl Log {
     /// Removes segment `base`, which must be the oldest and not the one
     /// appended to (compaction has copied forward whatever in it was live).
     /// The file is renamed at once, so it is no longer part of the log, and
-    /// its space is released over the next turns (`release_step`); while the
-    /// space is short it is unlinked at once instead: then the space is
-    /// wanted now, more than a stall of the loop is feared.
+    /// handed to the release thread, which gives its space back off the
+    /// loop (`releaser.rs`); while the space is short, or the thread cannot
+    /// take it, it is unlinked at once instead: then the space is wanted
+    /// now, more than a stall of the loop is feared.
     pub fn remove_oldest(&mut self, base: u64) -> io::Result<()> {
         if self.segments.len() < 2 || self.segments[0].base != base {
             return Err(io::Error::other(format!("segment {base} is not the oldest closed segment")));
         }
         self.forget_clean_stop()?;
-        // One file at a time: compaction waits for `releasing()`, so this
-        // only finishes a release that something else hurried.
-        if let Some((file, path, _)) = self.releasing.take() {
-            drop(file);
-            fs::remove_file(&path)?;
-        }
-        let path = self.dir.join(segment_name(base));
-        if self.space_short {
-            fs::remove_file(&path)?;
-            self.segments.remove(0);
-            self.stats.segments_removed += 1;
-            return Ok(());
-        }
-        let doomed = self.dir.join(format!("{}{REMOVING_SUFFIX}", segment_name(base)));
-        fs::rename(&path, &doomed)?;
+        self.timed(Phase::Release, |log| log.remove_file_of(base))?;
         self.segments.remove(0);
         self.stats.segments_removed += 1;
-        match OpenOptions::new().write(true).open(&doomed).and_then(|f| Ok((f.metadata()?.len(), f))) {
-            Ok((len, f)) => self.releasing = Some((f, doomed, len)),
-            // Cannot cut it in slices: remove it whole.
-            Err(_) => fs::remove_file(&doomed)?,
-        }
         Ok(())
     }
 
-    /// Whether a removed segment's space is still being released.
+    /// `remove_oldest`'s work on the file of segment `base`.
+    fn remove_file_of(&mut self, base: u64) -> io::Result<()> {
+        let path = self.dir.join(segment_name(base));
+        if self.space_short {
+            return fs::remove_file(&path);
+        }
+        let doomed = self.dir.join(format!("{}{REMOVING_SUFFIX}", segment_name(base)));
+        fs::rename(&path, &doomed)?;
+        let opened = OpenOptions::new().write(true).open(&doomed).and_then(|f| Ok((f.metadata()?.len(), f)));
+        let Ok((len, file)) = opened else { return fs::remove_file(&doomed) };
+        match self.releaser.hand_over(file, doomed, len) {
+            Ok(()) => Ok(()),
+            Err((file, doomed)) => {
+                drop(file);
+                fs::remove_file(&doomed)
+            }
+        }
+    }
+
+    /// Whether the release thread holds as many removed segments as it
+    /// queues: compaction removes no other until it has released one.
     pub fn releasing(&self) -> bool {
-        self.releasing.is_some()
+        self.releaser.full()
     }
 
-    /// Releases the next `RELEASE_BYTES_PER_TURN` of a removed segment's
-    /// file, and the file itself once it is empty (or at once, when the
-    /// space is short). One call per turn.
-    /// On an error the file is given up on (removed whole if it can be,
-    /// else by the next start), so a failing disk cannot keep the loop busy.
-    pub fn release_step(&mut self) -> io::Result<()> {
-        if self.releasing.is_none() {
-            return Ok(());
-        }
-        self.timed(Phase::Release, Log::release_slice)
-    }
-
-    /// `release_step`'s work, while a file is being released.
-    fn release_slice(&mut self) -> io::Result<()> {
-        let short = self.space_short;
-        let Some((file, _, len)) = self.releasing.as_mut() else { return Ok(()) };
-        *len = if short { 0 } else { len.saturating_sub(RELEASE_BYTES_PER_TURN) };
-        let cut = if *len > 0 { file.set_len(*len) } else { Ok(()) };
-        if *len > 0 && cut.is_ok() {
-            return Ok(());
-        }
-        if let Some((file, path, _)) = self.releasing.take() {
-            drop(file);
-            fs::remove_file(&path)?;
-        }
-        cut
+    /// Removed segments whose space the release thread has not given back
+    /// yet.
+    pub fn release_pending(&self) -> usize {
+        self.releaser.pending()
     }
 
     /// Whether, at the last look, the disk had no room for another

@@ -98,7 +98,8 @@ pub enum Phase {
     /// Closing a full segment and creating the next (cutting its reserved
     /// tail, its `fdatasync`, the new file and the directory's sync).
     Roll,
-    /// Giving back a slice of a removed segment's space.
+    /// Removing a compacted segment's file from the log: a rename, the
+    /// hand-over to the release thread (or, on a short disk, the unlink).
     Release,
     /// Compaction's own work: finding live messages and copying a slice of
     /// them (its writes and syncs count under Write and Fsync).

@@ -23,8 +23,7 @@
 //!    only that write (acks, NACKs, TOUCHes, deliveries of messages made
 //!    durable in earlier turns, errors) leave now, so they do not wait for
 //!    a sync that is not theirs;
-//! 7. **sync**: a slice of a removed segment's space is released
-//!    (256 KiB), then one `fdatasync` of what step 5 wrote (group commit),
+//! 7. **sync**: one `fdatasync` of what step 5 wrote (group commit),
 //!    if anything waits on it; then the turn's new messages become visible and
 //!    go to parked FETCHes, then the held replies are sent (deliveries
 //!    first: they are what end-to-end latency waits for);
@@ -1031,8 +1030,8 @@ pub fn run_turn(steps: &mut impl TurnSteps, now: Now) {
     if written.syncs() {
         steps.flush(now, &written);
     }
-    // 7. release a slice of a removed segment, sync, publish the turn's
-    // messages to parked FETCHes, send the held replies.
+    // 7. sync, publish the turn's messages to parked FETCHes, send the
+    // held replies.
     steps.sync(now, &mut written);
     // 8. flush
     steps.flush(now, &written);

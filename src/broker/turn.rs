@@ -271,9 +271,8 @@ impl Broker {
         Written { turn: Some(turn), syncs }
     }
 
-    /// Step 7, the second half: a slice of a removed segment's space is
-    /// given back (no reply waits on that, so it comes after the early
-    /// flush), then the `fdatasync` (if the turn needs one); if the write
+    /// Step 7, the second half: the `fdatasync` (if the turn needs one);
+    /// if the write
     /// or the sync failed, or the write dropped the produces, withdraws the
     /// turn's produced messages; then publishes this turn's messages and
     /// serves parked FETCHes; then sends the held replies (or STORAGE to
@@ -284,9 +283,6 @@ impl Broker {
         let Some(turn) = written.turn.take() else { return TurnReport::default() };
         assert!(self.turn.written, "a sync without its write");
         self.turn.written = false;
-        if let Err(e) = self.log.release_step() {
-            log::warn!("compaction could not release a removed segment's space: {e}");
-        }
         let mut report = TurnReport::default();
         let committed = turn.and_then(|t| self.log.sync(t));
         let stored = self.settle(committed, now, &mut report);
