@@ -206,6 +206,15 @@ impl Compactor {
         assert!(self.turn_ranges.is_empty() && self.turn_withdrawable_ranges.is_empty() && self.turn_topics.is_empty());
     }
 
+    /// The turn's records were discarded, not written (a memory-only log):
+    /// there is no segment to note them in, and nothing to compact.
+    pub(crate) fn discarded(&mut self) {
+        self.turn_ranges.clear();
+        self.turn_withdrawable_ranges.clear();
+        self.turn_topics.clear();
+        self.turn_deletes = false;
+    }
+
     /// The turn's commit failed: the log dropped the client produces' and
     /// the copies' records and keeps the rest for the next commit, so only
     /// those notes go (the others are attached when it succeeds), and a
@@ -276,7 +285,7 @@ impl Compactor {
     /// short, first closes the active segment if most of the log is dead.
     fn compaction_due(&mut self, p: &mut Parts<'_>, now: Now) -> Option<u64> {
         let short = p.log.space_short();
-        // One removed segment's space is released at a time.
+        // The release thread's queue of removed segments is full.
         if p.log.releasing() {
             return None;
         }

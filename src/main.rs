@@ -337,25 +337,34 @@ fn serve(raw: &[String]) -> Result<(), Exit> {
             );
         }
     }
-    let fsync = s.cfg.log.fsync;
-    let data_dir = s.cfg.data_dir.clone();
+    let memory_only = s.cfg.memory_only;
+    let storage = storage_text(&s);
     let mut reactor = Reactor::bind(s.cfg)?;
     handle_signals(&mut reactor)?;
     if let Some(m) = reactor.metrics_addr() {
         log::info!("metrics on http://{m}/metrics");
     }
-    log::info!(
-        "runnel serving on {} (data {}, fsync {})",
-        reactor.local_addr(),
-        data_dir.display(),
-        match fsync {
-            FsyncMode::Turn => "turn: a produce is acknowledged after the fdatasync that covers it",
-            FsyncMode::Never => "never: page cache only; a machine crash can lose acknowledged messages",
-        }
-    );
+    if memory_only {
+        log::warn!(
+            "memory-only: no commit log, no data directory; every message, topic and consumer group is lost when this process stops, restarts or crashes"
+        );
+    }
+    log::info!("runnel serving on {} ({storage})", reactor.local_addr());
     reactor.run().map_err(|e| format!("event loop: {e}"))?;
     log::info!("stopped cleanly");
     Ok(())
+}
+
+/// Where the broker keeps its messages, as its start says it.
+fn storage_text(s: &Serve) -> String {
+    if s.cfg.memory_only {
+        return "memory-only: acknowledged messages live in this process only".into();
+    }
+    let fsync = match s.cfg.log.fsync {
+        FsyncMode::Turn => "turn: a produce is acknowledged after the fdatasync that covers it",
+        FsyncMode::Never => "never: page cache only; a machine crash can lose acknowledged messages",
+    };
+    format!("data {}, fsync {fsync}", s.cfg.data_dir.display())
 }
 
 /// Takes `--addr` (every client subcommand has it).

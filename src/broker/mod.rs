@@ -234,8 +234,27 @@ impl Broker {
         let mut replay = Replay::new(&mut topics, &mut compactor);
         let (log, recovery) = Log::open_with(dir, log_options, opener, |r| replay.apply(r))?;
         replay.finish();
+        Ok(Broker::assemble(config, topics, compactor, log, recovery, now))
+    }
+
+    /// A broker whose log keeps nothing (`runnel serve --memory-only`): it
+    /// starts empty, reads and writes no file, and everything it holds is
+    /// lost with the process.
+    pub fn in_memory(config: Config, now: Now) -> Broker {
+        Broker::assemble(config, Topics::default(), Compactor::default(), Log::in_memory(), Recovery::default(), now)
+    }
+
+    /// A broker over `log`, holding what was recovered from it.
+    fn assemble(
+        config: Config,
+        topics: Topics,
+        compactor: Compactor,
+        log: Log,
+        recovery: Recovery,
+        now: Now,
+    ) -> Broker {
         let decode_limits = DecodeLimits::from(&config.limits);
-        Ok(Broker {
+        Broker {
             config,
             decode_limits,
             topics,
@@ -248,7 +267,7 @@ impl Broker {
             scratch: Scratch::default(),
             stats: BrokerStats { recovery_ms: recovery.millis, started_mono_ms: now.mono_ms, ..BrokerStats::default() },
             recovery,
-        })
+        }
     }
 
     pub fn config(&self) -> &Config {

@@ -128,7 +128,7 @@ impl Broker {
     }
 
     /// The broker's own section of STATS, in its order.
-    fn broker_section(&self, now: Now, loops: &LoopStats) -> [(&'static str, u64); 24] {
+    fn broker_section(&self, now: Now, loops: &LoopStats) -> [(&'static str, u64); 25] {
         let (s, ls, l) = (&self.stats, &self.log.stats, &self.config.limits);
         [
             ("uptime_ms", now.mono_ms.saturating_sub(s.started_mono_ms)),
@@ -150,6 +150,7 @@ impl Broker {
             ("recovery_truncated_bytes", self.recovery.truncated_bytes),
             ("recovery_repaired_bytes", self.recovery.repaired_bytes),
             ("fsync_turn", u64::from(self.log.fsync_mode() == FsyncMode::Turn)),
+            ("memory_only", u64::from(self.log.memory_only())),
             // The limits a client sizes its reply buffer and its pings by,
             // which the HELLO reply does not carry.
             ("output_bytes_max", l.output_bytes_max.into()),
