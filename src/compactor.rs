@@ -439,7 +439,14 @@ impl Compactor {
                 self.compactions += 1;
                 log::debug!("compaction removed segment {base}");
             }
-            Err(e) => log::warn!("compaction could not remove segment {base}: {e}"),
+            // A segment that cannot be removed (its file gone from under
+            // the broker, a failing disk) is tried again after a backoff
+            // and logged at the storage failures' bounded rate, not every
+            // turn.
+            Err(e) => {
+                self.backoff = RETRY_AFTER_TURNS;
+                p.failures.failed(now.mono_ms, format_args!("compaction could not remove segment {base}: {e}"));
+            }
         }
     }
 }
