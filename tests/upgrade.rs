@@ -92,3 +92,12 @@ fn v1_data_directory_opens_with_nothing_lost() {
 fn v2_data_directory_opens_with_nothing_lost() {
     check("v2");
 }
+
+/// Written by commit 68b332a, the last build before the consumer groups'
+/// records (Topic record version 2, Group, GroupDelete, GroupState):
+/// Remove and Requeue records of version 2 naming the default group, and
+/// Topic records of version 1, whose topics have the default group.
+#[test]
+fn v3_data_directory_opens_with_nothing_lost() {
+    check("v3");
+}

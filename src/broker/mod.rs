@@ -181,6 +181,19 @@ struct Scratch {
     expired: Vec<(u64, Timer)>,
 }
 
+/// Topics whose sweep is under way (`Topic::sweep`): a few slices run
+/// each turn.
+#[derive(Default)]
+struct Sweeps(Vec<TopicId>);
+
+impl Sweeps {
+    fn note(&mut self, tid: TopicId) {
+        if !self.0.contains(&tid) {
+            self.0.push(tid);
+        }
+    }
+}
+
 /// The broker.
 pub struct Broker {
     config: Config,
@@ -199,6 +212,8 @@ pub struct Broker {
     /// Storage failures, logged at a bounded rate.
     failures: FailureLog,
     scratch: Scratch,
+    /// Topics releasing, in slices, what no group needs any more.
+    sweeps: Sweeps,
     pub stats: BrokerStats,
     /// What recovery found at start.
     pub recovery: Recovery,
@@ -236,6 +251,7 @@ impl Broker {
             compactor,
             failures: FailureLog::default(),
             scratch: Scratch::default(),
+            sweeps: Sweeps::default(),
             stats: BrokerStats { recovery_ms: recovery.millis, started_mono_ms: now.mono_ms, ..BrokerStats::default() },
             recovery,
         })
@@ -264,7 +280,7 @@ impl Broker {
     }
     /// Whether background work (compaction) wants another turn soon.
     pub fn busy(&self) -> bool {
-        self.compactor.busy() || self.log.releasing()
+        self.compactor.busy() || self.log.releasing() || !self.sweeps.0.is_empty()
     }
     /// Whether the connections' buffers, `buffered_bytes` of them, are at
     /// `buffered_bytes_max`. While they are, requests with large replies

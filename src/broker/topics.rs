@@ -56,6 +56,11 @@ pub(crate) fn is_dead_letter_name(name: &str) -> bool {
     name.ends_with(codec::DEAD_LETTER_SUFFIX)
 }
 
+/// UNKNOWN_GROUP, naming it.
+pub(crate) fn unknown_group(topic: &str, group: &str) -> (ErrorCode, String) {
+    (ErrorCode::UnknownGroup, format!("topic {topic} has no group named {group}"))
+}
+
 /// UNKNOWN_TOPIC, naming it.
 pub(crate) fn unknown(name: &str) -> (ErrorCode, String) {
     (ErrorCode::UnknownTopic, format!("no topic named {name}"))
@@ -108,7 +113,8 @@ impl Topics {
     /// The Topic record that states topic `id` as it is now.
     pub fn record(&self, id: TopicId) -> Option<TopicRecord<'_>> {
         let t = &self.get(id)?.topic;
-        Some(TopicRecord { topic: id, next_id: t.seq.next_id(), settings: t.settings, name: &t.name })
+        let next_group_id = Some(t.next_group_id());
+        Some(TopicRecord { topic: id, next_id: t.seq.next_id(), settings: t.settings, next_group_id, name: &t.name })
     }
 
     /// Creates topic `name` with `settings`: TOO_MANY_TOPICS past
