@@ -18,6 +18,8 @@
 //!   turn's steps after the requests (timers, write, sync, publish);
 //! - `dead_letter`: where messages go when their deliveries run out, and
 //!   REDRIVE, which brings them back;
+//! - `groups`: the consumer-group admin ops (protocol version 2) and the
+//!   numbers a group shows;
 //! - `requests`: one short function per op behind a thin match, and which
 //!   requests wait for the sync (`Request::waits_for_sync`);
 //! - `stats`: the counters, STATS and the metrics' view of the topics.
@@ -46,6 +48,7 @@ use crate::replay::Replay;
 use crate::wheel::{TimerKey, Wheel};
 
 mod dead_letter;
+mod groups;
 mod requests;
 mod stats;
 pub(crate) mod topics;
@@ -53,7 +56,6 @@ mod turn;
 mod waiters;
 
 pub use crate::record::TopicId;
-pub use requests::SESSION_VERSION;
 pub use stats::{BrokerStats, LoopStats, TopicMetrics};
 pub use turn::{TurnReport, Written};
 
@@ -125,8 +127,19 @@ pub struct Session {
     /// HELLO, counted only when the broker requires a token.
     pub auth_failures: u32,
     /// The groups this connection has fetched from: where its in-flight
-    /// messages can be, so a disconnect visits only those.
+    /// messages can be, so a disconnect visits only those. It counts as a
+    /// consumer of each (`Group::consumers`).
     pub fetched: Vec<(TopicId, GroupId)>,
+    /// The protocol version HELLO negotiated (1 until then): the layout of
+    /// every frame the connection sends and of every reply it gets.
+    pub version: u16,
+}
+
+impl Session {
+    /// A connection's session before its HELLO: version 1's layouts.
+    pub fn new(consumer: ConsumerId) -> Session {
+        Session { consumer, version: 1, ..Session::default() }
+    }
 }
 
 /// Output buffers the broker may write to outside `handle` (replies to
@@ -306,6 +319,7 @@ impl Broker {
             let Some(e) = self.topics.get_mut(tid) else { continue };
             let mut dead = Vec::new();
             let mut timers = GroupTimers { wheel: &mut self.wheel, topic: tid, group };
+            e.topic.leave(group);
             let returned = e.topic.disconnect(group, session.consumer, &mut timers, |id, info| dead.push((id, info)));
             if returned > 0 {
                 self.turn.mark_for_publish(e);

@@ -24,12 +24,6 @@ pub(super) type Refusal = (ErrorCode, String);
 /// requires a token.
 const AUTH_FAILURES_MAX: u32 = 3;
 
-/// The protocol version of every session: this broker negotiates version 1
-/// only (codec::VERSION_MAX), so frames are decoded and deliveries written
-/// in version 1's layouts. Serving version 2 replaces this with the
-/// session's negotiated version.
-pub const SESSION_VERSION: u16 = 1;
-
 impl Request<'_> {
     /// Whether the reply to this request waits for the turn's sync: it says
     /// something the log must hold first (a produce was stored, a topic was
@@ -133,23 +127,37 @@ impl Broker {
             Request::Nack { topic, group, delay_ms, flags, ids } => {
                 self.nack((topic, group), delay_ms, flags, ids, at, out)
             }
-            Request::Stats { topic } => self.stats(topic, at, out),
+            Request::Stats { topic } => self.stats(topic, session.version, at, out),
             Request::ListTopics => self.list_topics(at, out),
             Request::Produce { topic, batch } => self.produce(topic, batch, at, out),
             Request::CreateTopic { topic, settings } => self.create_topic(topic, settings, rid, out),
             Request::DeleteTopic { topic } => self.delete_topic(topic, rid, out),
             Request::PurgeTopic { topic } => self.purge_topic(topic, rid, out),
-            Request::Redrive { topic, max_messages, .. } => {
+            Request::Redrive { topic, group, max_messages } => {
+                if !group.is_empty() {
+                    let msg = "REDRIVE to one group is not served by this broker: send it with the empty group";
+                    return Err((ErrorCode::BadArgument, msg.into()));
+                }
                 let moved = self.redrive(topic, max_messages)?;
                 codec::encode_u64_reply(out, op::REDRIVE, rid, moved);
                 Ok(Outcome::Held)
             }
             // Version-2 ops: the codec refuses them in a version-1 session.
-            Request::CreateGroup { .. }
-            | Request::DeleteGroup { .. }
-            | Request::ListGroups { .. }
-            | Request::ResetGroup { .. } => {
-                Err((ErrorCode::UnknownOp, format!("opcode 0x{:02x} needs protocol version 2", req.op())))
+            Request::CreateGroup { topic, group, settings, start } => {
+                self.create_group_op((topic, group), &settings, start, rid, out)?;
+                Ok(Outcome::Held)
+            }
+            Request::DeleteGroup { topic, group } => {
+                self.delete_group_op(topic, group, rid, out)?;
+                Ok(Outcome::Held)
+            }
+            Request::ResetGroup { topic, group, start } => {
+                self.reset_group_op((topic, group), start, rid, out)?;
+                Ok(Outcome::Held)
+            }
+            Request::ListGroups { topic } => {
+                self.list_groups_op(topic, rid, at.now, out)?;
+                Ok(Outcome::Done)
             }
         }
     }
@@ -185,6 +193,7 @@ impl Broker {
         }
         session.hello = true;
         session.auth_failures = 0;
+        session.version = version;
         codec::encode_hello_reply(out, rid, version, &self.decode_limits, codec::MAP_EPOCH_UNSHARDED);
         Outcome::Done
     }
@@ -333,6 +342,9 @@ impl Broker {
         let group = self.group_of(tid, group, true)?;
         if !session.fetched.contains(&(tid, group)) {
             session.fetched.push((tid, group));
+            if let Some(e) = self.topics.get_mut(tid) {
+                e.topic.join(group);
+            }
         }
         let w = args.waiter(at, session, tid, group, &self.config.limits);
         let full = self.buffers_full(at.loops.buffered_bytes);
@@ -549,7 +561,7 @@ impl Broker {
     // STATS and LIST_TOPICS.
     // -----------------------------------------------------------------------
 
-    fn stats(&mut self, topic: &str, at: At<'_>, out: &mut Vec<u8>) -> Result<Outcome, Refusal> {
+    fn stats(&mut self, topic: &str, version: u16, at: At<'_>, out: &mut Vec<u8>) -> Result<Outcome, Refusal> {
         if !topic.is_empty() && self.topics.id(topic).is_none() {
             return Err(unknown(topic));
         }
@@ -557,7 +569,7 @@ impl Broker {
         if topic.is_empty() && self.buffers_full(at.loops.buffered_bytes) {
             return Err(self.busy_refusal());
         }
-        self.write_stats(topic, at.request_id, at.now, at.loops, out);
+        self.write_stats(topic, version, at.request_id, at.now, at.loops, out);
         Ok(Outcome::Done)
     }
 
@@ -678,6 +690,7 @@ impl FetchArgs {
             max_bytes: u64::from(max_bytes),
             ack_timeout_ms: self.ack_timeout_ms,
             timer: TimerKey::NONE,
+            version: session.version,
         }
     }
 }
@@ -700,7 +713,7 @@ pub(super) fn deliver(
     let timeout = e.topic.ack_timeout_ms(w.group, w.ack_timeout_ms);
     let deadline = now.mono_ms + u64::from(timeout);
     let max_messages = w.max_messages.min(timer_room(timers_max, wheel));
-    let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, SESSION_VERSION);
+    let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, w.version);
     let mut timers = GroupTimers { wheel, topic: e.id, group: w.group };
     let take = Take { owner: w.consumer, max_messages, max_bytes: w.max_bytes, deadline_ms: deadline };
     e.topic.fetch(w.group, take, &mut timers, |seq, d| {

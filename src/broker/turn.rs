@@ -244,7 +244,7 @@ impl Broker {
         if let Some(e) = self.topics.get(w.topic)
             && let Some(out) = outbox.out(w.conn)
         {
-            codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, super::SESSION_VERSION).finish(out);
+            codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, w.version).finish(out);
         }
         outbox.unblock(w.conn);
     }

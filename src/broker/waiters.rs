@@ -33,6 +33,8 @@ pub(crate) struct Waiter {
     pub ack_timeout_ms: u32,
     /// The end of its wait.
     pub timer: TimerKey,
+    /// Its session's protocol version: the reply's layout.
+    pub version: u16,
 }
 
 /// The parked FETCHes.
@@ -107,6 +109,12 @@ impl Waiters {
             }
         }
         taken
+    }
+
+    /// Takes every waiter on group `group` of `topic` (deleted), oldest
+    /// first.
+    pub fn drain_group(&mut self, topic: TopicId, group: GroupId) -> Vec<Waiter> {
+        std::iter::from_fn(|| self.next(topic, group)).collect()
     }
 
     /// Takes every waiter, in key order (a shutdown).

@@ -125,6 +125,8 @@ pub struct Group {
     pub(super) carried: IdMap<u16>,
     /// What each consumer holds.
     owners: IdMap<Owned>,
+    /// Connections that have fetched from the group and are still open.
+    pub consumers: u32,
     /// Counters kept since the broker started (`produced` is the topic's).
     pub counters: Counters,
 }
@@ -477,7 +479,8 @@ impl Group {
         }
         let (name, config, counters) =
             (std::mem::take(&mut self.name), std::mem::take(&mut self.config), self.counters);
-        *self = Group { id: self.id, name, config, cursor, counters, ..Group::default() };
+        let consumers = self.consumers;
+        *self = Group { id: self.id, name, config, cursor, counters, consumers, ..Group::default() };
     }
 
     /// Recovery: sets where the group reads from, and what it still needs

@@ -440,6 +440,20 @@ impl Topic {
         self.group_mut(g).map_or(0, |x| x.disconnect(owner, policy, timers, dead))
     }
 
+    /// A connection became a consumer of group `g` (its first FETCH of it).
+    pub fn join(&mut self, g: GroupId) {
+        if let Some(group) = self.group_mut(g) {
+            group.consumers += 1;
+        }
+    }
+
+    /// A consumer of group `g` closed.
+    pub fn leave(&mut self, g: GroupId) {
+        if let Some(group) = self.group_mut(g) {
+            group.consumers = group.consumers.saturating_sub(1);
+        }
+    }
+
     /// Puts a message back in group `g`'s ready (its dead-letter topic
     /// could not take it).
     pub fn requeue(&mut self, g: GroupId, id: MsgId, deliveries: u16) {

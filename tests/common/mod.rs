@@ -55,7 +55,16 @@ impl Server {
         Server { addr, metrics, handle, thread: Some(thread), dir }
     }
 
+    /// A client speaking protocol version 1 (what most tests check: its
+    /// bytes never change).
     pub fn client(&self) -> Client {
+        let mut c = Client::connect_upto(self.addr, b"", 1).expect("connect");
+        c.set_timeout(Some(Duration::from_secs(20))).expect("timeout");
+        c
+    }
+
+    /// A client speaking the newest version both sides know (version 2).
+    pub fn client_v2(&self) -> Client {
         let mut c = Client::connect(self.addr).expect("connect");
         c.set_timeout(Some(Duration::from_secs(20))).expect("timeout");
         c
