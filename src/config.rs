@@ -186,6 +186,18 @@ impl Args {
         v.filter(|v| !v.is_empty())
     }
 
+    /// Every value of a flag that may repeat (`--tag a --tag b`), in order.
+    pub fn take_all(&mut self, name: &str) -> Vec<String> {
+        let values = self.flags.iter().filter(|f| f.0 == name).filter_map(|f| f.1.clone()).collect();
+        self.flags.retain(|f| f.0 != name);
+        values
+    }
+
+    /// The positional words, in order.
+    pub fn words(&self) -> &[String] {
+        &self.words
+    }
+
     /// A switch: present, or `name=true`; `name=false` turns it off.
     pub fn switch(&mut self, name: &str) -> bool {
         let i = self.flags.iter().rposition(|f| f.0 == name);
