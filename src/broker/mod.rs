@@ -56,7 +56,7 @@ mod turn;
 mod waiters;
 
 pub use crate::record::TopicId;
-pub use stats::{BrokerStats, LoopStats, TopicMetrics};
+pub use stats::{BrokerStats, GroupMetrics, LoopStats, TopicMetrics};
 pub use turn::{TurnReport, Written};
 
 use topics::Topics;

@@ -64,7 +64,34 @@ pub struct TopicMetrics {
     pub oldest_age_ms: u64,
 }
 
+/// One consumer group's numbers, for metrics.
+#[derive(Clone, Debug)]
+pub struct GroupMetrics {
+    pub topic: String,
+    /// Empty for the default group.
+    pub group: String,
+    pub stats: crate::codec::group::GroupStats,
+    pub counters: Counters,
+}
+
 impl Broker {
+    /// Per-group numbers for metrics, by topic, then group name.
+    pub fn group_metrics(&self, now: Now) -> Vec<GroupMetrics> {
+        let mut v = Vec::new();
+        for e in self.topics.sorted("") {
+            let t = &e.topic;
+            let mut groups: Vec<&Group> = t.groups().iter().collect();
+            groups.sort_unstable_by(|a, b| a.name().cmp(b.name()));
+            v.extend(groups.into_iter().map(|g| GroupMetrics {
+                topic: t.name.to_string(),
+                group: g.name().to_string(),
+                stats: group_stats(t, g, now),
+                counters: g.counters,
+            }));
+        }
+        v
+    }
+
     /// Per-topic numbers for metrics, sorted by name.
     pub fn topic_metrics(&self, now: Now) -> Vec<TopicMetrics> {
         let g = GroupId::DEFAULT;
