@@ -11,7 +11,7 @@ use common::{Server, TempDir};
 use runnel::broker::Config;
 use runnel::client::{Client, Fetch};
 use runnel::codec::group::{GroupSettings, Start};
-use runnel::codec::{ErrorCode, TopicSettings};
+use runnel::codec::{self, ErrorCode, Request, TopicSettings};
 use runnel::limits::Limits;
 use runnel::log::LogOptions;
 
@@ -220,6 +220,63 @@ fn a_topic_without_groups_keeps_its_messages_for_the_first_group() {
     let (first, _) = c.produce_batch("t", &[b"1", b"2"]).unwrap();
     assert!(c.list_groups("t").unwrap().is_empty());
     assert_eq!(take(&mut c, "t", "late"), vec![first, first + 1]);
+}
+
+/// Sends `frame` (a whole request frame, request id `rid`) and returns the
+/// error code of its reply.
+fn raw_error(c: &mut Client, rid: u32, frame: &[u8]) -> ErrorCode {
+    c.write_raw(frame).expect("write");
+    c.expect_reply(rid);
+    code(c.recv())
+}
+
+#[test]
+fn bad_group_fields_get_their_errors_and_the_connection_goes_on() {
+    let limits = Limits { group_name_bytes_max: 8, filter_bytes_max: 16, ..Limits::default() };
+    let (srv, _dir) = Server::start(Config { limits, ..Config::default() });
+    let mut c = srv.client_v2();
+    let id = c.produce("t", b"m").unwrap();
+    let create = |group, filter| Request::CreateGroup {
+        topic: "t",
+        group,
+        settings: GroupSettings { filter, ..GroupSettings::default() },
+        start: Start::Earliest,
+    };
+    let encode = |rid, req: &Request<'_>| {
+        let mut f = Vec::new();
+        codec::encode_request(&mut f, rid, req, 2);
+        f
+    };
+    // The flags byte follows the header, the topic "t" and the group "g".
+    let flags_at = 12 + 3 + 3;
+    let mut f = encode(1, &create("g", ""));
+    f[flags_at] = 0x80;
+    assert_eq!(raw_error(&mut c, 1, &f), ErrorCode::Malformed, "an unknown flag");
+    let mut f = encode(2, &create("g", ""));
+    f[flags_at + 1] = 9;
+    assert_eq!(raw_error(&mut c, 2, &f), ErrorCode::BadArgument, "an unknown start kind");
+    let mut f = encode(3, &create("g", ""));
+    f[flags_at + 1] = 1; // latest, with a value
+    f[flags_at + 2] = 5;
+    assert_eq!(raw_error(&mut c, 3, &f), ErrorCode::BadArgument, "a value with latest");
+    let long = encode(4, &create("g", "a-filter-of-17-by"));
+    assert_eq!(raw_error(&mut c, 4, &long), ErrorCode::BadFilter, "a filter over filter_bytes_max");
+    let name = encode(5, &create("nine-byte", ""));
+    assert_eq!(raw_error(&mut c, 5, &name), ErrorCode::BadArgument, "a name over group_name_bytes_max");
+    let regex = encode(6, &create("g", "re:[z-a]"));
+    assert_eq!(raw_error(&mut c, 6, &regex), ErrorCode::BadFilter, "a regex that does not compile");
+    let reset = Request::ResetGroup { topic: "t", group: "g", start: Start::Latest };
+    let mut f = encode(7, &reset);
+    f[flags_at] = 4;
+    assert_eq!(raw_error(&mut c, 7, &f), ErrorCode::BadArgument, "RESET_GROUP: an unknown start kind");
+    // Nothing was created, and the connection goes on.
+    assert!(c.list_groups("t").unwrap().is_empty());
+    assert_eq!(take(&mut c, "t", "g"), vec![id]);
+    // The group ops need version 2: a version-1 session gets UNKNOWN_OP.
+    let mut v1 = srv.client();
+    let f = encode(8, &Request::ListGroups { topic: "t" });
+    assert_eq!(raw_error(&mut v1, 8, &f), ErrorCode::UnknownOp);
+    v1.ping().expect("the version-1 connection goes on");
 }
 
 /// Small segments, so that a few hundred messages make compaction run.

@@ -156,6 +156,10 @@ impl Broker {
                 Ok(Outcome::Held)
             }
             Request::ListGroups { topic } => {
+                // Its reply grows with the topic's groups, as LIST_TOPICS's.
+                if self.buffers_full(at.loops.buffered_bytes) {
+                    return Err(self.busy_refusal());
+                }
                 self.list_groups_op(topic, rid, at.now, out)?;
                 Ok(Outcome::Done)
             }
