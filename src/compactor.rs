@@ -110,6 +110,14 @@ pub(crate) struct Compactor {
     topic_segment: HashMap<TopicId, u64>,
     /// Segments holding a Delete record (whose id floor must be restated).
     delete_segments: BTreeMap<u64, ()>,
+    /// The oldest segment holding a record of each consumer group (Group,
+    /// GroupState, Remove, Requeue): before it goes, the group's state is
+    /// restated (a Group and a GroupState record), so that the acks it
+    /// held are never lost while a copy of their message lives on for
+    /// another group.
+    group_segment: HashMap<(TopicId, GroupId), u64>,
+    /// Groups with records in this turn's commit.
+    turn_groups: Vec<(TopicId, GroupId)>,
     /// This turn's Produce records that a failed commit keeps (dead
     /// letters, redrives), attached to a segment once committed.
     turn_ranges: Vec<Range>,
@@ -160,6 +168,21 @@ impl Compactor {
     pub(crate) fn note_topic(&mut self, topic: TopicId) {
         self.turn_topics.push(topic);
     }
+    /// A record of group `group` of `topic` was appended this turn.
+    pub(crate) fn note_group(&mut self, topic: TopicId, group: GroupId) {
+        if !self.group_segment.contains_key(&(topic, group)) && !self.turn_groups.contains(&(topic, group)) {
+            self.turn_groups.push((topic, group));
+        }
+    }
+    /// A group was deleted: its records need no restating.
+    pub(crate) fn forget_group(&mut self, topic: TopicId, group: GroupId) {
+        self.group_segment.remove(&(topic, group));
+        self.turn_groups.retain(|g| *g != (topic, group));
+    }
+    /// Recovery met a record of group `group` in `segment`.
+    pub(crate) fn replayed_group(&mut self, segment: u64, topic: TopicId, group: GroupId) {
+        self.group_segment.entry((topic, group)).or_insert(segment);
+    }
     /// A Delete record was appended this turn.
     pub(crate) fn note_delete(&mut self) {
         self.turn_deletes = true;
@@ -174,6 +197,8 @@ impl Compactor {
     /// A topic was deleted: its Topic records need no restating.
     pub(crate) fn forget_topic(&mut self, topic: TopicId) {
         self.topic_segment.remove(&topic);
+        self.group_segment.retain(|(t, _), _| *t != topic);
+        self.turn_groups.retain(|(t, _)| *t != topic);
     }
 
     /// Recovery met a Produce record in `segment`.
@@ -199,11 +224,15 @@ impl Compactor {
         for t in self.turn_topics.drain(..) {
             self.topic_segment.insert(t, segment);
         }
+        for g in self.turn_groups.drain(..) {
+            self.group_segment.entry(g).or_insert(segment);
+        }
         if std::mem::take(&mut self.turn_deletes) {
             self.delete_segments.insert(segment, ());
         }
         self.ready = self.copied.take();
         assert!(self.turn_ranges.is_empty() && self.turn_withdrawable_ranges.is_empty() && self.turn_topics.is_empty());
+        assert!(self.turn_groups.is_empty());
     }
 
     /// The turn's records were discarded, not written (a memory-only log):
@@ -235,9 +264,12 @@ impl Compactor {
     }
 
     /// Segment `base` was restated into `last`, ahead of its removal.
-    fn restated(&mut self, base: u64, last: u64, topics: &[TopicId], floor: bool) {
+    fn restated(&mut self, base: u64, last: u64, topics: &[TopicId], groups: &[(TopicId, GroupId)], floor: bool) {
         for &t in topics {
             self.topic_segment.insert(t, last);
+        }
+        for &g in groups {
+            self.group_segment.insert(g, last);
         }
         if floor {
             self.delete_segments.insert(last, ());
@@ -423,6 +455,9 @@ impl Compactor {
         let mut topics: Vec<TopicId> =
             self.topic_segment.iter().filter(|(_, s)| **s == base).map(|(t, _)| *t).collect();
         topics.retain(|&t| p.topics.record(t).map(|r| r.append(p.log)).is_some());
+        let mut groups: Vec<(TopicId, GroupId)> =
+            self.group_segment.iter().filter(|(_, s)| **s == base).map(|(g, _)| *g).collect();
+        groups.retain(|&(t, g)| restate_group(p.topics, p.log, t, g));
         let floor = self.delete_segments.contains_key(&base);
         if floor {
             DeleteRecord { topic: TopicId::FLOOR, next_id: p.topics.id_floor() }.append(p.log);
@@ -433,7 +468,7 @@ impl Compactor {
             return;
         }
         let last = p.log.segments().last().map_or(0, |s| s.base);
-        self.restated(base, last, &topics, floor);
+        self.restated(base, last, &topics, &groups, floor);
         match p.log.remove_oldest(base) {
             Ok(()) => {
                 self.compactions += 1;
@@ -448,6 +483,31 @@ impl Compactor {
                 p.failures.failed(now.mono_ms, format_args!("compaction could not remove segment {base}: {e}"));
             }
         }
+    }
+}
+
+/// Appends a Group and a GroupState record stating group `g` of topic `t`
+/// as it is now. False if there is no such group.
+fn restate_group(topics: &Topics, log: &mut Log, t: TopicId, g: GroupId) -> bool {
+    let Some(group) = topics.get(t).and_then(|e| e.topic.group(g)) else { return false };
+    group_record(t, group).append(log);
+    let entries = group.pending();
+    record::GroupStateRecord { topic: t, group: g, cursor: group.cursor(), entries: &entries }.append(log);
+    true
+}
+
+/// The Group record stating `group` of topic `t`, its cursor as it is now.
+pub(crate) fn group_record(t: TopicId, group: &crate::queue::Group) -> record::GroupRecord<'_> {
+    let c = &group.config;
+    record::GroupRecord {
+        topic: t,
+        group: group.id(),
+        broadcast: c.broadcast,
+        ack_timeout_ms: c.ack_timeout_ms,
+        max_deliveries: c.max_deliveries,
+        cursor: group.cursor(),
+        name: group.name(),
+        filter: &c.filter_text,
     }
 }
 
@@ -474,6 +534,9 @@ fn live_and_restate_bytes(topics: &Topics) -> (u64, u64) {
     for e in topics.iter() {
         live += e.topic.seq.live_bytes() + e.topic.seq.live() * RECORD_MESSAGE_OVERHEAD_BYTES;
         restate += record::TopicRecord::bytes(e.topic.name.len());
+        for g in e.topic.groups() {
+            restate += group_record(e.id, g).bytes() + record::GroupStateRecord::bytes(g.pending_len());
+        }
     }
     (live, restate)
 }

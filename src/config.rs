@@ -197,6 +197,11 @@ impl Args {
         values
     }
 
+    /// The positional words, in order.
+    pub fn words(&self) -> &[String] {
+        &self.words
+    }
+
     /// A switch: present, or `name=true`; `name=false` turns it off.
     pub fn switch(&mut self, name: &str) -> bool {
         let i = self.flags.iter().rposition(|f| f.0 == name);

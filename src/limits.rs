@@ -20,8 +20,10 @@ pub struct Limits {
     /// Longest topic name, not counting a dead-letter topic's `.dlq`
     /// suffix. Names are stored per topic and echoed in every FETCH reply.
     pub topic_name_bytes_max: u32,
-    /// Most topics, dead-letter topics not counted (each topic has at most
-    /// one). Bounds the topic table and the STATS reply.
+    /// Most topics, dead-letter topics not counted while their origin
+    /// exists (each topic has at most one, made only beside it; one that
+    /// outlives its origin counts). Bounds the topic table and the STATS
+    /// reply: at most twice this many topics.
     pub topics_max: u32,
     /// Most unacknowledged messages one topic may hold (ready, in flight or
     /// delayed). A produce past it gets QUEUE_FULL: backpressure, not

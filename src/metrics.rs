@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::broker::{Broker, LoopStats, Now, TopicMetrics};
+use crate::broker::{Broker, GroupMetrics, LoopStats, Now, TopicMetrics};
 
 /// Upper bounds of the latency histogram buckets, in nanoseconds: 10 µs to
 /// 1 s, dense where a durable broker lives (an fdatasync takes 0.1–10 ms),
@@ -239,6 +239,7 @@ pub fn render(broker: &Broker, loops: &LoopStats, lm: &LoopMetrics, now: Now) ->
     );
     lm.render_turns(&mut out);
     render_topics(&mut out, &broker.topic_metrics(now));
+    render_groups(&mut out, &broker.group_metrics(now));
     out
 }
 
@@ -307,6 +308,45 @@ fn render_topics(out: &mut String, topics: &[TopicMetrics]) {
     for t in topics {
         let _ = writeln!(out, "{name}{{topic=\"{}\"}} {}", label(&t.name), seconds(t.oldest_age_ms * 1_000_000));
     }
+}
+
+/// A per-group metric family: name, type, help, and how to read it.
+type GroupFamily = (&'static str, &'static str, &'static str, fn(&GroupMetrics) -> u64);
+
+/// The per-group families, one sample per consumer group in each, labelled
+/// with its topic and its name (empty for the default group).
+fn render_groups(out: &mut String, groups: &[GroupMetrics]) {
+    let families: [GroupFamily; 10] = [
+        ("runnel_group_lag_messages", "gauge", "Messages not yet delivered to the group.", |g| g.stats.lag),
+        ("runnel_group_inflight_messages", "gauge", "Messages delivered and not acknowledged.", |g| g.stats.inflight),
+        ("runnel_group_retry_messages", "gauge", "Messages waiting for redelivery.", |g| g.stats.retry),
+        ("runnel_group_delayed_messages", "gauge", "Messages NACKed with a delay.", |g| g.stats.delayed),
+        ("runnel_group_consumers", "gauge", "Connections consuming from the group.", |g| g.stats.consumers.into()),
+        ("runnel_group_dead_lettered_total", "counter", "Messages the group dead-lettered.", |g| g.stats.dead_lettered),
+        ("runnel_group_delivered_total", "counter", "Deliveries, redeliveries included.", |g| g.counters.delivered),
+        ("runnel_group_redelivered_total", "counter", "Deliveries after the first.", |g| g.counters.redelivered),
+        ("runnel_group_acked_total", "counter", "Messages acknowledged.", |g| g.counters.acked),
+        ("runnel_group_filtered_total", "counter", "Messages the group's tag filter passed over.", |g| {
+            g.counters.filtered
+        }),
+    ];
+    for (name, kind, help, get) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for g in groups {
+            let _ = writeln!(out, "{name}{{{}}} {}", group_labels(g), get(g));
+        }
+    }
+    let name = "runnel_group_oldest_unacked_age_seconds";
+    let help = "Age of the oldest message in flight to the group (0 when none).";
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+    for g in groups {
+        let _ = writeln!(out, "{name}{{{}}} {}", group_labels(g), seconds(g.stats.oldest_unacked_age_ms * 1_000_000));
+    }
+}
+
+/// A group's labels: its topic and its name.
+fn group_labels(g: &GroupMetrics) -> String {
+    format!("topic=\"{}\",group=\"{}\"", label(&g.topic), label(&g.group))
 }
 
 #[cfg(test)]

@@ -65,6 +65,14 @@ pub enum RecordKind {
     Remove = 5,
     /// Messages went back to ready with a delivery count.
     Requeue = 6,
+    /// A consumer group was created, its settings changed, or compaction
+    /// restated it.
+    Group = 7,
+    /// A consumer group was deleted.
+    GroupDelete = 8,
+    /// A consumer group's whole state: its cursor and what it still needs
+    /// below it (RESET_GROUP, and compaction's restatement).
+    GroupState = 9,
 }
 
 impl RecordKind {
@@ -76,6 +84,9 @@ impl RecordKind {
             4 => RecordKind::Produce,
             5 => RecordKind::Remove,
             6 => RecordKind::Requeue,
+            7 => RecordKind::Group,
+            8 => RecordKind::GroupDelete,
+            9 => RecordKind::GroupState,
             _ => return None,
         })
     }
@@ -86,13 +97,18 @@ impl RecordKind {
     /// old ones (docs/log-format.md, "Changing the format").
     pub const fn version(self) -> u8 {
         match self {
-            RecordKind::Topic | RecordKind::Delete | RecordKind::Purge => 1,
+            RecordKind::Delete | RecordKind::Purge => 1,
+            RecordKind::Group | RecordKind::GroupDelete | RecordKind::GroupState => 1,
             // Version 2 names the consumer group; version 1 meant the
             // default group.
             RecordKind::Remove | RecordKind::Requeue => 2,
             // Version 2 carries each message's properties (flag bit 0x02);
             // version 1 has none.
             RecordKind::Produce => 2,
+            // Version 2 carries the next group id, and the topic's groups
+            // come in Group records; version 1 meant a topic with the
+            // default group and no other.
+            RecordKind::Topic => 2,
         }
     }
 
@@ -239,6 +255,9 @@ pub struct TopicRecord<'a> {
     pub topic: TopicId,
     pub next_id: MsgId,
     pub settings: Settings,
+    /// The id the topic's next group gets; None in a version-1 record,
+    /// whose topic has the default group (and no other).
+    pub next_group_id: Option<u32>,
     pub name: &'a str,
 }
 
@@ -246,9 +265,11 @@ impl TopicRecord<'_> {
     /// Log bytes of a Topic record whose name has `name_bytes` bytes,
     /// header included.
     pub const fn bytes(name_bytes: usize) -> u64 {
-        (RECORD_HEADER_BYTES + 4 + 8 + 4 + 2 + 2 + name_bytes) as u64
+        (RECORD_HEADER_BYTES + 4 + 8 + 4 + 2 + 4 + 2 + name_bytes) as u64
     }
 
+    /// Writes version 2: `topic_id u32, next_id u64, ack_timeout_ms u32,
+    /// max_deliveries u16, next_group_id u32, name str`.
     pub fn append(&self, log: &mut Log) {
         let at = log.begin(RecordKind::Topic);
         let b = log.body();
@@ -256,6 +277,7 @@ impl TopicRecord<'_> {
         codec::put_u64(b, self.next_id);
         codec::put_u32(b, self.settings.ack_timeout_ms);
         codec::put_u16(b, self.settings.max_deliveries);
+        codec::put_u32(b, self.next_group_id.unwrap_or(1));
         codec::put_str(b, self.name.as_bytes());
         log.end(at);
     }
@@ -400,6 +422,105 @@ impl RequeueRecord<'_> {
     }
 }
 
+/// Bit in a Group record's flags: a broadcast group.
+pub const GROUP_RECORD_BROADCAST: u8 = 0x01;
+
+/// A Group record: group `group` of topic `topic` exists with this name
+/// and these settings; created at `cursor` (a group already known keeps
+/// its position: only its settings change).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupRecord<'a> {
+    pub topic: TopicId,
+    pub group: GroupId,
+    pub broadcast: bool,
+    /// 0 = the topic's.
+    pub ack_timeout_ms: u32,
+    /// 0 = the topic's.
+    pub max_deliveries: u16,
+    /// The first id the group needs.
+    pub cursor: MsgId,
+    pub name: &'a str,
+    /// The tag filter's text (empty = `*`).
+    pub filter: &'a str,
+}
+
+impl GroupRecord<'_> {
+    /// Log bytes of a Group record, header included.
+    pub fn bytes(&self) -> u64 {
+        (RECORD_HEADER_BYTES + 4 + 4 + 1 + 4 + 2 + 8 + 2 + self.name.len() + 2 + self.filter.len()) as u64
+    }
+
+    /// Writes version 1: `topic_id u32, group_id u32, flags u8,
+    /// ack_timeout_ms u32, max_deliveries u16, cursor u64, name str,
+    /// filter str`.
+    pub fn append(&self, log: &mut Log) {
+        let at = log.begin(RecordKind::Group);
+        let b = log.body();
+        codec::put_u32(b, self.topic.0);
+        codec::put_u32(b, self.group.0);
+        b.push(if self.broadcast { GROUP_RECORD_BROADCAST } else { 0 });
+        codec::put_u32(b, self.ack_timeout_ms);
+        codec::put_u16(b, self.max_deliveries);
+        codec::put_u64(b, self.cursor);
+        codec::put_str(b, self.name.as_bytes());
+        codec::put_str(b, self.filter.as_bytes());
+        log.end(at);
+    }
+}
+
+/// A GroupDelete record: the group is gone (its id is never reused).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupDeleteRecord {
+    pub topic: TopicId,
+    pub group: GroupId,
+}
+
+impl GroupDeleteRecord {
+    /// Writes version 1: `topic_id u32, group_id u32`.
+    pub fn append(&self, log: &mut Log) {
+        let at = log.begin(RecordKind::GroupDelete);
+        codec::put_u32(log.body(), self.topic.0);
+        codec::put_u32(log.body(), self.group.0);
+        log.end(at);
+    }
+}
+
+/// A GroupState record: group `group` reads from `cursor`; below it, it
+/// needs exactly the ids listed (with their deliveries so far), and the
+/// ids listed at or above it carry these delivery counts. Every Remove and
+/// Requeue record of the group before it is superseded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupStateRecord<'a> {
+    pub topic: TopicId,
+    pub group: GroupId,
+    pub cursor: MsgId,
+    /// (id, deliveries so far), in id order.
+    pub entries: &'a [(MsgId, u16)],
+}
+
+impl GroupStateRecord<'_> {
+    /// Log bytes of a GroupState record with `entries` entries.
+    pub const fn bytes(entries: usize) -> u64 {
+        (RECORD_HEADER_BYTES + 4 + 4 + 8 + 4 + 10 * entries) as u64
+    }
+
+    /// Writes version 1: `topic_id u32, group_id u32, cursor u64, count
+    /// u32, count x (id u64, deliveries u16)`.
+    pub fn append(&self, log: &mut Log) {
+        let at = log.begin(RecordKind::GroupState);
+        let b = log.body();
+        codec::put_u32(b, self.topic.0);
+        codec::put_u32(b, self.group.0);
+        codec::put_u64(b, self.cursor);
+        codec::put_u32(b, self.entries.len() as u32);
+        for (id, d) in self.entries {
+            codec::put_u64(b, *id);
+            codec::put_u16(b, *d);
+        }
+        log.end(at);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The decoder: one, dispatching on (kind, version).
 // ---------------------------------------------------------------------------
@@ -413,6 +534,9 @@ pub enum Record<'a> {
     Produce { topic: TopicId, messages: Messages<'a> },
     Remove { topic: TopicId, group: GroupId, reason: RemoveReason, ids: Ids<'a> },
     Requeue { topic: TopicId, group: GroupId, entries: Requeues<'a> },
+    Group(GroupRecord<'a>),
+    GroupDelete(GroupDeleteRecord),
+    GroupState { topic: TopicId, group: GroupId, cursor: MsgId, entries: Requeues<'a> },
 }
 
 impl<'a> Record<'a> {
@@ -429,7 +553,30 @@ impl<'a> Record<'a> {
             RecordKind::Topic => {
                 let next_id = rd.u64()?;
                 let settings = Settings { ack_timeout_ms: rd.u32()?, max_deliveries: rd.u16()? };
-                Record::Topic(TopicRecord { topic, next_id, settings, name: rd.str()? })
+                let next_group_id = if version == 1 { None } else { Some(rd.u32()?) };
+                Record::Topic(TopicRecord { topic, next_id, settings, next_group_id, name: rd.str()? })
+            }
+            RecordKind::Group => {
+                let group = GroupId(rd.u32()?);
+                let flags = rd.u8()?;
+                let (ack_timeout_ms, max_deliveries, cursor) = (rd.u32()?, rd.u16()?, rd.u64()?);
+                let (name, filter) = (rd.str()?, rd.str()?);
+                let broadcast = flags & GROUP_RECORD_BROADCAST != 0;
+                Record::Group(GroupRecord {
+                    topic,
+                    group,
+                    broadcast,
+                    ack_timeout_ms,
+                    max_deliveries,
+                    cursor,
+                    name,
+                    filter,
+                })
+            }
+            RecordKind::GroupDelete => Record::GroupDelete(GroupDeleteRecord { topic, group: GroupId(rd.u32()?) }),
+            RecordKind::GroupState => {
+                let (group, cursor) = (GroupId(rd.u32()?), rd.u64()?);
+                Record::GroupState { topic, group, cursor, entries: Requeues(rd.list(10)?) }
             }
             RecordKind::Delete => Record::Delete(DeleteRecord { topic, next_id: rd.u64()? }),
             RecordKind::Purge => Record::Purge(PurgeRecord { topic, below_id: rd.u64()? }),
@@ -533,7 +680,7 @@ impl<'a> Reader<'a> {
     }
     fn str(&mut self) -> Result<&'a str, String> {
         let n = self.u16()? as usize;
-        std::str::from_utf8(self.bytes(n)?).map_err(|_| "topic name is not UTF-8".into())
+        std::str::from_utf8(self.bytes(n)?).map_err(|_| "a name is not UTF-8".into())
     }
     /// The group a Remove or Requeue record of `version` names: version 1
     /// names none, which means the default group.

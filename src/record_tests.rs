@@ -33,7 +33,7 @@ fn one(write: impl FnOnce(&mut Log)) -> (RecordKind, u8, Vec<u8>) {
 #[test]
 fn every_kind_round_trips_at_its_version() {
     let settings = Settings { ack_timeout_ms: 1234, max_deliveries: 7 };
-    let topic = TopicRecord { topic: TopicId(3), next_id: 99, settings, name: "orders.dlq" };
+    let topic = TopicRecord { topic: TopicId(3), next_id: 99, settings, next_group_id: Some(5), name: "orders.dlq" };
     let (kind, version, body) = one(|log| topic.append(log));
     assert_eq!((kind, version), (RecordKind::Topic, RecordKind::Topic.version()));
     assert!(matches!(Record::decode(kind, version, &body), Ok(Record::Topic(t)) if t == topic));
@@ -135,7 +135,7 @@ fn the_sizes_counted_are_the_sizes_written() {
         log.commit(true).expect("commit").bytes
     };
     let name = "a-topic-name";
-    let topic = TopicRecord { topic: TopicId(1), next_id: 1, settings, name };
+    let topic = TopicRecord { topic: TopicId(1), next_id: 1, settings, next_group_id: Some(1), name };
     assert_eq!(log_bytes(&|log| topic.append(log)), TopicRecord::bytes(name.len()));
     let delete = DeleteRecord { topic: TopicId::FLOOR, next_id: 1 };
     assert_eq!(log_bytes(&|log| delete.append(log)), DeleteRecord::BYTES);

@@ -10,6 +10,7 @@ use common::wire::now;
 use common::{Server, TempDir};
 use runnel::broker::Config;
 use runnel::client::{Client, Delivered, Error, Fetch, OwnedReply, ProduceMessage};
+use runnel::codec::group::{GroupSettings, Start};
 use runnel::codec::{self, Batch, ErrorCode, Request, TopicSettings};
 use runnel::limits::Limits;
 use runnel::log::LogOptions;
@@ -26,7 +27,7 @@ fn start_v2(limits: Limits) -> (Server, TempDir) {
 }
 
 fn v2_client(srv: &Server) -> Client {
-    let c = srv.client();
+    let c = srv.client_v2();
     assert_eq!(c.version, 2, "the broker negotiates version 2");
     c
 }
@@ -339,14 +340,35 @@ fn a_restart_interns_the_tag_sets_of_the_messages_it_finds() {
     assert_eq!(tags, [vec!["b"], vec![], vec!["c"]]);
 }
 
-/// A consumer request of a version-2 session naming a group other than
-/// the default one gets UNKNOWN_GROUP: this build serves only that one.
+/// Consumer groups filter by the tags messages carry: each gets the
+/// messages one of whose tags its filter passes (an untagged message passes
+/// only `*`), and counts the others as filtered.
 #[test]
-fn a_named_group_is_unknown() {
+fn groups_filter_by_the_tags_messages_carry() {
     let (srv, _dir) = start_v2(Limits::default());
     let mut c = v2_client(&srv);
-    c.produce("t", b"x").unwrap();
-    let err = c.fetch_group("t", "g", now(1)).expect_err("no group g");
-    assert_eq!(err.code(), Some(ErrorCode::UnknownGroup), "{err}");
-    assert_eq!(drain(&mut c, "t").len(), 1, "the default group still has its message");
+    let msgs = [
+        ProduceMessage::new(b"a").tag("eu"),
+        ProduceMessage::new(b"b").tag("us"),
+        ProduceMessage::new(b"c"),
+        ProduceMessage::new(b"d").tag("us").tag("eu"),
+    ];
+    c.produce_messages("t", &msgs).unwrap();
+    for (group, filter) in [("eu", "eu"), ("all", ""), ("u", "re:^u"), ("none", "nowhere")] {
+        let settings = GroupSettings { filter, ..GroupSettings::default() };
+        c.create_group("t", group, settings, Start::Earliest).unwrap();
+    }
+    let mut got = |group: &str| -> Vec<Vec<u8>> {
+        c.fetch_group("t", group, now(10)).unwrap().into_iter().map(|m| m.payload).collect()
+    };
+    assert_eq!(got("eu"), [b"a".to_vec(), b"d".to_vec()]);
+    assert_eq!(got("all"), [b"a".to_vec(), b"b".to_vec(), b"c".to_vec(), b"d".to_vec()]);
+    assert_eq!(got("u"), [b"b".to_vec(), b"d".to_vec()]);
+    assert_eq!(got("none"), Vec::<Vec<u8>>::new());
+    let stats = c.stats(Some("t")).unwrap();
+    let filtered = |group: &str| {
+        let section = stats.iter().find(|s| s.0 == format!("t/{group}"));
+        section.and_then(|s| s.1.iter().find(|kv| kv.0 == "filtered")).map(|kv| kv.1)
+    };
+    assert_eq!((filtered("eu"), filtered("all"), filtered("none")), (Some(2), Some(0), Some(4)));
 }

@@ -154,6 +154,44 @@ fn metrics_endpoint_serves_the_whole_exposition() {
     assert_eq!(value(&samples, "runnel_busy_replies_total", None), 0.0);
 }
 
+/// A per-group sample: the one of `name` labelled with `topic` and `group`.
+fn group_value(samples: &[Sample], name: &str, topic: &str, group: &str) -> f64 {
+    let has = |s: &Sample, k: &str, v: &str| s.1.iter().any(|(lk, lv)| lk == k && lv == v);
+    samples
+        .iter()
+        .find(|s| s.0 == name && has(s, "topic", topic) && has(s, "group", group))
+        .unwrap_or_else(|| panic!("no sample {name} {topic}/{group}"))
+        .2
+}
+
+#[test]
+fn metrics_have_every_consumer_group_labelled() {
+    let dir = TempDir::new("metrics-groups");
+    let srv = with_metrics(&[], &dir);
+    let mut c = srv.client_v2();
+    let (first, _) = c.produce_batch("orders", &[b"a".as_slice(), b"b", b"c"]).unwrap();
+    let all = Fetch { max_messages: 10, ack_timeout_ms: 600_000, ..Fetch::default() };
+    c.fetch_group("orders", "billing", all).unwrap();
+    c.ack_group("orders", "billing", &[first]).unwrap();
+    c.nack_group("orders", "billing", &[first + 1], 0, false).unwrap();
+    c.fetch_group("orders", "audit", Fetch { max_messages: 1, ..all }).unwrap();
+    let (_, body) = http(&srv, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    let (types, samples) = parse_exposition(&body);
+    let g = |name: &str, group: &str| group_value(&samples, name, "orders", group);
+    assert_eq!(g("runnel_group_inflight_messages", "billing"), 1.0);
+    assert_eq!(g("runnel_group_retry_messages", "billing"), 1.0);
+    assert_eq!(g("runnel_group_acked_total", "billing"), 1.0);
+    assert_eq!(g("runnel_group_delivered_total", "billing"), 3.0);
+    // The first was gone (billing, the only group, had acked it): b and c.
+    assert_eq!(g("runnel_group_lag_messages", "audit"), 1.0);
+    assert_eq!(g("runnel_group_consumers", "audit"), 1.0);
+    assert_eq!(g("runnel_group_filtered_total", "audit"), 0.0);
+    assert!(g("runnel_group_oldest_unacked_age_seconds", "audit") >= 0.0);
+    assert_eq!(types.get("runnel_group_redelivered_total").map(String::as_str), Some("counter"));
+    assert_eq!(types.get("runnel_group_delayed_messages").map(String::as_str), Some("gauge"));
+    assert_eq!(types.get("runnel_group_dead_lettered_total").map(String::as_str), Some("counter"));
+}
+
 #[test]
 fn metrics_listener_answers_bad_and_slow_requests_with_4xx() {
     let dir = TempDir::new("metrics-bad");

@@ -41,6 +41,7 @@ impl Broker {
         src.topic.dead_lettered(group, id);
         self.turn.mark_for_publish(dst);
         RemoveRecord { topic: tid, group, reason: RemoveReason::DeadLettered, ids: &[id] }.append(&mut self.log);
+        self.compactor.note_group(tid, group);
     }
 
     /// A message that could not be dead-lettered goes back to ready.
@@ -58,6 +59,9 @@ impl Broker {
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
         let dlq_name = super::topics::dead_letter_name(topic);
         let dlq = self.topics.id(&dlq_name).ok_or_else(|| unknown(&dlq_name))?;
+        // REDRIVE consumes the dead-letter topic as its default group does
+        // (and makes that group, as a version-1 FETCH would).
+        self.group_of(dlq, "", true)?;
         let max = if max_messages == 0 { u64::MAX } else { u64::from(max_messages) };
         let l = &self.config.limits;
         let [Some(dst), Some(src)] = self.topics.pair_mut(tid, dlq) else { return Err(unknown(topic)) };
@@ -80,6 +84,7 @@ impl Broker {
             self.turn.mark_for_publish(dst);
             let group = GroupId::DEFAULT;
             RemoveRecord { topic: dlq, group, reason: RemoveReason::Redriven, ids: &moved }.append(&mut self.log);
+            self.compactor.note_group(dlq, group);
         }
         Ok(n)
     }

@@ -18,6 +18,8 @@
 //!   turn's steps after the requests (timers, write, sync, publish);
 //! - `dead_letter`: where messages go when their deliveries run out, and
 //!   REDRIVE, which brings them back;
+//! - `groups`: the consumer-group admin ops (protocol version 2) and the
+//!   numbers a group shows;
 //! - `requests`: one short function per op behind a thin match, and which
 //!   requests wait for the sync (`Request::waits_for_sync`);
 //! - `stats`: the counters, STATS and the metrics' view of the topics.
@@ -46,6 +48,7 @@ use crate::replay::Replay;
 use crate::wheel::{TimerKey, Wheel};
 
 mod dead_letter;
+mod groups;
 mod requests;
 mod stats;
 pub(crate) mod topics;
@@ -53,7 +56,7 @@ mod turn;
 mod waiters;
 
 pub use crate::record::TopicId;
-pub use stats::{BrokerStats, LoopStats, TopicMetrics};
+pub use stats::{BrokerStats, GroupMetrics, LoopStats, TopicMetrics};
 pub use turn::{TurnReport, Written};
 
 use topics::Topics;
@@ -127,16 +130,23 @@ pub struct Session {
     pub consumer: ConsumerId,
     /// HELLO succeeded.
     pub hello: bool,
-    /// The protocol version HELLO negotiated: the layout of the frames the
-    /// connection sends and of the messages it is delivered (0 before a
-    /// successful HELLO).
-    pub version: u16,
     /// Frames since the last successful HELLO that were not a successful
     /// HELLO, counted only when the broker requires a token.
     pub auth_failures: u32,
     /// The groups this connection has fetched from: where its in-flight
-    /// messages can be, so a disconnect visits only those.
+    /// messages can be, so a disconnect visits only those. It counts as a
+    /// consumer of each (`Group::consumers`).
     pub fetched: Vec<(TopicId, GroupId)>,
+    /// The protocol version HELLO negotiated (1 until then): the layout of
+    /// every frame the connection sends and of every reply it gets.
+    pub version: u16,
+}
+
+impl Session {
+    /// A connection's session before its HELLO: version 1's layouts.
+    pub fn new(consumer: ConsumerId) -> Session {
+        Session { consumer, version: 1, ..Session::default() }
+    }
 }
 
 /// Output buffers the broker may write to outside `handle` (replies to
@@ -191,6 +201,19 @@ struct Scratch {
     expired: Vec<(u64, Timer)>,
 }
 
+/// Topics whose sweep is under way (`Topic::sweep`): a few slices run
+/// each turn.
+#[derive(Default)]
+struct Sweeps(Vec<TopicId>);
+
+impl Sweeps {
+    fn note(&mut self, tid: TopicId) {
+        if !self.0.contains(&tid) {
+            self.0.push(tid);
+        }
+    }
+}
+
 /// The broker.
 pub struct Broker {
     config: Config,
@@ -209,6 +232,8 @@ pub struct Broker {
     /// Storage failures, logged at a bounded rate.
     failures: FailureLog,
     scratch: Scratch,
+    /// Topics releasing, in slices, what no group needs any more.
+    sweeps: Sweeps,
     pub stats: BrokerStats,
     /// What recovery found at start.
     pub recovery: Recovery,
@@ -265,6 +290,7 @@ impl Broker {
             compactor,
             failures: FailureLog::default(),
             scratch: Scratch::default(),
+            sweeps: Sweeps::default(),
             stats: BrokerStats { recovery_ms: recovery.millis, started_mono_ms: now.mono_ms, ..BrokerStats::default() },
             recovery,
         }
@@ -293,7 +319,7 @@ impl Broker {
     }
     /// Whether background work (compaction) wants another turn soon.
     pub fn busy(&self) -> bool {
-        self.compactor.busy() || self.log.releasing()
+        self.compactor.busy() || self.log.releasing() || !self.sweeps.0.is_empty()
     }
     /// Whether the connections' buffers, `buffered_bytes` of them, are at
     /// `buffered_bytes_max`. While they are, requests with large replies
@@ -319,6 +345,7 @@ impl Broker {
             let Some(e) = self.topics.get_mut(tid) else { continue };
             let mut dead = Vec::new();
             let mut timers = GroupTimers { wheel: &mut self.wheel, topic: tid, group };
+            e.topic.leave(group);
             let returned = e.topic.disconnect(group, session.consumer, &mut timers, |id, info| dead.push((id, info)));
             if returned > 0 {
                 self.turn.mark_for_publish(e);

@@ -225,7 +225,25 @@ impl Broker {
         for chunk in requeued.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
             let entries: Vec<(MsgId, u16)> = chunk.iter().map(|r| (r.2, r.3)).collect();
             RequeueRecord { topic: chunk[0].0, group: chunk[0].1, entries: &entries }.append(&mut self.log);
+            self.compactor.note_group(chunk[0].0, chunk[0].1);
         }
+        self.sweep();
+    }
+
+    /// A slice of each pending sweep: releases messages no group needs any
+    /// more (after a group was created, deleted or moved).
+    fn sweep(&mut self) {
+        let (topics, compactor) = (&mut self.topics, &mut self.compactor);
+        self.sweeps.0.retain(|tid| {
+            let Some(e) = topics.get_mut(*tid) else { return false };
+            e.topic.sweep();
+            if e.topic.sweeping() {
+                return true;
+            }
+            // Segments whose messages it released may be dead now.
+            compactor.nudge();
+            false
+        });
     }
 
     /// A parked FETCH's wait is over: it is answered with no message.

@@ -111,6 +111,12 @@ impl Waiters {
         taken
     }
 
+    /// Takes every waiter on group `group` of `topic` (deleted), oldest
+    /// first.
+    pub fn drain_group(&mut self, topic: TopicId, group: GroupId) -> Vec<Waiter> {
+        std::iter::from_fn(|| self.next(topic, group)).collect()
+    }
+
     /// Takes every waiter, in key order (a shutdown).
     pub fn drain_all(&mut self) -> Vec<Waiter> {
         let keys: Vec<WaiterKey> = self.slab.iter().map(|(k, _)| WaiterKey(k)).collect();

@@ -7,9 +7,9 @@
 //! - `tags`: a topic's interned tags and tag sets, by which groups filter;
 //! - `group`: one consumer group's state over them (cursor, in flight,
 //!   retry, delayed, who holds what);
-//! - `topic`: a `Seq` and its groups (today the one default group), and the
-//!   rule that ties them: a message leaves the sequence once every group
-//!   is done with it.
+//! - `topic`: a `Seq` and its groups, and the rule that ties them: a
+//!   message leaves the sequence once every group is done with it (and a
+//!   topic with no group keeps every message).
 //!
 //! Timers go out through the `Timers` trait (the broker's wheel), so
 //! nothing here reads a clock.
@@ -25,10 +25,10 @@ mod seq;
 mod tags;
 mod topic;
 
-pub use group::{Group, Policy};
+pub use group::{FILTER_SKIPS_PER_CALL_MAX, Group, GroupConfig, Policy};
 pub use seq::{Body, Seq, Stored};
 pub use tags::{TAG_SETS_MAX, TagId, TagSetId, Tags, TagsFull};
-pub use topic::{Stray, Topic};
+pub use topic::{SWEEP_IDS_PER_STEP_MAX, Stray, Topic};
 
 /// A message id. Unique per topic, increasing in produce order.
 pub type MsgId = u64;
@@ -119,6 +119,8 @@ pub struct Counters {
     pub nacked: u64,
     pub dead_lettered: u64,
     pub expired: u64,
+    /// Messages the group's tag filter stepped over (done for it unread).
+    pub filtered: u64,
 }
 
 /// What one FETCH takes from a group: for whom, how much, and until when
@@ -142,6 +144,8 @@ pub struct Delivery {
     pub deliveries: u16,
 }
 
+#[cfg(test)]
+mod groups_tests;
 #[cfg(test)]
 mod props_tests;
 #[cfg(test)]

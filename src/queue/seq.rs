@@ -604,6 +604,24 @@ impl Seq {
         n
     }
 
+    /// The first live message born at or after `born_ms` (a group's start
+    /// or reset by time). Blocks whose last born time is earlier are
+    /// skipped whole; born times only grow within a topic, except for
+    /// messages moved in keeping theirs, which this takes as they lie.
+    pub fn first_born_at_or_after(&self, born_ms: u64) -> Option<MsgId> {
+        for b in &self.blocks {
+            if b.live == 0 || b.born_delta_ms.last().is_some_and(|d| b.born_base_ms + u64::from(*d) < born_ms) {
+                continue;
+            }
+            let at =
+                (0..b.ends.len()).find(|&i| b.is_live(i) && b.born_base_ms + u64::from(b.born_delta_ms[i]) >= born_ms);
+            if let Some(i) = at {
+                return Some(b.first_id + i as u64);
+            }
+        }
+        None
+    }
+
     /// The born time of the oldest live message.
     pub fn oldest_born_ms(&self) -> Option<u64> {
         let id = self.next_live(0, self.next_id)?;
