@@ -246,6 +246,12 @@ impl Client {
 
     /// Connects and says HELLO with an auth token.
     pub fn connect_with(addr: impl ToSocketAddrs, token: &[u8]) -> Result<Client> {
+        Client::connect_upto(addr, token, codec::CODEC_VERSION_MAX)
+    }
+
+    /// Connects and says HELLO offering versions up to `max_version` (a
+    /// client that wants version 1's layouts whatever the broker speaks).
+    pub fn connect_upto(addr: impl ToSocketAddrs, token: &[u8], max_version: u16) -> Result<Client> {
         let stream = TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
         let mut c = Client {
@@ -260,7 +266,7 @@ impl Client {
             map_epoch: 0,
             body: Vec::new(),
         };
-        let req = Request::Hello { min_version: codec::VERSION_MIN, max_version: codec::CODEC_VERSION_MAX, token };
+        let req = Request::Hello { min_version: codec::VERSION_MIN, max_version, token };
         match c.call(&req)? {
             OwnedReply::Hello { version, .. }
                 if !(codec::VERSION_MIN..=codec::CODEC_VERSION_MAX).contains(&version) =>

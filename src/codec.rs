@@ -40,7 +40,7 @@ pub use props::{Props, PropsLimits};
 
 /// The protocol versions the broker negotiates.
 pub const VERSION_MIN: u16 = 1;
-pub const VERSION_MAX: u16 = 1;
+pub const VERSION_MAX: u16 = 2;
 /// The highest version this codec, and so the client, speaks. The broker
 /// raises VERSION_MAX to it once it serves every version-2 op.
 pub const CODEC_VERSION_MAX: u16 = 2;

@@ -64,7 +64,7 @@ const COMPACT_BYTES_PER_TURN: u64 = 256 << 10;
 const COMPACT_MESSAGES_PER_TURN: u32 = 4096;
 /// Log bytes a message's record takes besides its payload (ids, times,
 /// lengths; dead-letter fields not counted).
-const RECORD_MESSAGE_OVERHEAD_BYTES: u64 = record::message_record_bytes(0, false);
+const RECORD_MESSAGE_OVERHEAD_BYTES: u64 = record::message_record_bytes(0, 0, false);
 /// Turns between checks of whether to compact, when there is no work (and
 /// the space is not short: then every turn checks).
 const CHECK_EVERY_TURNS: u32 = 64;
@@ -110,6 +110,14 @@ pub(crate) struct Compactor {
     topic_segment: HashMap<TopicId, u64>,
     /// Segments holding a Delete record (whose id floor must be restated).
     delete_segments: BTreeMap<u64, ()>,
+    /// The oldest segment holding a record of each consumer group (Group,
+    /// GroupState, Remove, Requeue): before it goes, the group's state is
+    /// restated (a Group and a GroupState record), so that the acks it
+    /// held are never lost while a copy of their message lives on for
+    /// another group.
+    group_segment: HashMap<(TopicId, GroupId), u64>,
+    /// Groups with records in this turn's commit.
+    turn_groups: Vec<(TopicId, GroupId)>,
     /// This turn's Produce records that a failed commit keeps (dead
     /// letters, redrives), attached to a segment once committed.
     turn_ranges: Vec<Range>,
@@ -160,6 +168,21 @@ impl Compactor {
     pub(crate) fn note_topic(&mut self, topic: TopicId) {
         self.turn_topics.push(topic);
     }
+    /// A record of group `group` of `topic` was appended this turn.
+    pub(crate) fn note_group(&mut self, topic: TopicId, group: GroupId) {
+        if !self.group_segment.contains_key(&(topic, group)) && !self.turn_groups.contains(&(topic, group)) {
+            self.turn_groups.push((topic, group));
+        }
+    }
+    /// A group was deleted: its records need no restating.
+    pub(crate) fn forget_group(&mut self, topic: TopicId, group: GroupId) {
+        self.group_segment.remove(&(topic, group));
+        self.turn_groups.retain(|g| *g != (topic, group));
+    }
+    /// Recovery met a record of group `group` in `segment`.
+    pub(crate) fn replayed_group(&mut self, segment: u64, topic: TopicId, group: GroupId) {
+        self.group_segment.entry((topic, group)).or_insert(segment);
+    }
     /// A Delete record was appended this turn.
     pub(crate) fn note_delete(&mut self) {
         self.turn_deletes = true;
@@ -174,6 +197,8 @@ impl Compactor {
     /// A topic was deleted: its Topic records need no restating.
     pub(crate) fn forget_topic(&mut self, topic: TopicId) {
         self.topic_segment.remove(&topic);
+        self.group_segment.retain(|(t, _), _| *t != topic);
+        self.turn_groups.retain(|(t, _)| *t != topic);
     }
 
     /// Recovery met a Produce record in `segment`.
@@ -199,11 +224,24 @@ impl Compactor {
         for t in self.turn_topics.drain(..) {
             self.topic_segment.insert(t, segment);
         }
+        for g in self.turn_groups.drain(..) {
+            self.group_segment.entry(g).or_insert(segment);
+        }
         if std::mem::take(&mut self.turn_deletes) {
             self.delete_segments.insert(segment, ());
         }
         self.ready = self.copied.take();
         assert!(self.turn_ranges.is_empty() && self.turn_withdrawable_ranges.is_empty() && self.turn_topics.is_empty());
+        assert!(self.turn_groups.is_empty());
+    }
+
+    /// The turn's records were discarded, not written (a memory-only log):
+    /// there is no segment to note them in, and nothing to compact.
+    pub(crate) fn discarded(&mut self) {
+        self.turn_ranges.clear();
+        self.turn_withdrawable_ranges.clear();
+        self.turn_topics.clear();
+        self.turn_deletes = false;
     }
 
     /// The turn's commit failed: the log dropped the client produces' and
@@ -226,9 +264,12 @@ impl Compactor {
     }
 
     /// Segment `base` was restated into `last`, ahead of its removal.
-    fn restated(&mut self, base: u64, last: u64, topics: &[TopicId], floor: bool) {
+    fn restated(&mut self, base: u64, last: u64, topics: &[TopicId], groups: &[(TopicId, GroupId)], floor: bool) {
         for &t in topics {
             self.topic_segment.insert(t, last);
+        }
+        for &g in groups {
+            self.group_segment.insert(g, last);
         }
         if floor {
             self.delete_segments.insert(last, ());
@@ -276,7 +317,7 @@ impl Compactor {
     /// short, first closes the active segment if most of the log is dead.
     fn compaction_due(&mut self, p: &mut Parts<'_>, now: Now) -> Option<u64> {
         let short = p.log.space_short();
-        // One removed segment's space is released at a time.
+        // The release thread's queue of removed segments is full.
         if p.log.releasing() {
             return None;
         }
@@ -390,9 +431,10 @@ impl Compactor {
             };
             let Some(m) = t.seq.get(live) else { break };
             let (deliveries, dead) = (t.deliveries(GroupId::DEFAULT, live), t.seq.dead_info(live));
-            w.push(log, &MessageRecord { id: live, born_ms: m.born_ms, deliveries, dead, payload: m.payload });
+            let (props, payload) = (m.props, m.payload);
+            w.push(log, &MessageRecord { id: live, born_ms: m.born_ms, deliveries, dead, props, payload });
             push_range(&mut self.turn_withdrawable_ranges, r.topic, live);
-            budget.bytes += m.payload.len() as u64 + RECORD_MESSAGE_OVERHEAD_BYTES;
+            budget.bytes += m.bytes() + RECORD_MESSAGE_OVERHEAD_BYTES;
             budget.messages += 1;
             id = live + 1;
         }
@@ -413,6 +455,9 @@ impl Compactor {
         let mut topics: Vec<TopicId> =
             self.topic_segment.iter().filter(|(_, s)| **s == base).map(|(t, _)| *t).collect();
         topics.retain(|&t| p.topics.record(t).map(|r| r.append(p.log)).is_some());
+        let mut groups: Vec<(TopicId, GroupId)> =
+            self.group_segment.iter().filter(|(_, s)| **s == base).map(|(g, _)| *g).collect();
+        groups.retain(|&(t, g)| restate_group(p.topics, p.log, t, g));
         let floor = self.delete_segments.contains_key(&base);
         if floor {
             DeleteRecord { topic: TopicId::FLOOR, next_id: p.topics.id_floor() }.append(p.log);
@@ -423,14 +468,46 @@ impl Compactor {
             return;
         }
         let last = p.log.segments().last().map_or(0, |s| s.base);
-        self.restated(base, last, &topics, floor);
+        self.restated(base, last, &topics, &groups, floor);
         match p.log.remove_oldest(base) {
             Ok(()) => {
                 self.compactions += 1;
                 log::debug!("compaction removed segment {base}");
             }
-            Err(e) => log::warn!("compaction could not remove segment {base}: {e}"),
+            // A segment that cannot be removed (its file gone from under
+            // the broker, a failing disk) is tried again after a backoff
+            // and logged at the storage failures' bounded rate, not every
+            // turn.
+            Err(e) => {
+                self.backoff = RETRY_AFTER_TURNS;
+                p.failures.failed(now.mono_ms, format_args!("compaction could not remove segment {base}: {e}"));
+            }
         }
+    }
+}
+
+/// Appends a Group and a GroupState record stating group `g` of topic `t`
+/// as it is now. False if there is no such group.
+fn restate_group(topics: &Topics, log: &mut Log, t: TopicId, g: GroupId) -> bool {
+    let Some(group) = topics.get(t).and_then(|e| e.topic.group(g)) else { return false };
+    group_record(t, group).append(log);
+    let entries = group.pending();
+    record::GroupStateRecord { topic: t, group: g, cursor: group.cursor(), entries: &entries }.append(log);
+    true
+}
+
+/// The Group record stating `group` of topic `t`, its cursor as it is now.
+pub(crate) fn group_record(t: TopicId, group: &crate::queue::Group) -> record::GroupRecord<'_> {
+    let c = &group.config;
+    record::GroupRecord {
+        topic: t,
+        group: group.id(),
+        broadcast: c.broadcast,
+        ack_timeout_ms: c.ack_timeout_ms,
+        max_deliveries: c.max_deliveries,
+        cursor: group.cursor(),
+        name: group.name(),
+        filter: &c.filter_text,
     }
 }
 
@@ -457,6 +534,9 @@ fn live_and_restate_bytes(topics: &Topics) -> (u64, u64) {
     for e in topics.iter() {
         live += e.topic.seq.live_bytes() + e.topic.seq.live() * RECORD_MESSAGE_OVERHEAD_BYTES;
         restate += record::TopicRecord::bytes(e.topic.name.len());
+        for g in e.topic.groups() {
+            restate += group_record(e.id, g).bytes() + record::GroupStateRecord::bytes(g.pending_len());
+        }
     }
     (live, restate)
 }

@@ -120,11 +120,7 @@ pub struct ConnState {
 impl ConnState {
     /// A new connection for consumer `consumer`, accepted at `now_ms`.
     pub fn new(consumer: ConsumerId, now_ms: u64) -> ConnState {
-        ConnState {
-            session: Session { consumer, ..Session::default() },
-            last_active_ms: now_ms,
-            ..ConnState::default()
-        }
+        ConnState { session: Session::new(consumer), last_active_ms: now_ms, ..ConnState::default() }
     }
 
     /// The broker answered the parked FETCH at `now_ms` (with messages, at
@@ -331,7 +327,7 @@ impl ConnState {
                 break;
             }
             let rest = &input[used..];
-            match codec::decode_request(rest, &limits, crate::broker::SESSION_VERSION) {
+            match codec::decode_request(rest, &limits, self.session.version.max(codec::VERSION_MIN)) {
                 Ok(Decoded::NeedMore) => break,
                 Ok(Decoded::Frame(frame, n)) => {
                     if broker.must_wait(key, Some(&frame.request)) {

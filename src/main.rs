@@ -17,7 +17,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use runnel::client::{Client, Fetch};
+use runnel::client::{Client, Fetch, ProduceMessage};
+use runnel::codec::group::{GroupSettings, Start};
 use runnel::codec::{self, TopicSettings};
 use runnel::config::{Args, ArgsError, DEFAULT_ADDR, Flag, Serve, flag, serve_flags, switch};
 use runnel::log::{FsyncMode, Log};
@@ -55,7 +56,11 @@ struct Sub {
 }
 
 /// The subcommands, in the order `runnel --help` lists them.
-const COMMANDS: [&str; 9] = ["serve", "produce", "consume", "stats", "topics", "create", "delete", "purge", "redrive"];
+const COMMANDS: [&str; 11] =
+    ["serve", "produce", "consume", "stats", "topics", "create", "delete", "purge", "redrive", "groups", "group"];
+
+/// The start positions `--from` and `--to` take.
+const START_VALUES: &str = "earliest|latest|ID|@MS|TIME";
 
 /// What the client subcommands say about the token.
 const CLIENT_NOTES: &str = "RUNNEL_AUTH_TOKEN, if set, is the token presented in HELLO.";
@@ -69,7 +74,12 @@ fn sub(name: &str) -> Option<Sub> {
         "produce" => (
             "TOPIC",
             "send each line of stdin to TOPIC as one message, until all are acknowledged",
-            vec![addr(), flag("--batch", "N", PRODUCE_BATCH_DEFAULT, "most lines in one PRODUCE frame")],
+            vec![
+                addr(),
+                flag("--batch", "N", PRODUCE_BATCH_DEFAULT, "most lines in one PRODUCE frame"),
+                flag("--tag", "TAG", "none", "tag every message with TAG (repeatable; protocol version 2)"),
+                flag("--header", "KEY[=VALUE]", "none", "give every message this header (repeatable; version 2)"),
+            ],
         ),
         "consume" => (
             "TOPIC",
@@ -78,6 +88,24 @@ fn sub(name: &str) -> Option<Sub> {
                 addr(),
                 flag("--count", "N", "no limit", "stop after N messages"),
                 flag("--wait-ms", "MS", CONSUME_WAIT_MS_DEFAULT, "how long each FETCH waits for a message"),
+                flag("--group", "G", "the default group", "the consumer group to read for"),
+                flag("--from", START_VALUES, "earliest", "where a group created now starts"),
+                flag("--tags", "EXPR", "*", "the group's tag filter: * | a || b | re:PATTERN"),
+                switch("--broadcast", "a broadcast group: every consumer gets every message"),
+            ],
+        ),
+        "groups" => ("TOPIC", "list TOPIC's consumer groups and their state", vec![addr()]),
+        "group" => (
+            "create|delete|reset TOPIC GROUP",
+            "create a consumer group (or change its settings), delete one, or move one",
+            vec![
+                addr(),
+                flag("--from", START_VALUES, "earliest", "create: where the group starts"),
+                flag("--to", START_VALUES, "none", "reset: where the group moves"),
+                flag("--tags", "EXPR", "*", "create: the tag filter: * | a || b | re:PATTERN"),
+                switch("--broadcast", "create: every consumer gets every message"),
+                flag("--ack-timeout-ms", "MS", "the topic's", "create: time to acknowledge a delivery"),
+                flag("--max-deliveries", "N", "the topic's", "create: deliveries before a dead letter"),
             ],
         ),
         "stats" => (
@@ -256,6 +284,8 @@ fn run(cmd: &str, rest: &[String]) -> Result<(), Exit> {
         "produce" => produce(rest, &sub),
         "consume" => consume(rest, &sub),
         "stats" => stats(rest, &sub),
+        "groups" => groups(rest, &sub),
+        "group" => group(rest, &sub),
         _ => admin(rest, &sub),
     };
     match outcome {
@@ -332,25 +362,34 @@ fn serve(raw: &[String]) -> Result<(), Exit> {
             );
         }
     }
-    let fsync = s.cfg.log.fsync;
-    let data_dir = s.cfg.data_dir.clone();
+    let memory_only = s.cfg.memory_only;
+    let storage = storage_text(&s);
     let mut reactor = Reactor::bind(s.cfg)?;
     handle_signals(&mut reactor)?;
     if let Some(m) = reactor.metrics_addr() {
         log::info!("metrics on http://{m}/metrics");
     }
-    log::info!(
-        "runnel serving on {} (data {}, fsync {})",
-        reactor.local_addr(),
-        data_dir.display(),
-        match fsync {
-            FsyncMode::Turn => "turn: a produce is acknowledged after the fdatasync that covers it",
-            FsyncMode::Never => "never: page cache only; a machine crash can lose acknowledged messages",
-        }
-    );
+    if memory_only {
+        log::warn!(
+            "memory-only: no commit log, no data directory; every message, topic and consumer group is lost when this process stops, restarts or crashes"
+        );
+    }
+    log::info!("runnel serving on {} ({storage})", reactor.local_addr());
     reactor.run().map_err(|e| format!("event loop: {e}"))?;
     log::info!("stopped cleanly");
     Ok(())
+}
+
+/// Where the broker keeps its messages, as its start says it.
+fn storage_text(s: &Serve) -> String {
+    if s.cfg.memory_only {
+        return "memory-only: acknowledged messages live in this process only".into();
+    }
+    let fsync = match s.cfg.log.fsync {
+        FsyncMode::Turn => "turn: a produce is acknowledged after the fdatasync that covers it",
+        FsyncMode::Never => "never: page cache only; a machine crash can lose acknowledged messages",
+    };
+    format!("data {}, fsync {fsync}", s.cfg.data_dir.display())
 }
 
 /// Takes `--addr` (every client subcommand has it).
@@ -364,10 +403,44 @@ fn connect(addr: &str) -> Result<Client, Exit> {
     Client::connect_with(addr, token.as_bytes()).map_err(|e| Exit::Failed(format!("cannot talk to {addr}: {e}")))
 }
 
+/// The tags and headers `runnel produce` gives every message, from its
+/// `--tag` and `--header KEY[=VALUE]` flags (a key alone: an empty value).
+struct ProduceProps {
+    tags: Vec<String>,
+    /// (key, value).
+    headers: Vec<(String, String)>,
+}
+
+impl ProduceProps {
+    fn take(a: &mut Args) -> Result<ProduceProps, Exit> {
+        let tags = a.take_all("--tag");
+        let mut headers = Vec::new();
+        for h in a.take_all("--header") {
+            let (k, v) = h.split_once('=').unwrap_or((&h, ""));
+            if k.is_empty() {
+                return Err(Exit::Usage(format!("--header {h:?}: give KEY=VALUE, with a key")));
+            }
+            headers.push((k.to_string(), v.to_string()));
+        }
+        Ok(ProduceProps { tags, headers })
+    }
+    /// `payload` as a message with these properties.
+    fn message<'a>(&'a self, payload: &'a [u8]) -> ProduceMessage<'a> {
+        let m = self.tags.iter().fold(ProduceMessage::new(payload), |m, t| m.tag(t));
+        self.headers.iter().fold(m, |m, (k, v)| m.header(k, v.as_bytes()))
+    }
+    /// Bytes they add to each message on the wire, about.
+    fn bytes(&self) -> usize {
+        let tags: usize = self.tags.iter().map(|t| 3 + t.len()).sum();
+        tags + self.headers.iter().map(|(k, v)| 5 + k.len() + v.len()).sum::<usize>()
+    }
+}
+
 fn produce(raw: &[String], sub: &Sub) -> Result<(), Exit> {
     let mut a = Args::parse(raw, &sub.flags)?;
     let addr = addr(&mut a);
     let batch_max: usize = a.num("--batch")?.unwrap_or(PRODUCE_BATCH_DEFAULT).max(1);
+    let props = ProduceProps::take(&mut a)?;
     a.done()?;
     let topic = a.topic()?.to_string();
     let mut client = connect(&addr)?;
@@ -380,7 +453,13 @@ fn produce(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         if batch.is_empty() {
             return Ok(());
         }
-        client.produce_batch(&topic, batch).map_err(|e| format!("after {sent} acknowledged messages: {e}"))?;
+        let done = if props.tags.is_empty() && props.headers.is_empty() {
+            client.produce_batch(&topic, batch)
+        } else {
+            let messages: Vec<ProduceMessage<'_>> = batch.iter().map(|p| props.message(p)).collect();
+            client.produce_messages(&topic, &messages)
+        };
+        done.map_err(|e| format!("after {sent} acknowledged messages: {e}"))?;
         sent += batch.len() as u64;
         batch.clear();
         Ok(())
@@ -394,10 +473,71 @@ fn produce(raw: &[String], sub: &Sub) -> Result<(), Exit> {
             send(&mut batch, &mut client)?;
             batch_bytes = 0;
         }
-        batch_bytes += line.len() + 4;
+        batch_bytes += line.len() + 4 + props.bytes();
         batch.push(line);
     }
     Ok(send(&mut batch, &mut client)?)
+}
+
+/// A start position: `earliest`, `latest`, a message id, `@MS` (ms since
+/// the Unix epoch) or a UTC time `YYYY-MM-DDTHH:MM:SS[.mmm]Z`.
+fn parse_start(flag: &str, v: &str) -> Result<Start, Exit> {
+    let bad = || Exit::Usage(format!("{flag} {v:?}: give {START_VALUES}"));
+    Ok(match v {
+        "earliest" => Start::Earliest,
+        "latest" => Start::Latest,
+        _ if v.starts_with('@') => Start::Time(v[1..].parse().map_err(|_| bad())?),
+        _ if v.bytes().all(|b| b.is_ascii_digit()) => Start::Id(v.parse().map_err(|_| bad())?),
+        _ => Start::Time(utc_ms(v).ok_or_else(bad)?),
+    })
+}
+
+/// Ms since the Unix epoch of `YYYY-MM-DDTHH:MM:SS[.mmm]Z`.
+fn utc_ms(v: &str) -> Option<u64> {
+    let v = v.strip_suffix('Z')?;
+    let (date, time) = v.split_once('T')?;
+    let num = |s: &str| s.parse::<i64>().ok();
+    let d: Vec<i64> = date.split('-').map(num).collect::<Option<_>>()?;
+    let (time, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let t: Vec<i64> = time.split(':').map(num).collect::<Option<_>>()?;
+    let ([y, m, day], [h, min, sec]) = (d.as_slice(), t.as_slice()) else { return None };
+    let ms_frac = num(&format!("{frac:0<3}")[..3])?;
+    let valid = (1..=12).contains(m) && (1..=31).contains(day) && *h < 24 && *min < 60 && *sec < 61;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let (y, m) = if *m <= 2 { (y - 1, m + 9) } else { (*y, m - 3) };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + day - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    let ms = ((days * 24 + h) * 60 + min) * 60_000 + sec * 1000 + ms_frac;
+    (valid && ms >= 0).then_some(ms as u64)
+}
+
+/// A group's settings and start from `--from`/`--to`, `--tags`,
+/// `--broadcast`, `--ack-timeout-ms` and `--max-deliveries`: None if none
+/// was given (a consume then leaves the group as it is).
+fn group_flags<'a>(
+    a: &mut Args,
+    from_flag: &str,
+    filter: &'a mut String,
+) -> Result<Option<(GroupSettings<'a>, Start)>, Exit> {
+    let from = a.take(from_flag);
+    let tags = a.take("--tags");
+    let broadcast = a.switch("--broadcast");
+    let ack_timeout_ms: Option<u32> = a.num("--ack-timeout-ms")?;
+    let max_deliveries: Option<u16> = a.num("--max-deliveries")?;
+    if from.is_none() && tags.is_none() && !broadcast && ack_timeout_ms.is_none() && max_deliveries.is_none() {
+        return Ok(None);
+    }
+    let start = from.map_or(Ok(Start::Earliest), |v| parse_start(from_flag, &v))?;
+    *filter = tags.unwrap_or_default();
+    let settings = GroupSettings {
+        broadcast,
+        ack_timeout_ms: ack_timeout_ms.unwrap_or(0),
+        max_deliveries: max_deliveries.unwrap_or(0),
+        filter: filter.as_str(),
+    };
+    Ok(Some((settings, start)))
 }
 
 fn consume(raw: &[String], sub: &Sub) -> Result<(), Exit> {
@@ -405,9 +545,15 @@ fn consume(raw: &[String], sub: &Sub) -> Result<(), Exit> {
     let addr = addr(&mut a);
     let count: Option<u64> = a.num("--count")?;
     let wait_ms: u32 = a.num("--wait-ms")?.unwrap_or(CONSUME_WAIT_MS_DEFAULT);
+    let group_name = a.take("--group").unwrap_or_default();
+    let mut filter = String::new();
+    let group = group_flags(&mut a, "--from", &mut filter)?;
     a.done()?;
     let topic = a.topic()?.to_string();
     let mut client = connect(&addr)?;
+    if let Some((settings, start)) = group {
+        client.create_group(&topic, &group_name, settings, start).map_err(|e| e.to_string())?;
+    }
     let mut got = 0u64;
     loop {
         let left = count.map_or(256, |c| c.saturating_sub(got).min(256)) as u32;
@@ -415,7 +561,7 @@ fn consume(raw: &[String], sub: &Sub) -> Result<(), Exit> {
             return Ok(());
         }
         let f = Fetch { max_messages: left, wait_ms, ..Fetch::default() };
-        let msgs = client.fetch(&topic, f).map_err(|e| e.to_string())?;
+        let msgs = client.fetch_group(&topic, &group_name, f).map_err(|e| e.to_string())?;
         if msgs.is_empty() {
             return Ok(());
         }
@@ -428,9 +574,67 @@ fn consume(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         }
         emit(&out)?;
         let ids: Vec<u64> = msgs.iter().map(|m| m.id).collect();
-        client.ack(&topic, &ids).map_err(|e| e.to_string())?;
+        client.ack_group(&topic, &group_name, &ids).map_err(|e| e.to_string())?;
         got += msgs.len() as u64;
     }
+}
+
+/// The columns `runnel groups` prints, after the group's name.
+const GROUP_COLUMNS: [&str; 8] =
+    ["lag", "inflight", "retry", "delayed", "dead_lettered", "oldest_unacked_ms", "consumers", "filter"];
+
+fn groups(raw: &[String], sub: &Sub) -> Result<(), Exit> {
+    let mut a = Args::parse(raw, &sub.flags)?;
+    let addr = addr(&mut a);
+    a.done()?;
+    let topic = a.topic()?.to_string();
+    let list = connect(&addr)?.list_groups(&topic).map_err(|e| e.to_string())?;
+    let shown = |name: &str| if name.is_empty() { "(default)".to_string() } else { name.to_string() };
+    let width = list.iter().map(|g| shown(&g.name).len()).max().unwrap_or(5).max(5);
+    let mut out = format!("{:<width$}", "group");
+    for c in GROUP_COLUMNS {
+        out += &format!(" {c:>13}");
+    }
+    out.push('\n');
+    for g in &list {
+        let s = &g.stats;
+        out += &format!("{:<width$}", shown(&g.name));
+        for v in [s.lag, s.inflight, s.retry, s.delayed, s.dead_lettered, s.oldest_unacked_age_ms, s.consumers.into()] {
+            out += &format!(" {v:>13}");
+        }
+        let filter = if g.filter.is_empty() { "*" } else { &g.filter };
+        out += &format!(" {filter:>13}{}\n", if g.broadcast { " broadcast" } else { "" });
+    }
+    emit(out.as_bytes())
+}
+
+/// `runnel group create|delete|reset TOPIC GROUP`.
+fn group(raw: &[String], sub: &Sub) -> Result<(), Exit> {
+    let mut a = Args::parse(raw, &sub.flags)?;
+    let addr = addr(&mut a);
+    let to = a.take("--to");
+    let mut filter = String::new();
+    let settings = group_flags(&mut a, "--from", &mut filter)?;
+    a.done()?;
+    let [verb, topic, name] = a.words() else {
+        return Err(Exit::Usage("give create, delete or reset, then the topic and the group".into()));
+    };
+    let e = |e: runnel::client::Error| Exit::Failed(e.to_string());
+    let out = match verb.as_str() {
+        "create" => {
+            let (settings, start) = settings.unwrap_or((GroupSettings::default(), Start::Earliest));
+            let (created, cursor) = connect(&addr)?.create_group(topic, name, settings, start).map_err(e)?;
+            format!("{} at {cursor}\n", if created { "created" } else { "updated" })
+        }
+        "delete" => format!("deleted, it held {} messages\n", connect(&addr)?.delete_group(topic, name).map_err(e)?),
+        "reset" => {
+            let to = to.ok_or_else(|| Exit::Usage("reset needs --to".into()))?;
+            let start = parse_start("--to", &to)?;
+            format!("moved to {}\n", connect(&addr)?.reset_group(topic, name, start).map_err(e)?)
+        }
+        other => return Err(Exit::Usage(format!("unknown group action {other:?}: create, delete or reset"))),
+    };
+    emit(out.as_bytes())
 }
 
 /// The per-topic columns `runnel stats` prints.
@@ -443,7 +647,9 @@ fn stats(raw: &[String], sub: &Sub) -> Result<(), Exit> {
     a.done()?;
     let topic = a.optional_topic()?.map(str::to_string);
     let mut client = connect(&addr)?;
-    let sections = client.stats(topic.as_deref()).map_err(|e| e.to_string())?;
+    let mut sections = client.stats(topic.as_deref()).map_err(|e| e.to_string())?;
+    // The groups' sections (`<topic>/<group>`) are `runnel groups`'s.
+    sections.retain(|s| !s.0.contains('/'));
     if json {
         let obj = |kv: &[(String, u64)]| {
             let fields: Vec<String> = kv.iter().map(|(k, v)| format!("\"{}\":{v}", json_escape(k))).collect();
@@ -537,5 +743,22 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn start_positions_parse_ids_times_and_utc_dates() {
+        assert_eq!(utc_ms("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(utc_ms("2026-12-01T12:00:00.5Z"), Some(1_796_126_400_500));
+        assert_eq!(utc_ms("2000-02-29T23:59:59Z"), Some(951_868_799_000));
+        for bad in ["2026-13-01T00:00:00Z", "2026-12-01 12:00:00Z", "2026-12-01T12:00:00", "1969-12-31T23:59:59Z"] {
+            assert_eq!(utc_ms(bad), None, "{bad}");
+        }
+        let start = |v| parse_start("--from", v).ok();
+        assert_eq!(start("earliest"), Some(Start::Earliest));
+        assert_eq!(start("latest"), Some(Start::Latest));
+        assert_eq!(start("42"), Some(Start::Id(42)));
+        assert_eq!(start("@1500"), Some(Start::Time(1500)));
+        assert_eq!(start("1970-01-01T00:00:01Z"), Some(Start::Time(1000)));
+        assert_eq!(start("soon"), None);
     }
 }

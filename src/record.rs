@@ -20,9 +20,9 @@
 
 use byteorder::{ByteOrder, LittleEndian};
 
-use crate::codec::{self, DeadInfo, DeadReason};
+use crate::codec::{self, DeadInfo, DeadReason, Props, PropsLimits};
 use crate::log::{Log, RECORD_HEADER_BYTES, RecordStart};
-use crate::queue::{GroupId, MsgId, Settings};
+use crate::queue::{Body, GroupId, MsgId, Settings};
 
 /// A topic's number in the log: assigned at creation, never reused.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -65,6 +65,14 @@ pub enum RecordKind {
     Remove = 5,
     /// Messages went back to ready with a delivery count.
     Requeue = 6,
+    /// A consumer group was created, its settings changed, or compaction
+    /// restated it.
+    Group = 7,
+    /// A consumer group was deleted.
+    GroupDelete = 8,
+    /// A consumer group's whole state: its cursor and what it still needs
+    /// below it (RESET_GROUP, and compaction's restatement).
+    GroupState = 9,
 }
 
 impl RecordKind {
@@ -76,6 +84,9 @@ impl RecordKind {
             4 => RecordKind::Produce,
             5 => RecordKind::Remove,
             6 => RecordKind::Requeue,
+            7 => RecordKind::Group,
+            8 => RecordKind::GroupDelete,
+            9 => RecordKind::GroupState,
             _ => return None,
         })
     }
@@ -86,10 +97,18 @@ impl RecordKind {
     /// old ones (docs/log-format.md, "Changing the format").
     pub const fn version(self) -> u8 {
         match self {
-            RecordKind::Topic | RecordKind::Delete | RecordKind::Purge | RecordKind::Produce => 1,
+            RecordKind::Delete | RecordKind::Purge => 1,
+            RecordKind::Group | RecordKind::GroupDelete | RecordKind::GroupState => 1,
             // Version 2 names the consumer group; version 1 meant the
             // default group.
             RecordKind::Remove | RecordKind::Requeue => 2,
+            // Version 2 carries each message's properties (flag bit 0x02);
+            // version 1 has none.
+            RecordKind::Produce => 2,
+            // Version 2 carries the next group id, and the topic's groups
+            // come in Group records; version 1 meant a topic with the
+            // default group and no other.
+            RecordKind::Topic => 2,
         }
     }
 
@@ -138,40 +157,66 @@ pub struct MessageRecord<'a> {
     pub deliveries: u16,
     /// Present for a message in a dead-letter topic.
     pub dead: Option<DeadInfo>,
+    /// Its tags and headers as produced (empty for none).
+    pub props: Props<'a>,
     pub payload: &'a [u8],
 }
 
-/// Bytes of a message's fields before its payload, without the dead-letter
-/// fields: id, born_ms, deliveries, flags, len.
-const MESSAGE_FIXED_BYTES: u64 = 8 + 8 + 2 + 1 + 4;
-
-/// Log bytes one message takes in a Produce record (`put_message`).
-pub const fn message_record_bytes(payload_bytes: u64, dead: bool) -> u64 {
-    MESSAGE_FIXED_BYTES + if dead { codec::DEAD_INFO_BYTES as u64 } else { 0 } + payload_bytes
+impl<'a> MessageRecord<'a> {
+    /// Its properties and payload, for the queue (which interns its tags).
+    pub fn body(&self) -> Body<'a> {
+        Body { props: self.props, tag_set: None, payload: self.payload }
+    }
 }
 
-/// Appends one message to a Produce record body.
+/// Bytes of a message's fields before its payload, without the dead-letter
+/// fields and the properties: id, born_ms, deliveries, flags, len.
+const MESSAGE_FIXED_BYTES: u64 = 8 + 8 + 2 + 1 + 4;
+/// Flag bit of a message in a Produce record of version 2: its properties
+/// follow (`props_len u16`, then the blob). The wire's bit, by choice.
+const MESSAGE_FLAG_PROPS: u8 = codec::MSG_FLAG_PROPS;
+
+/// Log bytes one message takes in a Produce record (`put_message`), with
+/// `props_bytes` bytes of properties (0 for none: then no length either).
+pub const fn message_record_bytes(payload_bytes: u64, props_bytes: u64, dead: bool) -> u64 {
+    let props = if props_bytes == 0 { 0 } else { 2 + props_bytes };
+    MESSAGE_FIXED_BYTES + if dead { codec::DEAD_INFO_BYTES as u64 } else { 0 } + props + payload_bytes
+}
+
+/// Appends one message to a Produce record body (version 2).
 #[inline]
 pub fn put_message(body: &mut Vec<u8>, m: &MessageRecord<'_>) {
     codec::put_u64(body, m.id);
     codec::put_u64(body, m.born_ms);
     codec::put_u16(body, m.deliveries);
-    match &m.dead {
-        None => body.push(0),
-        Some(d) => {
-            body.push(codec::MSG_FLAG_DEAD);
-            codec::put_dead_info(body, d);
-        }
+    let props = m.props.bytes();
+    let mut flags = if m.dead.is_some() { codec::MSG_FLAG_DEAD } else { 0 };
+    if !props.is_empty() {
+        flags |= MESSAGE_FLAG_PROPS;
+    }
+    body.push(flags);
+    if let Some(d) = &m.dead {
+        codec::put_dead_info(body, d);
+    }
+    if !props.is_empty() {
+        codec::props::put_props(body, &m.props);
     }
     codec::put_u32(body, m.payload.len() as u32);
     body.extend_from_slice(m.payload);
 }
 
-fn read_message<'a>(rd: &mut Reader<'a>) -> Result<MessageRecord<'a>, String> {
+/// Reads one message of a Produce record of `version`. Version 1 knows
+/// only the dead-letter flag (and ignored other bits); version 2 refuses a
+/// bit it does not know, and reads the properties after the dead-letter
+/// fields.
+fn read_message<'a>(rd: &mut Reader<'a>, version: u8) -> Result<MessageRecord<'a>, String> {
     let id = rd.u64()?;
     let born_ms = rd.u64()?;
     let deliveries = rd.u16()?;
     let flags = rd.u8()?;
+    if version >= 2 && flags & !(codec::MSG_FLAG_DEAD | MESSAGE_FLAG_PROPS) != 0 {
+        return Err(format!("unknown message flags {flags:#04x}"));
+    }
     let dead = if flags & codec::MSG_FLAG_DEAD != 0 {
         Some(DeadInfo {
             origin_id: rd.u64()?,
@@ -181,8 +226,22 @@ fn read_message<'a>(rd: &mut Reader<'a>) -> Result<MessageRecord<'a>, String> {
     } else {
         None
     };
+    let props = if version >= 2 && flags & MESSAGE_FLAG_PROPS != 0 { read_props(rd)? } else { Props::EMPTY };
     let len = rd.u32()? as usize;
-    Ok(MessageRecord { id, born_ms, deliveries, dead, payload: rd.bytes(len)? })
+    Ok(MessageRecord { id, born_ms, deliveries, dead, props, payload: rd.bytes(len)? })
+}
+
+/// A message's properties: checked against the format alone (the limits
+/// were checked at produce, and may have changed since), so that what is
+/// stored can be iterated without failing.
+fn read_props<'a>(rd: &mut Reader<'a>) -> Result<Props<'a>, String> {
+    let len = rd.u16()? as usize;
+    let blob = rd.bytes(len)?;
+    match Props::parse(blob, codec::CODEC_VERSION_MAX, &PropsLimits::ANY) {
+        Ok(props) if !props.is_empty() => Ok(props),
+        Ok(_) => Err("a message flagged with properties has none".into()),
+        Err(e) => Err(format!("bad message properties: {}", e.message)),
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -196,6 +255,9 @@ pub struct TopicRecord<'a> {
     pub topic: TopicId,
     pub next_id: MsgId,
     pub settings: Settings,
+    /// The id the topic's next group gets; None in a version-1 record,
+    /// whose topic has the default group (and no other).
+    pub next_group_id: Option<u32>,
     pub name: &'a str,
 }
 
@@ -203,9 +265,11 @@ impl TopicRecord<'_> {
     /// Log bytes of a Topic record whose name has `name_bytes` bytes,
     /// header included.
     pub const fn bytes(name_bytes: usize) -> u64 {
-        (RECORD_HEADER_BYTES + 4 + 8 + 4 + 2 + 2 + name_bytes) as u64
+        (RECORD_HEADER_BYTES + 4 + 8 + 4 + 2 + 4 + 2 + name_bytes) as u64
     }
 
+    /// Writes version 2: `topic_id u32, next_id u64, ack_timeout_ms u32,
+    /// max_deliveries u16, next_group_id u32, name str`.
     pub fn append(&self, log: &mut Log) {
         let at = log.begin(RecordKind::Topic);
         let b = log.body();
@@ -213,6 +277,7 @@ impl TopicRecord<'_> {
         codec::put_u64(b, self.next_id);
         codec::put_u32(b, self.settings.ack_timeout_ms);
         codec::put_u16(b, self.settings.max_deliveries);
+        codec::put_u32(b, self.next_group_id.unwrap_or(1));
         codec::put_str(b, self.name.as_bytes());
         log.end(at);
     }
@@ -357,6 +422,105 @@ impl RequeueRecord<'_> {
     }
 }
 
+/// Bit in a Group record's flags: a broadcast group.
+pub const GROUP_RECORD_BROADCAST: u8 = 0x01;
+
+/// A Group record: group `group` of topic `topic` exists with this name
+/// and these settings; created at `cursor` (a group already known keeps
+/// its position: only its settings change).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupRecord<'a> {
+    pub topic: TopicId,
+    pub group: GroupId,
+    pub broadcast: bool,
+    /// 0 = the topic's.
+    pub ack_timeout_ms: u32,
+    /// 0 = the topic's.
+    pub max_deliveries: u16,
+    /// The first id the group needs.
+    pub cursor: MsgId,
+    pub name: &'a str,
+    /// The tag filter's text (empty = `*`).
+    pub filter: &'a str,
+}
+
+impl GroupRecord<'_> {
+    /// Log bytes of a Group record, header included.
+    pub fn bytes(&self) -> u64 {
+        (RECORD_HEADER_BYTES + 4 + 4 + 1 + 4 + 2 + 8 + 2 + self.name.len() + 2 + self.filter.len()) as u64
+    }
+
+    /// Writes version 1: `topic_id u32, group_id u32, flags u8,
+    /// ack_timeout_ms u32, max_deliveries u16, cursor u64, name str,
+    /// filter str`.
+    pub fn append(&self, log: &mut Log) {
+        let at = log.begin(RecordKind::Group);
+        let b = log.body();
+        codec::put_u32(b, self.topic.0);
+        codec::put_u32(b, self.group.0);
+        b.push(if self.broadcast { GROUP_RECORD_BROADCAST } else { 0 });
+        codec::put_u32(b, self.ack_timeout_ms);
+        codec::put_u16(b, self.max_deliveries);
+        codec::put_u64(b, self.cursor);
+        codec::put_str(b, self.name.as_bytes());
+        codec::put_str(b, self.filter.as_bytes());
+        log.end(at);
+    }
+}
+
+/// A GroupDelete record: the group is gone (its id is never reused).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupDeleteRecord {
+    pub topic: TopicId,
+    pub group: GroupId,
+}
+
+impl GroupDeleteRecord {
+    /// Writes version 1: `topic_id u32, group_id u32`.
+    pub fn append(&self, log: &mut Log) {
+        let at = log.begin(RecordKind::GroupDelete);
+        codec::put_u32(log.body(), self.topic.0);
+        codec::put_u32(log.body(), self.group.0);
+        log.end(at);
+    }
+}
+
+/// A GroupState record: group `group` reads from `cursor`; below it, it
+/// needs exactly the ids listed (with their deliveries so far), and the
+/// ids listed at or above it carry these delivery counts. Every Remove and
+/// Requeue record of the group before it is superseded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupStateRecord<'a> {
+    pub topic: TopicId,
+    pub group: GroupId,
+    pub cursor: MsgId,
+    /// (id, deliveries so far), in id order.
+    pub entries: &'a [(MsgId, u16)],
+}
+
+impl GroupStateRecord<'_> {
+    /// Log bytes of a GroupState record with `entries` entries.
+    pub const fn bytes(entries: usize) -> u64 {
+        (RECORD_HEADER_BYTES + 4 + 4 + 8 + 4 + 10 * entries) as u64
+    }
+
+    /// Writes version 1: `topic_id u32, group_id u32, cursor u64, count
+    /// u32, count x (id u64, deliveries u16)`.
+    pub fn append(&self, log: &mut Log) {
+        let at = log.begin(RecordKind::GroupState);
+        let b = log.body();
+        codec::put_u32(b, self.topic.0);
+        codec::put_u32(b, self.group.0);
+        codec::put_u64(b, self.cursor);
+        codec::put_u32(b, self.entries.len() as u32);
+        for (id, d) in self.entries {
+            codec::put_u64(b, *id);
+            codec::put_u16(b, *d);
+        }
+        log.end(at);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The decoder: one, dispatching on (kind, version).
 // ---------------------------------------------------------------------------
@@ -370,6 +534,9 @@ pub enum Record<'a> {
     Produce { topic: TopicId, messages: Messages<'a> },
     Remove { topic: TopicId, group: GroupId, reason: RemoveReason, ids: Ids<'a> },
     Requeue { topic: TopicId, group: GroupId, entries: Requeues<'a> },
+    Group(GroupRecord<'a>),
+    GroupDelete(GroupDeleteRecord),
+    GroupState { topic: TopicId, group: GroupId, cursor: MsgId, entries: Requeues<'a> },
 }
 
 impl<'a> Record<'a> {
@@ -386,13 +553,36 @@ impl<'a> Record<'a> {
             RecordKind::Topic => {
                 let next_id = rd.u64()?;
                 let settings = Settings { ack_timeout_ms: rd.u32()?, max_deliveries: rd.u16()? };
-                Record::Topic(TopicRecord { topic, next_id, settings, name: rd.str()? })
+                let next_group_id = if version == 1 { None } else { Some(rd.u32()?) };
+                Record::Topic(TopicRecord { topic, next_id, settings, next_group_id, name: rd.str()? })
+            }
+            RecordKind::Group => {
+                let group = GroupId(rd.u32()?);
+                let flags = rd.u8()?;
+                let (ack_timeout_ms, max_deliveries, cursor) = (rd.u32()?, rd.u16()?, rd.u64()?);
+                let (name, filter) = (rd.str()?, rd.str()?);
+                let broadcast = flags & GROUP_RECORD_BROADCAST != 0;
+                Record::Group(GroupRecord {
+                    topic,
+                    group,
+                    broadcast,
+                    ack_timeout_ms,
+                    max_deliveries,
+                    cursor,
+                    name,
+                    filter,
+                })
+            }
+            RecordKind::GroupDelete => Record::GroupDelete(GroupDeleteRecord { topic, group: GroupId(rd.u32()?) }),
+            RecordKind::GroupState => {
+                let (group, cursor) = (GroupId(rd.u32()?), rd.u64()?);
+                Record::GroupState { topic, group, cursor, entries: Requeues(rd.list(10)?) }
             }
             RecordKind::Delete => Record::Delete(DeleteRecord { topic, next_id: rd.u64()? }),
             RecordKind::Purge => Record::Purge(PurgeRecord { topic, below_id: rd.u64()? }),
             RecordKind::Produce => {
                 let count = rd.u32()?;
-                return Ok(Record::Produce { topic, messages: Messages { rd, left: count } });
+                return Ok(Record::Produce { topic, messages: Messages { rd, left: count, version } });
             }
             RecordKind::Remove => {
                 let group = rd.group(version)?;
@@ -418,6 +608,8 @@ pub struct Messages<'a> {
     rd: Reader<'a>,
     /// Messages not yet read.
     left: u32,
+    /// The record's version: the message layout.
+    version: u8,
 }
 
 impl<'a> Iterator for Messages<'a> {
@@ -431,7 +623,7 @@ impl<'a> Iterator for Messages<'a> {
             });
         }
         self.left -= 1;
-        let m = read_message(&mut self.rd);
+        let m = read_message(&mut self.rd, self.version);
         if m.is_err() {
             self.left = 0;
             self.rd.pos = self.rd.b.len();
@@ -488,7 +680,7 @@ impl<'a> Reader<'a> {
     }
     fn str(&mut self) -> Result<&'a str, String> {
         let n = self.u16()? as usize;
-        std::str::from_utf8(self.bytes(n)?).map_err(|_| "topic name is not UTF-8".into())
+        std::str::from_utf8(self.bytes(n)?).map_err(|_| "a name is not UTF-8".into())
     }
     /// The group a Remove or Requeue record of `version` names: version 1
     /// names none, which means the default group.

@@ -14,36 +14,123 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::broker::TopicId;
 use crate::broker::topics::Topics;
-use crate::codec::DeadInfo;
 use crate::compactor::Compactor;
+use crate::filter::Filter;
 use crate::log::ReadRecord;
-use crate::queue::{GroupId, MsgId, Timers};
-use crate::record::{MessageRecord, Record, TopicRecord};
+use crate::queue::{Group, GroupConfig, GroupId, IdMap, MsgId, Stray, Timers, Topic};
+use crate::record::{GroupRecord, MessageRecord, Record, Requeues, TopicRecord};
 use crate::wheel::TimerKey;
 
-/// A message recovered out of id order.
-struct Stray {
-    born_ms: u64,
-    deliveries: u16,
-    dead: Option<DeadInfo>,
-    payload: Vec<u8>,
+/// A consumer group as recovery rebuilds it: what its records said so
+/// far. Its state is its last GroupState (or where it was created), then
+/// every later Remove and Requeue record.
+#[derive(Default)]
+struct GroupReplay {
+    /// Its Group record came (else the records met so far belong to a
+    /// group whose Group record is later in the log, or to one deleted).
+    named: bool,
+    name: Box<str>,
+    config: GroupConfig,
+    /// The cursor of its last GroupState, or where it was created: below
+    /// it, the group needs only `pending`.
+    floor: MsgId,
+    /// Ids below `floor` it still needs, with their deliveries so far.
+    pending: IdMap<u16>,
+    /// Ids it was done with since (acked, dead-lettered, redriven), of
+    /// messages that some group may still need.
+    done: IdMap<()>,
+    /// Deliveries so far of ids at or above `floor` (Requeue records, the
+    /// default group's counts in Produce records).
+    counts: IdMap<u16>,
+}
+
+impl GroupReplay {
+    fn is_done_with(&self, id: MsgId) -> bool {
+        self.done.contains_key(&id) || (id < self.floor && !self.pending.contains_key(&id))
+    }
+
+    /// A GroupState record: the group's whole state from here on.
+    fn checkpoint(&mut self, cursor: MsgId, entries: Requeues<'_>) {
+        self.floor = cursor;
+        self.pending.clear();
+        self.done.clear();
+        self.counts.clear();
+        for (id, d) in entries.iter() {
+            let to = if id < cursor { &mut self.pending } else { &mut self.counts };
+            to.insert(id, d);
+        }
+    }
+
+    /// Builds the group over the recovered messages of `t`: its cursor goes
+    /// past the highest id it was done with; what it still needs below
+    /// that comes back for retry, in id order.
+    fn build(self, id: GroupId, t: &Topic) -> Group {
+        let max_done = self.done.keys().filter(|&&d| d >= self.floor).max().map(|d| d + 1);
+        let cursor = max_done.unwrap_or(self.floor).max(self.floor);
+        let mut group = Group::with(id, &self.name, self.config, cursor);
+        let mut retry: Vec<(MsgId, u16)> = self
+            .pending
+            .iter()
+            .filter(|(id, _)| t.seq.contains(**id) && !self.done.contains_key(id))
+            .map(|(id, d)| (*id, *d))
+            .collect();
+        let mut id = self.floor;
+        while let Some(live) = t.seq.next_live(id, cursor) {
+            if !self.done.contains_key(&live) && group.passes(&t.seq, live) {
+                retry.push((live, self.counts.get(&live).copied().unwrap_or(0)));
+            }
+            id = live + 1;
+        }
+        retry.sort_unstable();
+        let carried =
+            self.counts.into_iter().filter(|(id, d)| *id >= cursor && *d > 0 && t.seq.contains(*id)).collect();
+        group.restore(cursor, retry, carried);
+        group
+    }
+}
+
+/// The settings of a Group record, its filter parsed. A filter the broker
+/// took once parses again; one that does not (a later build's syntax)
+/// passes everything, so that no message is lost to it.
+pub(crate) fn group_config(r: &GroupRecord<'_>) -> GroupConfig {
+    let filter = match Filter::parse(r.filter, u32::MAX, u32::MAX) {
+        Ok(Filter::All) => None,
+        Ok(f) => Some(f),
+        Err(e) => {
+            log::warn!(
+                "recovery: group {} keeps filter {:?}, which does not parse ({e}): it passes everything",
+                r.name,
+                r.filter
+            );
+            None
+        }
+    };
+    GroupConfig {
+        broadcast: r.broadcast,
+        ack_timeout_ms: r.ack_timeout_ms,
+        max_deliveries: r.max_deliveries,
+        filter_text: r.filter.into(),
+        filter,
+    }
 }
 
 /// Recovery under way: the table being built, what the compactor learns
-/// of each segment, and the strays.
+/// of each segment, the strays and the groups.
 pub(crate) struct Replay<'a> {
     topics: &'a mut Topics,
     /// Told which segment holds each topic's messages, Topic and Delete
-    /// records.
+    /// records, and each group's records.
     notes: &'a mut Compactor,
     /// Messages met below their topic's highest id so far (compaction
     /// copied them forward), merged in at the end.
     strays: HashMap<TopicId, BTreeMap<MsgId, Stray>>,
+    /// Each topic's groups, by group id, built into the topics at the end.
+    groups: HashMap<TopicId, BTreeMap<u32, GroupReplay>>,
 }
 
 impl<'a> Replay<'a> {
     pub fn new(topics: &'a mut Topics, notes: &'a mut Compactor) -> Replay<'a> {
-        Replay { topics, notes, strays: HashMap::new() }
+        Replay { topics, notes, strays: HashMap::new(), groups: HashMap::new() }
     }
 
     /// Decodes one record and applies it. An error (a body that does not
@@ -51,22 +138,21 @@ impl<'a> Replay<'a> {
     /// start.
     pub fn apply(&mut self, r: &ReadRecord<'_>) -> Result<(), String> {
         let record = Record::decode(r.kind, r.version, r.body)?;
-        if let Record::Remove { group, .. } | Record::Requeue { group, .. } = &record
-            && *group != GroupId::DEFAULT
-        {
-            return Err(format!("the record names consumer group {}, which this build does not know", group.0));
-        }
-        match &record {
-            Record::Delete(_) => {}
+        let topic = match &record {
+            Record::Delete(_) => None,
             Record::Topic(TopicRecord { topic, .. })
             | Record::Purge(crate::record::PurgeRecord { topic, .. })
             | Record::Produce { topic, .. }
             | Record::Remove { topic, .. }
-            | Record::Requeue { topic, .. } => {
-                if *topic == TopicId::FLOOR {
-                    return Err(format!("topic id {topic} names no topic; only a Delete record may carry it"));
-                }
-            }
+            | Record::Requeue { topic, .. }
+            | Record::Group(GroupRecord { topic, .. })
+            | Record::GroupDelete(crate::record::GroupDeleteRecord { topic, .. })
+            | Record::GroupState { topic, .. } => Some(*topic),
+        };
+        if let Some(topic) = topic
+            && topic == TopicId::FLOOR
+        {
+            return Err(format!("topic id {topic} names no topic; only a Delete record may carry it"));
         }
         match record {
             Record::Topic(t) => self.topic(&t, r.segment),
@@ -74,16 +160,10 @@ impl<'a> Replay<'a> {
                 self.topics.raise_id_floor(d.next_id);
                 self.topics.remove(d.topic);
                 self.strays.remove(&d.topic);
+                self.groups.remove(&d.topic);
                 self.notes.replayed_delete(r.segment);
             }
-            Record::Purge(p) => {
-                let e = self.topics.nameless(p.topic);
-                e.topic.purge(&mut NoTimers);
-                e.topic.seq.bump_next_id(p.below_id);
-                if let Some(strays) = self.strays.get_mut(&p.topic) {
-                    strays.retain(|id, _| *id >= p.below_id);
-                }
-            }
+            Record::Purge(p) => self.purge(p.topic, p.below_id),
             Record::Produce { topic, messages } => {
                 for m in messages {
                     let m = m?;
@@ -92,27 +172,45 @@ impl<'a> Replay<'a> {
                 }
             }
             Record::Remove { topic, group, ids, .. } => {
+                self.notes.replayed_group(r.segment, topic, group);
                 for id in ids.iter() {
-                    self.topics.nameless(topic).topic.restore_done_with(group, id);
-                    if let Some(strays) = self.strays.get_mut(&topic) {
-                        strays.remove(&id);
-                    }
+                    self.done_with(topic, group, id);
                 }
             }
             Record::Requeue { topic, group, entries } => {
+                self.notes.replayed_group(r.segment, topic, group);
+                let g = self.group(topic, group);
                 for (id, deliveries) in entries.iter() {
-                    self.topics.nameless(topic).topic.restore_deliveries(group, id, deliveries);
-                    if let Some(s) = self.strays.get_mut(&topic).and_then(|m| m.get_mut(&id)) {
-                        s.deliveries = deliveries;
-                    }
+                    let to = if id < g.floor { &mut g.pending } else { &mut g.counts };
+                    to.insert(id, deliveries);
                 }
+            }
+            Record::Group(g) => self.group_record(&g, r.segment),
+            Record::GroupDelete(d) => {
+                if let Some(groups) = self.groups.get_mut(&d.topic) {
+                    groups.remove(&d.group.0);
+                }
+                self.notes.forget_group(d.topic, d.group);
+            }
+            Record::GroupState { topic, group, cursor, entries } => {
+                self.notes.replayed_group(r.segment, topic, group);
+                self.group(topic, group).checkpoint(cursor, entries);
             }
         }
         Ok(())
     }
 
+    /// Group `group` of topic `topic` as rebuilt so far (made, unnamed, if
+    /// its Group record has not come yet).
+    fn group(&mut self, topic: TopicId, group: GroupId) -> &mut GroupReplay {
+        self.topics.nameless(topic);
+        self.groups.entry(topic).or_default().entry(group.0).or_default()
+    }
+
     /// A Topic record: the topic exists (created, or named if its messages
-    /// came first) with these settings and at least this next id.
+    /// came first) with these settings and at least this next id. A
+    /// version-1 record's topic has the default group (reading from its
+    /// earliest message, as every topic of those builds did).
     fn topic(&mut self, t: &TopicRecord<'_>, segment: u64) {
         match self.topics.get_mut(t.topic) {
             Some(e) => {
@@ -124,39 +222,106 @@ impl<'a> Replay<'a> {
             }
             None => self.topics.insert(t.topic, t.name, t.settings, t.next_id),
         }
+        match t.next_group_id {
+            Some(next) => {
+                if let Some(e) = self.topics.get_mut(t.topic) {
+                    e.topic.bump_next_group_id(next);
+                }
+            }
+            None => {
+                let g = self.group(t.topic, GroupId::DEFAULT);
+                g.named = true;
+                self.notes.replayed_group(segment, t.topic, GroupId::DEFAULT);
+            }
+        }
         self.topics.raise_id_floor(t.next_id);
         self.notes.replayed_topic(segment, t.topic);
     }
 
-    /// A message of a Produce record: stored, or only its delivery count
-    /// taken if it is stored already (a copy compaction wrote before the
-    /// original's segment was removed), or kept aside if it comes below the
-    /// topic's highest id so far (a copy moved forward by compaction).
+    /// A Group record: the group exists with these settings; created at
+    /// its cursor unless it was known already.
+    fn group_record(&mut self, r: &GroupRecord<'_>, segment: u64) {
+        self.notes.replayed_group(segment, r.topic, r.group);
+        // Its id is taken even if the group is deleted later.
+        self.topics.nameless(r.topic).topic.bump_next_group_id(r.group.0.saturating_add(1));
+        let g = self.group(r.topic, r.group);
+        if !g.named {
+            g.floor = g.floor.max(r.cursor);
+        }
+        g.named = true;
+        g.name = r.name.into();
+        g.config = group_config(r);
+    }
+
+    /// A Purge record: every group starts again at `below_id`.
+    fn purge(&mut self, topic: TopicId, below_id: MsgId) {
+        let e = self.topics.nameless(topic);
+        e.topic.purge(&mut NoTimers);
+        e.topic.seq.bump_next_id(below_id);
+        if let Some(strays) = self.strays.get_mut(&topic) {
+            strays.retain(|id, _| *id >= below_id);
+        }
+        for g in self.groups.get_mut(&topic).into_iter().flat_map(|m| m.values_mut()) {
+            g.floor = g.floor.max(below_id);
+            g.pending.retain(|id, _| *id >= below_id);
+            g.done.retain(|id, _| *id >= below_id);
+            g.counts.retain(|id, _| *id >= below_id);
+        }
+    }
+
+    /// A Remove record says group `group` was done with `id`: the message
+    /// goes once every group is done with it (and then no group's notes
+    /// need it: a message released here was released by the run that
+    /// wrote the log too, so no later copy of it comes).
+    fn done_with(&mut self, topic: TopicId, group: GroupId, id: MsgId) {
+        self.group(topic, group).done.insert(id, ());
+        let Some(groups) = self.groups.get_mut(&topic) else { return };
+        if !groups.values().all(|g| g.is_done_with(id)) {
+            return;
+        }
+        for g in groups.values_mut() {
+            g.done.remove(&id);
+            g.counts.remove(&id);
+        }
+        self.topics.nameless(topic).topic.seq.release(id);
+        if let Some(strays) = self.strays.get_mut(&topic) {
+            strays.remove(&id);
+        }
+    }
+
+    /// A message of a Produce record: stored (unless stored already: a
+    /// copy compaction wrote before the original's segment was removed),
+    /// or kept aside if it comes below the topic's highest id so far (a
+    /// copy moved forward by compaction). Its delivery count is the default
+    /// group's.
     fn message(&mut self, topic: TopicId, m: &MessageRecord<'_>) {
+        if m.deliveries > 0 {
+            self.group(topic, GroupId::DEFAULT).counts.insert(m.id, m.deliveries);
+        }
         let t = &mut self.topics.nameless(topic).topic;
         if t.seq.contains(m.id) {
-            t.restore_deliveries(GroupId::DEFAULT, m.id, m.deliveries);
-        } else if m.id >= t.seq.next_id() {
-            t.restore(m.id, m.born_ms, m.payload, m.deliveries, m.dead);
+            return;
+        }
+        if m.id >= t.seq.next_id() {
+            t.restore(m.id, m.born_ms, m.body(), m.dead);
         } else {
             let strays = self.strays.entry(topic).or_default();
-            let stray = strays.entry(m.id).or_insert_with(|| Stray {
+            strays.entry(m.id).or_insert_with(|| Stray {
                 born_ms: m.born_ms,
-                deliveries: m.deliveries,
                 dead: m.dead,
+                props: m.props.bytes().to_vec(),
                 payload: m.payload.to_vec(),
             });
-            stray.deliveries = m.deliveries;
         }
     }
 
     /// Ends recovery: merges strays, drops topics whose Topic record never
-    /// came (their records belonged to a deleted topic), and makes every
-    /// remaining message ready in id order.
-    pub fn finish(self) {
+    /// came (their records belonged to a deleted topic), builds each
+    /// topic's groups, and releases what no group needs.
+    pub fn finish(mut self) {
         for (tid, strays) in self.strays {
             if let Some(e) = self.topics.get_mut(tid) {
-                e.topic.merge(strays.into_iter().map(|(id, s)| (id, s.born_ms, s.payload, s.deliveries, s.dead)));
+                e.topic.merge(strays.into_iter());
             }
         }
         let nameless: Vec<TopicId> = self.topics.iter().filter(|e| e.topic.name.is_empty()).map(|e| e.id).collect();
@@ -170,6 +335,13 @@ impl<'a> Replay<'a> {
         }
         let mut floor = 0;
         for e in self.topics.iter_mut() {
+            e.topic.seq.publish();
+            for (gid, g) in self.groups.remove(&e.id).unwrap_or_default() {
+                if g.named {
+                    let group = g.build(GroupId(gid), &e.topic);
+                    e.topic.insert_group(group);
+                }
+            }
             e.topic.restore_done();
             floor = floor.max(e.topic.seq.next_id());
         }
@@ -190,9 +362,10 @@ impl Timers for NoTimers {
 #[cfg(test)]
 mod tests {
     use crate::broker::{Broker, Config, Now, TopicId};
+    use crate::codec::Props;
     use crate::log::{Log, LogOptions, OpenError};
-    use crate::queue::{GroupId, Settings};
-    use crate::record::{DeleteRecord, MessageRecord, ProduceWriter, RemoveReason, RemoveRecord, TopicRecord};
+    use crate::queue::Settings;
+    use crate::record::{DeleteRecord, MessageRecord, ProduceWriter, TopicRecord};
     use crate::testkit::TempDir;
 
     /// A log holding what `write` appends, opened by a broker.
@@ -207,29 +380,165 @@ mod tests {
     }
 
     #[test]
-    fn a_record_of_a_group_this_build_does_not_know_is_refused() {
-        let ids = [1];
-        let remove = RemoveRecord { topic: TopicId(0), group: GroupId(3), reason: RemoveReason::Acked, ids: &ids };
-        let err = open_after(|log| remove.append(log)).err().expect("an unknown group is refused");
-        assert!(matches!(&err, OpenError::Apply { why, .. } if why.contains("consumer group 3")), "{err}");
-    }
-
-    #[test]
     fn only_a_delete_record_may_name_the_floor_topic_id() {
         let floor = DeleteRecord { topic: TopicId::FLOOR, next_id: 500 };
         let broker = open_after(|log| floor.append(log)).expect("the floor's restatement is read");
         assert_eq!(broker.topic_count(), 0);
         let settings = Settings::default();
-        let topic = TopicRecord { topic: TopicId::FLOOR, next_id: 1, settings, name: "t" };
+        let topic = TopicRecord { topic: TopicId::FLOOR, next_id: 1, settings, next_group_id: Some(1), name: "t" };
         let err = open_after(|log| topic.append(log)).err().expect("a Topic record with the floor id is refused");
         assert!(matches!(&err, OpenError::Apply { why, .. } if why.contains("names no topic")), "{err}");
         let err = open_after(|log| {
             let mut w = ProduceWriter::begin(log, TopicId::FLOOR);
-            w.push(log, &MessageRecord { id: 1, born_ms: 0, deliveries: 0, dead: None, payload: b"m" });
+            w.push(
+                log,
+                &MessageRecord { id: 1, born_ms: 0, deliveries: 0, dead: None, props: Props::EMPTY, payload: b"m" },
+            );
             w.end(log);
         })
         .err()
         .expect("a Produce record with the floor id is refused");
         assert!(matches!(&err, OpenError::Apply { why, .. } if why.contains("names no topic")), "{err}");
+    }
+
+    // -----------------------------------------------------------------------
+    // Consumer groups
+    // -----------------------------------------------------------------------
+
+    use super::Replay;
+    use crate::broker::topics::Topics;
+    use crate::compactor::Compactor;
+    use crate::queue::{GroupId, MsgId};
+    use crate::record::{GroupDeleteRecord, GroupRecord, GroupStateRecord, RemoveReason, RemoveRecord, RequeueRecord};
+
+    /// The topic table recovery builds from what `write` appends.
+    fn replayed(write: impl FnOnce(&mut Log)) -> Topics {
+        let dir = TempDir::new("replay-groups");
+        {
+            let (mut log, _) = Log::open(dir.path(), LogOptions::default(), |_| Ok(())).expect("open log");
+            write(&mut log);
+            log.commit(true).expect("commit");
+        }
+        let mut topics = Topics::default();
+        let mut notes = Compactor::default();
+        let mut replay = Replay::new(&mut topics, &mut notes);
+        Log::open(dir.path(), LogOptions::default(), |r| replay.apply(r)).expect("reopen");
+        replay.finish();
+        topics
+    }
+
+    const T: TopicId = TopicId(0);
+
+    fn topic(log: &mut Log, next_group_id: Option<u32>) {
+        let settings = Settings::default();
+        TopicRecord { topic: T, next_id: 1, settings, next_group_id, name: "t" }.append(log);
+    }
+
+    fn group(log: &mut Log, g: u32, name: &str, cursor: MsgId, filter: &str) {
+        let (broadcast, ack_timeout_ms, max_deliveries) = (false, 0, 0);
+        let group = GroupId(g);
+        GroupRecord { topic: T, group, broadcast, ack_timeout_ms, max_deliveries, cursor, name, filter }.append(log);
+    }
+
+    fn produce(log: &mut Log, ids: std::ops::RangeInclusive<MsgId>, deliveries: u16) {
+        let mut w = ProduceWriter::begin(log, T);
+        for id in ids {
+            w.push(
+                log,
+                &MessageRecord { id, born_ms: id * 10, deliveries, dead: None, props: Props::EMPTY, payload: b"m" },
+            );
+        }
+        w.end(log);
+    }
+
+    fn acked(log: &mut Log, g: u32, ids: &[MsgId]) {
+        RemoveRecord { topic: T, group: GroupId(g), reason: RemoveReason::Acked, ids }.append(log);
+    }
+
+    fn live(topics: &Topics) -> Vec<MsgId> {
+        topics.get(T).expect("t").topic.seq.iter_live().map(|m| m.id).collect()
+    }
+
+    /// (cursor, ready, the deliveries of `id`) of group `g`.
+    fn state(topics: &Topics, g: u32, id: MsgId) -> (MsgId, u64, u16) {
+        let t = &topics.get(T).expect("t").topic;
+        let group = t.group(GroupId(g)).expect("the group");
+        (group.cursor(), t.ready(GroupId(g)), t.deliveries(GroupId(g), id))
+    }
+
+    #[test]
+    fn each_group_comes_back_with_its_own_acks_and_deliveries() {
+        let topics = replayed(|log| {
+            topic(log, Some(3));
+            group(log, 1, "a", 0, "");
+            group(log, 2, "b", 0, "");
+            produce(log, 1..=5, 0);
+            acked(log, 1, &[1, 2, 3]);
+            acked(log, 2, &[1]);
+            RequeueRecord { topic: T, group: GroupId(2), entries: &[(2, 3)] }.append(log);
+        });
+        assert_eq!(live(&topics), [2, 3, 4, 5], "1 is done by both");
+        assert_eq!(state(&topics, 1, 4), (4, 2, 0), "a acked up to 3");
+        let (_, ready, deliveries) = state(&topics, 2, 2);
+        assert_eq!((ready, deliveries), (4, 3), "b acked 1 and delivered 2 three times");
+        let t = &topics.get(T).expect("t").topic;
+        assert_eq!(t.groups().len(), 2, "no default group: the topic record is version 2");
+        assert_eq!(t.next_group_id(), 3);
+    }
+
+    #[test]
+    fn a_group_state_supersedes_what_came_before_it() {
+        let topics = replayed(|log| {
+            topic(log, Some(2));
+            group(log, 1, "a", 0, "");
+            produce(log, 1..=6, 0);
+            acked(log, 1, &[1]);
+            // Delivered 1..=4, acked 1 and 3; 2 and 4 pending.
+            GroupStateRecord { topic: T, group: GroupId(1), cursor: 5, entries: &[(2, 1), (4, 2), (6, 1)] }.append(log);
+            acked(log, 1, &[4]);
+        });
+        assert_eq!(live(&topics), [2, 5, 6], "1, 3 and 4 are done");
+        assert_eq!(state(&topics, 1, 2), (5, 3, 1), "2 back for retry, then 5 and 6");
+        assert_eq!(state(&topics, 1, 6).2, 1, "6 carries its count");
+    }
+
+    #[test]
+    fn a_group_starts_where_its_record_says_and_a_deleted_one_holds_nothing() {
+        let topics = replayed(|log| {
+            topic(log, Some(1));
+            produce(log, 1..=4, 0);
+            group(log, 1, "late", 3, "");
+            group(log, 2, "gone", 0, "");
+            GroupDeleteRecord { topic: T, group: GroupId(2) }.append(log);
+        });
+        assert_eq!(live(&topics), [3, 4], "below its start, the only group needs nothing");
+        assert_eq!(state(&topics, 1, 3).0, 3);
+        let t = &topics.get(T).expect("t").topic;
+        assert!(t.group(GroupId(2)).is_none());
+        assert_eq!(t.next_group_id(), 3, "a deleted group's id is not reused");
+    }
+
+    #[test]
+    fn a_topic_without_groups_keeps_everything() {
+        let topics = replayed(|log| {
+            topic(log, Some(1));
+            produce(log, 1..=3, 0);
+        });
+        assert_eq!(live(&topics), [1, 2, 3]);
+        assert!(topics.get(T).expect("t").topic.groups().is_empty());
+    }
+
+    #[test]
+    fn a_filtering_group_does_not_get_back_what_its_filter_dropped() {
+        let topics = replayed(|log| {
+            topic(log, Some(3));
+            group(log, 1, "all", 0, "");
+            group(log, 2, "tagged", 0, "a || b");
+            produce(log, 1..=4, 0);
+            acked(log, 1, &[1, 2, 3, 4]);
+            // The filtering group stepped over 1..=3 (untagged), which
+            // leaves no record, and acked nothing.
+        });
+        assert!(live(&topics).is_empty(), "untagged messages are done for the filtering group");
     }
 }

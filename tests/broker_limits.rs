@@ -115,7 +115,7 @@ fn fetch_waits_and_budgets_are_clamped_to_the_limits() {
 }
 
 #[test]
-fn topics_max_counts_user_topics_only() {
+fn topics_max_counts_user_topics_and_dead_letter_topics_that_outlive_their_origin() {
     let limits = Limits { topics_max: 3, ..small_limits() };
     let (srv, _dir) = start(limits);
     let mut c = srv.client();
@@ -129,14 +129,21 @@ fn topics_max_counts_user_topics_only() {
     assert_eq!(c.list_topics().unwrap().len(), 3, "nothing was created");
     // Updating an existing topic is not creating one.
     assert!(!c.create_topic("a", TopicSettings { ack_timeout_ms: 5, max_deliveries: 5 }).unwrap());
-    // Dead-letter topics do not count.
+    // Dead-letter topics beside their origin do not count.
     let id = c.fetch("b", now(1)).unwrap()[0].id;
     c.nack("b", &[id], 0, true).unwrap();
     assert_eq!(c.fetch("b.dlq", wait_for(1)).unwrap().len(), 1);
     assert!(c.create_topic("c.dlq", TopicSettings::default()).unwrap());
     assert_eq!(c.list_topics().unwrap().len(), 5);
-    // Deleting one makes room for one.
+    // A dead-letter topic without its origin is not made, so there are
+    // never more of them than topics_max.
+    assert_eq!(code(c.produce("x.dlq", b"x")), ErrorCode::UnknownTopic);
+    assert_eq!(code(c.create_topic("b.dlq.dlq", TopicSettings::default())), ErrorCode::UnknownTopic);
+    // Deleting a topic whose dead-letter topic stays makes no room: the
+    // dead-letter topic counts once its origin is gone.
     c.delete_topic("c").unwrap();
+    assert_eq!(code(c.produce("d", b"x")), ErrorCode::TooManyTopics);
+    c.delete_topic("c.dlq").unwrap();
     c.produce("d", b"x").unwrap();
     assert_eq!(code(c.produce("e", b"x")), ErrorCode::TooManyTopics);
 }

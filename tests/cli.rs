@@ -16,7 +16,8 @@ use runnel::codec;
 use runnel::limits::Limits;
 use runnel::log::{FsyncMode, LogOptions};
 
-const COMMANDS: [&str; 9] = ["serve", "produce", "consume", "stats", "topics", "create", "delete", "purge", "redrive"];
+const COMMANDS: [&str; 11] =
+    ["serve", "produce", "consume", "stats", "topics", "create", "delete", "purge", "redrive", "groups", "group"];
 
 /// Exit status when stdout's reader went away (128 + SIGPIPE).
 const STDOUT_CLOSED: i32 = 141;
@@ -101,11 +102,15 @@ fn every_flag_a_client_help_lists_is_accepted() {
             let mut args = vec![cmd.to_string(), "--addr".into(), dead.clone(), name.clone()];
             match value.as_deref() {
                 Some("ADDR") => args[3] = format!("--addr={dead}"),
+                Some("K=V") => args.push("k=1".into()),
                 Some(_) => args.push("1".into()),
                 None => {}
             }
-            if usage.lines().next().unwrap().ends_with(" TOPIC") {
+            let first = usage.lines().next().unwrap();
+            if first.ends_with(" TOPIC") {
                 args.push("t".into());
+            } else if first.ends_with(" TOPIC GROUP") {
+                args.extend(["create".into(), "t".into(), "g".into()]);
             }
             let argv: Vec<&str> = args.iter().map(String::as_str).collect();
             let out = runnel(&argv);
@@ -326,4 +331,78 @@ fn consume_ends_quietly_when_its_reader_goes_away_and_acks_nothing_unprinted() {
     assert!(out.stderr.is_empty(), "must end quietly:\n{}", text(&out.stderr));
     let stats = runnel_ok(&["stats", "--addr", &addr, "--json", "big"], b"");
     assert!(stats.contains("\"acked\":0,"), "a message was acknowledged without being printed: {stats}");
+}
+
+/// `runnel produce --tag T --header K=V`: every line becomes a message with
+/// these tags and headers, on a broker that negotiates version 2; a broker
+/// that speaks only version 1 gets no message, and the command says why.
+#[test]
+fn produce_gives_every_line_its_tags_and_headers() {
+    let dir = TempDir::new("cli-props");
+    let log = LogOptions { fsync: FsyncMode::Never, ..LogOptions::default() };
+    let config = Config { version_max: codec::CODEC_VERSION_MAX, ..Config::default() };
+    let srv = Server::start_in(config, log, dir.path());
+    let addr = srv.addr.to_string();
+    let args = ["produce", "--addr", &addr, "--tag", "eu", "--header", "trace=7", "--tag", "red", "--header", "flag"];
+    runnel_ok(&[&args[..], &["t"]].concat(), b"one\ntwo\n");
+    let mut c = srv.client_v2();
+    let got = c.fetch("t", runnel::client::Fetch { max_messages: 10, ..Default::default() }).unwrap();
+    assert_eq!(got.len(), 2);
+    for (m, payload) in got.iter().zip([&b"one"[..], b"two"]) {
+        assert_eq!(m.payload, payload);
+        assert_eq!(m.tags(), ["eu", "red"]);
+        assert_eq!(m.headers(), [("trace", &b"7"[..]), ("flag", &b""[..])]);
+    }
+
+    let old_dir = TempDir::new("cli-props-v1");
+    let v1 = Config { version_max: 1, ..Config::default() };
+    let old = Server::start_in(v1, LogOptions { fsync: FsyncMode::Never, ..LogOptions::default() }, old_dir.path());
+    let old_addr = old.addr.to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runnel"))
+        .args(["produce", "--addr", &old_addr, "--tag", "eu", "t"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn runnel");
+    child.stdin.take().expect("stdin").write_all(b"one\n").expect("write stdin");
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("protocol version 2"), "{}", text(&out.stderr));
+    let bad = runnel(&["produce", "--addr", &old_addr, "--header", "=v", "t"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+    assert!(text(&bad.stderr).contains("--header"), "{}", text(&bad.stderr));
+}
+
+/// Consumer groups from the command line: each group gets every message,
+/// `groups` shows them, and `group` creates, moves and deletes them.
+#[test]
+fn groups_from_the_command_line() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    let a = ["--addr", addr.as_str()];
+    let run = |args: &[&str], input: &[u8]| runnel_ok(&[&args[..1], &a[..], &args[1..]].concat(), input);
+    assert_eq!(run(&["group", "create", "--from", "latest", "jobs", "late"], b""), "created at 1\n");
+    run(&["produce", "--tag", "red", "--header", "k=v", "jobs"], b"one\ntwo\n");
+    let consume = |group: &str| run(&["consume", "--wait-ms", "0", "--group", group, "jobs"], b"");
+    assert_eq!(consume("a"), "one\ntwo\n", "an implicit group starts at the earliest message");
+    assert_eq!(consume("late"), "one\ntwo\n", "created before the produce");
+    assert_eq!(consume("a"), "", "acked in a");
+    assert_eq!(run(&["consume", "--wait-ms", "0", "--group", "b", "--from", "latest", "jobs"], b""), "");
+    let listed = run(&["groups", "jobs"], b"");
+    let names: Vec<&str> = listed.lines().skip(1).map(|l| l.split_whitespace().next().unwrap()).collect();
+    assert_eq!(names, ["a", "b", "late"], "{listed}");
+    assert!(listed.starts_with("group "), "{listed}");
+    assert_eq!(run(&["group", "reset", "--to", "earliest", "jobs", "a"], b""), "moved to 0\n");
+    assert_eq!(consume("a"), "", "every group had acked them: they are gone");
+    // Nothing is left to start at: the next message produced.
+    assert_eq!(run(&["group", "reset", "--to", "2026-01-01T00:00:00Z", "jobs", "b"], b""), "moved to 3\n");
+    assert_eq!(run(&["group", "create", "--tags", "red || blue", "jobs", "b"], b""), "updated at 3\n");
+    assert!(run(&["groups", "jobs"], b"").contains("red || blue"));
+    assert_eq!(run(&["group", "delete", "jobs", "late"], b""), "deleted, it held 0 messages\n");
+    let bad = runnel(&["group", "reset", "--addr", &addr, "--to", "soon", "jobs", "a"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+    let gone = runnel(&["group", "delete", "--addr", &addr, "jobs", "late"]);
+    assert_eq!(gone.status.code(), Some(1));
+    assert!(text(&gone.stderr).contains("UNKNOWN_GROUP"), "{}", text(&gone.stderr));
 }

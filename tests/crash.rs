@@ -12,6 +12,10 @@
 //! large write in progress, so that some restarts must cut a torn tail
 //! (SIGKILL can stop a write between pages); the run prints how many did.
 //!
+//! A second test runs three consumer groups with different filters on one
+//! topic through the kills: each group is owed, after every restart, what
+//! it has not acked, and never gets back what it acked.
+//!
 //! Seeds: `RUNNEL_SEED` replays a run's choices (the thread interleaving
 //! and the moments the kills land cannot be replayed); every assertion
 //! prints the seed. `RUNNEL_CRASH_ROUNDS` sets the number of kills.
@@ -30,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use common::{Rng, TempDir};
 use runnel::client::{self, Client, Fetch, OwnedReply};
+use runnel::codec::group::{GroupSettings, Start};
 use runnel::codec::{self, Ids, Request};
 
 /// Kills per run unless `RUNNEL_CRASH_ROUNDS` says otherwise.
@@ -873,4 +878,147 @@ fn an_answered_ack_survives_sigkill() {
     p.kill().unwrap_or_else(|e| panic!("seed {seed}: the last broker {e}"));
     println!("seed {seed}: {} of {rounds} rounds undid an answered ACK", undone.len());
     assert!(undone.is_empty(), "seed {seed}: acked messages came back after a SIGKILL (round, ids): {undone:?}");
+}
+
+// ---------------------------------------------------------------------------
+// Consumer groups under SIGKILL.
+// ---------------------------------------------------------------------------
+
+/// The groups of the group crash test and their tag filters: two that read
+/// every message (one acks all it gets, one a third), and one whose filter
+/// passes only tagged messages (the test's messages have none).
+const GROUPS: [(&str, &str); 3] = [("g-all", ""), ("g-some", ""), ("g-red", "red || blue")];
+/// The topic of the group crash test.
+const GROUP_TOPIC: &str = "crash-groups";
+
+/// What the group crash test knows: acknowledged produces, and for each
+/// group the acks answered (with their round) and the acks sent without an
+/// answer (they may or may not have taken effect).
+#[derive(Default)]
+struct GroupRecord {
+    produced: HashSet<u64>,
+    acked: [HashMap<u64, u64>; 3],
+    maybe_acked: [HashSet<u64>; 3],
+}
+
+impl GroupRecord {
+    /// Checks what group `g` was delivered in `round`: never a message it
+    /// acked (answered) earlier; after a restart (`complete`), every
+    /// acknowledged produce it still owes.
+    fn check(&self, g: usize, round: u64, got: &[u64], complete: bool, seed: u64) {
+        let (name, filter) = GROUPS[g];
+        for id in got {
+            if let Some(r) = self.acked[g].get(id) {
+                panic!("seed {seed}: {name} got {id} again in round {round}, acked in round {r}");
+            }
+        }
+        if !filter.is_empty() {
+            assert!(got.is_empty(), "seed {seed}: {name}'s filter passes no untagged message, got {got:?}");
+            return;
+        }
+        if complete {
+            let got: HashSet<u64> = got.iter().copied().collect();
+            for id in &self.produced {
+                let done = self.acked[g].contains_key(id) || self.maybe_acked[g].contains(id);
+                let lost = !done && !got.contains(id);
+                assert!(!lost, "seed {seed}: {name} lost {id} (acknowledged, not acked) in round {round}");
+            }
+        }
+    }
+
+    /// Acks `ids` for group `g`, noting what the answer says.
+    fn ack(&mut self, c: &mut Client, g: usize, ids: &[u64], round: u64) -> bool {
+        if ids.is_empty() {
+            return true;
+        }
+        match c.ack_group(GROUP_TOPIC, GROUPS[g].0, ids) {
+            Ok(r) => {
+                for id in ids.iter().filter(|id| !r.failed.contains(id)) {
+                    self.acked[g].entry(*id).or_insert(round);
+                }
+                true
+            }
+            Err(_) => {
+                self.maybe_acked[g].extend(ids);
+                false
+            }
+        }
+    }
+}
+
+/// Everything group `g` has ready, fetched with a long ack timeout.
+fn fetch_group_all(c: &mut Client, g: usize) -> client::Result<Vec<u64>> {
+    let f = Fetch { max_messages: 100_000, wait_ms: 0, ack_timeout_ms: 600_000, ..Fetch::default() };
+    Ok(c.fetch_group(GROUP_TOPIC, GROUPS[g].0, f)?.into_iter().map(|m| m.id).collect())
+}
+
+/// One round's traffic until the broker dies: produces, and each group
+/// fetching with short deadlines and acking what it chooses to.
+fn group_traffic(c: &mut Client, rec: &mut GroupRecord, rng: &mut Rng, round: u64, seed: u64) {
+    for step in 0u64.. {
+        let n = 1 + rng.below(20) as usize;
+        let batch: Vec<Vec<u8>> = (0..n).map(|i| format!("r{round}-s{step}-{i}").into_bytes()).collect();
+        match c.produce_batch(GROUP_TOPIC, &batch) {
+            Ok((first, n)) => rec.produced.extend(first..first + u64::from(n)),
+            Err(_) => return,
+        }
+        for (g, (name, _)) in GROUPS.iter().enumerate() {
+            let f = Fetch { max_messages: 1 + rng.below(30) as u32, ack_timeout_ms: 50, ..Fetch::default() };
+            let Ok(got) = c.fetch_group(GROUP_TOPIC, name, f) else { return };
+            let ids: Vec<u64> = got.into_iter().map(|m| m.id).collect();
+            rec.check(g, round, &ids, false, seed);
+            let keep = if g == 0 { 100 } else { 33 };
+            let to_ack: Vec<u64> = ids.into_iter().filter(|_| rng.percent(keep)).collect();
+            if !rec.ack(c, g, &to_ack, round) {
+                return;
+            }
+        }
+    }
+}
+
+/// Three groups with different filters on one topic, the broker killed with
+/// SIGKILL at random moments: after every restart, each group is owed every
+/// acknowledged produce it has not acked, and no group gets again a message
+/// whose ACK was answered (written before its answer, so durable against a
+/// kill of the process).
+#[test]
+fn three_groups_survive_sigkill() {
+    let seed = common::seed(7);
+    let rounds = crash_rounds(12);
+    let mut rng = Rng::new(seed);
+    let dir = TempDir::new("crash-groups");
+    let logs = TempDir::new("crash-groups-logs");
+    let data = dir.path().join("data");
+    let mut rec = GroupRecord::default();
+    for round in 0..=rounds {
+        let p = spawn_broker(&data, logs.path(), &format!("groups-{round}"), seed);
+        let mut c = client(p.addr).expect("connect");
+        if round == 0 {
+            for (name, filter) in GROUPS {
+                let settings = GroupSettings { filter, ..GroupSettings::default() };
+                c.create_group(GROUP_TOPIC, name, settings, Start::Earliest).expect("create group");
+            }
+        }
+        for g in 0..GROUPS.len() {
+            let got = fetch_group_all(&mut c, g).expect("drain a group after a restart");
+            rec.check(g, round, &got, true, seed);
+            let take = if g == 0 { 100 } else { 33 };
+            let to_ack: Vec<u64> = got.into_iter().filter(|_| rng.percent(take)).collect();
+            assert!(rec.ack(&mut c, g, &to_ack, round), "seed {seed}: ack after a restart");
+        }
+        if round == rounds {
+            break;
+        }
+        let delay = Duration::from_millis(rng.below(40));
+        let killer = thread::spawn(move || {
+            thread::sleep(delay);
+            p.kill()
+        });
+        group_traffic(&mut c, &mut rec, &mut rng, round, seed);
+        drop(c);
+        let killed = killer.join().expect("killer thread");
+        assert!(killed.is_ok(), "seed {seed}: round {round}: the broker {}", killed.err().unwrap_or_default());
+    }
+    let acked: Vec<usize> = rec.acked.iter().map(HashMap::len).collect();
+    eprintln!("seed {seed}: {} produced, acks answered per group {acked:?}", rec.produced.len());
 }

@@ -121,6 +121,7 @@ fn metrics_endpoint_serves_the_whole_exposition() {
     assert_eq!(value(&samples, "runnel_topic_produced_total", Some("orders")), 3.0);
     assert_eq!(value(&samples, "runnel_topic_acked_total", Some("orders")), 1.0);
     assert_eq!(value(&samples, "runnel_topic_dead_letter_messages", Some("orders")), 0.0);
+    assert_eq!(value(&samples, "runnel_topic_tag_sets", Some("orders")), 0.0);
     assert!(value(&samples, "runnel_topic_oldest_unacked_age_seconds", Some("orders")) >= 0.0);
     assert!(value(&samples, "runnel_connections", None) >= 1.0);
     assert!(value(&samples, "runnel_fsyncs_total", None) >= 1.0);
@@ -132,11 +133,63 @@ fn metrics_endpoint_serves_the_whole_exposition() {
         let inf = samples.iter().find(|s| s.0 == format!("{h}_bucket") && s.1[0].1 == "+Inf").unwrap().2;
         assert_eq!(inf, count, "{h}: +Inf bucket equals count");
     }
+    // Every turn is timed, and each phase in the turns it ran in: these
+    // turns wrote and synced the log.
+    assert_eq!(types.get("runnel_loop_turn_duration_seconds").map(String::as_str), Some("histogram"));
+    assert!(value(&samples, "runnel_loop_turn_duration_seconds_count", None) >= 1.0);
+    let phase = |name: &str, phase: &str| {
+        let s = samples.iter().find(|s| s.0 == name && s.1.iter().any(|(k, v)| k == "phase" && v == phase));
+        s.unwrap_or_else(|| panic!("no sample {name} for phase {phase}")).2
+    };
+    for p in ["write", "fsync"] {
+        assert!(phase("runnel_loop_phase_duration_seconds_count", p) >= 1.0, "phase {p} observed nothing");
+    }
+    for p in ["write", "fsync", "reserve", "roll", "release", "compact", "other"] {
+        assert!(phase("runnel_loop_slow_turns_total", p) >= 0.0);
+    }
     for family in ["runnel_loop_turns_total", "runnel_received_bytes_total", "runnel_sent_bytes_total"] {
         assert!(value(&samples, family, None) > 0.0, "{family}");
     }
     assert_eq!(types.get("runnel_buffered_bytes").map(String::as_str), Some("gauge"));
     assert_eq!(value(&samples, "runnel_busy_replies_total", None), 0.0);
+}
+
+/// A per-group sample: the one of `name` labelled with `topic` and `group`.
+fn group_value(samples: &[Sample], name: &str, topic: &str, group: &str) -> f64 {
+    let has = |s: &Sample, k: &str, v: &str| s.1.iter().any(|(lk, lv)| lk == k && lv == v);
+    samples
+        .iter()
+        .find(|s| s.0 == name && has(s, "topic", topic) && has(s, "group", group))
+        .unwrap_or_else(|| panic!("no sample {name} {topic}/{group}"))
+        .2
+}
+
+#[test]
+fn metrics_have_every_consumer_group_labelled() {
+    let dir = TempDir::new("metrics-groups");
+    let srv = with_metrics(&[], &dir);
+    let mut c = srv.client_v2();
+    let (first, _) = c.produce_batch("orders", &[b"a".as_slice(), b"b", b"c"]).unwrap();
+    let all = Fetch { max_messages: 10, ack_timeout_ms: 600_000, ..Fetch::default() };
+    c.fetch_group("orders", "billing", all).unwrap();
+    c.ack_group("orders", "billing", &[first]).unwrap();
+    c.nack_group("orders", "billing", &[first + 1], 0, false).unwrap();
+    c.fetch_group("orders", "audit", Fetch { max_messages: 1, ..all }).unwrap();
+    let (_, body) = http(&srv, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    let (types, samples) = parse_exposition(&body);
+    let g = |name: &str, group: &str| group_value(&samples, name, "orders", group);
+    assert_eq!(g("runnel_group_inflight_messages", "billing"), 1.0);
+    assert_eq!(g("runnel_group_retry_messages", "billing"), 1.0);
+    assert_eq!(g("runnel_group_acked_total", "billing"), 1.0);
+    assert_eq!(g("runnel_group_delivered_total", "billing"), 3.0);
+    // The first was gone (billing, the only group, had acked it): b and c.
+    assert_eq!(g("runnel_group_lag_messages", "audit"), 1.0);
+    assert_eq!(g("runnel_group_consumers", "audit"), 1.0);
+    assert_eq!(g("runnel_group_filtered_total", "audit"), 0.0);
+    assert!(g("runnel_group_oldest_unacked_age_seconds", "audit") >= 0.0);
+    assert_eq!(types.get("runnel_group_redelivered_total").map(String::as_str), Some("counter"));
+    assert_eq!(types.get("runnel_group_delayed_messages").map(String::as_str), Some("gauge"));
+    assert_eq!(types.get("runnel_group_dead_lettered_total").map(String::as_str), Some("counter"));
 }
 
 #[test]

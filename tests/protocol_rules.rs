@@ -176,10 +176,10 @@ fn failed_ids_keep_request_order_and_duplicates_count_each_time() {
 // ---------------------------------------------------------------------------
 
 /// A dead-letter topic created on demand gets the broker's defaults for new
-/// topics, not its origin's settings. `.dlq` names are otherwise ordinary:
-/// PRODUCE and CREATE_TOPIC accept them (a message produced there has no
-/// dead-letter fields), and STATS's `topics` counts them (`topics_max`
-/// does not: tests/broker_limits.rs).
+/// topics, not its origin's settings. `.dlq` names are otherwise ordinary
+/// beside their origin: PRODUCE and CREATE_TOPIC accept them (a message
+/// produced there has no dead-letter fields), and STATS's `topics` counts
+/// them (`topics_max` does not: tests/broker_limits.rs).
 #[test]
 fn a_dlq_topic_gets_the_broker_defaults_and_accepts_produce_and_create() {
     let defaults = Settings { ack_timeout_ms: 45_000, max_deliveries: 7 };
@@ -195,10 +195,12 @@ fn a_dlq_topic_gets_the_broker_defaults_and_accepts_produce_and_create() {
     assert_eq!(of("jobs"), Some(TopicSettings { ack_timeout_ms: 60_000, max_deliveries: 2 }));
     assert_eq!(of("jobs.dlq"), Some(TopicSettings { ack_timeout_ms: 45_000, max_deliveries: 7 }));
     assert!(!c.create_topic("jobs.dlq", TopicSettings { ack_timeout_ms: 1000, max_deliveries: 0 }).unwrap());
+    assert_eq!(code(c.produce("mail.dlq", b"by hand")), ErrorCode::UnknownTopic, "no topic mail");
+    c.create_topic("mail", TopicSettings::default()).unwrap();
     let other = c.produce("mail.dlq", b"by hand").unwrap();
     let got = c.fetch("mail.dlq", now(1)).unwrap();
     assert_eq!((got[0].id, got[0].dead), (other, None));
-    assert_eq!(stat(&mut c, "", "topics"), 3, "STATS counts dead-letter topics");
+    assert_eq!(stat(&mut c, "", "topics"), 4, "STATS counts dead-letter topics");
 }
 
 // ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 //! runnel-bench: the same workloads against runnel, Redis Streams and
 //! beanstalkd, each started here on a private port and a temporary
-//! directory, durable against durable and non-durable against
-//! non-durable, with every runnel message checked for delivery; and
+//! directory, like against like (durable, a log written and not synced,
+//! memory only), with every runnel message checked for delivery; and
 //! against the echo floor (`runnel-floor`), the least a server of runnel's
 //! protocol spends, which every row is also given as a multiple of.
 //!

@@ -3,7 +3,7 @@
 //! by draining its topic, checking that every acknowledged produce was
 //! consumed at least once.
 //!
-//! - W1 produce throughput: one connection, pipeline depth 1/16/256 (and
+//! - W1 produce throughput: one connection, pipeline depth 1/16/32/256 (and
 //!   runnel's batched PRODUCE), 16 B to 16 KiB messages, closed loop.
 //! - W2 fan-in: 1/16/256 connections at depth 1, driven by one epoll loop.
 //! - W3 end-to-end latency, open loop at fixed rates, measured from each
@@ -16,8 +16,8 @@
 //! - W3C: W3 at 10k msgs/s, durable, while the broker rewrites its log:
 //!   runnel compacting (1 MiB segments, a backlog of unacknowledged
 //!   messages spread over old segments), Redis running BGREWRITEAOF.
-//! - W3S: W3 for runnel non-durable with `--spin-us` 0, 50 and 200.
-//! - W3B: W3 non-durable with a busy-polling client: one thread for both
+//! - W3S: W3 for runnel with `--fsync never` and `--spin-us` 0, 50 and 200.
+//! - W3B: W3 memory-only with a busy-polling client: one thread for both
 //!   connections that never sleeps (its core 100% busy by design); runnel
 //!   also with `--spin-us 200`, so both sides busy-poll.
 //! - R1: recovery: fill a durable runnel with a large log, restart it
@@ -238,7 +238,7 @@ impl Config {
             "W1" => {
                 let mut v = Vec::new();
                 for size in [16, 128, 1024, 16 << 10] {
-                    for d in [1, 16, 256] {
+                    for d in [1, 16, 32, 256] {
                         v.push(Config::W1 { size, produce: Produce::Depth(d) });
                     }
                     v.push(Config::W1 { size, produce: Produce::Batch(batch_len(size)) });
@@ -299,12 +299,15 @@ impl Config {
         }
     }
 
-    /// W5 compares memory and drain rate, not durability: it runs
-    /// non-durable only (a durable beanstalkd does one fsync per put, so
-    /// 10M puts would take hours).
+    /// W5 compares memory and drain rate, not durability: it runs memory
+    /// only (a durable beanstalkd does one fsync per put, so 10M puts would
+    /// take hours), as W3B, which measures the loop with a client that never
+    /// sleeps.
     pub fn durabilities(&self) -> &'static [Durability] {
         match self {
-            Config::W5 { .. } | Config::W3Spin { .. } | Config::W3Busy { .. } => &[Durability::Volatile],
+            // W3S measures runnel's spin on the path that writes its log.
+            Config::W3Spin { .. } => &[Durability::Unsynced],
+            Config::W5 { .. } | Config::W3Busy { .. } => &[Durability::Memory],
             Config::W3Compact { .. } | Config::R1 { .. } | Config::W6 { .. } => &[Durability::Durable],
             _ => &Durability::ALL,
         }
@@ -408,7 +411,7 @@ impl Config {
             Config::W3Busy { rate, .. } => Some((
                 format!("w3b-{}", rate_label(rate)),
                 format!(
-                    "W3B: end to end from intended send, {} msgs/s, non-durable, busy-polling client",
+                    "W3B: end to end from intended send, {} msgs/s, memory only, busy-polling client",
                     rate_label(rate)
                 ),
             )),
@@ -1765,7 +1768,7 @@ mod tests {
                 }
             }
         }
-        let want: BTreeMap<&str, usize> = [("W1", 16), ("W2", 3), ("W3", 3), ("W3B", 2), ("W4", 1)].into();
+        let want: BTreeMap<&str, usize> = [("W1", 20), ("W2", 3), ("W3", 3), ("W3B", 2), ("W4", 1)].into();
         assert_eq!(runs, want);
     }
 }

@@ -48,6 +48,11 @@ fn quick_run_delivers_every_runnel_message() {
         assert!(json.contains(&format!("\"workload\":\"{w}\"")), "{w} did not run:\n{stderr}");
     }
     assert!(json.contains("\"broker\":\"floor\""), "the floor did not run:\n{stderr}");
+    // runnel ran in each durability, labelled as such.
+    for d in ["durable", "log, no sync", "memory only"] {
+        let row = format!("\"broker\":\"runnel\",\"durability\":\"{d}\"");
+        assert!(json.contains(&row), "no runnel row {d}:\n{stderr}");
+    }
     assert!(json.contains("\"vs_floor\":{"), "no row was given against the floor:\n{stdout}");
     assert!(out.join("results.md").is_file() && out.join("w3-10k.svg").is_file());
     let _ = std::fs::remove_dir_all(&out);

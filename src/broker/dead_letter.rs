@@ -27,23 +27,21 @@ impl Broker {
         };
         let [Some(src), Some(dst)] = self.topics.pair_mut(tid, dlq) else { return };
         let Some(m) = src.topic.seq.get(id) else { return };
-        if room_for(&dst.topic, 1, m.payload.len() as u64, &self.config.limits).is_err() {
+        if room_for(&dst.topic, 1, m.bytes(), &self.config.limits).is_err() {
             log::warn!("dead-letter topic {name} is full; message {id} stays in its topic");
             self.requeue_undead(tid, group, id, info);
             return;
         }
-        let new_id = dst.topic.append_moved(m.born_ms, m.payload, Some(info));
+        let new_id = dst.topic.append_moved(m.born_ms, m.body(), Some(info));
         let mut w = ProduceWriter::begin(&mut self.log, dlq);
-        let dead = Some(info);
-        w.push(
-            &mut self.log,
-            &MessageRecord { id: new_id, born_ms: m.born_ms, deliveries: 0, dead, payload: m.payload },
-        );
+        let (dead, props, payload) = (Some(info), m.props, m.payload);
+        w.push(&mut self.log, &MessageRecord { id: new_id, born_ms: m.born_ms, deliveries: 0, dead, props, payload });
         w.end(&mut self.log);
         self.compactor.note_produce(dlq, new_id);
         src.topic.dead_lettered(group, id);
         self.turn.mark_for_publish(dst);
         RemoveRecord { topic: tid, group, reason: RemoveReason::DeadLettered, ids: &[id] }.append(&mut self.log);
+        self.compactor.note_group(tid, group);
     }
 
     /// A message that could not be dead-lettered goes back to ready.
@@ -61,22 +59,23 @@ impl Broker {
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
         let dlq_name = super::topics::dead_letter_name(topic);
         let dlq = self.topics.id(&dlq_name).ok_or_else(|| unknown(&dlq_name))?;
+        // REDRIVE consumes the dead-letter topic as its default group does
+        // (and makes that group, as a version-1 FETCH would).
+        self.group_of(dlq, "", true)?;
         let max = if max_messages == 0 { u64::MAX } else { u64::from(max_messages) };
         let l = &self.config.limits;
         let [Some(dst), Some(src)] = self.topics.pair_mut(tid, dlq) else { return Err(unknown(topic)) };
         let mut moved = Vec::new();
         let (log, compactor) = (&mut self.log, &mut self.compactor);
         let n = src.topic.drain_ready(GroupId::DEFAULT, max, |m, _| {
-            if room_for(&dst.topic, 1, m.payload.len() as u64, l).is_err() {
+            if room_for(&dst.topic, 1, m.bytes(), l).is_err() {
                 return false;
             }
-            let new_id = dst.topic.append_moved(m.born_ms, m.payload, None);
+            let new_id = dst.topic.append_moved(m.born_ms, m.body(), None);
             moved.push(m.id);
             let mut w = ProduceWriter::begin(log, tid);
-            w.push(
-                log,
-                &MessageRecord { id: new_id, born_ms: m.born_ms, deliveries: 0, dead: None, payload: m.payload },
-            );
+            let (props, payload) = (m.props, m.payload);
+            w.push(log, &MessageRecord { id: new_id, born_ms: m.born_ms, deliveries: 0, dead: None, props, payload });
             w.end(log);
             compactor.note_produce(tid, new_id);
             true
@@ -85,6 +84,7 @@ impl Broker {
             self.turn.mark_for_publish(dst);
             let group = GroupId::DEFAULT;
             RemoveRecord { topic: dlq, group, reason: RemoveReason::Redriven, ids: &moved }.append(&mut self.log);
+            self.compactor.note_group(dlq, group);
         }
         Ok(n)
     }

@@ -18,6 +18,8 @@
 //!   turn's steps after the requests (timers, write, sync, publish);
 //! - `dead_letter`: where messages go when their deliveries run out, and
 //!   REDRIVE, which brings them back;
+//! - `groups`: the consumer-group admin ops (protocol version 2) and the
+//!   numbers a group shows;
 //! - `requests`: one short function per op behind a thin match, and which
 //!   requests wait for the sync (`Request::waits_for_sync`);
 //! - `stats`: the counters, STATS and the metrics' view of the topics.
@@ -46,6 +48,7 @@ use crate::replay::Replay;
 use crate::wheel::{TimerKey, Wheel};
 
 mod dead_letter;
+mod groups;
 mod requests;
 mod stats;
 pub(crate) mod topics;
@@ -53,8 +56,7 @@ mod turn;
 mod waiters;
 
 pub use crate::record::TopicId;
-pub use requests::SESSION_VERSION;
-pub use stats::{BrokerStats, LoopStats, TopicMetrics};
+pub use stats::{BrokerStats, GroupMetrics, LoopStats, TopicMetrics};
 pub use turn::{TurnReport, Written};
 
 use topics::Topics;
@@ -71,6 +73,12 @@ pub struct Config {
     pub defaults: Settings,
     /// When set, HELLO must carry this token.
     pub auth_token: Option<Vec<u8>>,
+    /// The highest protocol version HELLO negotiates: `codec::VERSION_MAX`.
+    /// Tests of the version-2 features the broker serves already (message
+    /// properties, on the default group) raise it to
+    /// `codec::CODEC_VERSION_MAX`, until VERSION_MAX is raised once every
+    /// version-2 op is served; it is no `runnel serve` flag.
+    pub version_max: u16,
 }
 
 impl Default for Config {
@@ -80,6 +88,7 @@ impl Default for Config {
             auto_create: true,
             defaults: Settings::default(),
             auth_token: None,
+            version_max: crate::codec::VERSION_MAX,
         }
     }
 }
@@ -125,8 +134,19 @@ pub struct Session {
     /// HELLO, counted only when the broker requires a token.
     pub auth_failures: u32,
     /// The groups this connection has fetched from: where its in-flight
-    /// messages can be, so a disconnect visits only those.
+    /// messages can be, so a disconnect visits only those. It counts as a
+    /// consumer of each (`Group::consumers`).
     pub fetched: Vec<(TopicId, GroupId)>,
+    /// The protocol version HELLO negotiated (1 until then): the layout of
+    /// every frame the connection sends and of every reply it gets.
+    pub version: u16,
+}
+
+impl Session {
+    /// A connection's session before its HELLO: version 1's layouts.
+    pub fn new(consumer: ConsumerId) -> Session {
+        Session { consumer, version: 1, ..Session::default() }
+    }
 }
 
 /// Output buffers the broker may write to outside `handle` (replies to
@@ -181,6 +201,19 @@ struct Scratch {
     expired: Vec<(u64, Timer)>,
 }
 
+/// Topics whose sweep is under way (`Topic::sweep`): a few slices run
+/// each turn.
+#[derive(Default)]
+struct Sweeps(Vec<TopicId>);
+
+impl Sweeps {
+    fn note(&mut self, tid: TopicId) {
+        if !self.0.contains(&tid) {
+            self.0.push(tid);
+        }
+    }
+}
+
 /// The broker.
 pub struct Broker {
     config: Config,
@@ -199,6 +232,8 @@ pub struct Broker {
     /// Storage failures, logged at a bounded rate.
     failures: FailureLog,
     scratch: Scratch,
+    /// Topics releasing, in slices, what no group needs any more.
+    sweeps: Sweeps,
     pub stats: BrokerStats,
     /// What recovery found at start.
     pub recovery: Recovery,
@@ -224,8 +259,27 @@ impl Broker {
         let mut replay = Replay::new(&mut topics, &mut compactor);
         let (log, recovery) = Log::open_with(dir, log_options, opener, |r| replay.apply(r))?;
         replay.finish();
+        Ok(Broker::assemble(config, topics, compactor, log, recovery, now))
+    }
+
+    /// A broker whose log keeps nothing (`runnel serve --memory-only`): it
+    /// starts empty, reads and writes no file, and everything it holds is
+    /// lost with the process.
+    pub fn in_memory(config: Config, now: Now) -> Broker {
+        Broker::assemble(config, Topics::default(), Compactor::default(), Log::in_memory(), Recovery::default(), now)
+    }
+
+    /// A broker over `log`, holding what was recovered from it.
+    fn assemble(
+        config: Config,
+        topics: Topics,
+        compactor: Compactor,
+        log: Log,
+        recovery: Recovery,
+        now: Now,
+    ) -> Broker {
         let decode_limits = DecodeLimits::from(&config.limits);
-        Ok(Broker {
+        Broker {
             config,
             decode_limits,
             topics,
@@ -236,9 +290,10 @@ impl Broker {
             compactor,
             failures: FailureLog::default(),
             scratch: Scratch::default(),
+            sweeps: Sweeps::default(),
             stats: BrokerStats { recovery_ms: recovery.millis, started_mono_ms: now.mono_ms, ..BrokerStats::default() },
             recovery,
-        })
+        }
     }
 
     pub fn config(&self) -> &Config {
@@ -264,7 +319,7 @@ impl Broker {
     }
     /// Whether background work (compaction) wants another turn soon.
     pub fn busy(&self) -> bool {
-        self.compactor.busy() || self.log.releasing()
+        self.compactor.busy() || self.log.releasing() || !self.sweeps.0.is_empty()
     }
     /// Whether the connections' buffers, `buffered_bytes` of them, are at
     /// `buffered_bytes_max`. While they are, requests with large replies
@@ -290,6 +345,7 @@ impl Broker {
             let Some(e) = self.topics.get_mut(tid) else { continue };
             let mut dead = Vec::new();
             let mut timers = GroupTimers { wheel: &mut self.wheel, topic: tid, group };
+            e.topic.leave(group);
             let returned = e.topic.disconnect(group, session.consumer, &mut timers, |id, info| dead.push((id, info)));
             if returned > 0 {
                 self.turn.mark_for_publish(e);

@@ -7,11 +7,12 @@
 //! becomes STORAGE. Every other reply goes to the connection's output at
 //! once (the reactor still writes none before the turn's `write`).
 
-use super::topics::{Entry, dead_letter_name, unknown};
+use super::topics::{Entry, dead_letter_name, unknown, unknown_group};
 use super::waiters::Waiter;
 use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, stats};
+use crate::codec::group::Start;
 use crate::codec::{self, Batch, DecodeError, ErrorCode, Frame, Ids, Message, Request, Skip, TopicSettings, op};
-use crate::queue::{GroupId, MsgId, Returned, Settings, Take, Topic};
+use crate::queue::{Body, Group, GroupConfig, GroupId, MsgId, Returned, Seq, Settings, TagSetId, Take, Topic};
 use crate::record::{MessageRecord, ProduceWriter, PurgeRecord, RemoveReason, RemoveRecord, RequeueRecord};
 use crate::wheel::{TimerKey, Wheel};
 
@@ -22,12 +23,6 @@ pub(super) type Refusal = (ErrorCode, String);
 /// frame before one) after which a connection is closed, when the broker
 /// requires a token.
 const AUTH_FAILURES_MAX: u32 = 3;
-
-/// The protocol version of every session: this broker negotiates version 1
-/// only (codec::VERSION_MAX), so frames are decoded and deliveries written
-/// in version 1's layouts. Serving version 2 replaces this with the
-/// session's negotiated version.
-pub const SESSION_VERSION: u16 = 1;
 
 impl Request<'_> {
     /// Whether the reply to this request waits for the turn's sync: it says
@@ -121,30 +116,52 @@ impl Broker {
                 codec::encode_empty_reply(out, op::PING, rid);
                 Ok(Outcome::Done)
             }
-            Request::Fetch { topic, max_messages, max_bytes, wait_ms, ack_timeout_ms, .. } => {
+            Request::Fetch { topic, group, max_messages, max_bytes, wait_ms, ack_timeout_ms } => {
                 let args = FetchArgs { max_messages, max_bytes, wait_ms, ack_timeout_ms };
-                self.fetch(session, topic, args, at, out)
+                self.fetch(session, (topic, group), args, at, out)
             }
-            Request::Ack { topic, ids, .. } => self.ack(topic, ids, rid, out),
-            Request::Touch { topic, ack_timeout_ms, ids, .. } => self.touch(topic, ack_timeout_ms, ids, at, out),
-            Request::Nack { topic, delay_ms, flags, ids, .. } => self.nack(topic, delay_ms, flags, ids, at, out),
-            Request::Stats { topic } => self.stats(topic, at, out),
+            Request::Ack { topic, group, ids } => self.ack((topic, group), ids, rid, out),
+            Request::Touch { topic, group, ack_timeout_ms, ids } => {
+                self.touch((topic, group), ack_timeout_ms, ids, at, out)
+            }
+            Request::Nack { topic, group, delay_ms, flags, ids } => {
+                self.nack((topic, group), delay_ms, flags, ids, at, out)
+            }
+            Request::Stats { topic } => self.stats(topic, session.version, at, out),
             Request::ListTopics => self.list_topics(at, out),
             Request::Produce { topic, batch } => self.produce(topic, batch, at, out),
             Request::CreateTopic { topic, settings } => self.create_topic(topic, settings, rid, out),
             Request::DeleteTopic { topic } => self.delete_topic(topic, rid, out),
             Request::PurgeTopic { topic } => self.purge_topic(topic, rid, out),
-            Request::Redrive { topic, max_messages, .. } => {
+            Request::Redrive { topic, group, max_messages } => {
+                if !group.is_empty() {
+                    let msg = "REDRIVE to one group is not served by this broker: send it with the empty group";
+                    return Err((ErrorCode::BadArgument, msg.into()));
+                }
                 let moved = self.redrive(topic, max_messages)?;
                 codec::encode_u64_reply(out, op::REDRIVE, rid, moved);
                 Ok(Outcome::Held)
             }
             // Version-2 ops: the codec refuses them in a version-1 session.
-            Request::CreateGroup { .. }
-            | Request::DeleteGroup { .. }
-            | Request::ListGroups { .. }
-            | Request::ResetGroup { .. } => {
-                Err((ErrorCode::UnknownOp, format!("opcode 0x{:02x} needs protocol version 2", req.op())))
+            Request::CreateGroup { topic, group, settings, start } => {
+                self.create_group_op((topic, group), &settings, start, rid, out)?;
+                Ok(Outcome::Held)
+            }
+            Request::DeleteGroup { topic, group } => {
+                self.delete_group_op(topic, group, rid, out)?;
+                Ok(Outcome::Held)
+            }
+            Request::ResetGroup { topic, group, start } => {
+                self.reset_group_op((topic, group), start, rid, out)?;
+                Ok(Outcome::Held)
+            }
+            Request::ListGroups { topic } => {
+                // Its reply grows with the topic's groups, as LIST_TOPICS's.
+                if self.buffers_full(at.loops.buffered_bytes) {
+                    return Err(self.busy_refusal());
+                }
+                self.list_groups_op(topic, rid, at.now, out)?;
+                Ok(Outcome::Done)
             }
         }
     }
@@ -172,14 +189,15 @@ impl Broker {
             codec::encode_error(out, op::HELLO, rid, ErrorCode::Unauthenticated, "wrong or missing auth token");
             return self.failed_before_hello(session);
         }
-        let version = max_version.min(codec::VERSION_MAX);
+        let version = max_version.min(self.config.version_max);
         if version < min_version.max(codec::VERSION_MIN) {
-            let msg = format!("this broker speaks versions {}..={}", codec::VERSION_MIN, codec::VERSION_MAX);
+            let msg = format!("this broker speaks versions {}..={}", codec::VERSION_MIN, self.config.version_max);
             codec::encode_error(out, op::HELLO, rid, ErrorCode::Version, &msg);
             return self.failed_before_hello(session);
         }
         session.hello = true;
         session.auth_failures = 0;
+        session.version = version;
         codec::encode_hello_reply(out, rid, version, &self.decode_limits, codec::MAP_EPOCH_UNSHARDED);
         Outcome::Done
     }
@@ -188,6 +206,7 @@ impl Broker {
     /// back to "HELLO required".
     fn hello_again(&mut self, session: &mut Session, req: &Request<'_>, rid: u32, out: &mut Vec<u8>) -> Outcome {
         session.hello = false;
+        session.version = codec::VERSION_MIN;
         self.before_hello(session, &Frame { request_id: rid, request: *req }, out)
     }
 
@@ -231,11 +250,62 @@ impl Broker {
         (e, self.failed_before_hello(session))
     }
 
-    /// The group of topic `tid` a consumer request acts on. Version 1 of
-    /// the protocol names none: the default group, which every topic has.
-    /// (A request that names a group is resolved here.)
-    fn group_of(&self, _tid: TopicId) -> Result<GroupId, Refusal> {
-        Ok(GroupId::DEFAULT)
+    /// The group of topic `tid` named `name` that a consumer request acts
+    /// on (version 1 names none: the default group, `""`). A FETCH
+    /// (`create`) makes a missing group, at the earliest message retained:
+    /// the default group always, a named one unless `--no-auto-create`.
+    /// Another request naming a missing default group acts on none (its ids
+    /// fail), and one naming a missing named group is UNKNOWN_GROUP.
+    pub(super) fn group_of(&mut self, tid: TopicId, name: &str, create: bool) -> Result<GroupId, Refusal> {
+        let Some(e) = self.topics.get(tid) else { return Err((ErrorCode::UnknownTopic, "no such topic".into())) };
+        if let Some(g) = e.topic.group_named(name) {
+            return Ok(g.id());
+        }
+        if create && (name.is_empty() || self.config.auto_create) {
+            return self.create_group(tid, name, GroupConfig::default(), Start::Earliest);
+        }
+        if name.is_empty() {
+            return Ok(GroupId::DEFAULT);
+        }
+        Err(unknown_group(&e.topic.name, name))
+    }
+
+    /// Creates group `name` of topic `tid` reading from `start`, and logs
+    /// it (the Topic record with the next group id, then the Group record).
+    /// TOO_MANY_GROUPS past `groups_per_topic_max`. The default group (the
+    /// empty name) has id 0.
+    pub(super) fn create_group(
+        &mut self,
+        tid: TopicId,
+        name: &str,
+        config: GroupConfig,
+        start: Start,
+    ) -> Result<GroupId, Refusal> {
+        let max = self.config.limits.groups_per_topic_max;
+        let Some(e) = self.topics.get_mut(tid) else { return Err((ErrorCode::UnknownTopic, "no such topic".into())) };
+        let t = &mut e.topic;
+        if t.groups().len() >= max as usize {
+            let msg = format!("topic {} has groups_per_topic_max ({max}) groups", t.name);
+            return Err((ErrorCode::TooManyGroups, msg));
+        }
+        let cursor = t.start_cursor(start);
+        let g = if name.is_empty() {
+            t.insert_group(Group::with(GroupId::DEFAULT, "", config, cursor));
+            GroupId::DEFAULT
+        } else {
+            t.add_group(name, config, cursor)
+        };
+        self.sweeps.note(tid);
+        self.log_topic(tid);
+        self.log_group(tid, g);
+        Ok(g)
+    }
+
+    /// Appends a Group record stating group `g` of `tid` as it is now.
+    pub(super) fn log_group(&mut self, tid: TopicId, g: GroupId) {
+        let Some(group) = self.topics.get(tid).and_then(|e| e.topic.group(g)) else { return };
+        crate::compactor::group_record(tid, group).append(&mut self.log);
+        self.compactor.note_group(tid, g);
     }
 
     /// The BUSY error, counted: a request with a large reply came while
@@ -265,7 +335,7 @@ impl Broker {
     fn fetch(
         &mut self,
         session: &mut Session,
-        topic: &str,
+        (topic, group): (&str, &str),
         args: FetchArgs,
         at: At<'_>,
         out: &mut Vec<u8>,
@@ -274,9 +344,12 @@ impl Broker {
             return Err((ErrorCode::BadArgument, "max_messages must be at least 1".into()));
         }
         let tid = self.topic_for(topic, self.config.auto_create)?;
-        let group = self.group_of(tid)?;
+        let group = self.group_of(tid, group, true)?;
         if !session.fetched.contains(&(tid, group)) {
             session.fetched.push((tid, group));
+            if let Some(e) = self.topics.get_mut(tid) {
+                e.topic.join(group);
+            }
         }
         let w = args.waiter(at, session, tid, group, &self.config.limits);
         let full = self.buffers_full(at.loops.buffered_bytes);
@@ -302,13 +375,20 @@ impl Broker {
     }
 
     /// ACK: the group is done with each id.
-    fn ack(&mut self, topic: &str, ids: Ids<'_>, rid: u32, out: &mut Vec<u8>) -> Result<Outcome, Refusal> {
+    fn ack(
+        &mut self,
+        (topic, group): (&str, &str),
+        ids: Ids<'_>,
+        rid: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<Outcome, Refusal> {
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
-        let group = self.group_of(tid)?;
+        let group = self.group_of(tid, group, false)?;
         self.ids_op(tid, group, ids, |t, id, timers| t.ack(group, id, timers));
         if !self.scratch.done_ids.is_empty() {
             let ids = &self.scratch.done_ids;
             RemoveRecord { topic: tid, group, reason: RemoveReason::Acked, ids }.append(&mut self.log);
+            self.compactor.note_group(tid, group);
         }
         self.ids_reply(op::ACK, rid, out);
         Ok(Outcome::Done)
@@ -317,18 +397,18 @@ impl Broker {
     /// TOUCH: each id's ack deadline counts again from now.
     fn touch(
         &mut self,
-        topic: &str,
+        (topic, group): (&str, &str),
         ack_timeout_ms: u32,
         ids: Ids<'_>,
         at: At<'_>,
         out: &mut Vec<u8>,
     ) -> Result<Outcome, Refusal> {
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
-        let group = self.group_of(tid)?;
+        let group = self.group_of(tid, group, false)?;
         // The deadline counts from this turn's clock (the wheel's own time
         // is the last turn's, which may be long ago).
         self.ids_op(tid, group, ids, |t, id, timers| {
-            let timeout = if ack_timeout_ms == 0 { t.settings.ack_timeout_ms } else { ack_timeout_ms };
+            let timeout = t.ack_timeout_ms(group, ack_timeout_ms);
             t.touch(group, id, at.now.mono_ms + u64::from(timeout), timers)
         });
         self.ids_reply(op::TOUCH, at.request_id, out);
@@ -366,7 +446,7 @@ impl Broker {
     /// dead-letter topic.
     fn nack(
         &mut self,
-        topic: &str,
+        (topic, group): (&str, &str),
         delay_ms: u32,
         flags: u8,
         ids: Ids<'_>,
@@ -374,7 +454,7 @@ impl Broker {
         out: &mut Vec<u8>,
     ) -> Result<Outcome, Refusal> {
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
-        let group = self.group_of(tid)?;
+        let group = self.group_of(tid, group, false)?;
         let dead_letter = flags & codec::NACK_FLAG_DEAD_LETTER != 0;
         let delay = (delay_ms > 0).then(|| at.now.mono_ms + u64::from(delay_ms));
         let mut dead = Vec::new();
@@ -399,6 +479,7 @@ impl Broker {
         self.ids_reply(op::NACK, at.request_id, out);
         if !requeued.is_empty() {
             RequeueRecord { topic: tid, group, entries: &requeued }.append(&mut self.log);
+            self.compactor.note_group(tid, group);
         }
         for (id, info) in dead {
             self.dead_letter(tid, group, id, info);
@@ -410,18 +491,22 @@ impl Broker {
     // Producers and admin: their replies wait for the sync.
     // -----------------------------------------------------------------------
 
-    /// PRODUCE: stores the batch, invisible until the sync; QUEUE_FULL if
-    /// the topic has no room for it.
+    /// PRODUCE: stores the batch with its messages' properties (the codec
+    /// validated them), invisible until the sync; QUEUE_FULL if the topic
+    /// has no room for it, or for the tag sets it brings.
     fn produce(&mut self, topic: &str, batch: Batch<'_>, at: At<'_>, out: &mut Vec<u8>) -> Result<Outcome, Refusal> {
         let tid = self.topic_for(topic, self.config.auto_create)?;
         let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
         let t = &mut e.topic;
-        room_for(t, u64::from(batch.count), batch.payload_bytes(), &self.config.limits)?;
+        let l = &self.config.limits;
+        room_for(t, u64::from(batch.count), batch.payload_bytes(), l)?;
+        let tag_sets = intern_batch(&mut t.seq, &batch, l.tag_sets_per_topic_max)?;
         let first = t.seq.next_id();
         let mut w = ProduceWriter::begin(&mut self.log, tid);
-        for payload in batch.iter() {
-            let (id, born_ms) = t.produce(at.now.wall_ms, payload);
-            w.push(&mut self.log, &MessageRecord { id, born_ms, deliveries: 0, dead: None, payload });
+        for (i, (props, payload)) in batch.messages().enumerate() {
+            let tag_set = tag_sets.get(i).copied().flatten();
+            let (id, born_ms) = t.produce(at.now.wall_ms, Body { props, tag_set, payload });
+            w.push(&mut self.log, &MessageRecord { id, born_ms, deliveries: 0, dead: None, props, payload });
             self.compactor.note_client_produce(tid, id);
         }
         // If the commit fails, this record goes (the produce is answered
@@ -485,7 +570,7 @@ impl Broker {
     // STATS and LIST_TOPICS.
     // -----------------------------------------------------------------------
 
-    fn stats(&mut self, topic: &str, at: At<'_>, out: &mut Vec<u8>) -> Result<Outcome, Refusal> {
+    fn stats(&mut self, topic: &str, version: u16, at: At<'_>, out: &mut Vec<u8>) -> Result<Outcome, Refusal> {
         if !topic.is_empty() && self.topics.id(topic).is_none() {
             return Err(unknown(topic));
         }
@@ -493,7 +578,7 @@ impl Broker {
         if topic.is_empty() && self.buffers_full(at.loops.buffered_bytes) {
             return Err(self.busy_refusal());
         }
-        self.write_stats(topic, at.request_id, at.now, at.loops, out);
+        self.write_stats(topic, version, at.request_id, at.now, at.loops, out);
         Ok(Outcome::Done)
     }
 
@@ -583,6 +668,32 @@ pub(super) fn room_for(t: &Topic, count: u64, bytes: u64, l: &crate::limits::Lim
     ))
 }
 
+/// The tag sets of `batch`'s messages in `seq`'s table, a reference taken
+/// for each (`Seq::intern_tags`; empty for a batch without properties), or
+/// QUEUE_FULL, with none taken, if the sets it brings pass
+/// `tag_sets_per_topic_max`.
+fn intern_batch(seq: &mut Seq, batch: &Batch<'_>, max: u32) -> Result<Vec<Option<TagSetId>>, Refusal> {
+    // A version-1 batch has no properties: not even a scan of it.
+    if !batch.with_props || !batch.messages().any(|(props, _)| !props.is_empty()) {
+        return Ok(Vec::new());
+    }
+    let mut sets = Vec::with_capacity(batch.count as usize);
+    for (props, _) in batch.messages() {
+        match seq.intern_tags(&props, max) {
+            Ok(set) => sets.push(set),
+            Err(full) => {
+                sets.into_iter().for_each(|set| seq.untake_tags(set));
+                let message = format!(
+                    "the topic's messages have {} distinct sets of tags, the most tag_sets_per_topic_max allows",
+                    full.max
+                );
+                return Err((ErrorCode::QueueFull, message));
+            }
+        }
+    }
+    Ok(sets)
+}
+
 /// What a FETCH asks for.
 #[derive(Clone, Copy)]
 struct FetchArgs {
@@ -608,6 +719,7 @@ impl FetchArgs {
             conn: at.conn,
             consumer: session.consumer,
             request_id: at.request_id,
+            version: session.version,
             topic,
             group,
             max_messages: self.max_messages.min(l.batch_messages_max),
@@ -633,10 +745,10 @@ pub(super) fn deliver(
     timers_max: u32,
     out: &mut Vec<u8>,
 ) {
-    let timeout = if w.ack_timeout_ms == 0 { e.topic.settings.ack_timeout_ms } else { w.ack_timeout_ms };
+    let timeout = e.topic.ack_timeout_ms(w.group, w.ack_timeout_ms);
     let deadline = now.mono_ms + u64::from(timeout);
     let max_messages = w.max_messages.min(timer_room(timers_max, wheel));
-    let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, SESSION_VERSION);
+    let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, w.version);
     let mut timers = GroupTimers { wheel, topic: e.id, group: w.group };
     let take = Take { owner: w.consumer, max_messages, max_bytes: w.max_bytes, deadline_ms: deadline };
     e.topic.fetch(w.group, take, &mut timers, |seq, d| {
@@ -648,7 +760,7 @@ pub(super) fn deliver(
                 delivery_count: d.deliveries,
                 dead,
                 origin_group: "",
-                props: codec::Props::EMPTY,
+                props: m.props,
                 payload: m.payload,
             };
             writer.push(out, &msg);

@@ -4,11 +4,12 @@
 //! counts what it does with sockets and buffers (`LoopStats`, owned by the
 //! reactor, or the simulation, and lent to each call that reports it).
 
+use super::groups::group_stats;
 use super::topics::dead_letter_name;
-use super::{Broker, Now};
+use super::{Broker, Now, TopicId};
 use crate::codec;
 use crate::log::FsyncMode;
-use crate::queue::{Counters, GroupId};
+use crate::queue::{Counters, Group, GroupId, Topic};
 
 /// The message of a BUSY reply.
 pub(super) const BUSY_MESSAGE: &str =
@@ -61,9 +62,39 @@ pub struct TopicMetrics {
     pub counters: Counters,
     /// Age of the oldest unacknowledged message, ms; 0 when none.
     pub oldest_age_ms: u64,
+    /// Distinct tag sets its messages hold (`tag_sets_per_topic_max`
+    /// bounds them).
+    pub tag_sets: u64,
+}
+
+/// One consumer group's numbers, for metrics.
+#[derive(Clone, Debug)]
+pub struct GroupMetrics {
+    pub topic: String,
+    /// Empty for the default group.
+    pub group: String,
+    pub stats: crate::codec::group::GroupStats,
+    pub counters: Counters,
 }
 
 impl Broker {
+    /// Per-group numbers for metrics, by topic, then group name.
+    pub fn group_metrics(&self, now: Now) -> Vec<GroupMetrics> {
+        let mut v = Vec::new();
+        for e in self.topics.sorted("") {
+            let t = &e.topic;
+            let mut groups: Vec<&Group> = t.groups().iter().collect();
+            groups.sort_unstable_by(|a, b| a.name().cmp(b.name()));
+            v.extend(groups.into_iter().map(|g| GroupMetrics {
+                topic: t.name.to_string(),
+                group: g.name().to_string(),
+                stats: group_stats(t, g, now),
+                counters: g.counters,
+            }));
+        }
+        v
+    }
+
     /// Per-topic numbers for metrics, sorted by name.
     pub fn topic_metrics(&self, now: Now) -> Vec<TopicMetrics> {
         let g = GroupId::DEFAULT;
@@ -82,14 +113,24 @@ impl Broker {
                     bytes: t.seq.live_bytes(),
                     counters: t.counters(g),
                     oldest_age_ms: t.seq.oldest_born_ms().map_or(0, |b| now.wall_ms.saturating_sub(b)),
+                    tag_sets: u64::from(t.seq.tags().held()),
                 }
             })
             .collect()
     }
 
     /// The STATS reply: the broker's section, then one per topic (only
-    /// `only`'s, if named).
-    pub(super) fn write_stats(&self, only: &str, rid: u32, now: Now, loops: &LoopStats, out: &mut Vec<u8>) {
+    /// `only`'s, if named), each followed in a version-2 session by one per
+    /// group of it, `<topic>/<group>`.
+    pub(super) fn write_stats(
+        &self,
+        only: &str,
+        version: u16,
+        rid: u32,
+        now: Now,
+        loops: &LoopStats,
+        out: &mut Vec<u8>,
+    ) {
         let mut w = codec::StatsWriter::begin(out, rid);
         w.section(out, "");
         for (k, v) in self.broker_section(now, loops) {
@@ -115,15 +156,47 @@ impl Broker {
                 ("next_id", t.seq.next_id()),
                 ("waiters", self.waiters.waiting(e.id, g) as u64),
                 ("id", u64::from(e.id.0)),
+                ("tag_sets", u64::from(t.seq.tags().held())),
             ] {
                 w.kv(out, k, v);
+            }
+            if version >= 2 {
+                self.write_group_sections(e.id, t, now, &mut w, out);
             }
         }
         w.finish(out);
     }
 
+    /// The STATS sections of each group of topic `t`, by name.
+    fn write_group_sections(&self, tid: TopicId, t: &Topic, now: Now, w: &mut codec::StatsWriter, out: &mut Vec<u8>) {
+        let mut groups: Vec<&Group> = t.groups().iter().collect();
+        groups.sort_unstable_by(|a, b| a.name().cmp(b.name()));
+        for g in groups {
+            let s = group_stats(t, g, now);
+            let c = &g.counters;
+            w.section(out, &format!("{}/{}", t.name, g.name()));
+            for (k, v) in [
+                ("lag", s.lag),
+                ("inflight", s.inflight),
+                ("retry", s.retry),
+                ("delayed", s.delayed),
+                ("dead_lettered", s.dead_lettered),
+                ("oldest_unacked_age_ms", s.oldest_unacked_age_ms),
+                ("consumers", u64::from(s.consumers)),
+                ("delivered", c.delivered),
+                ("redelivered", c.redelivered),
+                ("acked", c.acked),
+                ("filtered", c.filtered),
+                ("cursor", s.cursor),
+                ("waiters", self.waiters.waiting(tid, g.id()) as u64),
+            ] {
+                w.kv(out, k, v);
+            }
+        }
+    }
+
     /// The broker's own section of STATS, in its order.
-    fn broker_section(&self, now: Now, loops: &LoopStats) -> [(&'static str, u64); 24] {
+    fn broker_section(&self, now: Now, loops: &LoopStats) -> [(&'static str, u64); 25] {
         let (s, ls, l) = (&self.stats, &self.log.stats, &self.config.limits);
         [
             ("uptime_ms", now.mono_ms.saturating_sub(s.started_mono_ms)),
@@ -145,6 +218,7 @@ impl Broker {
             ("recovery_truncated_bytes", self.recovery.truncated_bytes),
             ("recovery_repaired_bytes", self.recovery.repaired_bytes),
             ("fsync_turn", u64::from(self.log.fsync_mode() == FsyncMode::Turn)),
+            ("memory_only", u64::from(self.log.memory_only())),
             // The limits a client sizes its reply buffer and its pings by,
             // which the HELLO reply does not carry.
             ("output_bytes_max", l.output_bytes_max.into()),

@@ -56,6 +56,11 @@ pub(crate) fn is_dead_letter_name(name: &str) -> bool {
     name.ends_with(codec::DEAD_LETTER_SUFFIX)
 }
 
+/// UNKNOWN_GROUP, naming it.
+pub(crate) fn unknown_group(topic: &str, group: &str) -> (ErrorCode, String) {
+    (ErrorCode::UnknownGroup, format!("topic {topic} has no group named {group}"))
+}
+
 /// UNKNOWN_TOPIC, naming it.
 pub(crate) fn unknown(name: &str) -> (ErrorCode, String) {
     (ErrorCode::UnknownTopic, format!("no topic named {name}"))
@@ -108,15 +113,31 @@ impl Topics {
     /// The Topic record that states topic `id` as it is now.
     pub fn record(&self, id: TopicId) -> Option<TopicRecord<'_>> {
         let t = &self.get(id)?.topic;
-        Some(TopicRecord { topic: id, next_id: t.seq.next_id(), settings: t.settings, name: &t.name })
+        let next_group_id = Some(t.next_group_id());
+        Some(TopicRecord { topic: id, next_id: t.seq.next_id(), settings: t.settings, next_group_id, name: &t.name })
     }
 
     /// Creates topic `name` with `settings`: TOO_MANY_TOPICS past
-    /// `topics_max` user topics (dead-letter topics do not count), or once
-    /// topic ids are used up.
+    /// `topics_max` user topics (a dead-letter topic counts only once its
+    /// origin is gone), or once topic ids are used up. A dead-letter topic
+    /// is made only beside its origin topic, itself not a dead-letter
+    /// topic (else UNKNOWN_TOPIC): so there are never more of them than
+    /// `topics_max`.
     pub fn create(&mut self, name: &str, settings: Settings, topics_max: u32) -> Result<TopicId, (ErrorCode, String)> {
-        if !is_dead_letter_name(name) && self.user_topics >= topics_max {
-            return Err((ErrorCode::TooManyTopics, format!("the broker holds topics_max ({topics_max}) topics")));
+        if let Some(origin) = name.strip_suffix(codec::DEAD_LETTER_SUFFIX) {
+            if is_dead_letter_name(origin) || self.id(origin).is_none() {
+                let why = format!(
+                    "no topic named {name}: a dead-letter topic is made only beside its origin topic, {origin}, which must exist and not be a dead-letter topic itself"
+                );
+                return Err((ErrorCode::UnknownTopic, why));
+            }
+        } else if self.user_topics + self.orphans() - u32::from(self.names.contains_key(&*dead_letter_name(name)))
+            >= topics_max
+        {
+            let msg = format!(
+                "the broker holds topics_max ({topics_max}) topics (dead-letter topics whose origin was deleted count too)"
+            );
+            return Err((ErrorCode::TooManyTopics, msg));
         }
         let id = self.next_topic_id;
         if id > TopicId::MAX {
@@ -127,6 +148,13 @@ impl Topics {
         }
         self.insert(id, name, settings, self.id_floor);
         Ok(id)
+    }
+
+    /// Dead-letter topics whose origin topic is gone: they count toward
+    /// `topics_max` (O(topics): for creating a topic, which is rare).
+    fn orphans(&self) -> u32 {
+        let orphan = |n: &str| n.strip_suffix(codec::DEAD_LETTER_SUFFIX).is_some_and(|o| !self.names.contains_key(o));
+        self.names.keys().filter(|n| orphan(n)).count() as u32
     }
 
     /// Adds topic `id` (created, or recovered from its Topic record) whose
@@ -200,7 +228,7 @@ mod tests {
         assert!(err.1.contains("used up"), "{}", err.1);
         assert!(topics.get(TopicId::FLOOR).is_none(), "no topic ever has the floor id");
         // Dead-letter topics need ids too.
-        assert_eq!(topics.create("a.dlq", Settings::default(), 10).map_err(|e| e.0), Err(ErrorCode::TooManyTopics));
+        assert_eq!(topics.create("old.dlq", Settings::default(), 10).map_err(|e| e.0), Err(ErrorCode::TooManyTopics));
     }
 
     #[test]
@@ -237,12 +265,20 @@ mod tests {
     }
 
     #[test]
-    fn topics_max_counts_user_topics_only() {
+    fn topics_max_counts_user_topics_and_dead_letter_topics_without_their_origin() {
         let mut topics = Topics::default();
-        topics.create("a", Settings::default(), 1).expect("the first");
+        let a = topics.create("a", Settings::default(), 1).expect("the first");
         assert_eq!(topics.create("b", Settings::default(), 1).map_err(|e| e.0), Err(ErrorCode::TooManyTopics));
         topics.create(&dead_letter_name("a"), Settings::default(), 1).expect("a dead-letter topic");
         assert!(topics.get(topics.id("a.dlq").expect("named")).expect("it").topic.is_dlq());
         assert!(!is_dead_letter_name("a.dlq.x"));
+        // Only beside an origin that is not a dead-letter topic.
+        for name in ["b.dlq", "a.dlq.dlq"] {
+            assert_eq!(topics.create(name, Settings::default(), 1).map_err(|e| e.0), Err(ErrorCode::UnknownTopic));
+        }
+        // An origin deleted: its dead-letter topic stays, and counts.
+        topics.remove(a);
+        assert_eq!(topics.create("b", Settings::default(), 1).map_err(|e| e.0), Err(ErrorCode::TooManyTopics));
+        topics.create("a", Settings::default(), 1).expect("its origin again: the dead-letter topic has it");
     }
 }

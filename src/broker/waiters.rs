@@ -24,6 +24,8 @@ pub(crate) struct Waiter {
     pub conn: ConnKey,
     pub consumer: ConsumerId,
     pub request_id: u32,
+    /// The session's protocol version: the layout of its reply.
+    pub version: u16,
     pub topic: TopicId,
     pub group: GroupId,
     /// The FETCH's limits, clamped to the broker's.
@@ -107,6 +109,12 @@ impl Waiters {
             }
         }
         taken
+    }
+
+    /// Takes every waiter on group `group` of `topic` (deleted), oldest
+    /// first.
+    pub fn drain_group(&mut self, topic: TopicId, group: GroupId) -> Vec<Waiter> {
+        std::iter::from_fn(|| self.next(topic, group)).collect()
     }
 
     /// Takes every waiter, in key order (a shutdown).

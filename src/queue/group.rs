@@ -13,14 +13,41 @@
 //!
 //! A group never releases a message from the sequence itself: it says it
 //! is done with one, and the topic releases it once no other group needs
-//! it (`Group::needs`).
+//! it (`Group::needs`). Its tag filter is decided once per tag set and the
+//! answer kept: the cursor steps over what the filter drops (noted in
+//! `skipped` for the topic to release), so the filter never runs per
+//! message, nor reads a payload.
 
 use std::collections::VecDeque;
 
 use super::seq::Seq;
-use super::{ConsumerId, Counters, Delivery, GroupId, IdMap, MsgId, Returned, Take, Timers};
+use super::tags::TagSetId;
+use super::{ConsumerId, Counters, Delivery, FastMap, GroupId, IdMap, MsgId, Returned, Take, Timers};
 use crate::codec::{DeadInfo, DeadReason};
+use crate::filter::Filter;
 use crate::wheel::TimerKey;
+
+/// Most filtered-out messages one FETCH (or one `Topic::skip_filtered`)
+/// steps over: a filter that passes nothing on a long topic must not stall
+/// the loop. Each costs a bitmap step and a cached decision, so this is
+/// about a millisecond of work.
+pub const FILTER_SKIPS_PER_CALL_MAX: u32 = 65_536;
+
+/// A group's settings (CREATE_GROUP; changed by a CREATE_GROUP naming an
+/// existing group).
+#[derive(Clone, Debug, Default)]
+pub struct GroupConfig {
+    /// Every consumer connection gets every message (else they compete).
+    pub broadcast: bool,
+    /// Ack timeout when a FETCH or TOUCH asks for 0, ms; 0 = the topic's.
+    pub ack_timeout_ms: u32,
+    /// Deliveries before a message is dead-lettered; 0 = the topic's.
+    pub max_deliveries: u16,
+    /// The filter's text as given (empty = `*`).
+    pub filter_text: Box<str>,
+    /// The parsed filter; None passes everything.
+    pub filter: Option<Filter>,
+}
 
 /// A message delivered and not yet acknowledged.
 #[derive(Clone, Copy, Debug)]
@@ -58,6 +85,18 @@ pub struct Policy {
 pub struct Group {
     /// Its number within the topic.
     id: GroupId,
+    /// Its name (empty: the default group).
+    name: Box<str>,
+    /// Its settings.
+    pub config: GroupConfig,
+    /// The filter's decision for each tag set met (the filter runs once
+    /// per distinct set, never per message), valid for the topic's tag
+    /// table at `decisions_epoch` (a freed set's number may be reused).
+    decisions: FastMap<TagSetId, bool>,
+    decisions_epoch: u64,
+    /// Ids the filter stepped over since the topic last looked: the topic
+    /// releases them unless another group needs them.
+    pub(super) skipped: Vec<MsgId>,
     /// Every id below it has been delivered at least once (or released).
     cursor: MsgId,
     /// Ready again after a failed delivery, in the order they came back.
@@ -73,6 +112,8 @@ pub struct Group {
     pub(super) carried: IdMap<u16>,
     /// What each consumer holds.
     owners: IdMap<Owned>,
+    /// Connections that have fetched from the group and are still open.
+    pub consumers: u32,
     /// Counters kept since the broker started (`produced` is the topic's).
     pub counters: Counters,
 }
@@ -83,8 +124,80 @@ impl Group {
         Group { id, cursor, ..Group::default() }
     }
 
+    /// A named group with its settings, starting at `cursor`.
+    pub fn with(id: GroupId, name: &str, config: GroupConfig, cursor: MsgId) -> Group {
+        Group { id, name: name.into(), config, cursor, ..Group::default() }
+    }
+
     pub fn id(&self) -> GroupId {
         self.id
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The first id the group has not yet delivered.
+    pub fn cursor(&self) -> MsgId {
+        self.cursor
+    }
+    /// Messages back for retry.
+    pub fn retry_len(&self) -> u64 {
+        self.retry_set.len() as u64
+    }
+    /// Consumers holding messages of the group now.
+    pub fn holders(&self) -> u32 {
+        self.owners.len() as u32
+    }
+
+    /// Changes the settings; a new filter forgets the old one's decisions.
+    pub fn set_config(&mut self, config: GroupConfig) {
+        if config.filter_text != self.config.filter_text {
+            self.decisions.clear();
+        }
+        self.config = config;
+    }
+
+    /// Whether the filter passes message `id` (untagged messages pass only
+    /// `*`), decided once per tag set.
+    pub fn passes(&mut self, seq: &Seq, id: MsgId) -> bool {
+        let Some(filter) = &self.config.filter else { return true };
+        let Some(set) = seq.tag_set(id) else { return matches!(filter, Filter::All) };
+        let epoch = seq.tags().epoch();
+        if epoch != self.decisions_epoch {
+            self.decisions.clear();
+            self.decisions_epoch = epoch;
+        }
+        if let Some(&d) = self.decisions.get(&set) {
+            return d;
+        }
+        let d = filter.matches_any(seq.tags().names(set));
+        self.decisions.insert(set, d);
+        d
+    }
+
+    /// Every id the group still needs below its cursor and their
+    /// deliveries so far (in flight, back for retry, delayed), and the
+    /// delivery counts carried for ids at or above it: what a GroupState
+    /// record restates.
+    pub fn pending(&self) -> Vec<(MsgId, u16)> {
+        let mut v: Vec<(MsgId, u16)> = self.inflight.iter().map(|(id, f)| (*id, f.deliveries)).collect();
+        v.extend(self.retry_set.iter().map(|(id, d)| (*id, *d)));
+        v.extend(self.delayed.iter().map(|(id, (_, d))| (*id, *d)));
+        v.extend(self.carried.iter().map(|(id, d)| (*id, *d)));
+        v.sort_unstable();
+        v.dedup_by_key(|e| e.0);
+        v
+    }
+
+    /// How many entries `pending` has at most (the log's headroom).
+    pub fn pending_len(&self) -> usize {
+        self.inflight.len() + self.retry_set.len() + self.delayed.len() + self.carried.len()
+    }
+
+    /// The oldest born time among the messages delivered and not yet
+    /// acknowledged (in flight), if any.
+    pub fn oldest_unacked_born_ms(&self, seq: &Seq) -> Option<u64> {
+        let id = self.inflight.keys().min()?;
+        seq.get(*id).map(|m| m.born_ms)
     }
 
     /// Whether the group still needs message `id`: not yet delivered, or
@@ -115,7 +228,7 @@ impl Group {
     }
 
     /// Moves up to `take.max_messages` ready messages (at least one if any,
-    /// then within `take.max_bytes` of payload) to in flight for
+    /// then within `take.max_bytes` of payload and properties) to in flight for
     /// `take.owner`, with the ack deadline `take.deadline_ms`. Calls `out`
     /// for each, in delivery order.
     pub fn fetch(&mut self, seq: &Seq, take: Take, timers: &mut impl Timers, mut out: impl FnMut(Delivery)) -> u32 {
@@ -126,7 +239,7 @@ impl Group {
         let mut owned = self.owners.remove(&owner).unwrap_or_default();
         while n < max_messages {
             let Some((id, prior)) = self.peek_ready(seq) else { break };
-            let len = seq.get(id).map_or(0, |m| m.payload.len() as u64);
+            let len = seq.get(id).map_or(0, |m| m.bytes());
             if n > 0 && bytes + len > max_bytes {
                 break;
             }
@@ -158,10 +271,32 @@ impl Group {
             }
             self.retry.pop_front();
         }
-        let id = seq.next_live(self.cursor, seq.visible_id())?;
+        let id = self.next_passing(seq)?;
         // `carried` is empty except just after a restart: skip the hash.
         let prior = if self.carried.is_empty() { 0 } else { self.carried.get(&id).copied().unwrap_or(0) };
         Some((id, prior))
+    }
+
+    /// The next live visible id at or after the cursor that the filter
+    /// passes, stepping the cursor over those it does not (noted in
+    /// `skipped`), at most `FILTER_SKIPS_PER_CALL_MAX` at a time.
+    fn next_passing(&mut self, seq: &Seq) -> Option<MsgId> {
+        let until = seq.visible_id();
+        let mut skips = 0;
+        loop {
+            let id = seq.next_live(self.cursor, until)?;
+            if self.config.filter.is_none() || self.passes(seq, id) {
+                return Some(id);
+            }
+            if skips == FILTER_SKIPS_PER_CALL_MAX {
+                return None;
+            }
+            skips += 1;
+            self.cursor = id + 1;
+            self.carried.remove(&id);
+            self.counters.filtered += 1;
+            self.skipped.push(id);
+        }
     }
 
     /// Takes the message `peek_ready` returned out of ready.
@@ -334,24 +469,20 @@ impl Group {
         for (t, _) in self.delayed.values() {
             timers.disarm(*t);
         }
-        *self = Group { id: self.id, cursor, counters: self.counters, ..Group::default() };
+        let (name, config, counters) =
+            (std::mem::take(&mut self.name), std::mem::take(&mut self.config), self.counters);
+        let consumers = self.consumers;
+        *self = Group { id: self.id, name, config, cursor, counters, consumers, ..Group::default() };
     }
 
-    /// Recovery: message `id`, stored, had `deliveries` deliveries.
-    pub fn restore_deliveries(&mut self, id: MsgId, deliveries: u16) {
-        if deliveries > 0 {
-            self.carried.insert(id, deliveries);
+    /// Recovery: sets where the group reads from, and what it still needs
+    /// below that (`retry`, in id order, with deliveries so far) and the
+    /// deliveries carried for messages at or above it.
+    pub fn restore(&mut self, cursor: MsgId, retry: Vec<(MsgId, u16)>, carried: IdMap<u16>) {
+        self.cursor = cursor;
+        for (id, d) in retry {
+            self.requeue(id, d);
         }
-    }
-
-    /// Recovery: like `restore_deliveries`, but a Requeue record's count
-    /// replaces the one carried, whatever it is.
-    pub fn set_deliveries(&mut self, id: MsgId, deliveries: u16) {
-        self.carried.insert(id, deliveries);
-    }
-
-    /// Ends recovery: every live message of `seq` is ready, in id order.
-    pub fn restore_done(&mut self, seq: &Seq) {
-        self.cursor = seq.next_live(0, seq.visible_id()).unwrap_or(seq.visible_id());
+        self.carried = carried;
     }
 }

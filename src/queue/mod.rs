@@ -4,11 +4,12 @@
 //!
 //! - `seq`: a topic's messages, packed in blocks (about 8.5 bytes of
 //!   overhead per queued message), with their per-message properties;
+//! - `tags`: a topic's interned tags and tag sets, by which groups filter;
 //! - `group`: one consumer group's state over them (cursor, in flight,
 //!   retry, delayed, who holds what);
-//! - `topic`: a `Seq` and its groups (today the one default group), and the
-//!   rule that ties them: a message leaves the sequence once every group
-//!   is done with it.
+//! - `topic`: a `Seq` and its groups, and the rule that ties them: a
+//!   message leaves the sequence once every group is done with it (and a
+//!   topic with no group keeps every message).
 //!
 //! Timers go out through the `Timers` trait (the broker's wheel), so
 //! nothing here reads a clock.
@@ -21,11 +22,13 @@ use crate::wheel::TimerKey;
 
 mod group;
 mod seq;
+mod tags;
 mod topic;
 
-pub use group::{Group, Policy};
-pub use seq::{Seq, Stored};
-pub use topic::Topic;
+pub use group::{FILTER_SKIPS_PER_CALL_MAX, Group, GroupConfig, Policy};
+pub use seq::{Body, Seq, Stored};
+pub use tags::{TAG_SETS_MAX, TagId, TagSetId, Tags, TagsFull};
+pub use topic::{SWEEP_IDS_PER_STEP_MAX, Stray, Topic};
 
 /// A message id. Unique per topic, increasing in produce order.
 pub type MsgId = u64;
@@ -116,6 +119,8 @@ pub struct Counters {
     pub nacked: u64,
     pub dead_lettered: u64,
     pub expired: u64,
+    /// Messages the group's tag filter stepped over (done for it unread).
+    pub filtered: u64,
 }
 
 /// What one FETCH takes from a group: for whom, how much, and until when
@@ -139,5 +144,9 @@ pub struct Delivery {
     pub deliveries: u16,
 }
 
+#[cfg(test)]
+mod groups_tests;
+#[cfg(test)]
+mod props_tests;
 #[cfg(test)]
 mod tests;

@@ -21,8 +21,54 @@ use crate::wheel::{TimerKey, Wheel};
 const G: GroupId = GroupId::DEFAULT;
 
 /// A topic as the broker's table makes one: a dead-letter topic by name.
+/// Recovery of a topic whose only group is the default one, as
+/// `replay.rs` does it: the messages are stored (`Topic::restore`), then
+/// `carried` sets deliveries of stored messages (Produce and Requeue
+/// records; others are ignored), `done` releases messages (Remove
+/// records), and the group is restored at its earliest.
+struct Recovery {
+    carried: IdMap<u16>,
+    done: Vec<MsgId>,
+}
+
+impl Recovery {
+    fn new() -> Recovery {
+        Recovery { carried: IdMap::default(), done: Vec::new() }
+    }
+    fn restore(
+        &mut self,
+        t: &mut Topic,
+        id: MsgId,
+        born_ms: u64,
+        payload: &[u8],
+        carried: u16,
+        dead: Option<DeadInfo>,
+    ) {
+        t.restore(id, born_ms, payload, dead);
+        if carried > 0 {
+            self.carried.insert(id, carried);
+        }
+    }
+    fn deliveries(&mut self, id: MsgId, d: u16) {
+        self.carried.insert(id, d);
+    }
+    fn finish(mut self, t: &mut Topic) {
+        for id in self.done {
+            t.seq.release(id);
+        }
+        self.carried.retain(|id, _| t.seq.contains(*id));
+        let mut group = Group::new(G, 0);
+        group.restore(0, Vec::new(), self.carried);
+        t.delete_group(G, &mut FakeTimers::new(0));
+        t.insert_group(group);
+        t.restore_done();
+    }
+}
+
 fn new_topic(name: &str, settings: Settings, first_id: MsgId) -> Topic {
-    Topic::new(name, name.ends_with(DEAD_LETTER_SUFFIX), settings, first_id)
+    let mut t = Topic::new(name, name.ends_with(DEAD_LETTER_SUFFIX), settings, first_id);
+    t.insert_group(Group::new(G, 0));
+    t
 }
 
 // ---------------------------------------------------------------------------
@@ -926,15 +972,16 @@ fn topic_restore_carries_delivery_counts_into_the_next_delivery() {
     let mut t = new_topic("t", settings(4), 3);
     let mut timers = FakeTimers::new(0);
     let info = DeadInfo { origin_id: 1, origin_deliveries: 2, reason: DeadReason::Nacked };
-    t.restore(5, 50, b"five", 0, None);
-    t.restore(7, 70, b"seven", 2, None);
-    t.restore(8, 80, b"eight", 1, None);
-    t.restore(9_000, 90, b"far", 0, Some(info));
-    t.restore(9_001, 91, b"tired", 3, None);
-    t.restore_deliveries(G, 5, 3); // a requeue record
-    t.restore_deliveries(G, 6, 1); // for a message that is gone: ignored
-    t.restore_done_with(G, 8); // an ack record
-    t.restore_done();
+    let mut r = Recovery::new();
+    r.restore(&mut t, 5, 50, b"five", 0, None);
+    r.restore(&mut t, 7, 70, b"seven", 2, None);
+    r.restore(&mut t, 8, 80, b"eight", 1, None);
+    r.restore(&mut t, 9_000, 90, b"far", 0, Some(info));
+    r.restore(&mut t, 9_001, 91, b"tired", 3, None);
+    r.deliveries(5, 3); // a requeue record
+    r.deliveries(6, 1); // for a message that is gone: ignored
+    r.done.push(8); // an ack record
+    r.finish(&mut t);
     assert_eq!((t.ready(G), t.inflight(G), t.seq.unpublished()), (4, 0, 0));
     assert!(t.has_ready(G));
     assert_eq!((t.deliveries(G, 5), t.deliveries(G, 7), t.deliveries(G, 9_000)), (3, 2, 0));
@@ -952,9 +999,10 @@ fn topic_restore_carries_delivery_counts_into_the_next_delivery() {
 
     // A recovered topic whose every message was acknowledged.
     let mut t = new_topic("t", settings(4), 1);
-    t.restore(1, 0, b"a", 0, None);
-    t.restore_done_with(G, 1);
-    t.restore_done();
+    let mut r = Recovery::new();
+    r.restore(&mut t, 1, 0, b"a", 0, None);
+    r.done.push(1);
+    r.finish(&mut t);
     assert_eq!((t.ready(G), t.seq.next_id()), (0, 2));
     assert!(!t.has_ready(G));
     t.produce(0, b"b");
@@ -965,13 +1013,14 @@ fn topic_restore_carries_delivery_counts_into_the_next_delivery() {
 #[test]
 fn topic_recovery_keeps_no_carried_deliveries_for_released_messages() {
     let mut t = new_topic("t", settings(4), 1);
-    t.restore(1, 0, b"acked before the restart", 0, None);
-    t.restore(2, 0, b"still queued", 0, None);
-    t.restore_deliveries(G, 1, 2); // its requeue record
-    t.restore_deliveries(G, 2, 1);
-    t.restore_done_with(G, 1); // its ack record
-    t.restore_done();
-    let mut carried: Vec<MsgId> = t.group(G).carried.keys().copied().collect();
+    let mut r = Recovery::new();
+    r.restore(&mut t, 1, 0, b"acked before the restart", 0, None);
+    r.restore(&mut t, 2, 0, b"still queued", 0, None);
+    r.deliveries(1, 2); // its requeue record
+    r.deliveries(2, 1);
+    r.done.push(1); // its ack record
+    r.finish(&mut t);
+    let mut carried: Vec<MsgId> = t.group(G).expect("default").carried.keys().copied().collect();
     carried.sort_unstable();
     assert_eq!(carried, [2], "only live messages carry deliveries");
 }
@@ -995,8 +1044,16 @@ fn topic_counters() {
     t.ack(G, 4, &mut timers);
     assert!(!t.ack(G, 4, &mut timers));
     assert_eq!(t.nack(G, 4, None, false, &mut timers), None, "a failed nack is not counted");
-    let expected =
-        Counters { produced: 4, delivered: 7, redelivered: 3, acked: 3, nacked: 3, dead_lettered: 1, expired: 1 };
+    let expected = Counters {
+        produced: 4,
+        delivered: 7,
+        redelivered: 3,
+        acked: 3,
+        nacked: 3,
+        dead_lettered: 1,
+        expired: 1,
+        filtered: 0,
+    };
     assert_eq!(t.counters(G), expected);
 }
 
@@ -1006,9 +1063,8 @@ fn topic_counters() {
 
 #[test]
 fn topic_releases_a_message_once_every_group_is_done_with_it() {
-    let second = GroupId(1);
     let mut t = new_topic("t", settings(2), 1);
-    t.add_group(second);
+    let second = t.add_group("second", GroupConfig::default(), 0);
     let mut timers = FakeTimers::new(0);
     let ids = produce(&mut t, 0, &[b"a", b"b", b"c", b"d"]);
     // The default group reads and acks everything: the second has read
@@ -1063,7 +1119,7 @@ fn a_group_needs_what_it_has_not_read_and_what_it_holds() {
     t.nack(G, 2, None, false, &mut timers);
     t.nack(G, 3, Some(50), false, &mut timers);
     t.ack(G, 4, &mut timers);
-    let g = t.group(G);
+    let g = t.group(G).expect("default");
     // In flight, back for retry, delayed; acked; then at the cursor (5,
     // not yet delivered) and past it.
     let needed: Vec<bool> = (1..=6).map(|id| g.needs(id)).collect();
@@ -1373,13 +1429,19 @@ fn check(t: &Topic, timers: &FakeTimers, m: &Model, ctx: &Ctx, full: bool) {
             State::Fresh { .. } | State::Retry { .. } => ready += 1,
             State::Inflight { owner, deadline_ms, deliveries } => {
                 inflight += 1;
-                let f = t.group(G).inflight.get(&id).unwrap_or_else(|| panic!("{ctx}: {id} not in flight"));
+                let f = t
+                    .group(G)
+                    .expect("default")
+                    .inflight
+                    .get(&id)
+                    .unwrap_or_else(|| panic!("{ctx}: {id} not in flight"));
                 assert_eq!((f.owner, f.deliveries), (owner, deliveries), "{ctx}: in-flight {id}");
                 assert_eq!(timers.wheel.deadline_ms(f.timer), Some(deadline_ms), "{ctx}: ack deadline of {id}");
             }
             State::Delayed { until_ms, .. } => {
                 delayed += 1;
-                let (key, _) = t.group(G).delayed.get(&id).unwrap_or_else(|| panic!("{ctx}: {id} not delayed"));
+                let (key, _) =
+                    t.group(G).expect("default").delayed.get(&id).unwrap_or_else(|| panic!("{ctx}: {id} not delayed"));
                 assert_eq!(timers.wheel.deadline_ms(*key), Some(until_ms), "{ctx}: delay of {id}");
             }
             State::Dead => panic!("{ctx}: dead message {id} left unsettled"),
@@ -1401,7 +1463,7 @@ fn check(t: &Topic, timers: &FakeTimers, m: &Model, ctx: &Ctx, full: bool) {
     assert_eq!(t.inflight(G), inflight, "{ctx}: inflight");
     assert_eq!(t.delayed(G), delayed, "{ctx}: delayed");
     assert_eq!(t.seq.unpublished(), unpublished, "{ctx}: unpublished");
-    assert_eq!(t.has_ready(G), ready > 0, "{ctx}: has_ready");
+    assert_eq!(t.group(G).expect("default").has_ready(&t.seq), ready > 0, "{ctx}: has_ready");
     assert_eq!(t.counters(G), m.counters, "{ctx}: counters");
     assert_eq!(timers.wheel.len() as u64, inflight + delayed, "{ctx}: one timer per in-flight or delayed message");
     assert_eq!(timers.stale_disarms, 0, "{ctx}: disarmed a timer that was not pending");
@@ -1474,6 +1536,7 @@ fn settle_dead(t: &mut Topic, m: &mut Model, rng: &mut Rng, id: MsgId, info: Dea
 /// Recovery: restores messages with gaps, carried deliveries and removals,
 /// then ends recovery.
 fn restore_random(t: &mut Topic, m: &mut Model, rng: &mut Rng, now_ms: u64) {
+    let mut r = Recovery::new();
     let mut id = m.next_id;
     for _ in 0..rng.below(60) {
         id += if rng.percent(3) { rng.range(4_000, 9_000) } else { rng.below(3) };
@@ -1481,7 +1544,7 @@ fn restore_random(t: &mut Topic, m: &mut Model, rng: &mut Rng, now_ms: u64) {
         let payload = random_payload(rng);
         let carried = if rng.percent(50) { 0 } else { rng.range(1, 4) as u16 };
         let dead = (m.is_dlq && rng.percent(50)).then(|| random_dead_info(rng));
-        t.restore(id, born_ms, &payload, carried, dead);
+        r.restore(t, id, born_ms, &payload, carried, dead);
         m.restore(id, born_ms, payload, carried, dead);
         id += 1;
     }
@@ -1489,19 +1552,21 @@ fn restore_random(t: &mut Topic, m: &mut Model, rng: &mut Rng, now_ms: u64) {
     for _ in 0..rng.below(10) {
         let id = rng.range(lo, m.next_id + 1);
         let d = rng.below(5) as u16;
-        t.restore_deliveries(G, id, d);
+        if t.seq.contains(id) {
+            r.deliveries(id, d);
+        }
         if m.msgs.contains_key(&id) {
             m.set(id, State::Fresh { carried: d });
         }
     }
     for _ in 0..rng.below(10) {
         let id = rng.range(lo, m.next_id + 1);
-        t.restore_done_with(G, id);
+        r.done.push(id);
         if m.msgs.contains_key(&id) {
             m.remove(id);
         }
     }
-    t.restore_done();
+    r.finish(t);
 }
 
 /// An id to act on: usually one in the given states, else any id near the
@@ -1733,7 +1798,7 @@ impl Run {
     /// from the tail of the topic's retry queue, which must hold exactly
     /// `retries`.
     fn requeued_on_disconnect(&mut self, retries: &[MsgId]) {
-        let queue = &self.t.group(G).retry;
+        let queue = &self.t.group(G).expect("default").retry;
         let mut tail: Vec<MsgId> = queue.iter().skip(queue.len() - retries.len()).copied().collect();
         for &id in &tail {
             let Some(State::Inflight { deliveries, .. }) = self.m.state(id) else { unreachable!() };

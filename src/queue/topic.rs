@@ -1,17 +1,38 @@
-//! `Topic`: one `Seq` and the groups that read it. Today every topic has
-//! one group, the default one; the methods name the group they act on, so
-//! that more groups are more rows in `others`, not a new shape. (The
-//! default group has a field of its own so that a topic with no other
-//! group pays nothing for them on its hot paths.)
+//! `Topic`: one `Seq` and the consumer groups that read it (a short list:
+//! `groups_per_topic_max`), each with its own cursor, in-flight table,
+//! retry, delays and settings. The methods name the group they act on.
 //!
 //! What ties the two together is release: a message leaves the sequence
-//! once every group is done with it (acked, dead-lettered, redriven), and
-//! not before (`Topic::done`).
+//! once every group is done with it (acked, dead-lettered, redriven,
+//! filtered out, or below where the group started), and not before
+//! (`Topic::done`, O(groups) per event, no memory per message). A topic
+//! with no group keeps everything. Creating, deleting or moving a group can
+//! leave many messages that no group needs: the sweep releases them in
+//! bounded slices (`Topic::sweep`).
 
-use super::group::{Group, Policy};
-use super::seq::Seq;
+use super::group::{Group, GroupConfig, Policy};
+use super::seq::{Body, Seq};
 use super::{ConsumerId, Counters, Delivery, GroupId, MsgId, Returned, Settings, Stored, Take, Timers};
-use crate::codec::DeadInfo;
+use crate::codec::group::Start;
+use crate::codec::{DeadInfo, Props};
+
+/// Most ids one sweep step looks at (`Topic::sweep`): releasing what a
+/// deleted or moved group held goes in slices, so one DELETE_GROUP on a
+/// topic of millions never stalls the loop.
+pub const SWEEP_IDS_PER_STEP_MAX: u32 = 16_384;
+
+/// A message recovery met below its topic's highest id so far (compaction
+/// copied it forward), kept aside until `Topic::merge`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stray {
+    /// Broker wall clock at produce, ms since the Unix epoch.
+    pub born_ms: u64,
+    /// Present for a message in a dead-letter topic.
+    pub dead: Option<DeadInfo>,
+    /// Its properties blob, validated when its record was read.
+    pub props: Vec<u8>,
+    pub payload: Vec<u8>,
+}
 
 /// One topic.
 pub struct Topic {
@@ -19,10 +40,15 @@ pub struct Topic {
     pub settings: Settings,
     /// The messages.
     pub seq: Seq,
-    /// The default group: every topic has it.
-    default: Group,
-    /// The other groups reading it (none until named groups come).
-    others: Vec<Group>,
+    /// The groups reading it, in creation order. A topic with none keeps
+    /// every message for the first group to come (as NSQ keeps a
+    /// channel-less topic's messages for its first channel).
+    groups: Vec<Group>,
+    /// The id the next group created gets: never reused within the topic.
+    next_group_id: u32,
+    /// The next id a sweep looks at, if one is under way: messages below
+    /// it were checked, those from it on may be held by no group.
+    sweep_from: Option<MsgId>,
     /// Messages produced to it since the broker started (the other
     /// counters are each group's).
     produced: u64,
@@ -31,17 +57,17 @@ pub struct Topic {
 }
 
 impl Topic {
-    /// A topic whose first message will have id `first_id`; `is_dlq` says
-    /// whether it is a dead-letter topic (the topic table knows by name).
+    /// A topic with no group, whose first message will have id
+    /// `first_id`; `is_dlq` says whether it is a dead-letter topic (the
+    /// topic table knows by name).
     pub fn new(name: &str, is_dlq: bool, settings: Settings, first_id: MsgId) -> Topic {
-        let seq = Seq::new(first_id);
-        let next = seq.next_id();
         Topic {
             name: name.into(),
             settings,
-            seq,
-            default: Group::new(GroupId::DEFAULT, next),
-            others: Vec::new(),
+            seq: Seq::new(first_id),
+            groups: Vec::new(),
+            next_group_id: 1,
+            sweep_from: None,
             produced: 0,
             is_dlq,
         }
@@ -57,50 +83,152 @@ impl Topic {
         self.is_dlq = is_dlq;
     }
 
-    /// Group `g`. Groups are named by the broker, which only names groups
-    /// that exist.
-    pub fn group(&self, g: GroupId) -> &Group {
-        if g == GroupId::DEFAULT {
-            return &self.default;
-        }
-        match self.others.iter().find(|x| x.id() == g) {
-            Some(group) => group,
-            None => unreachable!("topic {} has no group {g:?}", self.name),
-        }
+    /// Group `g`, if the topic has it.
+    pub fn group(&self, g: GroupId) -> Option<&Group> {
+        self.groups.iter().find(|x| x.id() == g)
     }
 
-    fn group_mut(&mut self, g: GroupId) -> &mut Group {
-        self.parts(g).1
+    /// The group named `name`.
+    pub fn group_named(&self, name: &str) -> Option<&Group> {
+        self.groups.iter().find(|x| x.name() == name)
+    }
+
+    /// Every group, in creation order.
+    pub fn groups(&self) -> &[Group] {
+        &self.groups
+    }
+
+    fn group_mut(&mut self, g: GroupId) -> Option<&mut Group> {
+        self.groups.iter_mut().find(|x| x.id() == g)
     }
 
     /// The sequence and group `g`, borrowed apart.
-    fn parts(&mut self, g: GroupId) -> (&Seq, &mut Group) {
-        if g == GroupId::DEFAULT {
-            return (&self.seq, &mut self.default);
+    fn parts(&mut self, g: GroupId) -> Option<(&Seq, &mut Group)> {
+        let group = self.groups.iter_mut().find(|x| x.id() == g)?;
+        Some((&self.seq, group))
+    }
+
+    /// The id the next group created gets (Topic records restate it).
+    pub fn next_group_id(&self) -> u32 {
+        self.next_group_id
+    }
+
+    /// Raises the next group id (recovery).
+    pub fn bump_next_group_id(&mut self, next: u32) {
+        self.next_group_id = self.next_group_id.max(next);
+    }
+
+    /// Where `start` puts a group: the first id it needs.
+    pub fn start_cursor(&self, start: Start) -> MsgId {
+        match start {
+            Start::Earliest => 0,
+            Start::Latest => self.seq.next_id(),
+            Start::Id(id) => id,
+            Start::Time(ms) => self.seq.first_born_at_or_after(ms).unwrap_or(self.seq.next_id()),
         }
-        match self.others.iter_mut().find(|x| x.id() == g) {
-            Some(group) => (&self.seq, group),
-            None => unreachable!("topic {} has no group {g:?}", self.name),
+    }
+
+    /// Adds group `name` with the next group id, reading from `cursor`.
+    /// Messages below it that no other group needs are released by the
+    /// sweep (`sweep`). Returns its id.
+    pub fn add_group(&mut self, name: &str, config: GroupConfig, cursor: MsgId) -> GroupId {
+        let g = GroupId(self.next_group_id);
+        self.next_group_id += 1;
+        self.insert_group(Group::with(g, name, config, cursor));
+        g
+    }
+
+    /// Adds a group as it is (recovery, or the default group with its id).
+    pub fn insert_group(&mut self, group: Group) {
+        assert!(self.group(group.id()).is_none(), "group {:?} exists", group.id());
+        self.next_group_id = self.next_group_id.max(group.id().0 + 1);
+        let cursor = group.cursor();
+        self.groups.push(group);
+        self.start_sweep(0, cursor);
+    }
+
+    /// Removes group `g`, disarming its timers: what only it held goes by
+    /// the sweep. False if there is no such group.
+    pub fn delete_group(&mut self, g: GroupId, timers: &mut impl Timers) -> bool {
+        let Some(i) = self.groups.iter().position(|x| x.id() == g) else { return false };
+        let mut group = self.groups.remove(i);
+        group.clear(0, timers);
+        self.start_sweep(0, MsgId::MAX);
+        true
+    }
+
+    /// Moves group `g` to `cursor`, dropping what it had in flight, back
+    /// for retry or delayed (Redis's XGROUP SETID). False if there is no
+    /// such group.
+    pub fn reset_group(&mut self, g: GroupId, cursor: MsgId, timers: &mut impl Timers) -> bool {
+        let Some(group) = self.group_mut(g) else { return false };
+        let old = group.cursor();
+        group.clear(cursor, timers);
+        self.start_sweep(0, old.max(cursor));
+        true
+    }
+
+    /// Changes group `g`'s settings.
+    pub fn configure_group(&mut self, g: GroupId, config: GroupConfig) {
+        if let Some(group) = self.group_mut(g) {
+            group.set_config(config);
         }
     }
 
-    /// Adds a group that starts at the earliest message retained. Groups
-    /// other than the default one come with the consumer-groups work; the
-    /// tests add one to check that release waits for every group.
-    #[cfg(test)]
-    pub(crate) fn add_group(&mut self, g: GroupId) {
-        assert!(g != GroupId::DEFAULT && self.others.iter().all(|x| x.id() != g), "group {g:?} exists");
-        self.others.push(Group::new(g, 0));
+    /// Notes that ids below `until` may be held by no group: the sweep
+    /// looks at them from `from`.
+    fn start_sweep(&mut self, from: MsgId, until: MsgId) {
+        if until > from {
+            self.sweep_from = Some(self.sweep_from.map_or(from, |f| f.min(from)));
+        }
     }
 
-    /// The topic's settings, as a group's failed deliveries see them.
-    fn policy(&self) -> Policy {
-        Policy { max_deliveries: self.settings.max_deliveries, dead_letters: !self.is_dlq }
+    /// Whether a sweep is under way.
+    pub fn sweeping(&self) -> bool {
+        self.sweep_from.is_some()
     }
 
-    /// The counters of group `g`, with the topic's `produced`.
+    /// One slice of a sweep: releases live messages no group needs, looking
+    /// at most at `SWEEP_IDS_PER_STEP_MAX` of them. Returns how many it
+    /// released. A topic with no group keeps everything: nothing to sweep.
+    pub fn sweep(&mut self) -> u64 {
+        let Some(mut id) = self.sweep_from.take() else { return 0 };
+        if self.groups.is_empty() {
+            return 0;
+        }
+        let mut released = 0;
+        for _ in 0..SWEEP_IDS_PER_STEP_MAX {
+            let Some(live) = self.seq.next_live(id, self.seq.next_id()) else { return released };
+            if !self.groups.iter().any(|h| h.needs(live)) {
+                self.release(live);
+                released += 1;
+            }
+            id = live + 1;
+        }
+        self.sweep_from = Some(id);
+        released
+    }
+
+    /// Group `g`'s settings, as its failed deliveries see them: its own
+    /// max deliveries, or the topic's.
+    fn policy(&self, g: GroupId) -> Policy {
+        let own = self.group(g).map_or(0, |x| x.config.max_deliveries);
+        let max_deliveries = if own == 0 { self.settings.max_deliveries } else { own };
+        Policy { max_deliveries, dead_letters: !self.is_dlq }
+    }
+
+    /// The ack timeout of a delivery of group `g` whose FETCH or TOUCH
+    /// asked for `asked_ms` (0: the group's, else the topic's).
+    pub fn ack_timeout_ms(&self, g: GroupId, asked_ms: u32) -> u32 {
+        let own = self.group(g).map_or(0, |x| x.config.ack_timeout_ms);
+        [asked_ms, own, self.settings.ack_timeout_ms].into_iter().find(|&t| t != 0).unwrap_or(0)
+    }
+
+    /// The counters of group `g` (zero if it does not exist), with the
+    /// topic's `produced`.
     pub fn counters(&self, g: GroupId) -> Counters {
-        Counters { produced: self.produced, ..self.group(g).counters }
+        let group = self.group(g).map(|x| x.counters).unwrap_or_default();
+        Counters { produced: self.produced, ..group }
     }
 
     // -----------------------------------------------------------------------
@@ -109,72 +237,85 @@ impl Topic {
     // -----------------------------------------------------------------------
 
     /// A client's produce: appends a message, not yet visible to consumers
-    /// (until `publish`). Returns its id and the born time stored (never
+    /// (until `publish`), with its tag set's reference, which the caller
+    /// took (`Seq::intern_tags`, so that a batch is refused whole before
+    /// any of it is stored). Returns its id and the born time stored (never
     /// below the topic's last one).
-    pub fn produce(&mut self, born_ms: u64, payload: &[u8]) -> (MsgId, u64) {
+    pub fn produce<'b>(&mut self, born_ms: u64, m: impl Into<Body<'b>>) -> (MsgId, u64) {
         self.produced += 1;
-        self.seq.append(born_ms, payload)
+        self.seq.append(born_ms, m)
     }
 
     /// Appends a message moved from another topic (dead-lettered, with
     /// where it came from, or redriven), keeping its born time even if
-    /// older than this topic's last. Visible at the next `publish`.
-    pub fn append_moved(&mut self, born_ms: u64, payload: &[u8], dead: Option<DeadInfo>) -> MsgId {
+    /// older than this topic's last, and its properties (its tags interned
+    /// in this topic's table: `m.tag_set`, the other topic's, is not read).
+    /// Visible at the next `publish`.
+    pub fn append_moved<'b>(&mut self, born_ms: u64, m: impl Into<Body<'b>>, dead: Option<DeadInfo>) -> MsgId {
+        let mut m = m.into();
+        m.tag_set = self.seq.intern_tags_unbounded(&m.props);
         self.produced += 1;
         let id = self.seq.next_id();
-        self.seq.insert(id, born_ms, payload);
+        self.seq.insert(id, born_ms, m);
         if let Some(d) = dead {
             self.seq.set_dead_info(id, d);
         }
         id
     }
 
-    /// Recovery: stores a message with its deliveries so far (which count
-    /// for the default group: version 1 of the log knows no other).
-    pub fn restore(&mut self, id: MsgId, born_ms: u64, payload: &[u8], deliveries: u16, dead: Option<DeadInfo>) {
-        self.seq.insert(id, born_ms, payload);
+    /// Recovery: stores a message (its groups are restored at the end).
+    /// Its tags are interned afresh from its properties (`m.tag_set` is
+    /// not read: no reference was taken for it).
+    pub fn restore<'b>(&mut self, id: MsgId, born_ms: u64, m: impl Into<Body<'b>>, dead: Option<DeadInfo>) {
+        let mut m = m.into();
+        m.tag_set = self.seq.intern_tags_unbounded(&m.props);
+        self.seq.insert(id, born_ms, m);
         if let Some(d) = dead {
             self.seq.set_dead_info(id, d);
         }
-        self.group_mut(GroupId::DEFAULT).restore_deliveries(id, deliveries);
+    }
+
+    /// Recovery: stores a stray (`merge`).
+    fn restore_stray(&mut self, id: MsgId, s: &Stray) {
+        let m = Body { props: Props::trusted(&s.props), tag_set: None, payload: &s.payload };
+        self.restore(id, s.born_ms, m, s.dead);
     }
 
     /// Recovery: adds messages met out of id order (compaction copied them
-    /// forward in the log), rebuilding the sequence in id order. Each item
-    /// is (id, born_ms, payload, deliveries so far, dead-letter info).
-    pub fn merge(&mut self, strays: impl Iterator<Item = (MsgId, u64, Vec<u8>, u16, Option<DeadInfo>)>) {
-        let old = std::mem::take(&mut self.seq);
+    /// forward in the log), rebuilding the sequence in id order; the
+    /// messages it holds keep their tag sets.
+    pub fn merge(&mut self, strays: impl Iterator<Item = (MsgId, Stray)>) {
+        let mut old = std::mem::take(&mut self.seq);
         self.seq = Seq::new(1);
+        self.seq.set_tags(old.take_tags());
         let mut strays = strays.peekable();
         for m in old.iter_live() {
-            while let Some((id, born_ms, payload, deliveries, dead)) = strays.next_if(|s| s.0 < m.id) {
-                self.restore(id, born_ms, &payload, deliveries, dead);
+            while let Some((id, stray)) = strays.next_if(|s| s.0 < m.id) {
+                self.restore_stray(id, &stray);
             }
-            self.seq.insert(m.id, m.born_ms, m.payload);
+            self.seq.insert(m.id, m.born_ms, m.body());
             if let Some(d) = old.dead_info(m.id) {
                 self.seq.set_dead_info(m.id, d);
             }
         }
-        for (id, born_ms, payload, deliveries, dead) in strays {
-            self.restore(id, born_ms, &payload, deliveries, dead);
+        for (id, stray) in strays {
+            self.restore_stray(id, &stray);
         }
         self.seq.bump_next_id(old.next_id());
     }
 
-    /// Recovery: sets the deliveries of a stored message (a Requeue
-    /// record, or a copy of a message stored already).
-    pub fn restore_deliveries(&mut self, g: GroupId, id: MsgId, deliveries: u16) {
-        if self.seq.contains(id) {
-            self.group_mut(g).set_deliveries(id, deliveries);
-        }
-    }
-
-    /// Ends recovery: every live message is ready, in id order.
+    /// Ends recovery: every message is visible, each group steps over what
+    /// its filter drops (no record says it did), and a full sweep releases
+    /// what no group needs (the groups were restored with their state).
     pub fn restore_done(&mut self) {
         self.seq.publish();
-        self.default.restore_done(&self.seq);
-        for g in &mut self.others {
-            g.restore_done(&self.seq);
+        let ids: Vec<GroupId> = self.groups.iter().map(Group::id).collect();
+        for g in ids {
+            self.has_ready(g);
+        }
+        self.start_sweep(0, MsgId::MAX);
+        while self.sweeping() {
+            self.sweep();
         }
     }
 
@@ -190,27 +331,16 @@ impl Topic {
     }
 
     // -----------------------------------------------------------------------
-    // Release: a message leaves the sequence once no group needs it.
+    // Release: a message leaves the sequence once no group needs it. (Where
+    // retention would keep a message done by every group for replay.)
     // -----------------------------------------------------------------------
 
     /// Group `g` is done with message `id` (acked, dead-lettered,
-    /// redriven): it leaves the sequence unless another group still needs
-    /// it.
+    /// redriven, filtered out): it leaves the sequence unless another group
+    /// still needs it. O(groups), no memory per message.
     fn done(&mut self, g: GroupId, id: MsgId) {
-        debug_assert!(!self.group(g).needs(id), "group {g:?} is done with {id} and still needs it");
-        self.release_unless_needed(g, id);
-    }
-
-    /// Releases message `id` unless a group other than `g` still needs it.
-    fn release_unless_needed(&mut self, g: GroupId, id: MsgId) {
-        if self.others.is_empty() {
-            // The default group is the only one: nobody else to ask.
-            self.seq.release(id);
-            self.default.forget(id);
-            return;
-        }
-        let others_need = |h: &Group| h.id() != g && h.needs(id);
-        if self.others.iter().any(others_need) || others_need(&self.default) {
+        debug_assert!(!self.group(g).is_some_and(|x| x.needs(id)), "group {g:?} is done with {id} and still needs it");
+        if self.groups.iter().any(|h| h.id() != g && h.needs(id)) {
             return;
         }
         self.release(id);
@@ -220,42 +350,62 @@ impl Topic {
     /// for it.
     fn release(&mut self, id: MsgId) {
         self.seq.release(id);
-        self.default.forget(id);
-        for g in &mut self.others {
+        for g in &mut self.groups {
             g.forget(id);
         }
     }
 
-    /// Recovery: a Remove record says group `g` was done with `id`.
-    pub fn restore_done_with(&mut self, g: GroupId, id: MsgId) {
-        // The group's cursor is set only when recovery ends.
-        self.release_unless_needed(g, id);
+    /// Releases what group `g`'s filter stepped over, unless another group
+    /// needs it.
+    fn release_skipped(&mut self, g: GroupId) {
+        let Some(group) = self.group_mut(g) else { return };
+        if group.skipped.is_empty() {
+            return;
+        }
+        let skipped = std::mem::take(&mut group.skipped);
+        for &id in &skipped {
+            self.done(g, id);
+        }
+        if let Some(group) = self.group_mut(g) {
+            group.skipped = skipped;
+            group.skipped.clear();
+        }
     }
 
     /// The broker moved message `id` to the dead-letter topic for group
     /// `g`: the group is done with it.
     pub fn dead_lettered(&mut self, g: GroupId, id: MsgId) {
-        self.group_mut(g).counters.dead_lettered += 1;
+        let Some(group) = self.group_mut(g) else { return };
+        group.counters.dead_lettered += 1;
         self.done(g, id);
     }
 
     // -----------------------------------------------------------------------
-    // Consumers: each names its group.
+    // Consumers: each names its group. A group that does not exist has
+    // nothing ready and holds nothing.
     // -----------------------------------------------------------------------
 
-    /// Ready messages of group `g`.
+    /// Ready messages of group `g`. A topic without it counts what a group
+    /// created now at the earliest message would find.
     pub fn ready(&self, g: GroupId) -> u64 {
-        self.group(g).ready(&self.seq)
+        match self.group(g) {
+            Some(group) => group.ready(&self.seq),
+            None => self.seq.live_in(0, self.seq.visible_id()),
+        }
     }
     pub fn inflight(&self, g: GroupId) -> u64 {
-        self.group(g).inflight()
+        self.group(g).map_or(0, Group::inflight)
     }
     pub fn delayed(&self, g: GroupId) -> u64 {
-        self.group(g).delayed()
+        self.group(g).map_or(0, Group::delayed)
     }
-    /// Whether a FETCH for group `g` would find something now.
-    pub fn has_ready(&self, g: GroupId) -> bool {
-        self.group(g).has_ready(&self.seq)
+    /// Whether a FETCH for group `g` would find something now. Steps the
+    /// group over messages its filter drops first (a bounded number).
+    pub fn has_ready(&mut self, g: GroupId) -> bool {
+        let Some((seq, group)) = self.parts(g) else { return false };
+        let ready = group.peek_ready(seq).is_some();
+        self.release_skipped(g);
+        ready
     }
 
     /// `Group::fetch` for group `g`: `out` gets each delivery and the
@@ -267,14 +417,16 @@ impl Topic {
         timers: &mut impl Timers,
         mut out: impl FnMut(&Seq, Delivery),
     ) -> u32 {
-        let (seq, group) = self.parts(g);
-        group.fetch(seq, take, timers, |d| out(seq, d))
+        let Some((seq, group)) = self.parts(g) else { return 0 };
+        let n = group.fetch(seq, take, timers, |d| out(seq, d));
+        self.release_skipped(g);
+        n
     }
 
     /// Acknowledges a delivered message for group `g`. False if it was not
     /// delivered and unacknowledged.
     pub fn ack(&mut self, g: GroupId, id: MsgId, timers: &mut impl Timers) -> bool {
-        if !self.group_mut(g).ack(id, timers) {
+        if !self.group_mut(g).is_some_and(|x| x.ack(id, timers)) {
             return false;
         }
         self.done(g, id);
@@ -283,7 +435,7 @@ impl Topic {
 
     /// Extends the deadline of a message in flight to group `g`.
     pub fn touch(&mut self, g: GroupId, id: MsgId, deadline_ms: u64, timers: &mut impl Timers) -> bool {
-        self.group_mut(g).touch(id, deadline_ms, timers)
+        self.group_mut(g).is_some_and(|x| x.touch(id, deadline_ms, timers))
     }
 
     /// NACK for group `g`: `delay_until_ms` None returns it at once. None
@@ -296,14 +448,14 @@ impl Topic {
         dead_letter: bool,
         timers: &mut impl Timers,
     ) -> Option<Returned> {
-        let policy = self.policy();
-        self.group_mut(g).nack(id, delay_until_ms, dead_letter, policy, timers)
+        let policy = self.policy(g);
+        self.group_mut(g)?.nack(id, delay_until_ms, dead_letter, policy, timers)
     }
 
     /// A timer of group `g` fired for `id` (`Group::timer_fired`).
     pub fn timer_fired(&mut self, g: GroupId, id: MsgId, timers: &mut impl Timers) -> Option<Returned> {
-        let policy = self.policy();
-        self.group_mut(g).timer_fired(id, policy, timers)
+        let policy = self.policy(g);
+        self.group_mut(g)?.timer_fired(id, policy, timers)
     }
 
     /// A consumer of group `g` disconnected (`Group::disconnect`).
@@ -314,19 +466,35 @@ impl Topic {
         timers: &mut impl Timers,
         dead: impl FnMut(MsgId, DeadInfo),
     ) -> u64 {
-        let policy = self.policy();
-        self.group_mut(g).disconnect(owner, policy, timers, dead)
+        let policy = self.policy(g);
+        self.group_mut(g).map_or(0, |x| x.disconnect(owner, policy, timers, dead))
+    }
+
+    /// A connection became a consumer of group `g` (its first FETCH of it).
+    pub fn join(&mut self, g: GroupId) {
+        if let Some(group) = self.group_mut(g) {
+            group.consumers += 1;
+        }
+    }
+
+    /// A consumer of group `g` closed.
+    pub fn leave(&mut self, g: GroupId) {
+        if let Some(group) = self.group_mut(g) {
+            group.consumers = group.consumers.saturating_sub(1);
+        }
     }
 
     /// Puts a message back in group `g`'s ready (its dead-letter topic
     /// could not take it).
     pub fn requeue(&mut self, g: GroupId, id: MsgId, deliveries: u16) {
-        self.group_mut(g).requeue(id, deliveries);
+        if let Some(group) = self.group_mut(g) {
+            group.requeue(id, deliveries);
+        }
     }
 
     /// Group `g`'s deliveries so far of message `id`.
     pub fn deliveries(&self, g: GroupId, id: MsgId) -> u16 {
-        self.group(g).deliveries(id)
+        self.group(g).map_or(0, |x| x.deliveries(id))
     }
 
     /// Removes every unacknowledged message (PURGE, DELETE), published or
@@ -334,14 +502,14 @@ impl Topic {
     /// removed.
     pub fn purge(&mut self, timers: &mut impl Timers) -> u64 {
         let next_id = self.seq.next_id();
-        self.default.clear(next_id, timers);
-        for g in &mut self.others {
+        for g in &mut self.groups {
             g.clear(next_id, timers);
         }
         let ids: Vec<MsgId> = self.seq.iter_live().map(|m| m.id).collect();
         for &id in &ids {
             self.release(id);
         }
+        self.sweep_from = None;
         ids.len() as u64
     }
 
@@ -356,16 +524,20 @@ impl Topic {
     ) -> u64 {
         let mut n = 0;
         while n < max {
-            let (seq, group) = self.parts(g);
+            let Some((seq, group)) = self.parts(g) else { break };
             let Some((id, _)) = group.peek_ready(seq) else { break };
+            self.release_skipped(g);
             let Some(m) = self.seq.get(id) else { break };
             if !out(m, self.seq.dead_info(id)) {
                 break;
             }
-            self.group_mut(g).take_ready(id);
+            if let Some(group) = self.group_mut(g) {
+                group.take_ready(id);
+            }
             self.done(g, id);
             n += 1;
         }
+        self.release_skipped(g);
         n
     }
 }

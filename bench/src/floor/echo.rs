@@ -206,8 +206,10 @@ impl Echo {
         let rid = frame.request_id;
         match frame.request {
             Request::Hello { min_version, max_version, .. } => {
-                if min_version <= codec::VERSION_MAX && max_version >= codec::VERSION_MIN {
-                    let version = max_version.min(codec::VERSION_MAX);
+                // The floor decodes version 1's layouts only, whatever the
+                // broker negotiates.
+                if min_version <= 1 && max_version >= codec::VERSION_MIN {
+                    let version = 1;
                     codec::encode_hello_reply(out, rid, version, &self.limits.decode, 0);
                 } else {
                     codec::encode_error(out, op::HELLO, rid, ErrorCode::Version, "runnel-floor speaks version 1");

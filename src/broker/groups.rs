@@ -1,0 +1,161 @@
+//! The consumer-group admin ops of protocol version 2: CREATE_GROUP,
+//! DELETE_GROUP, LIST_GROUPS and RESET_GROUP, each logged before its reply
+//! (they wait for the sync, as the topic admin ops do), and the numbers a
+//! group shows (LIST_GROUPS, STATS, metrics).
+
+use super::requests::Refusal;
+use super::topics::{unknown, unknown_group};
+use super::{Broker, GroupTimers, Now, TopicId};
+use crate::codec::group::{GroupInfo, GroupSettings, GroupStats, Start};
+use crate::codec::{self, ErrorCode, op};
+use crate::filter::Filter;
+use crate::queue::{Group, GroupConfig, GroupId, Topic};
+use crate::record::{GroupDeleteRecord, GroupStateRecord};
+
+/// A group's numbers, as LIST_GROUPS, STATS and the metrics show them.
+pub(crate) fn group_stats(t: &Topic, g: &Group, now: Now) -> GroupStats {
+    GroupStats {
+        cursor: g.cursor(),
+        lag: t.seq.live_in(g.cursor(), t.seq.visible_id()),
+        inflight: g.inflight(),
+        retry: g.retry_len(),
+        delayed: g.delayed(),
+        dead_lettered: g.counters.dead_lettered,
+        oldest_unacked_age_ms: g.oldest_unacked_born_ms(&t.seq).map_or(0, |b| now.wall_ms.saturating_sub(b)),
+        consumers: g.consumers,
+    }
+}
+
+impl Broker {
+    /// A group's settings from CREATE_GROUP's fields: BAD_FILTER for a
+    /// filter that does not parse.
+    fn group_config(&self, s: &GroupSettings<'_>) -> Result<GroupConfig, Refusal> {
+        let l = &self.config.limits;
+        let filter = Filter::parse(s.filter, l.filter_bytes_max, l.filter_compiled_bytes_max)
+            .map_err(|e| (ErrorCode::BadFilter, e))?;
+        if s.broadcast {
+            return Err((ErrorCode::BadArgument, "broadcast groups are not served by this broker".into()));
+        }
+        Ok(GroupConfig {
+            broadcast: s.broadcast,
+            ack_timeout_ms: s.ack_timeout_ms,
+            max_deliveries: s.max_deliveries,
+            filter_text: s.filter.into(),
+            filter: (!matches!(filter, Filter::All)).then_some(filter),
+        })
+    }
+
+    /// The group named `name` of topic `tid`: UNKNOWN_GROUP if missing.
+    fn named_group(&self, tid: TopicId, topic: &str, name: &str) -> Result<GroupId, Refusal> {
+        let group = self.topics.get(tid).and_then(|e| e.topic.group_named(name));
+        group.map(Group::id).ok_or_else(|| unknown_group(topic, name))
+    }
+
+    /// CREATE_GROUP: creates the group at `start`, or changes an existing
+    /// one's settings (not its position).
+    pub(super) fn create_group_op(
+        &mut self,
+        (topic, name): (&str, &str),
+        settings: &GroupSettings<'_>,
+        start: Start,
+        rid: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Refusal> {
+        let config = self.group_config(settings)?;
+        let tid = self.topic_for(topic, self.config.auto_create)?;
+        let existing = self.topics.get(tid).and_then(|e| e.topic.group_named(name)).map(Group::id);
+        let g = match existing {
+            Some(g) => {
+                if let Some(e) = self.topics.get_mut(tid) {
+                    e.topic.configure_group(g, config);
+                }
+                self.log_group(tid, g);
+                g
+            }
+            None => self.create_group(tid, name, config, start)?,
+        };
+        let cursor = self.topics.get(tid).and_then(|e| e.topic.group(g)).map_or(0, Group::cursor);
+        codec::group::encode_group_created_reply(out, rid, existing.is_none(), cursor);
+        Ok(())
+    }
+
+    /// DELETE_GROUP: the group goes, and the messages only it needed with
+    /// it (by the sweep); its parked FETCHes get UNKNOWN_GROUP at the
+    /// commit. Replies with how many messages it held.
+    pub(super) fn delete_group_op(
+        &mut self,
+        topic: &str,
+        name: &str,
+        rid: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Refusal> {
+        let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
+        let g = self.named_group(tid, topic, name)?;
+        let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
+        let held = e.topic.group(g).map_or(0, |x| {
+            let s = group_stats(&e.topic, x, Now::default());
+            s.lag + s.inflight + s.retry + s.delayed
+        });
+        e.topic.delete_group(g, &mut GroupTimers { wheel: &mut self.wheel, topic: tid, group: g });
+        GroupDeleteRecord { topic: tid, group: g }.append(&mut self.log);
+        self.compactor.forget_group(tid, g);
+        self.sweeps.note(tid);
+        for w in self.waiters.drain_group(tid, g) {
+            self.wheel.cancel(w.timer);
+            let message = format!("group {name} of topic {topic} was deleted");
+            self.turn.answer_later(w.conn, w.request_id, ErrorCode::UnknownGroup, message);
+        }
+        codec::encode_u64_reply(out, op::DELETE_GROUP, rid, held);
+        Ok(())
+    }
+
+    /// RESET_GROUP: moves the group's cursor to `start`, dropping what it
+    /// had in flight, back for retry or delayed; logged as a GroupState.
+    pub(super) fn reset_group_op(
+        &mut self,
+        (topic, name): (&str, &str),
+        start: Start,
+        rid: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Refusal> {
+        let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
+        let g = self.named_group(tid, topic, name)?;
+        let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
+        let cursor = e.topic.start_cursor(start);
+        e.topic.reset_group(g, cursor, &mut GroupTimers { wheel: &mut self.wheel, topic: tid, group: g });
+        // Parked consumers of the group may find messages again.
+        self.turn.mark_for_publish(e);
+        GroupStateRecord { topic: tid, group: g, cursor, entries: &[] }.append(&mut self.log);
+        self.compactor.note_group(tid, g);
+        self.sweeps.note(tid);
+        codec::encode_u64_reply(out, op::RESET_GROUP, rid, cursor);
+        Ok(())
+    }
+
+    /// LIST_GROUPS: every group of the topic, by name, with its settings
+    /// in effect and its numbers.
+    pub(super) fn list_groups_op(&mut self, topic: &str, rid: u32, now: Now, out: &mut Vec<u8>) -> Result<(), Refusal> {
+        let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
+        let Some(e) = self.topics.get(tid) else { return Err(unknown(topic)) };
+        let t = &e.topic;
+        let mut groups: Vec<&Group> = t.groups().iter().collect();
+        groups.sort_unstable_by(|a, b| a.name().cmp(b.name()));
+        let infos: Vec<GroupInfo<'_>> = groups.iter().map(|g| group_info(t, g, now)).collect();
+        codec::group::encode_groups_reply(out, rid, &infos);
+        Ok(())
+    }
+}
+
+/// A group as LIST_GROUPS shows it: its settings in effect (the topic's
+/// where it has none of its own) and its numbers.
+fn group_info<'a>(t: &'a Topic, g: &'a Group, now: Now) -> GroupInfo<'a> {
+    let c = &g.config;
+    let max_deliveries = if c.max_deliveries == 0 { t.settings.max_deliveries } else { c.max_deliveries };
+    let settings = GroupSettings {
+        broadcast: c.broadcast,
+        ack_timeout_ms: t.ack_timeout_ms(g.id(), 0),
+        max_deliveries,
+        filter: &c.filter_text,
+    };
+    GroupInfo { name: g.name(), settings, stats: group_stats(t, g, now) }
+}

@@ -1,0 +1,337 @@
+//! Consumer groups over the network (protocol version 2): every group gets
+//! every message, acks are per group, a message leaves once every group is
+//! done with it; start positions, reset, delete, the errors, STATS per
+//! group, version-1 clients on the default group, and restarts (with
+//! compaction) that rebuild every group exactly.
+
+mod common;
+
+use common::wire::{code, now};
+use common::{Server, TempDir};
+use runnel::broker::Config;
+use runnel::client::{Client, Fetch};
+use runnel::codec::group::{GroupSettings, Start};
+use runnel::codec::{self, ErrorCode, Request, TopicSettings};
+use runnel::limits::Limits;
+use runnel::log::LogOptions;
+
+fn ids(got: &[runnel::client::Delivered]) -> Vec<u64> {
+    got.iter().map(|m| m.id).collect()
+}
+
+/// Everything group `g` has ready, fetched and left in flight.
+fn take(c: &mut Client, topic: &str, g: &str) -> Vec<u64> {
+    let f = Fetch { max_messages: 1000, ack_timeout_ms: 600_000, ..Fetch::default() };
+    ids(&c.fetch_group(topic, g, f).expect("fetch"))
+}
+
+fn create(c: &mut Client, topic: &str, g: &str, start: Start) -> (bool, u64) {
+    c.create_group(topic, g, GroupSettings::default(), start).expect("create group")
+}
+
+/// A group's entry in LIST_GROUPS.
+fn entry(c: &mut Client, topic: &str, g: &str) -> runnel::client::GroupEntry {
+    let groups = c.list_groups(topic).expect("list groups");
+    groups.into_iter().find(|e| e.name == g).unwrap_or_else(|| panic!("no group {g:?}"))
+}
+
+/// A key of group `g`'s STATS section (`<topic>/<group>`).
+fn gstat(c: &mut Client, topic: &str, g: &str, key: &str) -> Option<u64> {
+    let name = format!("{topic}/{g}");
+    let sections = c.stats(Some(topic)).expect("stats");
+    let (_, kv) = sections.into_iter().find(|s| s.0 == name)?;
+    kv.into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
+}
+
+fn live(c: &mut Client, topic: &str) -> u64 {
+    c.stat(topic, "bytes").expect("stats").expect("bytes") // payloads are one byte each
+}
+
+#[test]
+fn every_group_gets_every_message_and_a_message_stays_until_all_are_done() {
+    let (srv, _dir) = Server::start(Config::default());
+    let mut c = srv.client_v2();
+    create(&mut c, "t", "a", Start::Earliest);
+    create(&mut c, "t", "b", Start::Earliest);
+    let (first, _) = c.produce_batch("t", &[b"1", b"2", b"3"]).unwrap();
+    let all = vec![first, first + 1, first + 2];
+    assert_eq!(take(&mut c, "t", "a"), all);
+    assert_eq!(take(&mut c, "t", "b"), all, "b competes with nobody in a");
+    // Acks are per group: a's ack does not touch b's in-flight copy.
+    assert_eq!(c.ack_group("t", "a", &all).unwrap().done, 3);
+    assert_eq!(live(&mut c, "t"), 3, "b still needs all three");
+    let again = c.ack_group("t", "a", &[first]).unwrap();
+    assert_eq!((again.done, again.failed), (0, vec![first]), "acked already in a");
+    assert_eq!(c.nack_group("t", "b", &[first], 0, false).unwrap().done, 1);
+    assert_eq!(take(&mut c, "t", "b"), vec![first], "back for retry in b only");
+    assert!(take(&mut c, "t", "a").is_empty());
+    assert_eq!(c.ack_group("t", "b", &all).unwrap().done, 3);
+    assert_eq!(live(&mut c, "t"), 0, "every group is done");
+    let (a, b) = (entry(&mut c, "t", "a"), entry(&mut c, "t", "b"));
+    assert_eq!((a.stats.inflight, b.stats.inflight, a.stats.lag), (0, 0, 0));
+}
+
+#[test]
+fn start_positions_and_an_implicit_group_at_the_earliest_message() {
+    let (srv, _dir) = Server::start(Config::default());
+    let mut c = srv.client_v2();
+    let (first, _) = c.produce_batch("t", &[b"1", b"2"]).unwrap();
+    // Later born times for the last two (not a timing assertion: only so
+    // that a start by time has something to tell apart).
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    c.produce_batch("t", &[b"3", b"4"]).unwrap();
+    // No group existed: the topic kept everything for the first one, which
+    // a FETCH creates at the earliest message.
+    assert_eq!(take(&mut c, "t", "implicit").len(), 4);
+    assert_eq!(create(&mut c, "t", "latest", Start::Latest), (true, first + 4));
+    assert_eq!(create(&mut c, "t", "from-id", Start::Id(first + 2)).1, first + 2);
+    let born = c.fetch_group("t", "probe", now(4)).unwrap()[2].born_ms;
+    assert_eq!(create(&mut c, "t", "from-time", Start::Time(born)).1, first + 2);
+    assert!(take(&mut c, "t", "latest").is_empty());
+    assert_eq!(take(&mut c, "t", "from-id"), vec![first + 2, first + 3]);
+    let (created, _) = create(&mut c, "t", "from-id", Start::Earliest);
+    assert!(!created, "an existing group keeps its position");
+    let next = c.produce("t", b"5").unwrap();
+    assert_eq!(take(&mut c, "t", "latest"), vec![next]);
+    assert_eq!(take(&mut c, "t", "from-time"), vec![first + 2, first + 3, next]);
+}
+
+#[test]
+fn reset_moves_a_group_and_drops_what_it_had_in_flight() {
+    let (srv, _dir) = Server::start(Config::default());
+    let mut c = srv.client_v2();
+    create(&mut c, "t", "a", Start::Earliest);
+    create(&mut c, "t", "keeper", Start::Earliest);
+    let (first, _) = c.produce_batch("t", &[b"1", b"2", b"3"]).unwrap();
+    let got = take(&mut c, "t", "a");
+    c.ack_group("t", "a", &got[..2]).unwrap();
+    // Back to the start: the keeper group still holds them, so a gets all
+    // three again; its in-flight copy of the third is dropped.
+    assert_eq!(c.reset_group("t", "a", Start::Earliest).unwrap(), 0);
+    assert_eq!(c.ack_group("t", "a", &[first + 2]).unwrap().failed, vec![first + 2]);
+    assert_eq!(take(&mut c, "t", "a"), vec![first, first + 1, first + 2]);
+    // Forward past everything: a is done with all of them.
+    assert_eq!(c.reset_group("t", "a", Start::Latest).unwrap(), first + 3);
+    assert!(take(&mut c, "t", "a").is_empty());
+    assert_eq!(entry(&mut c, "t", "a").stats.inflight, 0);
+    assert_eq!(code(c.reset_group("t", "nope", Start::Latest)), ErrorCode::UnknownGroup);
+}
+
+#[test]
+fn deleting_a_group_releases_what_only_it_needed_and_ends_its_waiters() {
+    let (srv, _dir) = Server::start(Config::default());
+    let mut c = srv.client_v2();
+    create(&mut c, "t", "a", Start::Earliest);
+    create(&mut c, "t", "b", Start::Earliest);
+    c.produce_batch("t", &[b"1", b"2", b"3"]).unwrap();
+    let got = take(&mut c, "t", "a");
+    c.ack_group("t", "a", &got).unwrap();
+    take(&mut c, "t", "b");
+    // A consumer of b parks; deleting b answers it UNKNOWN_GROUP.
+    let mut waiting = srv.client_v2();
+    waiting.send(&runnel::codec::Request::Fetch {
+        topic: "t",
+        group: "b",
+        max_messages: 1,
+        max_bytes: 0,
+        wait_ms: 30_000,
+        ack_timeout_ms: 0,
+    });
+    waiting.flush().unwrap();
+    common::wire::wait_until("the FETCH parks", || gstat(&mut c, "t", "b", "waiters") == Some(1));
+    assert_eq!(c.delete_group("t", "b").unwrap(), 3, "it held three in flight");
+    assert_eq!(code(waiting.recv()), ErrorCode::UnknownGroup);
+    common::wire::wait_until("the sweep releases them", || live(&mut c, "t") == 0);
+    assert_eq!(code(c.delete_group("t", "b")), ErrorCode::UnknownGroup);
+    assert_eq!(code(c.ack_group("t", "b", &[1])), ErrorCode::UnknownGroup);
+    // A group of the same name later is a new group, at its start.
+    assert!(create(&mut c, "t", "b", Start::Earliest).0, "created anew");
+    assert!(take(&mut c, "t", "b").is_empty());
+}
+
+#[test]
+fn bad_names_filters_and_too_many_groups_get_their_errors_and_disturb_nothing() {
+    let limits = Limits { groups_per_topic_max: 2, ..Limits::default() };
+    let (srv, _dir) = Server::start(Config { limits, ..Config::default() });
+    let mut c = srv.client_v2();
+    let id = c.produce("t", b"m").unwrap();
+    create(&mut c, "t", "a", Start::Earliest);
+    let bad = |filter| GroupSettings { filter, ..GroupSettings::default() };
+    assert_eq!(code(c.create_group("t", "f", bad("re:("), Start::Earliest)), ErrorCode::BadFilter);
+    assert_eq!(code(c.create_group("t", "f", bad("a || "), Start::Earliest)), ErrorCode::BadFilter);
+    assert_eq!(code(c.fetch_group("t", "bad name", now(1))), ErrorCode::BadArgument);
+    assert_eq!(code(c.fetch_group("t", "ünï", now(1))), ErrorCode::BadArgument);
+    assert_eq!(code(c.ack_group("t", "missing", &[id])), ErrorCode::UnknownGroup);
+    assert_eq!(code(c.touch_group("t", "missing", &[id], 0)), ErrorCode::UnknownGroup);
+    assert_eq!(code(c.nack_group("t", "missing", &[id], 0, false)), ErrorCode::UnknownGroup);
+    create(&mut c, "t", "b", Start::Earliest);
+    assert_eq!(code(c.fetch_group("t", "c", now(1))), ErrorCode::TooManyGroups);
+    assert_eq!(code(c.create_group("t", "c", GroupSettings::default(), Start::Latest)), ErrorCode::TooManyGroups);
+    assert_eq!(code(c.list_groups("nope")), ErrorCode::UnknownTopic);
+    // Nothing else changed: both groups still get the message.
+    let names: Vec<String> = c.list_groups("t").unwrap().into_iter().map(|g| g.name).collect();
+    assert_eq!(names, ["a", "b"]);
+    assert_eq!(take(&mut c, "t", "a"), vec![id]);
+    assert_eq!(take(&mut c, "t", "b"), vec![id]);
+}
+
+#[test]
+fn a_filter_drops_untagged_messages_for_its_group_only() {
+    let (srv, _dir) = Server::start(Config::default());
+    let mut c = srv.client_v2();
+    let settings = GroupSettings { filter: "red || blue", ..GroupSettings::default() };
+    c.create_group("t", "colors", settings, Start::Earliest).unwrap();
+    create(&mut c, "t", "all", Start::Earliest);
+    let (first, _) = c.produce_batch("t", &[b"1", b"2"]).unwrap();
+    assert!(take(&mut c, "t", "colors").is_empty(), "untagged messages pass only *");
+    let e = entry(&mut c, "t", "colors");
+    assert_eq!((e.filter.as_str(), e.stats.lag), ("red || blue", 0));
+    assert_eq!(gstat(&mut c, "t", "colors", "filtered"), Some(2));
+    assert_eq!(take(&mut c, "t", "all"), vec![first, first + 1]);
+    c.ack_group("t", "all", &[first, first + 1]).unwrap();
+    assert_eq!(live(&mut c, "t"), 0, "done for the filtering group too");
+}
+
+#[test]
+fn version_1_clients_use_the_default_group_and_see_version_1_stats() {
+    let (srv, _dir) = Server::start(Config::default());
+    let mut v2 = srv.client_v2();
+    let mut v1 = srv.client();
+    create(&mut v2, "t", "a", Start::Earliest);
+    let id = v1.produce("t", b"m").unwrap();
+    assert_eq!(ids(&v1.fetch("t", now(1)).unwrap()), vec![id], "the default group, created by the FETCH");
+    assert_eq!(take(&mut v2, "t", ""), Vec::<u64>::new(), "the same group: in flight to v1");
+    v1.ack("t", &[id]).unwrap();
+    assert_eq!(live(&mut v2, "t"), 1, "group a still needs it");
+    let sections: Vec<String> = v1.stats(Some("t")).unwrap().into_iter().map(|s| s.0).collect();
+    assert_eq!(sections, ["", "t"], "version 1 sees version 1's sections");
+    let sections: Vec<String> = v2.stats(Some("t")).unwrap().into_iter().map(|s| s.0).collect();
+    assert_eq!(sections, ["", "t", "t/", "t/a"]);
+    assert_eq!(gstat(&mut v2, "t", "", "acked"), Some(1));
+    assert_eq!(gstat(&mut v2, "t", "a", "lag"), Some(1));
+    assert_eq!(gstat(&mut v2, "t", "", "consumers"), Some(2), "both clients fetched from it");
+}
+
+#[test]
+fn a_topic_without_groups_keeps_its_messages_for_the_first_group() {
+    let (srv, _dir) = Server::start(Config::default());
+    let mut c = srv.client_v2();
+    c.create_topic("t", TopicSettings::default()).unwrap();
+    let (first, _) = c.produce_batch("t", &[b"1", b"2"]).unwrap();
+    assert!(c.list_groups("t").unwrap().is_empty());
+    assert_eq!(take(&mut c, "t", "late"), vec![first, first + 1]);
+}
+
+/// Sends `frame` (a whole request frame, request id `rid`) and returns the
+/// error code of its reply.
+fn raw_error(c: &mut Client, rid: u32, frame: &[u8]) -> ErrorCode {
+    c.write_raw(frame).expect("write");
+    c.expect_reply(rid);
+    code(c.recv())
+}
+
+#[test]
+fn bad_group_fields_get_their_errors_and_the_connection_goes_on() {
+    let limits = Limits { group_name_bytes_max: 8, filter_bytes_max: 16, ..Limits::default() };
+    let (srv, _dir) = Server::start(Config { limits, ..Config::default() });
+    let mut c = srv.client_v2();
+    let id = c.produce("t", b"m").unwrap();
+    let create = |group, filter| Request::CreateGroup {
+        topic: "t",
+        group,
+        settings: GroupSettings { filter, ..GroupSettings::default() },
+        start: Start::Earliest,
+    };
+    let encode = |rid, req: &Request<'_>| {
+        let mut f = Vec::new();
+        codec::encode_request(&mut f, rid, req, 2);
+        f
+    };
+    // The flags byte follows the header, the topic "t" and the group "g".
+    let flags_at = 12 + 3 + 3;
+    let mut f = encode(1, &create("g", ""));
+    f[flags_at] = 0x80;
+    assert_eq!(raw_error(&mut c, 1, &f), ErrorCode::Malformed, "an unknown flag");
+    let mut f = encode(2, &create("g", ""));
+    f[flags_at + 1] = 9;
+    assert_eq!(raw_error(&mut c, 2, &f), ErrorCode::BadArgument, "an unknown start kind");
+    let mut f = encode(3, &create("g", ""));
+    f[flags_at + 1] = 1; // latest, with a value
+    f[flags_at + 2] = 5;
+    assert_eq!(raw_error(&mut c, 3, &f), ErrorCode::BadArgument, "a value with latest");
+    let long = encode(4, &create("g", "a-filter-of-17-by"));
+    assert_eq!(raw_error(&mut c, 4, &long), ErrorCode::BadFilter, "a filter over filter_bytes_max");
+    let name = encode(5, &create("nine-byte", ""));
+    assert_eq!(raw_error(&mut c, 5, &name), ErrorCode::BadArgument, "a name over group_name_bytes_max");
+    let regex = encode(6, &create("g", "re:[z-a]"));
+    assert_eq!(raw_error(&mut c, 6, &regex), ErrorCode::BadFilter, "a regex that does not compile");
+    let reset = Request::ResetGroup { topic: "t", group: "g", start: Start::Latest };
+    let mut f = encode(7, &reset);
+    f[flags_at] = 4;
+    assert_eq!(raw_error(&mut c, 7, &f), ErrorCode::BadArgument, "RESET_GROUP: an unknown start kind");
+    // Nothing was created, and the connection goes on.
+    assert!(c.list_groups("t").unwrap().is_empty());
+    assert_eq!(take(&mut c, "t", "g"), vec![id]);
+    // The group ops need version 2: a version-1 session gets UNKNOWN_OP.
+    let mut v1 = srv.client();
+    let f = encode(8, &Request::ListGroups { topic: "t" });
+    assert_eq!(raw_error(&mut v1, 8, &f), ErrorCode::UnknownOp);
+    v1.ping().expect("the version-1 connection goes on");
+}
+
+/// Small segments, so that a few hundred messages make compaction run.
+fn small_segments() -> LogOptions {
+    LogOptions { segment_bytes_max: 16 << 10, ..LogOptions::default() }
+}
+
+#[test]
+fn a_restart_rebuilds_every_group_and_compaction_never_gives_back_an_acked_message() {
+    let dir = TempDir::new("groups-restart");
+    let srv = Server::start_in(Config::default(), small_segments(), dir.path());
+    let mut c = srv.client_v2();
+    create(&mut c, "t", "fast", Start::Earliest);
+    create(&mut c, "t", "slow", Start::Earliest);
+    let settings = GroupSettings { filter: "x", max_deliveries: 9, ..GroupSettings::default() };
+    c.create_group("t", "tagged", settings, Start::Latest).unwrap();
+    // Fast acks everything as it comes; slow holds the first few hundred
+    // (acks none): compaction must move them forward for slow while
+    // keeping fast's acks.
+    let payload = vec![b'p'; 200];
+    let mut all = Vec::new();
+    for _ in 0..40 {
+        let (first, n) = c.produce_batch("t", &[payload.as_slice(); 8]).unwrap();
+        all.extend(first..first + u64::from(n));
+        let got = take(&mut c, "t", "fast");
+        assert_eq!(c.ack_group("t", "fast", &got).unwrap().done as usize, got.len());
+    }
+    let slow_got = take(&mut c, "t", "slow");
+    assert_eq!(slow_got, all);
+    // slow acks the second half; the first half stays in flight.
+    let half = all.len() / 2;
+    c.ack_group("t", "slow", &all[half..]).unwrap();
+    // Churn on another topic until compaction has removed segments.
+    for _ in 0..400 {
+        let (first, n) = c.produce_batch("churn", &[payload.as_slice(); 8]).unwrap();
+        let got = c.fetch("churn", Fetch { max_messages: 100, ..Fetch::default() }).unwrap();
+        assert_eq!(got.len(), n as usize);
+        c.ack("churn", &(first..first + u64::from(n)).collect::<Vec<_>>()).unwrap();
+        if c.stat("", "compactions").unwrap().unwrap_or(0) >= 8 {
+            break;
+        }
+    }
+    assert!(c.stat("", "compactions").unwrap().unwrap_or(0) >= 1, "compaction ran");
+    drop(c);
+    srv.stop();
+
+    let srv = Server::start_in(Config::default(), small_segments(), dir.path());
+    let mut c = srv.client_v2();
+    let names: Vec<String> = c.list_groups("t").unwrap().into_iter().map(|g| g.name).collect();
+    assert_eq!(names, ["fast", "slow", "tagged"]);
+    let tagged = entry(&mut c, "t", "tagged");
+    assert_eq!((tagged.filter.as_str(), tagged.max_deliveries), ("x", 9));
+    assert!(take(&mut c, "t", "fast").is_empty(), "fast acked everything before the restart");
+    assert_eq!(take(&mut c, "t", "slow"), all[..half].to_vec(), "slow gets back only what it had not acked");
+    assert!(take(&mut c, "t", "tagged").is_empty());
+    let next = c.produce("t", b"n").unwrap();
+    assert_eq!(take(&mut c, "t", "fast"), vec![next]);
+}
