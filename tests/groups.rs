@@ -89,11 +89,14 @@ fn start_positions_and_an_implicit_group_at_the_earliest_message() {
     assert_eq!(create(&mut c, "t", "from-time", Start::Time(born)).1, first + 2);
     assert!(take(&mut c, "t", "latest").is_empty());
     assert_eq!(take(&mut c, "t", "from-id"), vec![first + 2, first + 3]);
+    // An id past the newest starts with the next message produced.
+    assert_eq!(create(&mut c, "t", "far", Start::Id(first + 1000)).1, first + 4);
     let (created, _) = create(&mut c, "t", "from-id", Start::Earliest);
     assert!(!created, "an existing group keeps its position");
     let next = c.produce("t", b"5").unwrap();
     assert_eq!(take(&mut c, "t", "latest"), vec![next]);
     assert_eq!(take(&mut c, "t", "from-time"), vec![first + 2, first + 3, next]);
+    assert_eq!(take(&mut c, "t", "far"), vec![next]);
 }
 
 #[test]

@@ -110,7 +110,8 @@ impl Topic {
         match start {
             Start::Earliest => 0,
             Start::Latest => self.seq.next_id(),
-            Start::Id(id) => id,
+            // An id past the newest starts with the next message produced.
+            Start::Id(id) => id.min(self.seq.next_id()),
             Start::Time(ms) => self.seq.first_born_at_or_after(ms).unwrap_or(self.seq.next_id()),
         }
     }
