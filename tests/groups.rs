@@ -43,6 +43,18 @@ fn gstat(c: &mut Client, topic: &str, g: &str, key: &str) -> Option<u64> {
     kv.into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
 }
 
+/// A new connection whose FETCH of group `g` of topic "t" is parked (as
+/// `c` sees in STATS).
+fn park(srv: &Server, c: &mut Client, g: &str) -> Client {
+    let mut waiting = srv.client_v2();
+    let fetch =
+        Request::Fetch { topic: "t", group: g, max_messages: 1, max_bytes: 0, wait_ms: 30_000, ack_timeout_ms: 0 };
+    waiting.send(&fetch);
+    waiting.flush().expect("flush");
+    common::wire::wait_until("the FETCH parks", || gstat(c, "t", g, "waiters") == Some(1));
+    waiting
+}
+
 fn live(c: &mut Client, topic: &str) -> u64 {
     c.stat(topic, "bytes").expect("stats").expect("bytes") // payloads are one byte each
 }
@@ -89,11 +101,14 @@ fn start_positions_and_an_implicit_group_at_the_earliest_message() {
     assert_eq!(create(&mut c, "t", "from-time", Start::Time(born)).1, first + 2);
     assert!(take(&mut c, "t", "latest").is_empty());
     assert_eq!(take(&mut c, "t", "from-id"), vec![first + 2, first + 3]);
+    // An id past the newest starts with the next message produced.
+    assert_eq!(create(&mut c, "t", "far", Start::Id(first + 1000)).1, first + 4);
     let (created, _) = create(&mut c, "t", "from-id", Start::Earliest);
     assert!(!created, "an existing group keeps its position");
     let next = c.produce("t", b"5").unwrap();
     assert_eq!(take(&mut c, "t", "latest"), vec![next]);
     assert_eq!(take(&mut c, "t", "from-time"), vec![first + 2, first + 3, next]);
+    assert_eq!(take(&mut c, "t", "far"), vec![next]);
 }
 
 #[test]
@@ -128,17 +143,7 @@ fn deleting_a_group_releases_what_only_it_needed_and_ends_its_waiters() {
     c.ack_group("t", "a", &got).unwrap();
     take(&mut c, "t", "b");
     // A consumer of b parks; deleting b answers it UNKNOWN_GROUP.
-    let mut waiting = srv.client_v2();
-    waiting.send(&runnel::codec::Request::Fetch {
-        topic: "t",
-        group: "b",
-        max_messages: 1,
-        max_bytes: 0,
-        wait_ms: 30_000,
-        ack_timeout_ms: 0,
-    });
-    waiting.flush().unwrap();
-    common::wire::wait_until("the FETCH parks", || gstat(&mut c, "t", "b", "waiters") == Some(1));
+    let mut waiting = park(&srv, &mut c, "b");
     assert_eq!(c.delete_group("t", "b").unwrap(), 3, "it held three in flight");
     assert_eq!(code(waiting.recv()), ErrorCode::UnknownGroup);
     common::wire::wait_until("the sweep releases them", || live(&mut c, "t") == 0);
@@ -220,6 +225,67 @@ fn a_topic_without_groups_keeps_its_messages_for_the_first_group() {
     let (first, _) = c.produce_batch("t", &[b"1", b"2"]).unwrap();
     assert!(c.list_groups("t").unwrap().is_empty());
     assert_eq!(take(&mut c, "t", "late"), vec![first, first + 1]);
+}
+
+#[test]
+fn a_parked_fetch_of_a_named_group_gets_the_next_message() {
+    let (srv, _dir) = Server::start(Config::default());
+    let mut c = srv.client_v2();
+    create(&mut c, "t", "a", Start::Earliest);
+    create(&mut c, "t", "b", Start::Earliest);
+    let mut waiting = park(&srv, &mut c, "b");
+    let long = Fetch { max_messages: 1, wait_ms: 30_000, ..Fetch::default() };
+    let id = c.produce("t", b"m").unwrap();
+    match waiting.recv().unwrap() {
+        runnel::client::OwnedReply::Messages { messages, .. } => assert_eq!(ids(&messages), vec![id]),
+        other => panic!("expected messages, got {other:?}"),
+    }
+    assert_eq!(ids(&c.fetch_group("t", "a", long).unwrap()), vec![id], "a gets it too");
+}
+
+#[test]
+fn a_broadcast_group_gives_every_consumer_every_message_from_when_it_joined() {
+    let dir = TempDir::new("broadcast");
+    let srv = Server::start_in(Config::default(), LogOptions::default(), dir.path());
+    let mut admin = srv.client_v2();
+    let settings = GroupSettings { broadcast: true, ..GroupSettings::default() };
+    admin.create_group("t", "all", settings, Start::Earliest).unwrap();
+    let (mut a, mut b) = (srv.client_v2(), srv.client_v2());
+    assert!(take(&mut a, "t", "all").is_empty(), "a joins at the tail");
+    let (first, _) = admin.produce_batch("t", &[b"1", b"2"]).unwrap();
+    assert_eq!(take(&mut a, "t", "all"), vec![first, first + 1]);
+    assert!(take(&mut b, "t", "all").is_empty(), "b joined after them");
+    let third = admin.produce("t", b"3").unwrap();
+    assert_eq!(take(&mut a, "t", "all"), vec![third]);
+    assert_eq!(take(&mut b, "t", "all"), vec![third], "each consumer gets its own copy");
+    let e = entry(&mut admin, "t", "all");
+    assert!(e.broadcast);
+    assert_eq!((e.stats.consumers, e.stats.inflight), (2, 4));
+    // An ACK counts for its consumer only; b's copy of the third is not a's.
+    assert_eq!(a.ack_group("t", "all", &[first, first + 1, third]).unwrap().done, 3);
+    assert_eq!(b.ack_group("t", "all", &[first]).unwrap().failed, vec![first], "never b's");
+    assert_eq!(live(&mut admin, "t"), 1, "only b still holds the third");
+    // b leaves: its in-flight copy goes with it (no one else gets it).
+    drop(b);
+    common::wire::wait_until("b's copy goes", || live(&mut admin, "t") == 0);
+    assert_eq!(entry(&mut admin, "t", "all").stats.consumers, 1);
+    // A reset moves the consumers; the group itself still needs nothing.
+    admin.reset_group("t", "all", Start::Earliest).unwrap();
+    let fourth = admin.produce("t", b"4").unwrap();
+    assert_eq!(take(&mut a, "t", "all"), vec![fourth]);
+    a.ack_group("t", "all", &[fourth]).unwrap();
+    // The mode is kept; a restart keeps the group, not its positions.
+    let clustering = GroupSettings::default();
+    assert_eq!(code(admin.create_group("t", "all", clustering, Start::Earliest)), ErrorCode::BadArgument);
+    drop((a, admin));
+    srv.stop();
+    let srv = Server::start_in(Config::default(), LogOptions::default(), dir.path());
+    let mut c = srv.client_v2();
+    let e = entry(&mut c, "t", "all");
+    assert!(e.broadcast && e.stats.consumers == 0);
+    c.produce("t", b"5").unwrap();
+    assert_eq!(live(&mut c, "t"), 0, "with no member the group needs nothing");
+    assert!(take(&mut c, "t", "all").is_empty());
 }
 
 /// Sends `frame` (a whole request frame, request id `rid`) and returns the

@@ -40,8 +40,10 @@ impl Broker {
         self.compactor.note_produce(dlq, new_id);
         src.topic.dead_lettered(group, id);
         self.turn.mark_for_publish(dst);
-        RemoveRecord { topic: tid, group, reason: RemoveReason::DeadLettered, ids: &[id] }.append(&mut self.log);
-        self.compactor.note_group(tid, group);
+        if !group.is_member() {
+            RemoveRecord { topic: tid, group, reason: RemoveReason::DeadLettered, ids: &[id] }.append(&mut self.log);
+            self.compactor.note_group(tid, group);
+        }
     }
 
     /// A message that could not be dead-lettered goes back to ready.
@@ -61,7 +63,7 @@ impl Broker {
         let dlq = self.topics.id(&dlq_name).ok_or_else(|| unknown(&dlq_name))?;
         // REDRIVE consumes the dead-letter topic as its default group does
         // (and makes that group, as a version-1 FETCH would).
-        self.group_of(dlq, "", true)?;
+        self.group_of(dlq, "", true, 0)?;
         let max = if max_messages == 0 { u64::MAX } else { u64::from(max_messages) };
         let l = &self.config.limits;
         let [Some(dst), Some(src)] = self.topics.pair_mut(tid, dlq) else { return Err(unknown(topic)) };

@@ -12,8 +12,28 @@ use crate::filter::Filter;
 use crate::queue::{Group, GroupConfig, GroupId, Topic};
 use crate::record::{GroupDeleteRecord, GroupStateRecord};
 
-/// A group's numbers, as LIST_GROUPS, STATS and the metrics show them.
+/// A group's numbers, as LIST_GROUPS, STATS and the metrics show them. A
+/// broadcast group's are its members': in flight, retry and delayed
+/// summed, lag and age the largest, cursor the lowest, one consumer each.
 pub(crate) fn group_stats(t: &Topic, g: &Group, now: Now) -> GroupStats {
+    if g.config.broadcast {
+        let mut s = GroupStats { cursor: t.seq.next_id(), ..GroupStats::default() };
+        for m in g.members().filter_map(|m| t.group(m)) {
+            let ms = unit_stats(t, m, now);
+            s.cursor = s.cursor.min(ms.cursor);
+            s.lag = s.lag.max(ms.lag);
+            s.oldest_unacked_age_ms = s.oldest_unacked_age_ms.max(ms.oldest_unacked_age_ms);
+            (s.inflight, s.retry, s.delayed) = (s.inflight + ms.inflight, s.retry + ms.retry, s.delayed + ms.delayed);
+            s.consumers += 1;
+            s.dead_lettered += m.counters.dead_lettered;
+        }
+        return s;
+    }
+    unit_stats(t, g, now)
+}
+
+/// The numbers of a group that keeps one position (not broadcast).
+fn unit_stats(t: &Topic, g: &Group, now: Now) -> GroupStats {
     GroupStats {
         cursor: g.cursor(),
         lag: t.seq.live_in(g.cursor(), t.seq.visible_id()),
@@ -33,9 +53,6 @@ impl Broker {
         let l = &self.config.limits;
         let filter = Filter::parse(s.filter, l.filter_bytes_max, l.filter_compiled_bytes_max)
             .map_err(|e| (ErrorCode::BadFilter, e))?;
-        if s.broadcast {
-            return Err((ErrorCode::BadArgument, "broadcast groups are not served by this broker".into()));
-        }
         Ok(GroupConfig {
             broadcast: s.broadcast,
             ack_timeout_ms: s.ack_timeout_ms,
@@ -63,7 +80,13 @@ impl Broker {
     ) -> Result<(), Refusal> {
         let config = self.group_config(settings)?;
         let tid = self.topic_for(topic, self.config.auto_create)?;
-        let existing = self.topics.get(tid).and_then(|e| e.topic.group_named(name)).map(Group::id);
+        let existing = self.topics.get(tid).and_then(|e| e.topic.group_named(name));
+        if existing.is_some_and(|g| g.config.broadcast != config.broadcast) {
+            let msg =
+                format!("group {name} keeps its mode (broadcast or not): delete it and create it anew to change it");
+            return Err((ErrorCode::BadArgument, msg));
+        }
+        let existing = existing.map(Group::id);
         let g = match existing {
             Some(g) => {
                 if let Some(e) = self.topics.get_mut(tid) {
@@ -96,11 +119,14 @@ impl Broker {
             let s = group_stats(&e.topic, x, Now::default());
             s.lag + s.inflight + s.retry + s.delayed
         });
+        // The group and, if broadcast, its members: each has its waiters.
+        let mut units: Vec<GroupId> = e.topic.group(g).map(|x| x.members().collect()).unwrap_or_default();
+        units.push(g);
         e.topic.delete_group(g, &mut GroupTimers { wheel: &mut self.wheel, topic: tid, group: g });
         GroupDeleteRecord { topic: tid, group: g }.append(&mut self.log);
         self.compactor.forget_group(tid, g);
         self.sweeps.note(tid);
-        for w in self.waiters.drain_group(tid, g) {
+        for w in units.into_iter().flat_map(|u| self.waiters.drain_group(tid, u)) {
             self.wheel.cancel(w.timer);
             let message = format!("group {name} of topic {topic} was deleted");
             self.turn.answer_later(w.conn, w.request_id, ErrorCode::UnknownGroup, message);
@@ -125,8 +151,13 @@ impl Broker {
         e.topic.reset_group(g, cursor, &mut GroupTimers { wheel: &mut self.wheel, topic: tid, group: g });
         // Parked consumers of the group may find messages again.
         self.turn.mark_for_publish(e);
-        GroupStateRecord { topic: tid, group: g, cursor, entries: &[] }.append(&mut self.log);
-        self.compactor.note_group(tid, g);
+        let Some(e) = self.topics.get(tid) else { return Err(unknown(topic)) };
+        // A broadcast group's positions are its members', which are not
+        // logged.
+        if !e.topic.group(g).is_some_and(|x| x.config.broadcast) {
+            GroupStateRecord { topic: tid, group: g, cursor, entries: &[] }.append(&mut self.log);
+            self.compactor.note_group(tid, g);
+        }
         self.sweeps.note(tid);
         codec::encode_u64_reply(out, op::RESET_GROUP, rid, cursor);
         Ok(())
@@ -138,7 +169,7 @@ impl Broker {
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
         let Some(e) = self.topics.get(tid) else { return Err(unknown(topic)) };
         let t = &e.topic;
-        let mut groups: Vec<&Group> = t.groups().iter().collect();
+        let mut groups: Vec<&Group> = t.groups().collect();
         groups.sort_unstable_by(|a, b| a.name().cmp(b.name()));
         let infos: Vec<GroupInfo<'_>> = groups.iter().map(|g| group_info(t, g, now)).collect();
         codec::group::encode_groups_reply(out, rid, &infos);

@@ -353,6 +353,15 @@ impl Broker {
             for (id, info) in dead {
                 self.dead_letter(tid, group, id, info);
             }
+            // A broadcast member leaves with its connection, and with it
+            // its position and what it held.
+            if group.is_member()
+                && let Some(e) = self.topics.get_mut(tid)
+            {
+                let mut timers = GroupTimers { wheel: &mut self.wheel, topic: tid, group };
+                e.topic.leave_member(group, session.consumer, &mut timers);
+                self.sweeps.note(tid);
+            }
         }
     }
 }

@@ -12,7 +12,9 @@ use super::waiters::Waiter;
 use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, stats};
 use crate::codec::group::Start;
 use crate::codec::{self, Batch, DecodeError, ErrorCode, Frame, Ids, Message, Request, Skip, TopicSettings, op};
-use crate::queue::{Body, Group, GroupConfig, GroupId, MsgId, Returned, Seq, Settings, TagSetId, Take, Topic};
+use crate::queue::{
+    Body, ConsumerId, Group, GroupConfig, GroupId, MsgId, Returned, Seq, Settings, TagSetId, Take, Topic,
+};
 use crate::record::{MessageRecord, ProduceWriter, PurgeRecord, RemoveReason, RemoveRecord, RequeueRecord};
 use crate::wheel::{TimerKey, Wheel};
 
@@ -120,12 +122,12 @@ impl Broker {
                 let args = FetchArgs { max_messages, max_bytes, wait_ms, ack_timeout_ms };
                 self.fetch(session, (topic, group), args, at, out)
             }
-            Request::Ack { topic, group, ids } => self.ack((topic, group), ids, rid, out),
+            Request::Ack { topic, group, ids } => self.ack((topic, group, session.consumer), ids, rid, out),
             Request::Touch { topic, group, ack_timeout_ms, ids } => {
-                self.touch((topic, group), ack_timeout_ms, ids, at, out)
+                self.touch((topic, group, session.consumer), ack_timeout_ms, ids, at, out)
             }
             Request::Nack { topic, group, delay_ms, flags, ids } => {
-                self.nack((topic, group), delay_ms, flags, ids, at, out)
+                self.nack((topic, group, session.consumer), delay_ms, flags, ids, at, out)
             }
             Request::Stats { topic } => self.stats(topic, session.version, at, out),
             Request::ListTopics => self.list_topics(at, out),
@@ -250,20 +252,32 @@ impl Broker {
         (e, self.failed_before_hello(session))
     }
 
-    /// The group of topic `tid` named `name` that a consumer request acts
-    /// on (version 1 names none: the default group, `""`). A FETCH
-    /// (`create`) makes a missing group, at the earliest message retained:
-    /// the default group always, a named one unless `--no-auto-create`.
-    /// Another request naming a missing default group acts on none (its ids
-    /// fail), and one naming a missing named group is UNKNOWN_GROUP.
-    pub(super) fn group_of(&mut self, tid: TopicId, name: &str, create: bool) -> Result<GroupId, Refusal> {
-        let Some(e) = self.topics.get(tid) else { return Err((ErrorCode::UnknownTopic, "no such topic".into())) };
-        if let Some(g) = e.topic.group_named(name) {
-            return Ok(g.id());
+    /// The group of topic `tid` named `name` that consumer `c`'s request
+    /// acts on (version 1 names none: the default group, `""`); in a
+    /// broadcast group, `c`'s member, which a FETCH (`create`) makes. A
+    /// FETCH makes a missing group, at the earliest message retained: the
+    /// default group always, a named one unless `--no-auto-create`. Another
+    /// request naming a missing default group (or a broadcast group it is
+    /// no member of) acts on none: its ids fail; one naming a missing named
+    /// group is UNKNOWN_GROUP.
+    pub(super) fn group_of(
+        &mut self,
+        tid: TopicId,
+        name: &str,
+        create: bool,
+        c: ConsumerId,
+    ) -> Result<GroupId, Refusal> {
+        let Some(e) = self.topics.get_mut(tid) else {
+            return Err((ErrorCode::UnknownTopic, "no such topic".into()));
+        };
+        if let Some(g) = e.topic.group_named(name).map(Group::id) {
+            let member = if create { e.topic.join_member(g, c) } else { e.topic.member(g, c) };
+            return Ok(member.unwrap_or(GroupId::NONE));
         }
         if create && (name.is_empty() || self.config.auto_create) {
             return self.create_group(tid, name, GroupConfig::default(), Start::Earliest);
         }
+        let Some(e) = self.topics.get(tid) else { return Err(unknown_group("", name)) };
         if name.is_empty() {
             return Ok(GroupId::DEFAULT);
         }
@@ -284,11 +298,13 @@ impl Broker {
         let max = self.config.limits.groups_per_topic_max;
         let Some(e) = self.topics.get_mut(tid) else { return Err((ErrorCode::UnknownTopic, "no such topic".into())) };
         let t = &mut e.topic;
-        if t.groups().len() >= max as usize {
+        if t.groups().count() >= max as usize {
             let msg = format!("topic {} has groups_per_topic_max ({max}) groups", t.name);
             return Err((ErrorCode::TooManyGroups, msg));
         }
-        let cursor = t.start_cursor(start);
+        // A broadcast group needs nothing itself: its members do, each from
+        // the tail on.
+        let cursor = if config.broadcast { MsgId::MAX } else { t.start_cursor(start) };
         let g = if name.is_empty() {
             t.insert_group(Group::with(GroupId::DEFAULT, "", config, cursor));
             GroupId::DEFAULT
@@ -344,7 +360,7 @@ impl Broker {
             return Err((ErrorCode::BadArgument, "max_messages must be at least 1".into()));
         }
         let tid = self.topic_for(topic, self.config.auto_create)?;
-        let group = self.group_of(tid, group, true)?;
+        let group = self.group_of(tid, group, true, session.consumer)?;
         if !session.fetched.contains(&(tid, group)) {
             session.fetched.push((tid, group));
             if let Some(e) = self.topics.get_mut(tid) {
@@ -377,15 +393,17 @@ impl Broker {
     /// ACK: the group is done with each id.
     fn ack(
         &mut self,
-        (topic, group): (&str, &str),
+        (topic, group, c): (&str, &str, ConsumerId),
         ids: Ids<'_>,
         rid: u32,
         out: &mut Vec<u8>,
     ) -> Result<Outcome, Refusal> {
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
-        let group = self.group_of(tid, group, false)?;
+        let group = self.group_of(tid, group, false, c)?;
         self.ids_op(tid, group, ids, |t, id, timers| t.ack(group, id, timers));
-        if !self.scratch.done_ids.is_empty() {
+        // A broadcast member's state is not logged: it ends with its
+        // connection.
+        if !self.scratch.done_ids.is_empty() && !group.is_member() {
             let ids = &self.scratch.done_ids;
             RemoveRecord { topic: tid, group, reason: RemoveReason::Acked, ids }.append(&mut self.log);
             self.compactor.note_group(tid, group);
@@ -397,14 +415,14 @@ impl Broker {
     /// TOUCH: each id's ack deadline counts again from now.
     fn touch(
         &mut self,
-        (topic, group): (&str, &str),
+        (topic, group, c): (&str, &str, ConsumerId),
         ack_timeout_ms: u32,
         ids: Ids<'_>,
         at: At<'_>,
         out: &mut Vec<u8>,
     ) -> Result<Outcome, Refusal> {
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
-        let group = self.group_of(tid, group, false)?;
+        let group = self.group_of(tid, group, false, c)?;
         // The deadline counts from this turn's clock (the wheel's own time
         // is the last turn's, which may be long ago).
         self.ids_op(tid, group, ids, |t, id, timers| {
@@ -446,7 +464,7 @@ impl Broker {
     /// dead-letter topic.
     fn nack(
         &mut self,
-        (topic, group): (&str, &str),
+        (topic, group, c): (&str, &str, ConsumerId),
         delay_ms: u32,
         flags: u8,
         ids: Ids<'_>,
@@ -454,7 +472,7 @@ impl Broker {
         out: &mut Vec<u8>,
     ) -> Result<Outcome, Refusal> {
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
-        let group = self.group_of(tid, group, false)?;
+        let group = self.group_of(tid, group, false, c)?;
         let dead_letter = flags & codec::NACK_FLAG_DEAD_LETTER != 0;
         let delay = (delay_ms > 0).then(|| at.now.mono_ms + u64::from(delay_ms));
         let mut dead = Vec::new();
@@ -477,7 +495,7 @@ impl Broker {
             self.turn.mark_for_publish(e);
         }
         self.ids_reply(op::NACK, at.request_id, out);
-        if !requeued.is_empty() {
+        if !requeued.is_empty() && !group.is_member() {
             RequeueRecord { topic: tid, group, entries: &requeued }.append(&mut self.log);
             self.compactor.note_group(tid, group);
         }

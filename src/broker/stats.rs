@@ -83,7 +83,7 @@ impl Broker {
         let mut v = Vec::new();
         for e in self.topics.sorted("") {
             let t = &e.topic;
-            let mut groups: Vec<&Group> = t.groups().iter().collect();
+            let mut groups: Vec<&Group> = t.groups().collect();
             groups.sort_unstable_by(|a, b| a.name().cmp(b.name()));
             v.extend(groups.into_iter().map(|g| GroupMetrics {
                 topic: t.name.to_string(),
@@ -169,7 +169,7 @@ impl Broker {
 
     /// The STATS sections of each group of topic `t`, by name.
     fn write_group_sections(&self, tid: TopicId, t: &Topic, now: Now, w: &mut codec::StatsWriter, out: &mut Vec<u8>) {
-        let mut groups: Vec<&Group> = t.groups().iter().collect();
+        let mut groups: Vec<&Group> = t.groups().collect();
         groups.sort_unstable_by(|a, b| a.name().cmp(b.name()));
         for g in groups {
             let s = group_stats(t, g, now);

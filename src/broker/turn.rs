@@ -222,6 +222,8 @@ impl Broker {
         }
         self.scratch.expired = expired;
         requeued.sort_unstable_by_key(|r| (r.0, r.1.0));
+        // A broadcast member's state is not logged.
+        requeued.retain(|r| !r.1.is_member());
         for chunk in requeued.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
             let entries: Vec<(MsgId, u16)> = chunk.iter().map(|r| (r.2, r.3)).collect();
             RequeueRecord { topic: chunk[0].0, group: chunk[0].1, entries: &entries }.append(&mut self.log);
@@ -401,8 +403,28 @@ impl Broker {
         let Some(e) = self.topics.get_mut(tid) else { return };
         e.to_publish = false;
         e.topic.publish();
-        // The waiters of each group the topic has: today the default one.
-        let group = GroupId::DEFAULT;
+        // The waiters of each group the topic has (a broadcast group's
+        // members included), in creation order.
+        let mut i = 0;
+        while let Some(group) = self.topics.get(tid).and_then(|e| e.topic.group_id_at(i)) {
+            i += 1;
+            if self.waiters.waiting(tid, group) > 0 {
+                self.serve_waiters(tid, group, now, outbox, grown_bytes);
+            }
+        }
+    }
+
+    /// Answers group `group`'s parked FETCHes, oldest first, while it has
+    /// messages ready.
+    fn serve_waiters(
+        &mut self,
+        tid: TopicId,
+        group: GroupId,
+        now: Now,
+        outbox: &mut impl Outbox,
+        grown_bytes: &mut u64,
+    ) {
+        let Some(e) = self.topics.get_mut(tid) else { return };
         let buffered_bytes = outbox.buffered_bytes();
         while e.topic.has_ready(group) {
             let Some(w) = self.waiters.next(tid, group) else { break };

@@ -114,6 +114,9 @@ pub struct Group {
     owners: IdMap<Owned>,
     /// Connections that have fetched from the group and are still open.
     pub consumers: u32,
+    /// A broadcast group's members: each consumer's own position, a group
+    /// of its own (empty for other groups).
+    pub(super) members: FastMap<ConsumerId, GroupId>,
     /// Counters kept since the broker started (`produced` is the topic's).
     pub counters: Counters,
 }
@@ -146,6 +149,10 @@ impl Group {
     /// Consumers holding messages of the group now.
     pub fn holders(&self) -> u32 {
         self.owners.len() as u32
+    }
+    /// A broadcast group's members (their group ids).
+    pub fn members(&self) -> impl Iterator<Item = GroupId> + '_ {
+        self.members.values().copied()
     }
 
     /// Changes the settings; a new filter forgets the old one's decisions.
@@ -471,8 +478,8 @@ impl Group {
         }
         let (name, config, counters) =
             (std::mem::take(&mut self.name), std::mem::take(&mut self.config), self.counters);
-        let consumers = self.consumers;
-        *self = Group { id: self.id, name, config, cursor, counters, consumers, ..Group::default() };
+        let (consumers, members) = (self.consumers, std::mem::take(&mut self.members));
+        *self = Group { id: self.id, name, config, cursor, counters, consumers, members, ..Group::default() };
     }
 
     /// Recovery: sets where the group reads from, and what it still needs

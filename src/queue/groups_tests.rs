@@ -95,7 +95,7 @@ impl Run {
         match start {
             Start::Earliest => 0,
             Start::Latest => self.t.seq.next_id(),
-            Start::Id(id) => id,
+            Start::Id(id) => id.min(self.t.seq.next_id()),
             Start::Time(ms) => {
                 self.live.iter().copied().find(|&id| born_ms_of(id) >= ms).unwrap_or(self.t.seq.next_id())
             }

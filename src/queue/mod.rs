@@ -43,8 +43,20 @@ pub type ConsumerId = u64;
 pub struct GroupId(pub u32);
 
 impl GroupId {
-    /// The default group: the one every topic has.
+    /// The default group: the one version 1 of the protocol reads.
     pub const DEFAULT: GroupId = GroupId(0);
+    /// Set in the id of a broadcast group's member: one consumer
+    /// connection's own position inside the group. Members are not logged
+    /// (they end with their connection) and never named on the wire.
+    pub const MEMBER_BIT: u32 = 1 << 31;
+    /// Names no group: what a request of a broadcast group's consumer that
+    /// is not (or no longer) a member acts on.
+    pub const NONE: GroupId = GroupId(u32::MAX);
+
+    /// Whether this is a broadcast group's member.
+    pub fn is_member(self) -> bool {
+        self.0 & GroupId::MEMBER_BIT != 0
+    }
 }
 
 /// Hashes message ids (which the broker assigns, so a client cannot pick

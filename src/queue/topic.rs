@@ -46,6 +46,9 @@ pub struct Topic {
     groups: Vec<Group>,
     /// The id the next group created gets: never reused within the topic.
     next_group_id: u32,
+    /// The number of the next broadcast member (its id has
+    /// `GroupId::MEMBER_BIT`).
+    next_member: u32,
     /// The next id a sweep looks at, if one is under way: messages below
     /// it were checked, those from it on may be held by no group.
     sweep_from: Option<MsgId>,
@@ -67,6 +70,7 @@ impl Topic {
             seq: Seq::new(first_id),
             groups: Vec::new(),
             next_group_id: 1,
+            next_member: 0,
             sweep_from: None,
             produced: 0,
             is_dlq,
@@ -93,9 +97,15 @@ impl Topic {
         self.groups.iter().find(|x| x.name() == name)
     }
 
-    /// Every group, in creation order.
-    pub fn groups(&self) -> &[Group] {
-        &self.groups
+    /// Every group, in creation order (not a broadcast group's members).
+    pub fn groups(&self) -> impl Iterator<Item = &Group> + '_ {
+        self.groups.iter().filter(|g| !g.id().is_member())
+    }
+
+    /// The id of the `i`-th group, broadcast members included (to visit
+    /// every group without borrowing the topic).
+    pub fn group_id_at(&self, i: usize) -> Option<GroupId> {
+        self.groups.get(i).map(Group::id)
     }
 
     fn group_mut(&mut self, g: GroupId) -> Option<&mut Group> {
@@ -123,7 +133,8 @@ impl Topic {
         match start {
             Start::Earliest => 0,
             Start::Latest => self.seq.next_id(),
-            Start::Id(id) => id,
+            // An id past the newest starts with the next message produced.
+            Start::Id(id) => id.min(self.seq.next_id()),
             Start::Time(ms) => self.seq.first_born_at_or_after(ms).unwrap_or(self.seq.next_id()),
         }
     }
@@ -147,25 +158,73 @@ impl Topic {
         self.start_sweep(0, cursor);
     }
 
-    /// Removes group `g`, disarming its timers: what only it held goes by
-    /// the sweep. False if there is no such group.
+    /// Removes group `g` (a broadcast group with its members), disarming
+    /// its timers: what only it held goes by the sweep. False if there is
+    /// no such group.
     pub fn delete_group(&mut self, g: GroupId, timers: &mut impl Timers) -> bool {
         let Some(i) = self.groups.iter().position(|x| x.id() == g) else { return false };
         let mut group = self.groups.remove(i);
+        for m in std::mem::take(&mut group.members).into_values() {
+            self.delete_group(m, timers);
+        }
         group.clear(0, timers);
         self.start_sweep(0, MsgId::MAX);
         true
     }
 
     /// Moves group `g` to `cursor`, dropping what it had in flight, back
-    /// for retry or delayed (Redis's XGROUP SETID). False if there is no
-    /// such group.
+    /// for retry or delayed (Redis's XGROUP SETID); a broadcast group's
+    /// members all move. False if there is no such group.
     pub fn reset_group(&mut self, g: GroupId, cursor: MsgId, timers: &mut impl Timers) -> bool {
         let Some(group) = self.group_mut(g) else { return false };
-        let old = group.cursor();
-        group.clear(cursor, timers);
-        self.start_sweep(0, old.max(cursor));
+        let members: Vec<GroupId> = group.members().collect();
+        // A broadcast group itself needs nothing, wherever it is moved.
+        if !group.config.broadcast {
+            let old = group.cursor();
+            group.clear(cursor, timers);
+            self.start_sweep(0, old.max(cursor));
+        }
+        for m in members {
+            self.reset_group(m, cursor, timers);
+        }
         true
+    }
+
+    /// The group consumer `c` acts on when it names group `g`: `g`
+    /// itself, or for a broadcast group the consumer's member (None if it
+    /// has none).
+    pub fn member(&self, g: GroupId, c: ConsumerId) -> Option<GroupId> {
+        let group = self.group(g)?;
+        if !group.config.broadcast {
+            return Some(g);
+        }
+        group.members.get(&c).copied()
+    }
+
+    /// `member`, making consumer `c` a member of broadcast group `g` if it
+    /// is not: its position starts at the tail (the next message produced).
+    pub fn join_member(&mut self, g: GroupId, c: ConsumerId) -> Option<GroupId> {
+        if let Some(m) = self.member(g, c) {
+            return Some(m);
+        }
+        let parent = self.group(g)?;
+        let (name, config) = (parent.name().to_string(), parent.config.clone());
+        let m = GroupId(GroupId::MEMBER_BIT | self.next_member);
+        self.next_member = (self.next_member + 1) % GroupId::MEMBER_BIT;
+        self.groups.push(Group::with(m, &name, config, self.seq.next_id()));
+        self.group_mut(g)?.members.insert(c, m);
+        Some(m)
+    }
+
+    /// Broadcast member `m` (of consumer `c`) left: its position and what
+    /// it held go; what no one else needs is swept.
+    pub fn leave_member(&mut self, m: GroupId, c: ConsumerId, timers: &mut impl Timers) {
+        for g in &mut self.groups {
+            if g.members.get(&c) == Some(&m) {
+                g.members.remove(&c);
+            }
+        }
+        self.delete_group(m, timers);
     }
 
     /// Changes group `g`'s settings.
@@ -319,9 +378,22 @@ impl Topic {
         }
     }
 
-    /// Makes every appended message visible.
+    /// Makes every appended message visible. One that no group needs (the
+    /// topic's only groups are broadcast groups without members, or began
+    /// after it) leaves at once; with no group at all, every one stays.
     pub fn publish(&mut self) {
+        let from = self.seq.visible_id();
         self.seq.publish();
+        if self.groups.is_empty() || self.groups.iter().any(|g| g.needs(from) && !g.config.broadcast) {
+            return;
+        }
+        let mut id = from;
+        while let Some(live) = self.seq.next_live(id, self.seq.visible_id()) {
+            if !self.groups.iter().any(|h| h.needs(live)) {
+                self.release(live);
+            }
+            id = live + 1;
+        }
     }
 
     /// Withdraws the unpublished messages with ids in `first..first+count`
