@@ -143,6 +143,7 @@ impl SimConfig {
             auto_create: flags & 2 == 0,
             defaults,
             auth_token: (flags & 1 != 0).then(|| TOKEN.to_vec()),
+            ..Config::default()
         };
         assert_eq!(broker.limits.check(), Ok(()), "the simulation's limits must be valid");
         let segment_bytes_max = if flags & 8 != 0 { 512 } else { 64 << 10 };

@@ -64,7 +64,7 @@ const COMPACT_BYTES_PER_TURN: u64 = 256 << 10;
 const COMPACT_MESSAGES_PER_TURN: u32 = 4096;
 /// Log bytes a message's record takes besides its payload (ids, times,
 /// lengths; dead-letter fields not counted).
-const RECORD_MESSAGE_OVERHEAD_BYTES: u64 = record::message_record_bytes(0, false);
+const RECORD_MESSAGE_OVERHEAD_BYTES: u64 = record::message_record_bytes(0, 0, false);
 /// Turns between checks of whether to compact, when there is no work (and
 /// the space is not short: then every turn checks).
 const CHECK_EVERY_TURNS: u32 = 64;
@@ -235,6 +235,15 @@ impl Compactor {
         assert!(self.turn_groups.is_empty());
     }
 
+    /// The turn's records were discarded, not written (a memory-only log):
+    /// there is no segment to note them in, and nothing to compact.
+    pub(crate) fn discarded(&mut self) {
+        self.turn_ranges.clear();
+        self.turn_withdrawable_ranges.clear();
+        self.turn_topics.clear();
+        self.turn_deletes = false;
+    }
+
     /// The turn's commit failed: the log dropped the client produces' and
     /// the copies' records and keeps the rest for the next commit, so only
     /// those notes go (the others are attached when it succeeds), and a
@@ -308,7 +317,7 @@ impl Compactor {
     /// short, first closes the active segment if most of the log is dead.
     fn compaction_due(&mut self, p: &mut Parts<'_>, now: Now) -> Option<u64> {
         let short = p.log.space_short();
-        // One removed segment's space is released at a time.
+        // The release thread's queue of removed segments is full.
         if p.log.releasing() {
             return None;
         }
@@ -422,9 +431,10 @@ impl Compactor {
             };
             let Some(m) = t.seq.get(live) else { break };
             let (deliveries, dead) = (t.deliveries(GroupId::DEFAULT, live), t.seq.dead_info(live));
-            w.push(log, &MessageRecord { id: live, born_ms: m.born_ms, deliveries, dead, payload: m.payload });
+            let (props, payload) = (m.props, m.payload);
+            w.push(log, &MessageRecord { id: live, born_ms: m.born_ms, deliveries, dead, props, payload });
             push_range(&mut self.turn_withdrawable_ranges, r.topic, live);
-            budget.bytes += m.payload.len() as u64 + RECORD_MESSAGE_OVERHEAD_BYTES;
+            budget.bytes += m.bytes() + RECORD_MESSAGE_OVERHEAD_BYTES;
             budget.messages += 1;
             id = live + 1;
         }
@@ -464,7 +474,14 @@ impl Compactor {
                 self.compactions += 1;
                 log::debug!("compaction removed segment {base}");
             }
-            Err(e) => log::warn!("compaction could not remove segment {base}: {e}"),
+            // A segment that cannot be removed (its file gone from under
+            // the broker, a failing disk) is tried again after a backoff
+            // and logged at the storage failures' bounded rate, not every
+            // turn.
+            Err(e) => {
+                self.backoff = RETRY_AFTER_TURNS;
+                p.failures.failed(now.mono_ms, format_args!("compaction could not remove segment {base}: {e}"));
+            }
         }
     }
 }

@@ -30,8 +30,11 @@ pub const DEFAULT_DATA: &str = "runnel-data";
 pub struct ServeConfig {
     /// Where clients connect (`--listen`).
     pub listen: SocketAddr,
-    /// The commit log's directory (`--data`).
+    /// The commit log's directory (`--data`); unused with `memory_only`.
     pub data_dir: PathBuf,
+    /// Keep no log at all (`--memory-only`): messages live in memory only
+    /// and are lost with the process; no data directory is touched.
+    pub memory_only: bool,
     /// Limits, topic defaults, auto-create and the auth token.
     pub broker: Config,
     /// Segment size, fsync mode, repair.
@@ -50,6 +53,7 @@ impl ServeConfig {
         ServeConfig {
             listen,
             data_dir,
+            memory_only: false,
             broker: Config::default(),
             log: LogOptions::default(),
             metrics: None,
@@ -186,7 +190,7 @@ impl Args {
         v.filter(|v| !v.is_empty())
     }
 
-    /// Every value of a flag that may repeat (`--tag a --tag b`), in order.
+    /// Every value of a flag that may be given more than once, in order.
     pub fn take_all(&mut self, name: &str) -> Vec<String> {
         let values = self.flags.iter().filter(|f| f.0 == name).filter_map(|f| f.1.clone()).collect();
         self.flags.retain(|f| f.0 != name);
@@ -262,6 +266,7 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--print-config", "", "print the effective configuration as a config file, and exit"),
     ("--listen", "ADDR", "where clients connect"),
     ("--data", "DIR", "the commit log's directory, locked against a second broker"),
+    ("--memory-only", "", "keep no log: messages live in memory only, lost at a stop, restart or crash"),
     ("--fsync", "turn|never", "answer a PRODUCE after the fdatasync that covers it, or after the write"),
     ("--segment-bytes-max", "N", "size of one log segment file"),
     ("--repair", "", "start past log corruption, dropping only the damaged records"),
@@ -294,6 +299,7 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--groups-per-topic-max", "N", "most consumer groups of one topic, its default group included"),
     ("--tags-per-message-max", "N", "most tags on one message"),
     ("--tag-bytes-max", "N", "longest tag"),
+    ("--tag-sets-per-topic-max", "N", "most distinct sets of tags among one topic's messages"),
     ("--props-bytes-max", "N", "most bytes of one message's properties (tags and headers)"),
     ("--filter-bytes-max", "N", "longest tag filter of a consumer group"),
     ("--filter-compiled-bytes-max", "N", "most memory one compiled regular-expression filter may take"),
@@ -330,6 +336,10 @@ impl Serve {
             a.flags = all.flags;
         }
         let mut s = Serve::default();
+        s.cfg.memory_only = a.switch("--memory-only");
+        if s.cfg.memory_only {
+            refuse_log_flags(&a)?;
+        }
         if let Some(listen) = a.take("--listen") {
             s.cfg.listen = address("--listen", &listen)?;
         }
@@ -351,12 +361,18 @@ impl Serve {
     /// The effective configuration, in the config file's format.
     pub fn config_text(&self) -> String {
         let c = &self.cfg;
-        let mut lines = vec![
-            format!("listen = {}", c.listen),
-            format!("data = {}", c.data_dir.display()),
-            format!("fsync = {}", if c.log.fsync == FsyncMode::Turn { "turn" } else { "never" }),
-            format!("segment-bytes-max = {}", c.log.segment_bytes_max),
-            format!("repair = {}", c.log.repair),
+        let mut lines = vec![format!("listen = {}", c.listen)];
+        if c.memory_only {
+            lines.push(MEMORY_ONLY_TEXT.to_string());
+        } else {
+            lines.extend([
+                format!("data = {}", c.data_dir.display()),
+                format!("fsync = {}", if c.log.fsync == FsyncMode::Turn { "turn" } else { "never" }),
+                format!("segment-bytes-max = {}", c.log.segment_bytes_max),
+                format!("repair = {}", c.log.repair),
+            ]);
+        }
+        lines.extend([
             format!("no-auto-create = {}", !c.broker.auto_create),
             format!("ack-timeout-ms = {}", c.broker.defaults.ack_timeout_ms),
             format!("max-deliveries = {}", c.broker.defaults.max_deliveries),
@@ -367,11 +383,37 @@ impl Serve {
             format!("metrics = {}", c.metrics.map(|m| m.to_string()).unwrap_or_default()),
             format!("spin-us = {}", c.spin_us),
             format!("pin-core = {}", self.pin_core.map(|p| p.to_string()).unwrap_or_default()),
-        ];
+        ]);
         for (k, v) in limit_values(&c.broker.limits) {
             lines.push(format!("{k} = {v}"));
         }
         lines.join("\n") + "\n"
+    }
+}
+
+/// What `--print-config` writes for a memory-only broker in place of the
+/// log's keys: the switch, and what it does not survive.
+const MEMORY_ONLY_TEXT: &str = "\
+memory-only = true
+# memory-only: no commit log and no data directory. Every message, topic and
+# consumer group lives in this process only: a stop, a restart or a crash of
+# the process (or the machine) loses them all.";
+
+/// The flags that configure the commit log, which a memory-only broker does
+/// not have: given with `--memory-only`, they are refused rather than
+/// ignored, so that nobody believes a directory holds their messages.
+const LOG_FLAGS: [&str; 5] = ["--data", "--fsync", "--segment-bytes-max", "--repair", "--dry-run"];
+
+/// Refuses the log's flags (`LOG_FLAGS`) when given with a value, or as a
+/// switch that is on.
+fn refuse_log_flags(a: &Args) -> Result<(), ArgsError> {
+    let given = |name: &str| {
+        let value = a.flags.iter().rev().find(|f| f.0 == name).map(|f| f.1.as_deref());
+        value.is_some_and(|v| !matches!(v, Some("" | "false" | "0" | "no")))
+    };
+    match LOG_FLAGS.iter().find(|f| given(f)) {
+        Some(f) => Err(ArgsError::Usage(format!("{f} configures the commit log, and --memory-only keeps none"))),
+        None => Ok(()),
     }
 }
 
@@ -416,7 +458,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 24] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 25] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -439,6 +481,7 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 24] {
         ("groups-per-topic-max", l.groups_per_topic_max.into()),
         ("tags-per-message-max", l.tags_per_message_max.into()),
         ("tag-bytes-max", l.tag_bytes_max.into()),
+        ("tag-sets-per-topic-max", l.tag_sets_per_topic_max.into()),
         ("props-bytes-max", l.props_bytes_max.into()),
         ("filter-bytes-max", l.filter_bytes_max.into()),
         ("filter-compiled-bytes-max", l.filter_compiled_bytes_max.into()),
@@ -477,6 +520,7 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         groups_per_topic_max,
         tags_per_message_max,
         tag_bytes_max,
+        tag_sets_per_topic_max,
         props_bytes_max,
         filter_bytes_max,
         filter_compiled_bytes_max

@@ -327,7 +327,7 @@ impl ConnState {
                 break;
             }
             let rest = &input[used..];
-            match codec::decode_request(rest, &limits, self.session.version) {
+            match codec::decode_request(rest, &limits, self.session.version.max(codec::VERSION_MIN)) {
                 Ok(Decoded::NeedMore) => break,
                 Ok(Decoded::Frame(frame, n)) => {
                     if broker.must_wait(key, Some(&frame.request)) {

@@ -90,6 +90,13 @@ pub struct Limits {
     pub tags_per_message_max: u32,
     /// Longest tag, in bytes of UTF-8.
     pub tag_bytes_max: u32,
+    /// Most distinct tag sets (a message's set of tags) among the messages
+    /// one topic holds. Each set is interned once per topic, with its tags,
+    /// and every group keeps a filter decision per set, so this bounds
+    /// those tables; a PRODUCE that would bring one more set gets
+    /// QUEUE_FULL. At most 65535: a message stores its set's number in two
+    /// bytes.
+    pub tag_sets_per_topic_max: u32,
     /// Most bytes of one message's properties (its tags and headers, with
     /// their type and length fields). Properties are kept in memory with
     /// the message; they also count toward message_bytes_max. At most 65535,
@@ -129,6 +136,7 @@ impl Default for Limits {
             groups_per_topic_max: 64,
             tags_per_message_max: 8,
             tag_bytes_max: 128,
+            tag_sets_per_topic_max: 4096,
             props_bytes_max: 16 << 10,
             filter_bytes_max: 4096,
             filter_compiled_bytes_max: 256 << 10,
@@ -244,6 +252,12 @@ impl Limits {
                 self.tag_bytes_max, self.props_bytes_max
             ));
         }
+        if self.tag_sets_per_topic_max == 0 || self.tag_sets_per_topic_max > crate::queue::TAG_SETS_MAX {
+            return Err(format!(
+                "tag-sets-per-topic-max must be between 1 and {}: a message stores its tag set's number in two bytes",
+                crate::queue::TAG_SETS_MAX
+            ));
+        }
         if self.filter_bytes_max == 0 || self.filter_compiled_bytes_max == 0 {
             return Err("filter-bytes-max and filter-compiled-bytes-max must be at least 1".into());
         }
@@ -293,6 +307,9 @@ mod tests {
         refused(Limits { tag_bytes_max: 0, ..Limits::default() }, "tag-bytes-max");
         refused(Limits { tag_bytes_max: 100, props_bytes_max: 102, ..Limits::default() }, "tag-bytes-max");
         assert_eq!(Limits { tag_bytes_max: 100, props_bytes_max: 103, ..Limits::default() }.check(), Ok(()));
+        refused(Limits { tag_sets_per_topic_max: 0, ..Limits::default() }, "tag-sets-per-topic-max");
+        refused(Limits { tag_sets_per_topic_max: 65536, ..Limits::default() }, "tag-sets-per-topic-max");
+        assert_eq!(Limits { tag_sets_per_topic_max: 65535, ..Limits::default() }.check(), Ok(()));
         refused(Limits { filter_bytes_max: 0, ..Limits::default() }, "filter-bytes-max");
         // Every message of the largest FETCH reply may be a dead letter
         // with properties: their fields count, their bytes are in the budget.

@@ -27,8 +27,12 @@ use std::time::Instant;
 
 use byteorder::{ByteOrder, LittleEndian};
 
+use crate::metrics::{Phase, PhaseNanos};
+
 #[path = "recovery.rs"]
 mod recovery;
+#[path = "releaser.rs"]
+mod releaser;
 pub use recovery::{CLEAN_STOP_FILE, Damage, DamageKind, Inspection, LastStop};
 
 pub use crate::record::RecordKind;
@@ -56,11 +60,6 @@ const RESERVE_AHEAD_BYTES: u64 = 1 << 20;
 /// `Log::reserved_bytes` when the filesystem cannot reserve space (not
 /// retried before the next segment).
 const CANNOT_RESERVE: u64 = u64::MAX;
-/// Bytes of a removed segment's file released per turn. Unlinking a
-/// 64 MiB file frees its blocks in one call that took 14 ms here (the
-/// filesystem discards them as it goes), a stall of every connection; cut
-/// from its end in slices of this size, each call takes ~0.2 ms.
-const RELEASE_BYTES_PER_TURN: u64 = 256 << 10;
 /// The suffix a removed segment's file takes until it is released: not a
 /// segment to recovery, which deletes it.
 const REMOVING_SUFFIX: &str = ".removing";
@@ -189,6 +188,8 @@ pub struct LogStats {
     pub failures: u64,
     /// Segments removed by compaction.
     pub segments_removed: u64,
+    /// `fsync`s of the directory for a new segment's name.
+    pub dir_syncs: u64,
 }
 
 /// A turn's records, written by `Log::write` and not yet committed: what
@@ -236,8 +237,12 @@ pub struct Log {
     dir: PathBuf,
     options: LogOptions,
     /// Held for the life of the log: a second broker on the same directory
-    /// fails to take it.
-    _lock: recovery::DirLock,
+    /// fails to take it. None for a memory-only log, which has no
+    /// directory.
+    _lock: Option<recovery::DirLock>,
+    /// A memory-only log (`--memory-only`): it writes nothing, anywhere;
+    /// each turn's records are discarded where they would be written.
+    memory_only: bool,
     /// Segments in offset order; the last is the one appended to.
     segments: Vec<Segment>,
     /// The last segment, open for append.
@@ -264,9 +269,8 @@ pub struct Log {
     /// of produces past the headroom (or refused a write: ENOSPC), so
     /// compaction reclaims eagerly.
     space_short: bool,
-    /// A removed segment's file, renamed, being cut to nothing a slice per
-    /// turn, and its length left.
-    releasing: Option<(File, PathBuf, u64)>,
+    /// The thread that gives back removed segments' space.
+    releaser: releaser::Releaser,
     /// A write may have left bytes past the committed end of the active
     /// segment: set from a turn's write until its sync succeeds, and after
     /// a failure until they are cut (before the next write).
@@ -277,6 +281,9 @@ pub struct Log {
     /// Base offset of the segment this run first appended to: with
     /// `--fsync never`, the segments from it on are synced at a clean stop.
     run_first_base: u64,
+    /// The time this turn's calls on the files took, by phase, until the
+    /// loop takes it (`take_phases`).
+    phases: PhaseNanos,
     pub stats: LogStats,
 }
 
@@ -402,11 +409,42 @@ impl Log {
         mut apply: impl FnMut(&ReadRecord<'_>) -> Result<(), String>,
     ) -> Result<(Log, Recovery), OpenError> {
         let recovered = recovery::recover(dir, &options, &mut apply)?;
-        let segments = recovered.segments;
-        let mut log = Log {
-            dir: dir.to_path_buf(),
+        let mut log = Log::over(dir.to_path_buf(), options, Some(recovered.lock), opener, recovered.segments);
+        log.clean_stop_marked = recovered.marked;
+        Ok((log, recovered.recovery))
+    }
+
+    /// A log that keeps nothing (`runnel serve --memory-only`): no
+    /// directory is read, locked or written, and each turn's records are
+    /// discarded where they would be written, so the broker drives it as it
+    /// drives a real log. Nothing is synced, reserved, rolled or released,
+    /// and the disk is never full, so neither compaction nor the full-disk
+    /// logic has anything to do.
+    pub fn in_memory() -> Log {
+        let options = LogOptions { fsync: FsyncMode::Never, ..LogOptions::default() };
+        let opener: Opener = Box::new(|_: &Path| Err(io::Error::other("a memory-only log opens no file")));
+        let mut log = Log::over(PathBuf::new(), options, None, opener, Vec::new());
+        log.memory_only = true;
+        log
+    }
+
+    /// A log of `segments` (none: an empty log) in `dir`, appending after
+    /// the last.
+    fn over(
+        dir: PathBuf,
+        options: LogOptions,
+        lock: Option<recovery::DirLock>,
+        opener: Opener,
+        mut segments: Vec<Segment>,
+    ) -> Log {
+        if segments.is_empty() {
+            segments.push(Segment { base: 0, bytes: 0 });
+        }
+        Log {
+            dir,
             options,
-            _lock: recovered.lock,
+            _lock: lock,
+            memory_only: false,
             run_first_base: segments.last().map_or(0, |s| s.base),
             segments,
             active: None,
@@ -419,15 +457,17 @@ impl Log {
             reserved_bytes: 0,
             headroom_bytes: HEADROOM_BYTES_MIN,
             space_short: false,
-            releasing: None,
+            releaser: releaser::Releaser::default(),
             dirty: false,
-            clean_stop_marked: recovered.marked,
+            clean_stop_marked: false,
+            phases: PhaseNanos::default(),
             stats: LogStats::default(),
-        };
-        if log.segments.is_empty() {
-            log.segments.push(Segment { base: 0, bytes: 0 });
         }
-        Ok((log, recovered.recovery))
+    }
+
+    /// Whether this log keeps nothing (`in_memory`).
+    pub fn memory_only(&self) -> bool {
+        self.memory_only
     }
 
     pub fn segments(&self) -> &[Segment] {
@@ -446,6 +486,14 @@ impl Log {
     }
     pub fn fsync_mode(&self) -> FsyncMode {
         self.options.fsync
+    }
+    /// The time the files' calls took so far this turn, by phase.
+    pub fn phases(&self) -> &PhaseNanos {
+        &self.phases
+    }
+    /// The time the files' calls took since the last take, by phase.
+    pub fn take_phases(&mut self) -> PhaseNanos {
+        std::mem::take(&mut self.phases)
     }
 
     /// Begins a record in the turn buffer; append its body to `body()`,
@@ -472,8 +520,11 @@ impl Log {
         assert!(self.buf.len() - at - RECORD_HEADER_BYTES <= RECORD_BYTES_MAX, "a record over RECORD_BYTES_MAX");
         let len = (self.buf.len() - at - RECORD_HEADER_BYTES) as u32;
         LittleEndian::write_u32(&mut self.buf[at..], len);
-        let crc = record_crc(&self.buf[at..]);
-        LittleEndian::write_u32(&mut self.buf[at + 4..], crc);
+        // A memory-only log discards the record: no reader checks its CRC.
+        if !self.memory_only {
+            let crc = record_crc(&self.buf[at..]);
+            LittleEndian::write_u32(&mut self.buf[at + 4..], crc);
+        }
         self.buf_records += 1;
     }
     /// Drops a record begun but not ended (its body turned out invalid).
@@ -526,11 +577,20 @@ impl Log {
     /// `write`, leaving `headroom` bytes of the disk free after the records.
     fn write_with(&mut self, sync: bool, headroom: u64) -> io::Result<WrittenTurn> {
         assert!(self.open_record.is_none(), "the turn is written with a record begun and not ended");
-        let started = Instant::now();
         if self.buf.is_empty() {
             return Ok(WrittenTurn { bytes: 0, records: 0, sync: false, withdrawn: false, write_nanos: 0 });
         }
-        match self.write_turn(headroom) {
+        if self.memory_only {
+            return Ok(self.discard_turn());
+        }
+        let started = Instant::now();
+        let others = self.phases.total();
+        let result = self.write_turn(headroom);
+        let write_nanos = started.elapsed().as_nanos() as u64;
+        // What the write took besides a roll or a reservation in it.
+        let plain = write_nanos.saturating_sub(self.phases.total() - others);
+        self.phases.add(Phase::Write, plain);
+        match result {
             Ok(withdrawn) => Ok(WrittenTurn {
                 bytes: self.buf.len() as u64,
                 records: std::mem::take(&mut self.buf_records),
@@ -539,10 +599,18 @@ impl Log {
                     && self.options.fsync == FsyncMode::Turn
                     && (sync || self.unsynced_bytes_max_reached()),
                 withdrawn,
-                write_nanos: started.elapsed().as_nanos() as u64,
+                write_nanos,
             }),
             Err(e) => Err(self.fail_turn(e)),
         }
+    }
+
+    /// A memory-only log's write: the turn's records go nowhere, and the
+    /// turn is one that wrote nothing (there is nothing to sync).
+    fn discard_turn(&mut self) -> WrittenTurn {
+        self.buf_records = 0;
+        self.clear_turn();
+        WrittenTurn { bytes: 0, records: 0, sync: false, withdrawn: false, write_nanos: 0 }
     }
 
     /// The second half of a commit: the `fdatasync`, if `write` decided on
@@ -559,10 +627,14 @@ impl Log {
             return Ok(Committed { withdrawn: turn.withdrawn, ..Committed::default() });
         }
         assert_eq!(self.buf.len() as u64, turn.bytes, "records were appended between a turn's write and its sync");
-        let started = Instant::now();
+        let mut sync_nanos = 0;
         if turn.sync {
             let Some(f) = self.active.as_mut() else { unreachable!("the write opened it") };
-            if let Err(e) = f.sync_data() {
+            let started = Instant::now();
+            let synced = f.sync_data();
+            sync_nanos = started.elapsed().as_nanos() as u64;
+            self.phases.add(Phase::Fsync, sync_nanos);
+            if let Err(e) = synced {
                 return Err(self.fail_turn(e));
             }
             self.stats.fsyncs += 1;
@@ -572,15 +644,21 @@ impl Log {
             s.bytes += turn.bytes;
         }
         self.unsynced_bytes = if turn.sync { 0 } else { self.unsynced_bytes + turn.bytes };
+        self.clear_turn();
+        self.stats.commits += 1;
+        self.stats.records += turn.records;
+        let nanos = turn.write_nanos + sync_nanos;
+        Ok(Committed { bytes: turn.bytes, synced: turn.sync, nanos, withdrawn: turn.withdrawn })
+    }
+
+    /// Empties the turn buffer once its records are done with, giving back
+    /// the memory of an unusually large turn.
+    fn clear_turn(&mut self) {
         self.buf.clear();
         self.withdrawable.clear();
         if self.buf.capacity() > 64 << 20 {
             self.buf = Vec::new();
         }
-        self.stats.commits += 1;
-        self.stats.records += turn.records;
-        let nanos = turn.write_nanos + started.elapsed().as_nanos() as u64;
-        Ok(Committed { bytes: turn.bytes, synced: turn.sync, nanos, withdrawn: turn.withdrawn })
     }
 
     /// A write or sync failed: keeps the records for the next commit
@@ -635,13 +713,16 @@ impl Log {
             return Ok(Committed::default());
         }
         let started = Instant::now();
-        if let Err(e) = f.sync_data() {
+        let synced = f.sync_data();
+        let nanos = started.elapsed().as_nanos() as u64;
+        self.phases.add(Phase::Fsync, nanos);
+        if let Err(e) = synced {
             self.stats.failures += 1;
             return Err(e);
         }
         self.unsynced_bytes = 0;
         self.stats.fsyncs += 1;
-        Ok(Committed { bytes: 0, synced: true, nanos: started.elapsed().as_nanos() as u64, withdrawn: false })
+        Ok(Committed { bytes: 0, synced: true, nanos, withdrawn: false })
     }
 
     /// After a failed commit: keeps every record but the withdrawable ones
@@ -708,7 +789,7 @@ impl Log {
         self.cut_back()?;
         let active_bytes = self.segments.last().map_or(0, |s| s.bytes);
         if active_bytes > 0 && active_bytes + self.buf.len() as u64 > self.options.segment_bytes_max {
-            self.roll()?;
+            self.timed(Phase::Roll, Log::roll)?;
         }
         self.open_active()?;
         let at = self.segments.last().map_or(0, |s| s.bytes);
@@ -738,13 +819,43 @@ impl Log {
     /// Opens the active segment's file if it is not open yet (the first
     /// write after a start).
     fn open_active(&mut self) -> io::Result<()> {
-        if self.active.is_none() {
-            let base = self.segments.last().map_or(0, |s| s.base);
-            let path = self.dir.join(segment_name(base));
-            self.active = Some((self.opener)(&path)?);
-            sync_dir(&self.dir)?;
+        if self.active.is_some() {
+            return Ok(());
         }
-        Ok(())
+        self.timed(Phase::Roll, |log| {
+            let base = log.segments.last().map_or(0, |s| s.base);
+            let path = log.dir.join(segment_name(base));
+            log.active = Some((log.opener)(&path)?);
+            log.sync_new_name()
+        })
+    }
+
+    /// Makes a new segment's name durable, in `FsyncMode::Turn`: its
+    /// records are synced from the next turn on, and a synced record in a
+    /// file a crash unnamed would be lost. With `--fsync never` nothing is
+    /// synced until a clean stop, whose marker syncs the directory, so the
+    /// directory is not synced here: that sync waits for the device to
+    /// flush everything in flight, tens of ms on a busy disk, and it would
+    /// stall the loop at every roll (bench/README.md, "The non-durable
+    /// tail").
+    fn sync_new_name(&mut self) -> io::Result<()> {
+        if self.options.fsync != FsyncMode::Turn {
+            return Ok(());
+        }
+        self.stats.dir_syncs += 1;
+        sync_dir(&self.dir)
+    }
+
+    /// Runs `f`, counting the time it took under `phase`, less what the
+    /// phases timed inside it counted: the phases stay disjoint.
+    fn timed<T>(&mut self, phase: Phase, f: impl FnOnce(&mut Log) -> T) -> T {
+        let inner = self.phases.total();
+        let started = Instant::now();
+        let result = f(self);
+        let nanos = started.elapsed().as_nanos() as u64;
+        let inner = self.phases.total() - inner;
+        self.phases.add(phase, nanos.saturating_sub(inner));
+        result
     }
 
     /// Reserves the active segment's space ahead of the writes, a
@@ -758,9 +869,11 @@ impl Log {
         if end <= self.reserved_bytes || end > self.options.segment_bytes_max {
             return false;
         }
-        let Some(f) = self.active.as_mut() else { return false };
         let want = end.next_multiple_of(RESERVE_AHEAD_BYTES).min(self.options.segment_bytes_max);
-        match f.reserve(want) {
+        let Some(reserved) = self.timed(Phase::Reserve, |log| log.active.as_mut().map(|f| f.reserve(want))) else {
+            return false;
+        };
+        match reserved {
             Ok(()) => {
                 self.reserved_bytes = want;
                 // Room for a step; `make_room` looks closer.
@@ -793,8 +906,9 @@ impl Log {
         if !stepped && !self.space_short && owned >= bytes {
             return Ok(());
         }
-        let Some(f) = self.active.as_ref() else { return Ok(()) };
-        let Ok(free) = f.free_bytes() else { return Ok(()) };
+        let Some(Ok(free)) = self.timed(Phase::Reserve, |log| log.active.as_ref().map(|f| f.free_bytes())) else {
+            return Ok(());
+        };
         let room = owned.saturating_add(free);
         // Short: the next step of produces would not fit.
         let produce_room = bytes + self.headroom_bytes + PRODUCE_HEADROOM_BYTES + RESERVE_AHEAD_BYTES;
@@ -827,7 +941,7 @@ impl Log {
         }
         self.forget_clean_stop()?;
         self.cut_back()?;
-        self.roll()?;
+        self.timed(Phase::Roll, Log::roll)?;
         Ok(true)
     }
 
@@ -856,7 +970,7 @@ impl Log {
         let base = self.head();
         let path = self.dir.join(segment_name(base));
         let f = (self.opener)(&path)?;
-        sync_dir(&self.dir)?;
+        self.sync_new_name()?;
         self.active = Some(f);
         self.segments.push(Segment { base, bytes: 0 });
         Ok(())
@@ -865,62 +979,50 @@ impl Log {
     /// Removes segment `base`, which must be the oldest and not the one
     /// appended to (compaction has copied forward whatever in it was live).
     /// The file is renamed at once, so it is no longer part of the log, and
-    /// its space is released over the next turns (`release_step`); while the
-    /// space is short it is unlinked at once instead: then the space is
-    /// wanted now, more than a stall of the loop is feared.
+    /// handed to the release thread, which gives its space back off the
+    /// loop (`releaser.rs`); while the space is short, or the thread cannot
+    /// take it, it is unlinked at once instead: then the space is wanted
+    /// now, more than a stall of the loop is feared.
     pub fn remove_oldest(&mut self, base: u64) -> io::Result<()> {
         if self.segments.len() < 2 || self.segments[0].base != base {
             return Err(io::Error::other(format!("segment {base} is not the oldest closed segment")));
         }
         self.forget_clean_stop()?;
-        // One file at a time: compaction waits for `releasing()`, so this
-        // only finishes a release that something else hurried.
-        if let Some((file, path, _)) = self.releasing.take() {
-            drop(file);
-            fs::remove_file(&path)?;
-        }
-        let path = self.dir.join(segment_name(base));
-        if self.space_short {
-            fs::remove_file(&path)?;
-            self.segments.remove(0);
-            self.stats.segments_removed += 1;
-            return Ok(());
-        }
-        let doomed = self.dir.join(format!("{}{REMOVING_SUFFIX}", segment_name(base)));
-        fs::rename(&path, &doomed)?;
+        self.timed(Phase::Release, |log| log.remove_file_of(base))?;
         self.segments.remove(0);
         self.stats.segments_removed += 1;
-        match OpenOptions::new().write(true).open(&doomed).and_then(|f| Ok((f.metadata()?.len(), f))) {
-            Ok((len, f)) => self.releasing = Some((f, doomed, len)),
-            // Cannot cut it in slices: remove it whole.
-            Err(_) => fs::remove_file(&doomed)?,
-        }
         Ok(())
     }
 
-    /// Whether a removed segment's space is still being released.
-    pub fn releasing(&self) -> bool {
-        self.releasing.is_some()
+    /// `remove_oldest`'s work on the file of segment `base`.
+    fn remove_file_of(&mut self, base: u64) -> io::Result<()> {
+        let path = self.dir.join(segment_name(base));
+        if self.space_short {
+            return fs::remove_file(&path);
+        }
+        let doomed = self.dir.join(format!("{}{REMOVING_SUFFIX}", segment_name(base)));
+        fs::rename(&path, &doomed)?;
+        let opened = OpenOptions::new().write(true).open(&doomed).and_then(|f| Ok((f.metadata()?.len(), f)));
+        let Ok((len, file)) = opened else { return fs::remove_file(&doomed) };
+        match self.releaser.hand_over(file, doomed, len) {
+            Ok(()) => Ok(()),
+            Err((file, doomed)) => {
+                drop(file);
+                fs::remove_file(&doomed)
+            }
+        }
     }
 
-    /// Releases the next `RELEASE_BYTES_PER_TURN` of a removed segment's
-    /// file, and the file itself once it is empty (or at once, when the
-    /// space is short). One call per turn.
-    /// On an error the file is given up on (removed whole if it can be,
-    /// else by the next start), so a failing disk cannot keep the loop busy.
-    pub fn release_step(&mut self) -> io::Result<()> {
-        let short = self.space_short;
-        let Some((file, _, len)) = self.releasing.as_mut() else { return Ok(()) };
-        *len = if short { 0 } else { len.saturating_sub(RELEASE_BYTES_PER_TURN) };
-        let cut = if *len > 0 { file.set_len(*len) } else { Ok(()) };
-        if *len > 0 && cut.is_ok() {
-            return Ok(());
-        }
-        if let Some((file, path, _)) = self.releasing.take() {
-            drop(file);
-            fs::remove_file(&path)?;
-        }
-        cut
+    /// Whether the release thread holds as many removed segments as it
+    /// queues: compaction removes no other until it has released one.
+    pub fn releasing(&self) -> bool {
+        self.releaser.full()
+    }
+
+    /// Removed segments whose space the release thread has not given back
+    /// yet.
+    pub fn release_pending(&self) -> usize {
+        self.releaser.pending()
     }
 
     /// Whether, at the last look, the disk had no room for another

@@ -77,8 +77,8 @@ fn sub(name: &str) -> Option<Sub> {
             vec![
                 addr(),
                 flag("--batch", "N", PRODUCE_BATCH_DEFAULT, "most lines in one PRODUCE frame"),
-                flag("--tag", "T", "none", "a tag on every message (repeat for more)"),
-                flag("--header", "K=V", "none", "a header on every message (repeat for more)"),
+                flag("--tag", "TAG", "none", "tag every message with TAG (repeatable; protocol version 2)"),
+                flag("--header", "KEY[=VALUE]", "none", "give every message this header (repeatable; version 2)"),
             ],
         ),
         "consume" => (
@@ -362,25 +362,34 @@ fn serve(raw: &[String]) -> Result<(), Exit> {
             );
         }
     }
-    let fsync = s.cfg.log.fsync;
-    let data_dir = s.cfg.data_dir.clone();
+    let memory_only = s.cfg.memory_only;
+    let storage = storage_text(&s);
     let mut reactor = Reactor::bind(s.cfg)?;
     handle_signals(&mut reactor)?;
     if let Some(m) = reactor.metrics_addr() {
         log::info!("metrics on http://{m}/metrics");
     }
-    log::info!(
-        "runnel serving on {} (data {}, fsync {})",
-        reactor.local_addr(),
-        data_dir.display(),
-        match fsync {
-            FsyncMode::Turn => "turn: a produce is acknowledged after the fdatasync that covers it",
-            FsyncMode::Never => "never: page cache only; a machine crash can lose acknowledged messages",
-        }
-    );
+    if memory_only {
+        log::warn!(
+            "memory-only: no commit log, no data directory; every message, topic and consumer group is lost when this process stops, restarts or crashes"
+        );
+    }
+    log::info!("runnel serving on {} ({storage})", reactor.local_addr());
     reactor.run().map_err(|e| format!("event loop: {e}"))?;
     log::info!("stopped cleanly");
     Ok(())
+}
+
+/// Where the broker keeps its messages, as its start says it.
+fn storage_text(s: &Serve) -> String {
+    if s.cfg.memory_only {
+        return "memory-only: acknowledged messages live in this process only".into();
+    }
+    let fsync = match s.cfg.log.fsync {
+        FsyncMode::Turn => "turn: a produce is acknowledged after the fdatasync that covers it",
+        FsyncMode::Never => "never: page cache only; a machine crash can lose acknowledged messages",
+    };
+    format!("data {}, fsync {fsync}", s.cfg.data_dir.display())
 }
 
 /// Takes `--addr` (every client subcommand has it).
@@ -394,16 +403,47 @@ fn connect(addr: &str) -> Result<Client, Exit> {
     Client::connect_with(addr, token.as_bytes()).map_err(|e| Exit::Failed(format!("cannot talk to {addr}: {e}")))
 }
 
+/// The tags and headers `runnel produce` gives every message, from its
+/// `--tag` and `--header KEY[=VALUE]` flags (a key alone: an empty value).
+struct ProduceProps {
+    tags: Vec<String>,
+    /// (key, value).
+    headers: Vec<(String, String)>,
+}
+
+impl ProduceProps {
+    fn take(a: &mut Args) -> Result<ProduceProps, Exit> {
+        let tags = a.take_all("--tag");
+        let mut headers = Vec::new();
+        for h in a.take_all("--header") {
+            let (k, v) = h.split_once('=').unwrap_or((&h, ""));
+            if k.is_empty() {
+                return Err(Exit::Usage(format!("--header {h:?}: give KEY=VALUE, with a key")));
+            }
+            headers.push((k.to_string(), v.to_string()));
+        }
+        Ok(ProduceProps { tags, headers })
+    }
+    /// `payload` as a message with these properties.
+    fn message<'a>(&'a self, payload: &'a [u8]) -> ProduceMessage<'a> {
+        let m = self.tags.iter().fold(ProduceMessage::new(payload), |m, t| m.tag(t));
+        self.headers.iter().fold(m, |m, (k, v)| m.header(k, v.as_bytes()))
+    }
+    /// Bytes they add to each message on the wire, about.
+    fn bytes(&self) -> usize {
+        let tags: usize = self.tags.iter().map(|t| 3 + t.len()).sum();
+        tags + self.headers.iter().map(|(k, v)| 5 + k.len() + v.len()).sum::<usize>()
+    }
+}
+
 fn produce(raw: &[String], sub: &Sub) -> Result<(), Exit> {
     let mut a = Args::parse(raw, &sub.flags)?;
     let addr = addr(&mut a);
     let batch_max: usize = a.num("--batch")?.unwrap_or(PRODUCE_BATCH_DEFAULT).max(1);
-    let tags = a.take_all("--tag");
-    let headers = headers(a.take_all("--header"))?;
+    let props = ProduceProps::take(&mut a)?;
     a.done()?;
     let topic = a.topic()?.to_string();
     let mut client = connect(&addr)?;
-    let props = Props { tags: &tags, headers: &headers };
     let bytes_max = (client.limits.frame_bytes_max as usize / 2).max(1024);
     let mut batch: Vec<Vec<u8>> = Vec::new();
     let mut batch_bytes = 0;
@@ -413,7 +453,13 @@ fn produce(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         if batch.is_empty() {
             return Ok(());
         }
-        props.send(client, &topic, batch).map_err(|e| format!("after {sent} acknowledged messages: {e}"))?;
+        let done = if props.tags.is_empty() && props.headers.is_empty() {
+            client.produce_batch(&topic, batch)
+        } else {
+            let messages: Vec<ProduceMessage<'_>> = batch.iter().map(|p| props.message(p)).collect();
+            client.produce_messages(&topic, &messages)
+        };
+        done.map_err(|e| format!("after {sent} acknowledged messages: {e}"))?;
         sent += batch.len() as u64;
         batch.clear();
         Ok(())
@@ -427,44 +473,10 @@ fn produce(raw: &[String], sub: &Sub) -> Result<(), Exit> {
             send(&mut batch, &mut client)?;
             batch_bytes = 0;
         }
-        batch_bytes += line.len() + 4;
+        batch_bytes += line.len() + 4 + props.bytes();
         batch.push(line);
     }
     Ok(send(&mut batch, &mut client)?)
-}
-
-/// The tags and headers `runnel produce` puts on every message.
-struct Props<'a> {
-    tags: &'a [String],
-    headers: &'a [(String, String)],
-}
-
-impl Props<'_> {
-    /// Sends `batch` as one PRODUCE, with the properties if there are any
-    /// (version 2), else as version 1 lays it out.
-    fn send(&self, client: &mut Client, topic: &str, batch: &[Vec<u8>]) -> runnel::client::Result<(u64, u32)> {
-        if self.tags.is_empty() && self.headers.is_empty() {
-            return client.produce_batch(topic, batch);
-        }
-        let messages: Vec<ProduceMessage<'_>> = batch
-            .iter()
-            .map(|p| {
-                let m = self.tags.iter().fold(ProduceMessage::new(p), |m, t| m.tag(t));
-                self.headers.iter().fold(m, |m, (k, v)| m.header(k, v.as_bytes()))
-            })
-            .collect();
-        client.produce_messages(topic, &messages)
-    }
-}
-
-/// `--header K=V` values, split.
-fn headers(raw: Vec<String>) -> Result<Vec<(String, String)>, Exit> {
-    raw.into_iter()
-        .map(|h| match h.split_once('=') {
-            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
-            _ => Err(Exit::Usage(format!("--header {h:?}: give it as KEY=VALUE"))),
-        })
-        .collect()
 }
 
 /// A start position: `earliest`, `latest`, a message id, `@MS` (ms since

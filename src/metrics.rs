@@ -7,9 +7,13 @@ use std::fmt::Write as _;
 
 use crate::broker::{Broker, GroupMetrics, LoopStats, Now, TopicMetrics};
 
-/// Upper bounds of the latency histogram buckets, in nanoseconds: 50 µs to
-/// 1 s, dense where a durable broker lives (an fdatasync takes 0.1–10 ms).
-const BUCKETS_NS: [u64; 14] = [
+/// Upper bounds of the latency histogram buckets, in nanoseconds: 10 µs to
+/// 1 s, dense where a durable broker lives (an fdatasync takes 0.1–10 ms),
+/// and fine enough below that to tell a loop turn's usual tens of µs from
+/// a stall.
+const BUCKETS_NS: [u64; 16] = [
+    10_000,
+    25_000,
     50_000,
     100_000,
     250_000,
@@ -51,15 +55,22 @@ impl Histogram {
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        self.render_series(out, name, "");
+    }
+
+    /// The samples of one series of the family `name`; `labels` is empty
+    /// or `key="value",` (with the comma) to go before `le`.
+    fn render_series(&self, out: &mut String, name: &str, labels: &str) {
         let mut cumulative = 0;
         for (i, bound) in BUCKETS_NS.iter().enumerate() {
             cumulative += self.counts[i];
-            let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cumulative}", seconds(*bound));
+            let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{}\"}} {cumulative}", seconds(*bound));
         }
         cumulative += self.counts[BUCKETS_NS.len()];
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
-        let _ = writeln!(out, "{name}_sum {}", seconds(self.sum_ns));
-        let _ = writeln!(out, "{name}_count {}", self.count);
+        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"+Inf\"}} {cumulative}");
+        let braced = labels.strip_suffix(',').map_or(String::new(), |l| format!("{{{l}}}"));
+        let _ = writeln!(out, "{name}_sum{braced} {}", seconds(self.sum_ns));
+        let _ = writeln!(out, "{name}_count{braced} {}", self.count);
     }
 }
 
@@ -69,6 +80,77 @@ fn seconds(ns: u64) -> String {
     s.strip_suffix('.').map_or_else(|| s.to_string(), |s| s.to_string())
 }
 
+/// The parts of a loop turn that can stall it, each timed on its own so
+/// that an operator who sees a slow turn can see its cause. Each is a call
+/// into the kernel on the log's files, or compaction's own work; together
+/// they are disjoint, and the rest of a turn (reading, decoding and serving
+/// requests, timers, writing replies) is "other".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// The `write` of the turn's records into the log.
+    Write,
+    /// The `fdatasync` that makes them durable.
+    Fsync,
+    /// Reserving the active segment's space ahead of the writes
+    /// (`fallocate`), and the free-space check that goes with it
+    /// (`fstatvfs`).
+    Reserve,
+    /// Closing a full segment and creating the next (cutting its reserved
+    /// tail, its `fdatasync`, the new file and the directory's sync).
+    Roll,
+    /// Removing a compacted segment's file from the log: a rename, the
+    /// hand-over to the release thread (or, on a short disk, the unlink).
+    Release,
+    /// Compaction's own work: finding live messages and copying a slice of
+    /// them (its writes and syncs count under Write and Fsync).
+    Compact,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 6] =
+        [Phase::Write, Phase::Fsync, Phase::Reserve, Phase::Roll, Phase::Release, Phase::Compact];
+
+    /// Its name as the `phase` label gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Write => "write",
+            Phase::Fsync => "fsync",
+            Phase::Reserve => "reserve",
+            Phase::Roll => "roll",
+            Phase::Release => "release",
+            Phase::Compact => "compact",
+        }
+    }
+}
+
+/// How long each phase took in one turn, ns (0: it did not run).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PhaseNanos([u64; Phase::ALL.len()]);
+
+impl PhaseNanos {
+    pub fn add(&mut self, phase: Phase, ns: u64) {
+        self.0[phase as usize] += ns;
+    }
+    pub fn get(&self, phase: Phase) -> u64 {
+        self.0[phase as usize]
+    }
+    /// Every phase together, ns.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+    /// Adds every phase of `other`.
+    pub fn merge(&mut self, other: &PhaseNanos) {
+        for p in Phase::ALL {
+            self.add(p, other.get(p));
+        }
+    }
+}
+
+/// A turn that takes longer than this is slow: counted by what took most of
+/// it. A millisecond is some ten times a busy turn here, and what a
+/// client at depth 1 notices.
+pub const SLOW_TURN_NS: u64 = 1_000_000;
+
 /// What the reactor measures about itself.
 #[derive(Clone, Debug, Default)]
 pub struct LoopMetrics {
@@ -77,6 +159,60 @@ pub struct LoopMetrics {
     /// From the start of the turn a PRODUCE was read in to the release of
     /// its reply, after the sync.
     pub produce_ack: Histogram,
+    /// Each turn, from the end of its poll to the end of its flush.
+    pub turn: Histogram,
+    /// Each phase's time in the turns it ran in, by `Phase`.
+    pub phases: [Histogram; Phase::ALL.len()],
+    /// Turns over `SLOW_TURN_NS`, by the part that took longest: the
+    /// phases in `Phase` order, then "other".
+    pub slow_turns: [u64; Phase::ALL.len() + 1],
+}
+
+impl LoopMetrics {
+    /// Records a turn that took `turn_ns`, `phases` of it in the phases.
+    pub fn observe_turn(&mut self, turn_ns: u64, phases: &PhaseNanos) {
+        self.turn.observe(turn_ns, 1);
+        for p in Phase::ALL {
+            if phases.get(p) > 0 {
+                self.phases[p as usize].observe(phases.get(p), 1);
+            }
+        }
+        if turn_ns > SLOW_TURN_NS {
+            let other = turn_ns.saturating_sub(phases.total());
+            let longest = Phase::ALL.iter().copied().max_by_key(|p| phases.get(*p));
+            let slot = match longest {
+                Some(p) if phases.get(p) >= other => p as usize,
+                _ => Phase::ALL.len(),
+            };
+            self.slow_turns[slot] += 1;
+        }
+    }
+
+    /// The turn histogram, the phases' and the slow turns' counters.
+    fn render_turns(&self, out: &mut String) {
+        self.turn.render(
+            out,
+            "runnel_loop_turn_duration_seconds",
+            "Each turn of the event loop, from the end of its poll to the end of its flush.",
+        );
+        let name = "runnel_loop_phase_duration_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Time a turn spent in each part that can stall it, in the turns it ran in.\n# TYPE {name} histogram"
+        );
+        for p in Phase::ALL {
+            self.phases[p as usize].render_series(out, name, &format!("phase=\"{}\",", p.name()));
+        }
+        let name = "runnel_loop_slow_turns_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Turns over 1 ms, by the phase that took longest (other: requests, timers, replies).\n# TYPE {name} counter"
+        );
+        let names = Phase::ALL.iter().map(|p| p.name()).chain(std::iter::once("other"));
+        for (name_of, n) in names.zip(self.slow_turns) {
+            let _ = writeln!(out, "{name}{{phase=\"{name_of}\"}} {n}");
+        }
+    }
 }
 
 /// Escapes a label value (topic names are `[A-Za-z0-9._-]`, but be exact).
@@ -101,6 +237,7 @@ pub fn render(broker: &Broker, loops: &LoopStats, lm: &LoopMetrics, now: Now) ->
         "runnel_produce_ack_latency_seconds",
         "From the turn a PRODUCE was read in to its acknowledgement.",
     );
+    lm.render_turns(&mut out);
     render_topics(&mut out, &broker.topic_metrics(now));
     render_groups(&mut out, &broker.group_metrics(now));
     out
@@ -143,12 +280,13 @@ fn render_broker(out: &mut String, broker: &Broker, loops: &LoopStats) {
 
 /// The per-topic families, one sample per topic in each.
 fn render_topics(out: &mut String, topics: &[TopicMetrics]) {
-    let families: [Family; 12] = [
+    let families: [Family; 13] = [
         ("runnel_topic_ready_messages", "gauge", "Messages ready for delivery.", |t| t.ready),
         ("runnel_topic_inflight_messages", "gauge", "Messages delivered and not acknowledged.", |t| t.inflight),
         ("runnel_topic_delayed_messages", "gauge", "Messages NACKed with a delay.", |t| t.delayed),
         ("runnel_topic_dead_letter_messages", "gauge", "Messages in the topic's .dlq topic.", |t| t.dead_letter),
-        ("runnel_topic_bytes", "gauge", "Payload bytes of unacknowledged messages.", |t| t.bytes),
+        ("runnel_topic_bytes", "gauge", "Payload and property bytes of unacknowledged messages.", |t| t.bytes),
+        ("runnel_topic_tag_sets", "gauge", "Distinct tag sets among the messages.", |t| t.tag_sets),
         ("runnel_topic_produced_total", "counter", "Messages produced.", |t| t.counters.produced),
         ("runnel_topic_delivered_total", "counter", "Deliveries, redeliveries included.", |t| t.counters.delivered),
         ("runnel_topic_redelivered_total", "counter", "Deliveries after the first.", |t| t.counters.redelivered),
@@ -231,5 +369,33 @@ mod tests {
         assert!(out.contains("x_count 5\n"), "{out}");
         assert_eq!(seconds(1_500_000_000), "1.5");
         assert_eq!(seconds(0), "0");
+    }
+
+    #[test]
+    fn a_slow_turn_is_counted_by_what_took_longest() {
+        let mut lm = LoopMetrics::default();
+        let mut phases = PhaseNanos::default();
+        phases.add(Phase::Write, 20_000);
+        phases.add(Phase::Reserve, 1_500_000);
+        // Slow, most of it in the reservation.
+        lm.observe_turn(2_000_000, &phases);
+        // Slow, most of it in none of the phases.
+        lm.observe_turn(3_000_000, &PhaseNanos::default());
+        // Fast: not a slow turn, though its phases are observed.
+        let mut fast = PhaseNanos::default();
+        fast.add(Phase::Write, 5_000);
+        lm.observe_turn(SLOW_TURN_NS, &fast);
+        let mut out = String::new();
+        lm.render_turns(&mut out);
+        assert!(out.contains("runnel_loop_slow_turns_total{phase=\"reserve\"} 1\n"), "{out}");
+        assert!(out.contains("runnel_loop_slow_turns_total{phase=\"other\"} 1\n"), "{out}");
+        assert!(out.contains("runnel_loop_slow_turns_total{phase=\"write\"} 0\n"), "{out}");
+        assert!(out.contains("runnel_loop_turn_duration_seconds_count 3\n"), "{out}");
+        // A phase is observed in the turns it ran in, and only those.
+        assert!(out.contains("runnel_loop_phase_duration_seconds_count{phase=\"write\"} 2\n"), "{out}");
+        assert!(out.contains("runnel_loop_phase_duration_seconds_count{phase=\"reserve\"} 1\n"), "{out}");
+        assert!(out.contains("runnel_loop_phase_duration_seconds_count{phase=\"fsync\"} 0\n"), "{out}");
+        let bucket = "runnel_loop_phase_duration_seconds_bucket{phase=\"reserve\",le=\"0.0025\"} 1\n";
+        assert!(out.contains(bucket), "{out}");
     }
 }

@@ -23,8 +23,7 @@
 //!    only that write (acks, NACKs, TOUCHes, deliveries of messages made
 //!    durable in earlier turns, errors) leave now, so they do not wait for
 //!    a sync that is not theirs;
-//! 7. **sync**: a slice of a removed segment's space is released
-//!    (256 KiB), then one `fdatasync` of what step 5 wrote (group commit),
+//! 7. **sync**: one `fdatasync` of what step 5 wrote (group commit),
 //!    if anything waits on it; then the turn's new messages become visible and
 //!    go to parked FETCHes, then the held replies are sent (deliveries
 //!    first: they are what end-to-end latency waits for);
@@ -95,8 +94,8 @@ use crate::config::ServeConfig;
 use crate::conn::{ConnState, FULL_HOLDING_BYTES_MAX, Serve, Step};
 use crate::http::{HttpKey, HttpServer, LoopParts};
 use crate::limits::Limits;
-use crate::log::OpenError;
-use crate::metrics::{self, LoopMetrics};
+use crate::log::{OpenError, Recovery};
+use crate::metrics::{self, LoopMetrics, PhaseNanos};
 use crate::sys;
 use crate::wheel::{TimerKey, Wheel};
 
@@ -337,7 +336,8 @@ pub struct Reactor {
     signals: Option<mio::net::UnixStream>,
     /// How long to poll without blocking before sleeping (`--spin-us`).
     spin: Duration,
-    /// What the loop measures of itself (fsync and produce-ack latency).
+    /// What the loop measures of itself: fsync and produce-ack latency,
+    /// and the time of each turn and of its phases.
     loop_metrics: LoopMetrics,
     /// The broker's limits, as configured.
     limits: Limits,
@@ -349,23 +349,14 @@ impl Reactor {
         cfg.broker.limits.check().map_err(|e| format!("bad limits: {e}"))?;
         let started = Instant::now();
         let now = now_at(started);
-        let broker = Broker::open(cfg.broker.clone(), &cfg.data_dir, cfg.log.clone(), now)
-            .map_err(|e: OpenError| e.to_string())?;
-        let r = &broker.recovery;
-        log::info!(
-            "recovered {} records, {} bytes in {} segments from {} in {} ms; the last run {}{}",
-            r.records,
-            r.bytes,
-            r.segments,
-            cfg.data_dir.display(),
-            r.millis,
-            if r.clean_stop { "stopped cleanly" } else { "may have crashed" },
-            if r.truncated_bytes > 0 {
-                format!(" (cut a torn tail of {} bytes)", r.truncated_bytes)
-            } else {
-                String::new()
-            }
-        );
+        let broker = if cfg.memory_only {
+            Broker::in_memory(cfg.broker.clone(), now)
+        } else {
+            let broker = Broker::open(cfg.broker.clone(), &cfg.data_dir, cfg.log.clone(), now)
+                .map_err(|e: OpenError| e.to_string())?;
+            log_recovery(&broker.recovery, &cfg.data_dir);
+            broker
+        };
         let poll = Poll::new().map_err(|e| format!("epoll: {e}"))?;
         let mut listener = listen(cfg.listen).map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
         let local_addr = listener.local_addr().map_err(|e| e.to_string())?;
@@ -452,7 +443,10 @@ impl Reactor {
         let started = Instant::now();
         let now = now_at(self.started);
         self.loops.turns += 1;
-        run_turn(&mut ReactorTurn { reactor: self, events, started }, now);
+        let mut turn = ReactorTurn { reactor: self, events, started, phases: PhaseNanos::default() };
+        run_turn(&mut turn, now);
+        let phases = turn.phases;
+        self.loop_metrics.observe_turn(started.elapsed().as_nanos() as u64, &phases);
         Ok(())
     }
 
@@ -1036,8 +1030,8 @@ pub fn run_turn(steps: &mut impl TurnSteps, now: Now) {
     if written.syncs() {
         steps.flush(now, &written);
     }
-    // 7. release a slice of a removed segment, sync, publish the turn's
-    // messages to parked FETCHes, send the held replies.
+    // 7. sync, publish the turn's messages to parked FETCHes, send the
+    // held replies.
     steps.sync(now, &mut written);
     // 8. flush
     steps.flush(now, &written);
@@ -1045,12 +1039,14 @@ pub fn run_turn(steps: &mut impl TurnSteps, now: Now) {
     steps.close_and_watch(now);
 }
 
-/// The reactor's turn: its state, this turn's readiness events, and when
-/// the turn began (for the produce-ack latency).
+/// The reactor's turn: its state, this turn's readiness events, when the
+/// turn began (for the produce-ack latency and the turn's time), and what
+/// its phases took (for the turn's metrics).
 struct ReactorTurn<'a> {
     reactor: &'a mut Reactor,
     events: &'a Events,
     started: Instant,
+    phases: PhaseNanos,
 }
 
 impl TurnSteps for ReactorTurn<'_> {
@@ -1074,6 +1070,7 @@ impl TurnSteps for ReactorTurn<'_> {
         if let Some(ns) = report.sync_nanos {
             r.loop_metrics.fsync.observe(ns, 1);
         }
+        self.phases = report.phases;
         if report.produces_acked > 0 {
             let ns = self.started.elapsed().as_nanos() as u64;
             r.loop_metrics.produce_ack.observe(ns, report.produces_acked);
@@ -1084,6 +1081,24 @@ impl TurnSteps for ReactorTurn<'_> {
         self.reactor.close_ended();
         self.reactor.watch_buffers(now);
     }
+}
+
+/// Says what recovery found in `data_dir`.
+fn log_recovery(r: &Recovery, data_dir: &std::path::Path) {
+    log::info!(
+        "recovered {} records, {} bytes in {} segments from {} in {} ms; the last run {}{}",
+        r.records,
+        r.bytes,
+        r.segments,
+        data_dir.display(),
+        r.millis,
+        if r.clean_stop { "stopped cleanly" } else { "may have crashed" },
+        if r.truncated_bytes > 0 {
+            format!(" (cut a torn tail of {} bytes)", r.truncated_bytes)
+        } else {
+            String::new()
+        }
+    );
 }
 
 /// Connections the kernel may complete before the loop accepts them. The

@@ -20,9 +20,9 @@
 
 use byteorder::{ByteOrder, LittleEndian};
 
-use crate::codec::{self, DeadInfo, DeadReason};
+use crate::codec::{self, DeadInfo, DeadReason, Props, PropsLimits};
 use crate::log::{Log, RECORD_HEADER_BYTES, RecordStart};
-use crate::queue::{GroupId, MsgId, Settings};
+use crate::queue::{Body, GroupId, MsgId, Settings};
 
 /// A topic's number in the log: assigned at creation, never reused.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -97,11 +97,14 @@ impl RecordKind {
     /// old ones (docs/log-format.md, "Changing the format").
     pub const fn version(self) -> u8 {
         match self {
-            RecordKind::Delete | RecordKind::Purge | RecordKind::Produce => 1,
+            RecordKind::Delete | RecordKind::Purge => 1,
             RecordKind::Group | RecordKind::GroupDelete | RecordKind::GroupState => 1,
             // Version 2 names the consumer group; version 1 meant the
             // default group.
             RecordKind::Remove | RecordKind::Requeue => 2,
+            // Version 2 carries each message's properties (flag bit 0x02);
+            // version 1 has none.
+            RecordKind::Produce => 2,
             // Version 2 carries the next group id, and the topic's groups
             // come in Group records; version 1 meant a topic with the
             // default group and no other.
@@ -154,40 +157,66 @@ pub struct MessageRecord<'a> {
     pub deliveries: u16,
     /// Present for a message in a dead-letter topic.
     pub dead: Option<DeadInfo>,
+    /// Its tags and headers as produced (empty for none).
+    pub props: Props<'a>,
     pub payload: &'a [u8],
 }
 
-/// Bytes of a message's fields before its payload, without the dead-letter
-/// fields: id, born_ms, deliveries, flags, len.
-const MESSAGE_FIXED_BYTES: u64 = 8 + 8 + 2 + 1 + 4;
-
-/// Log bytes one message takes in a Produce record (`put_message`).
-pub const fn message_record_bytes(payload_bytes: u64, dead: bool) -> u64 {
-    MESSAGE_FIXED_BYTES + if dead { codec::DEAD_INFO_BYTES as u64 } else { 0 } + payload_bytes
+impl<'a> MessageRecord<'a> {
+    /// Its properties and payload, for the queue (which interns its tags).
+    pub fn body(&self) -> Body<'a> {
+        Body { props: self.props, tag_set: None, payload: self.payload }
+    }
 }
 
-/// Appends one message to a Produce record body.
+/// Bytes of a message's fields before its payload, without the dead-letter
+/// fields and the properties: id, born_ms, deliveries, flags, len.
+const MESSAGE_FIXED_BYTES: u64 = 8 + 8 + 2 + 1 + 4;
+/// Flag bit of a message in a Produce record of version 2: its properties
+/// follow (`props_len u16`, then the blob). The wire's bit, by choice.
+const MESSAGE_FLAG_PROPS: u8 = codec::MSG_FLAG_PROPS;
+
+/// Log bytes one message takes in a Produce record (`put_message`), with
+/// `props_bytes` bytes of properties (0 for none: then no length either).
+pub const fn message_record_bytes(payload_bytes: u64, props_bytes: u64, dead: bool) -> u64 {
+    let props = if props_bytes == 0 { 0 } else { 2 + props_bytes };
+    MESSAGE_FIXED_BYTES + if dead { codec::DEAD_INFO_BYTES as u64 } else { 0 } + props + payload_bytes
+}
+
+/// Appends one message to a Produce record body (version 2).
 #[inline]
 pub fn put_message(body: &mut Vec<u8>, m: &MessageRecord<'_>) {
     codec::put_u64(body, m.id);
     codec::put_u64(body, m.born_ms);
     codec::put_u16(body, m.deliveries);
-    match &m.dead {
-        None => body.push(0),
-        Some(d) => {
-            body.push(codec::MSG_FLAG_DEAD);
-            codec::put_dead_info(body, d);
-        }
+    let props = m.props.bytes();
+    let mut flags = if m.dead.is_some() { codec::MSG_FLAG_DEAD } else { 0 };
+    if !props.is_empty() {
+        flags |= MESSAGE_FLAG_PROPS;
+    }
+    body.push(flags);
+    if let Some(d) = &m.dead {
+        codec::put_dead_info(body, d);
+    }
+    if !props.is_empty() {
+        codec::props::put_props(body, &m.props);
     }
     codec::put_u32(body, m.payload.len() as u32);
     body.extend_from_slice(m.payload);
 }
 
-fn read_message<'a>(rd: &mut Reader<'a>) -> Result<MessageRecord<'a>, String> {
+/// Reads one message of a Produce record of `version`. Version 1 knows
+/// only the dead-letter flag (and ignored other bits); version 2 refuses a
+/// bit it does not know, and reads the properties after the dead-letter
+/// fields.
+fn read_message<'a>(rd: &mut Reader<'a>, version: u8) -> Result<MessageRecord<'a>, String> {
     let id = rd.u64()?;
     let born_ms = rd.u64()?;
     let deliveries = rd.u16()?;
     let flags = rd.u8()?;
+    if version >= 2 && flags & !(codec::MSG_FLAG_DEAD | MESSAGE_FLAG_PROPS) != 0 {
+        return Err(format!("unknown message flags {flags:#04x}"));
+    }
     let dead = if flags & codec::MSG_FLAG_DEAD != 0 {
         Some(DeadInfo {
             origin_id: rd.u64()?,
@@ -197,8 +226,22 @@ fn read_message<'a>(rd: &mut Reader<'a>) -> Result<MessageRecord<'a>, String> {
     } else {
         None
     };
+    let props = if version >= 2 && flags & MESSAGE_FLAG_PROPS != 0 { read_props(rd)? } else { Props::EMPTY };
     let len = rd.u32()? as usize;
-    Ok(MessageRecord { id, born_ms, deliveries, dead, payload: rd.bytes(len)? })
+    Ok(MessageRecord { id, born_ms, deliveries, dead, props, payload: rd.bytes(len)? })
+}
+
+/// A message's properties: checked against the format alone (the limits
+/// were checked at produce, and may have changed since), so that what is
+/// stored can be iterated without failing.
+fn read_props<'a>(rd: &mut Reader<'a>) -> Result<Props<'a>, String> {
+    let len = rd.u16()? as usize;
+    let blob = rd.bytes(len)?;
+    match Props::parse(blob, codec::CODEC_VERSION_MAX, &PropsLimits::ANY) {
+        Ok(props) if !props.is_empty() => Ok(props),
+        Ok(_) => Err("a message flagged with properties has none".into()),
+        Err(e) => Err(format!("bad message properties: {}", e.message)),
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -539,7 +582,7 @@ impl<'a> Record<'a> {
             RecordKind::Purge => Record::Purge(PurgeRecord { topic, below_id: rd.u64()? }),
             RecordKind::Produce => {
                 let count = rd.u32()?;
-                return Ok(Record::Produce { topic, messages: Messages { rd, left: count } });
+                return Ok(Record::Produce { topic, messages: Messages { rd, left: count, version } });
             }
             RecordKind::Remove => {
                 let group = rd.group(version)?;
@@ -565,6 +608,8 @@ pub struct Messages<'a> {
     rd: Reader<'a>,
     /// Messages not yet read.
     left: u32,
+    /// The record's version: the message layout.
+    version: u8,
 }
 
 impl<'a> Iterator for Messages<'a> {
@@ -578,7 +623,7 @@ impl<'a> Iterator for Messages<'a> {
             });
         }
         self.left -= 1;
-        let m = read_message(&mut self.rd);
+        let m = read_message(&mut self.rd, self.version);
         if m.is_err() {
             self.left = 0;
             self.rd.pos = self.rd.b.len();

@@ -65,12 +65,28 @@ fn every_kind_round_trips_at_its_version() {
     assert_eq!(got.iter().collect::<Vec<_>>(), entries);
 }
 
+/// A properties blob: two tags and a header.
+fn props_blob() -> &'static [u8] {
+    let mut blob = Vec::new();
+    codec::props::put_tag(&mut blob, "eu");
+    codec::props::put_header(&mut blob, "trace", b"\x00\x01");
+    codec::props::put_tag(&mut blob, "red");
+    Box::leak(blob.into_boxed_slice())
+}
+
+fn props() -> Props<'static> {
+    Props::parse(props_blob(), codec::CODEC_VERSION_MAX, &PropsLimits::ANY).expect("a valid blob")
+}
+
 fn messages() -> Vec<MessageRecord<'static>> {
     let dead = DeadInfo { origin_id: 41, origin_deliveries: 16, reason: DeadReason::ConsumerLost };
+    let none = Props::EMPTY;
     vec![
-        MessageRecord { id: 1, born_ms: 1_700_000_000_000, deliveries: 0, dead: None, payload: b"one" },
-        MessageRecord { id: 7, born_ms: 3, deliveries: 2, dead: Some(dead), payload: b"" },
-        MessageRecord { id: 8, born_ms: 4, deliveries: u16::MAX, dead: None, payload: &[0xff; 300] },
+        MessageRecord { id: 1, born_ms: 1_700_000_000_000, deliveries: 0, dead: None, props: none, payload: b"one" },
+        MessageRecord { id: 7, born_ms: 3, deliveries: 2, dead: Some(dead), props: none, payload: b"" },
+        MessageRecord { id: 8, born_ms: 4, deliveries: u16::MAX, dead: None, props: none, payload: &[0xff; 300] },
+        MessageRecord { id: 9, born_ms: 5, deliveries: 0, dead: None, props: props(), payload: b"tagged" },
+        MessageRecord { id: 10, born_ms: 6, deliveries: 1, dead: Some(dead), props: props(), payload: b"" },
     ]
 }
 
@@ -108,7 +124,8 @@ fn the_sizes_counted_are_the_sizes_written() {
     for m in messages() {
         let mut body = Vec::new();
         put_message(&mut body, &m);
-        assert_eq!(body.len() as u64, message_record_bytes(m.payload.len() as u64, m.dead.is_some()), "{m:?}");
+        let (payload, props) = (m.payload.len() as u64, m.props.bytes().len() as u64);
+        assert_eq!(body.len() as u64, message_record_bytes(payload, props, m.dead.is_some()), "{m:?}");
     }
     let settings = Settings::default();
     let log_bytes = |write: &dyn Fn(&mut Log)| -> u64 {
@@ -198,4 +215,66 @@ fn a_group_round_trips_in_remove_and_requeue() {
     let requeue = RequeueRecord { topic: TopicId(2), group, entries: &entries };
     let (kind, version, body) = one(|log| requeue.append(log));
     assert!(matches!(Record::decode(kind, version, &body), Ok(Record::Requeue { group: g, .. }) if g == group));
+}
+
+/// Produce records of version 1 carry no properties; version 2 announces
+/// them with flag bit 0x02. A version-1 record still reads (a log written
+/// before properties opens in every later build), and its messages have
+/// none.
+#[test]
+fn produce_reads_version_1_and_version_2_messages() {
+    let mut v1 = vec![5, 0, 0, 0, 1, 0, 0, 0];
+    v1.extend_from_slice(&[2, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0]);
+    v1.extend_from_slice(&[3, 0, 0, 0]);
+    v1.extend_from_slice(b"old");
+    let Ok(Record::Produce { topic, messages }) = Record::decode(RecordKind::Produce, 1, &v1) else {
+        panic!("version 1 of Produce decodes")
+    };
+    let got: Vec<_> = messages.collect::<Result<_, _>>().expect("its message decodes");
+    let old = MessageRecord { id: 2, born_ms: 9, deliveries: 1, dead: None, props: Props::EMPTY, payload: b"old" };
+    assert_eq!((topic, got), (TopicId(5), vec![old]));
+
+    // Version 2 with properties: after the flags, `props_len u16` and the
+    // blob, then the payload.
+    let mut v2 = vec![5, 0, 0, 0, 1, 0, 0, 0];
+    v2.extend_from_slice(&[2, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0x02]);
+    v2.extend_from_slice(&(props_blob().len() as u16).to_le_bytes());
+    v2.extend_from_slice(props_blob());
+    v2.extend_from_slice(&[3, 0, 0, 0]);
+    v2.extend_from_slice(b"new");
+    let mut written = vec![5, 0, 0, 0, 1, 0, 0, 0];
+    put_message(&mut written, &MessageRecord { props: props(), payload: b"new", ..old });
+    assert_eq!(v2, written, "the layout docs/log-format.md gives");
+    let Ok(Record::Produce { messages, .. }) = Record::decode(RecordKind::Produce, 2, &v2) else {
+        panic!("version 2 of Produce decodes")
+    };
+    let got: Vec<_> = messages.collect::<Result<_, _>>().expect("its message decodes");
+    assert_eq!(got[0].props.tags().collect::<Vec<_>>(), ["eu", "red"]);
+    assert_eq!(got[0].props.header("trace"), Some(&b"\x00\x01"[..]));
+}
+
+#[test]
+fn produce_version_2_refuses_unknown_flags_and_bad_properties() {
+    let decode_one = |body: &[u8]| -> Result<(), String> {
+        let Ok(Record::Produce { mut messages, .. }) = Record::decode(RecordKind::Produce, 2, body) else {
+            panic!("the header decodes")
+        };
+        messages.next().expect("one message").map(|_| ())
+    };
+    let head = [5, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    let mut unknown_flag = head.to_vec();
+    unknown_flag.extend_from_slice(&[0x08, 0, 0, 0, 0]);
+    assert!(decode_one(&unknown_flag).is_err_and(|e| e.contains("flags")));
+    // Flagged with properties, but a property type no version knows.
+    let mut bad_type = head.to_vec();
+    bad_type.extend_from_slice(&[0x02, 4, 0, 9, 1, 0, b'x', 0, 0, 0, 0]);
+    assert!(decode_one(&bad_type).is_err_and(|e| e.contains("properties")));
+    // An entry that runs past the blob.
+    let mut runs_past = head.to_vec();
+    runs_past.extend_from_slice(&[0x02, 3, 0, 1, 5, 0, 0, 0, 0, 0]);
+    assert!(decode_one(&runs_past).is_err_and(|e| e.contains("properties")));
+    // Flagged, with an empty blob: no build writes that.
+    let mut empty = head.to_vec();
+    empty.extend_from_slice(&[0x02, 0, 0, 0, 0, 0, 0]);
+    assert!(decode_one(&empty).is_err_and(|e| e.contains("has none")));
 }

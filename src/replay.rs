@@ -14,20 +14,12 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::broker::TopicId;
 use crate::broker::topics::Topics;
-use crate::codec::DeadInfo;
 use crate::compactor::Compactor;
 use crate::filter::Filter;
 use crate::log::ReadRecord;
-use crate::queue::{Group, GroupConfig, GroupId, IdMap, MsgId, Timers, Topic};
+use crate::queue::{Group, GroupConfig, GroupId, IdMap, MsgId, Stray, Timers, Topic};
 use crate::record::{GroupRecord, MessageRecord, Record, Requeues, TopicRecord};
 use crate::wheel::TimerKey;
-
-/// A message recovered out of id order.
-struct Stray {
-    born_ms: u64,
-    dead: Option<DeadInfo>,
-    payload: Vec<u8>,
-}
 
 /// A consumer group as recovery rebuilds it: what its records said so
 /// far. Its state is its last GroupState (or where it was created), then
@@ -311,12 +303,13 @@ impl<'a> Replay<'a> {
             return;
         }
         if m.id >= t.seq.next_id() {
-            t.restore(m.id, m.born_ms, m.payload, m.dead);
+            t.restore(m.id, m.born_ms, m.body(), m.dead);
         } else {
             let strays = self.strays.entry(topic).or_default();
             strays.entry(m.id).or_insert_with(|| Stray {
                 born_ms: m.born_ms,
                 dead: m.dead,
+                props: m.props.bytes().to_vec(),
                 payload: m.payload.to_vec(),
             });
         }
@@ -328,7 +321,7 @@ impl<'a> Replay<'a> {
     pub fn finish(mut self) {
         for (tid, strays) in self.strays {
             if let Some(e) = self.topics.get_mut(tid) {
-                e.topic.merge(strays.into_iter().map(|(id, s)| (id, s.born_ms, s.payload, s.dead)));
+                e.topic.merge(strays.into_iter());
             }
         }
         let nameless: Vec<TopicId> = self.topics.iter().filter(|e| e.topic.name.is_empty()).map(|e| e.id).collect();
@@ -369,6 +362,7 @@ impl Timers for NoTimers {
 #[cfg(test)]
 mod tests {
     use crate::broker::{Broker, Config, Now, TopicId};
+    use crate::codec::Props;
     use crate::log::{Log, LogOptions, OpenError};
     use crate::queue::Settings;
     use crate::record::{DeleteRecord, MessageRecord, ProduceWriter, TopicRecord};
@@ -396,7 +390,10 @@ mod tests {
         assert!(matches!(&err, OpenError::Apply { why, .. } if why.contains("names no topic")), "{err}");
         let err = open_after(|log| {
             let mut w = ProduceWriter::begin(log, TopicId::FLOOR);
-            w.push(log, &MessageRecord { id: 1, born_ms: 0, deliveries: 0, dead: None, payload: b"m" });
+            w.push(
+                log,
+                &MessageRecord { id: 1, born_ms: 0, deliveries: 0, dead: None, props: Props::EMPTY, payload: b"m" },
+            );
             w.end(log);
         })
         .err()
@@ -446,7 +443,10 @@ mod tests {
     fn produce(log: &mut Log, ids: std::ops::RangeInclusive<MsgId>, deliveries: u16) {
         let mut w = ProduceWriter::begin(log, T);
         for id in ids {
-            w.push(log, &MessageRecord { id, born_ms: id * 10, deliveries, dead: None, payload: b"m" });
+            w.push(
+                log,
+                &MessageRecord { id, born_ms: id * 10, deliveries, dead: None, props: Props::EMPTY, payload: b"m" },
+            );
         }
         w.end(log);
     }

@@ -333,6 +333,47 @@ fn consume_ends_quietly_when_its_reader_goes_away_and_acks_nothing_unprinted() {
     assert!(stats.contains("\"acked\":0,"), "a message was acknowledged without being printed: {stats}");
 }
 
+/// `runnel produce --tag T --header K=V`: every line becomes a message with
+/// these tags and headers, on a broker that negotiates version 2; a broker
+/// that speaks only version 1 gets no message, and the command says why.
+#[test]
+fn produce_gives_every_line_its_tags_and_headers() {
+    let dir = TempDir::new("cli-props");
+    let log = LogOptions { fsync: FsyncMode::Never, ..LogOptions::default() };
+    let config = Config { version_max: codec::CODEC_VERSION_MAX, ..Config::default() };
+    let srv = Server::start_in(config, log, dir.path());
+    let addr = srv.addr.to_string();
+    let args = ["produce", "--addr", &addr, "--tag", "eu", "--header", "trace=7", "--tag", "red", "--header", "flag"];
+    runnel_ok(&[&args[..], &["t"]].concat(), b"one\ntwo\n");
+    let mut c = srv.client_v2();
+    let got = c.fetch("t", runnel::client::Fetch { max_messages: 10, ..Default::default() }).unwrap();
+    assert_eq!(got.len(), 2);
+    for (m, payload) in got.iter().zip([&b"one"[..], b"two"]) {
+        assert_eq!(m.payload, payload);
+        assert_eq!(m.tags(), ["eu", "red"]);
+        assert_eq!(m.headers(), [("trace", &b"7"[..]), ("flag", &b""[..])]);
+    }
+
+    let old_dir = TempDir::new("cli-props-v1");
+    let v1 = Config { version_max: 1, ..Config::default() };
+    let old = Server::start_in(v1, LogOptions { fsync: FsyncMode::Never, ..LogOptions::default() }, old_dir.path());
+    let old_addr = old.addr.to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runnel"))
+        .args(["produce", "--addr", &old_addr, "--tag", "eu", "t"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn runnel");
+    child.stdin.take().expect("stdin").write_all(b"one\n").expect("write stdin");
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("protocol version 2"), "{}", text(&out.stderr));
+    let bad = runnel(&["produce", "--addr", &old_addr, "--header", "=v", "t"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+    assert!(text(&bad.stderr).contains("--header"), "{}", text(&bad.stderr));
+}
+
 /// Consumer groups from the command line: each group gets every message,
 /// `groups` shows them, and `group` creates, moves and deletes them.
 #[test]

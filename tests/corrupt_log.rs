@@ -25,7 +25,7 @@ use common::logdir::{
 use common::{Server, TempDir};
 use runnel::broker::{Broker, Config, Now};
 use runnel::client::Fetch;
-use runnel::log::{CLEAN_STOP_FILE, DamageKind, LastStop, Log, LogOptions, OpenError};
+use runnel::log::{CLEAN_STOP_FILE, DamageKind, Inspection, LastStop, Log, LogOptions, OpenError};
 
 /// Small segments, so the log spans several.
 const SEGMENT_BYTES_MAX: u64 = 16 << 10;
@@ -96,7 +96,27 @@ fn last_records(dir: &Path) -> Vec<Rec> {
 
 /// Opens the broker on `dir` in-process, without sockets.
 fn open(dir: &Path, repair: bool) -> Result<Broker, OpenError> {
-    Broker::open(Config::default(), dir, LogOptions { repair, ..LogOptions::default() }, Now::default())
+    unlocked(|| Broker::open(Config::default(), dir, LogOptions { repair, ..LogOptions::default() }, Now::default()))
+}
+
+/// `Log::inspect`, as `unlocked` allows.
+fn inspect(dir: &Path) -> Inspection {
+    unlocked(|| Log::inspect(dir)).expect("inspect")
+}
+
+/// Runs `f`, again while it finds the directory locked: a test that spawns
+/// `runnel` (the dry-run test) forks a child that holds copies of this
+/// process's files, a lock another test took among them, until the child's
+/// `exec` closes them. That window is the test harness's, not the log's:
+/// a lock held by another process for longer is still an error.
+fn unlocked<T>(f: impl Fn() -> Result<T, OpenError>) -> Result<T, OpenError> {
+    for _ in 0..50 {
+        match f() {
+            Err(OpenError::Locked(_)) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            other => return other,
+        }
+    }
+    f()
 }
 
 /// A copy of the built directory and the path in it of segment `s`.
@@ -130,7 +150,7 @@ fn assert_refused(dir: &Path, file: &Path, offset: u64, words: &[&str]) -> Strin
 /// `kind` in `file` at `at`, of `bytes`, and changes nothing.
 fn assert_inspected(dir: &Path, file: &Path, at: u64, bytes: u64, kind: DamageKind) {
     let before = snapshot(dir);
-    let ins = Log::inspect(dir).expect("inspect");
+    let ins = inspect(dir);
     assert_eq!(snapshot(dir), before, "inspecting changes nothing");
     assert!(ins.damaged(), "{ins}");
     assert_eq!(ins.damage.len(), 1, "one damaged stretch: {ins}");
@@ -151,7 +171,7 @@ fn repaired(b: &Built, dir: &Path, dropped_bytes: u64) -> Msgs {
         assert_eq!(base_of(&w[0]) + file_len(&w[0]), base_of(&w[1]), "contiguous after repair: {segs:?}");
     }
     assert!(!dir.join(CLEAN_STOP_FILE).exists(), "repair removes the clean-stop marker");
-    let ins = Log::inspect(dir).expect("inspect");
+    let ins = inspect(dir);
     assert!(!ins.damaged(), "nothing left to repair: {ins}");
     let got = fetch_all(dir);
     assert_nothing_invented(&got, &b.produced, "after repair");
@@ -399,7 +419,7 @@ fn the_marker_goes_with_the_first_append_and_comes_back_with_the_next_clean_stop
     srv.stop();
     let last = segments(copy.path()).pop().expect("a segment");
     let end = base_of(&last) + last_records(copy.path()).last().expect("a record").end;
-    let ins = Log::inspect(copy.path()).expect("inspect");
+    let ins = inspect(copy.path());
     assert!(matches!(ins.last_stop, LastStop::Clean { end: e, .. } if e == end), "marked clean at {end}: {ins}");
 }
 
@@ -422,7 +442,7 @@ fn a_marker_the_log_has_outgrown_is_ignored() {
     let r = *last_records(copy.path()).last().expect("a record");
     fs::OpenOptions::new().write(true).open(&last).and_then(|f| f.set_len(r.start + 20)).expect("tear the write");
     fs::write(&marker, &old_marker).expect("the marker as the clean stop left it");
-    let ins = Log::inspect(copy.path()).expect("inspect");
+    let ins = inspect(copy.path());
     assert!(ins.outgrown_marker && ins.last_stop == LastStop::MayHaveCrashed && !ins.damaged(), "{ins}");
     let broker = open(copy.path(), false).unwrap_or_else(|e| panic!("an outgrown marker must not stop start-up: {e}"));
     assert_eq!(broker.recovery.truncated_bytes, 20, "the torn write is cut, as after a crash");

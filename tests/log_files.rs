@@ -200,38 +200,39 @@ fn three_segments(dir: &Path) -> Log {
 }
 
 #[test]
-fn a_removed_segment_leaves_the_log_at_once_and_its_space_a_slice_per_turn() {
+fn a_removed_segment_leaves_the_log_at_once_and_its_space_off_the_loop() {
     let dir = TempDir::new("release");
     let mut log = three_segments(dir.path());
     let oldest = log.segments()[0].clone();
-    assert!(oldest.bytes > 3 * (256 << 10), "setup: a segment of several slices");
     log.remove_oldest(oldest.base).expect("remove");
     assert_eq!(log.segments().len(), 2);
     assert!(!segment_files(dir.path()).iter().any(|p| p.ends_with(format!("{:020}.log", oldest.base))), "renamed away");
-    assert!(log.releasing());
-    let mut lens = vec![removing_files(dir.path())[0].1];
-    assert_eq!(lens[0], oldest.bytes, "renamed whole");
-    while log.releasing() {
-        log.release_step().expect("release step");
-        lens.push(removing_files(dir.path()).first().map_or(0, |f| f.1));
-        assert!(lens.len() < 100, "release never ends: {lens:?}");
-    }
-    assert!(lens.windows(2).all(|w| w[1] < w[0]), "each step releases some: {lens:?}");
-    assert!(lens.windows(2).all(|w| w[0] - w[1] <= 256 << 10), "no step releases more than a slice: {lens:?}");
-    assert_eq!(lens.last(), Some(&0));
-    assert!(removing_files(dir.path()).is_empty(), "the file is gone once empty");
+    // The release thread cuts the file and unlinks it, while the log goes on.
+    write(&mut log, 0, 10, 10);
+    common::wire::wait_until("the release", || log.release_pending() == 0);
+    assert!(removing_files(dir.path()).is_empty(), "the file is gone once released");
+    assert!(!log.releasing());
+    // A second removal is released the same way.
+    let next = log.segments()[0].base;
+    log.remove_oldest(next).expect("remove the next");
+    common::wire::wait_until("the second release", || log.release_pending() == 0);
+    assert!(removing_files(dir.path()).is_empty());
+    assert_eq!(log.stats.segments_removed, 2);
 }
 
 #[test]
 fn a_start_deletes_a_half_released_segment_and_does_not_replay_it() {
     let dir = TempDir::new("release-restart");
-    let mut log = three_segments(dir.path());
+    let log = three_segments(dir.path());
     let oldest = log.segments()[0].clone();
     let first_kept = log.segments()[1].base;
-    log.remove_oldest(oldest.base).expect("remove");
-    log.release_step().expect("release step");
     drop(log);
-    assert_eq!(removing_files(dir.path()).len(), 1, "setup: a stop in the middle of a release");
+    // What a stop in the middle of a release leaves: the oldest segment
+    // renamed out of the log and cut short.
+    let seg = dir.path().join(format!("{:020}.log", oldest.base));
+    let doomed = dir.path().join(format!("{:020}.log.removing", oldest.base));
+    fs::rename(&seg, &doomed).expect("rename");
+    fs::OpenOptions::new().write(true).open(&doomed).expect("open").set_len(oldest.bytes / 2).expect("cut");
     let (log, bodies) = open(dir.path(), 1 << 20).expect("reopen");
     assert!(removing_files(dir.path()).is_empty(), "deleted at start");
     assert_eq!(log.segments()[0].base, first_kept);
@@ -349,4 +350,68 @@ fn repair_resumes_at_the_next_record_when_a_length_field_is_damaged() {
     let kept: Vec<Vec<u8>> = (0..50).filter(|&n| n != 20).map(body).collect();
     assert_eq!(open_repair(dir.path()), kept, "repair drops record 20 only");
     assert_eq!(fs::metadata(&seg).expect("metadata").len(), record_bytes(49), "rewritten without it");
+}
+
+/// The log times each of its calls on the files by phase, for the loop's
+/// metrics: a turn's write and sync, the reservation of the first step, the
+/// roll to a new segment, and the release of a removed segment's space.
+#[test]
+fn the_log_times_each_phase_of_its_calls_on_the_files() {
+    use runnel::metrics::Phase;
+    let dir = TempDir::new("log-phases");
+    let (mut log, _) = open(dir.path(), 64 << 10).expect("open");
+    write(&mut log, 0, 1, 1);
+    let first = log.take_phases();
+    for p in [Phase::Write, Phase::Fsync, Phase::Reserve] {
+        assert!(first.get(p) > 0, "{p:?} not timed: {first:?}");
+    }
+    // The first write opened the segment (and synced the directory): a
+    // roll's work.
+    assert!(first.get(Phase::Roll) > 0, "{first:?}");
+    assert_eq!(log.take_phases().total(), 0, "taken");
+    // Past the segment's size: a roll.
+    write(&mut log, 1, 1000, 100);
+    let filled = log.take_phases();
+    assert!(log.segments().len() > 1 && filled.get(Phase::Roll) > 0, "{filled:?}");
+    let base = log.segments()[0].base;
+    log.remove_oldest(base).expect("remove");
+    assert!(log.take_phases().get(Phase::Release) > 0);
+}
+
+/// A memory-only log (`--memory-only`) discards each turn where a log would
+/// write it: nothing is kept, synced, rolled or counted as written, and
+/// marking a clean stop writes no file.
+#[test]
+fn a_memory_only_log_discards_every_turn() {
+    let mut log = Log::in_memory();
+    assert!(log.memory_only());
+    write(&mut log, 0, 5000, 100);
+    assert_eq!((log.bytes(), log.segments().len(), log.head()), (0, 1, 0));
+    assert_eq!((log.stats.fsyncs, log.stats.commits, log.stats.records), (0, 0, 0));
+    assert!(!log.space_short() && !log.releasing());
+    assert!(!log.close_active().expect("close"), "no segment to close");
+    log.mark_clean_stop().expect("mark");
+    assert!(!Path::new(CLEAN_STOP_FILE).exists());
+}
+
+/// A new segment's name is made durable (the directory synced) only where
+/// its records will be synced: with `--fsync never` the loop does not wait
+/// for a directory sync at each roll, and the clean stop's marker syncs the
+/// directory once.
+#[test]
+fn only_a_log_that_syncs_its_records_syncs_a_new_segments_name() {
+    for (fsync, dir_synced) in [(FsyncMode::Turn, true), (FsyncMode::Never, false)] {
+        let dir = TempDir::new("dir-syncs");
+        let opts = LogOptions { fsync, ..options(64 << 10) };
+        let (mut log, _) = Log::open(dir.path(), opts.clone(), |_| Ok(())).expect("open");
+        write(&mut log, 0, 2000, 100);
+        let rolled = log.segments().len() as u64;
+        assert!(rolled > 2, "setup: rolls");
+        let expected = if dir_synced { rolled } else { 0 };
+        assert_eq!(log.stats.dir_syncs, expected, "{fsync:?}: the first segment and every roll");
+        log.mark_clean_stop().expect("mark");
+        drop(log);
+        let (log, _) = Log::open(dir.path(), opts, |_| Ok(())).expect("reopen");
+        assert_eq!(log.segments().len() as u64, rolled, "{fsync:?}: every segment reopens");
+    }
 }

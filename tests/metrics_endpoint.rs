@@ -121,6 +121,7 @@ fn metrics_endpoint_serves_the_whole_exposition() {
     assert_eq!(value(&samples, "runnel_topic_produced_total", Some("orders")), 3.0);
     assert_eq!(value(&samples, "runnel_topic_acked_total", Some("orders")), 1.0);
     assert_eq!(value(&samples, "runnel_topic_dead_letter_messages", Some("orders")), 0.0);
+    assert_eq!(value(&samples, "runnel_topic_tag_sets", Some("orders")), 0.0);
     assert!(value(&samples, "runnel_topic_oldest_unacked_age_seconds", Some("orders")) >= 0.0);
     assert!(value(&samples, "runnel_connections", None) >= 1.0);
     assert!(value(&samples, "runnel_fsyncs_total", None) >= 1.0);
@@ -131,6 +132,20 @@ fn metrics_endpoint_serves_the_whole_exposition() {
         assert!(count >= 1.0, "{h} observed nothing");
         let inf = samples.iter().find(|s| s.0 == format!("{h}_bucket") && s.1[0].1 == "+Inf").unwrap().2;
         assert_eq!(inf, count, "{h}: +Inf bucket equals count");
+    }
+    // Every turn is timed, and each phase in the turns it ran in: these
+    // turns wrote and synced the log.
+    assert_eq!(types.get("runnel_loop_turn_duration_seconds").map(String::as_str), Some("histogram"));
+    assert!(value(&samples, "runnel_loop_turn_duration_seconds_count", None) >= 1.0);
+    let phase = |name: &str, phase: &str| {
+        let s = samples.iter().find(|s| s.0 == name && s.1.iter().any(|(k, v)| k == "phase" && v == phase));
+        s.unwrap_or_else(|| panic!("no sample {name} for phase {phase}")).2
+    };
+    for p in ["write", "fsync"] {
+        assert!(phase("runnel_loop_phase_duration_seconds_count", p) >= 1.0, "phase {p} observed nothing");
+    }
+    for p in ["write", "fsync", "reserve", "roll", "release", "compact", "other"] {
+        assert!(phase("runnel_loop_slow_turns_total", p) >= 0.0);
     }
     for family in ["runnel_loop_turns_total", "runnel_received_bytes_total", "runnel_sent_bytes_total"] {
         assert!(value(&samples, family, None) > 0.0, "{family}");

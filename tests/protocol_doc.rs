@@ -268,7 +268,7 @@ fn limits_table_matches_the_defaults() {
     let heading = "## Limits";
     let rows = table_rows(&doc, heading);
     let d = Limits::default();
-    let limits: [(&str, u64); 24] = [
+    let limits: [(&str, u64); 25] = [
         ("frame_bytes_max", d.frame_bytes_max.into()),
         ("message_bytes_max", d.message_bytes_max.into()),
         ("batch_messages_max", d.batch_messages_max.into()),
@@ -290,6 +290,7 @@ fn limits_table_matches_the_defaults() {
         ("groups_per_topic_max", d.groups_per_topic_max.into()),
         ("tags_per_message_max", d.tags_per_message_max.into()),
         ("tag_bytes_max", d.tag_bytes_max.into()),
+        ("tag_sets_per_topic_max", d.tag_sets_per_topic_max.into()),
         ("props_bytes_max", d.props_bytes_max.into()),
         ("filter_bytes_max", d.filter_bytes_max.into()),
         ("filter_compiled_bytes_max", d.filter_compiled_bytes_max.into()),

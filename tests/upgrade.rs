@@ -93,11 +93,20 @@ fn v2_data_directory_opens_with_nothing_lost() {
     check("v2");
 }
 
-/// Written by commit 68b332a, the last build before the consumer groups'
-/// records (Topic record version 2, Group, GroupDelete, GroupState):
-/// Remove and Requeue records of version 2 naming the default group, and
-/// Topic records of version 1, whose topics have the default group.
+/// Written by commit d934b4a, the last build before version 2 of Produce
+/// (which stores each message's properties): Remove records of version 2
+/// (naming the default group), every other kind version 1.
 #[test]
 fn v3_data_directory_opens_with_nothing_lost() {
     check("v3");
+}
+
+/// Written by commit 024d8e0, the last build before the consumer groups'
+/// records (Topic record version 2, Group, GroupDelete, GroupState):
+/// Produce records of version 2, Remove and Requeue records of version 2
+/// naming the default group, and Topic records of version 1, whose topics
+/// have the default group.
+#[test]
+fn v4_data_directory_opens_with_nothing_lost() {
+    check("v4");
 }

@@ -5,14 +5,18 @@
 # of 256) with drive.py, stops the broker with SIGINT and prints the top
 # functions. Given the echo floor (target/release/runnel-floor) instead, it
 # counts the floor's instructions for the same load: what runnel spends
-# above that is its own. Usage: bench/profile/callgrind.sh [path/to/runnel]
+# above that is its own. RUNNEL_MODE=--memory-only counts runnel without a
+# log instead. Usage: bench/profile/callgrind.sh [path/to/runnel]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 runnel=${1:-$here/../../target/release/runnel}
 out=$(mktemp -d)
 case "$(basename "$runnel")" in
   runnel-floor*) args=(--listen 127.0.0.1:17731) ;;
-  *) args=(serve --listen 127.0.0.1:17731 --data "$out/data" --fsync never) ;;
+  *) case "${RUNNEL_MODE:-}" in
+       --memory-only) args=(serve --listen 127.0.0.1:17731 --memory-only) ;;
+       *) args=(serve --listen 127.0.0.1:17731 --data "$out/data" --fsync never) ;;
+     esac ;;
 esac
 valgrind --tool=callgrind --callgrind-out-file="$out/cg.out" \
   "$runnel" "${args[@]}" >"$out/vg.log" 2>&1 &

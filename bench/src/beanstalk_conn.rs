@@ -116,6 +116,13 @@ impl BeanstalkProducer {
     }
 }
 
+impl BeanstalkProducer {
+    /// Replies whole in the input buffer (each put's reply is one line).
+    fn whole_replies(&self) -> usize {
+        self.wire.input().iter().filter(|&&c| c == b'\n').count().min(self.in_flight)
+    }
+}
+
 impl WireReplies for BeanstalkProducer {
     fn wire(&mut self) -> &mut Wire {
         &mut self.wire
@@ -158,6 +165,60 @@ impl Producer for BeanstalkProducer {
     }
     fn fd(&self) -> RawFd {
         self.wire.fd()
+    }
+}
+
+/// beanstalkd has no consumer groups: the fan-out workaround is one tube
+/// per group, and a producer that puts each message into every tube (one
+/// connection per tube, written together). A produce counts as acknowledged
+/// once every tube has it.
+pub struct FanoutProducer {
+    tubes: Vec<BeanstalkProducer>,
+}
+
+impl FanoutProducer {
+    pub fn connect(addr: SocketAddr, tubes: &[String]) -> Result<FanoutProducer, String> {
+        let tubes = tubes.iter().map(|t| BeanstalkProducer::connect(addr, t)).collect::<Result<Vec<_>, _>>()?;
+        if tubes.is_empty() {
+            return Err("a fan-out producer needs a tube".into());
+        }
+        Ok(FanoutProducer { tubes })
+    }
+}
+
+impl Producer for FanoutProducer {
+    fn queue(&mut self, payload: &[u8]) {
+        for t in &mut self.tubes {
+            t.queue(payload);
+        }
+    }
+    fn flush(&mut self) -> Result<(), String> {
+        self.tubes.iter_mut().try_for_each(|t| t.flush())
+    }
+    fn recv(&mut self) -> Result<u32, String> {
+        let mut n = 0;
+        for t in &mut self.tubes {
+            n = t.recv()?;
+        }
+        Ok(n)
+    }
+    /// Replies that arrived on every tube's connection: the produces all
+    /// of them acknowledged (the rest are taken by a later call).
+    fn recv_ready(&mut self, on_reply: &mut dyn FnMut(u32)) -> Result<(), String> {
+        let ready = self.tubes.iter_mut().try_fold(usize::MAX, |least, t| {
+            while t.wire.fill_now()? {}
+            Ok::<_, String>(least.min(t.whole_replies()))
+        })?;
+        for _ in 0..ready {
+            on_reply(self.recv()?);
+        }
+        Ok(())
+    }
+    fn in_flight(&self) -> usize {
+        self.tubes[0].in_flight
+    }
+    fn fd(&self) -> RawFd {
+        self.tubes[0].wire.fd()
     }
 }
 

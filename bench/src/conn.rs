@@ -113,6 +113,11 @@ pub trait Consumer: Send {
     fn fd(&self) -> RawFd;
 }
 
+/// beanstalkd's stand-in for consumer group `group` of `topic`: a tube.
+fn fanout_tube(topic: &str, group: &str) -> String {
+    format!("{topic}-{group}")
+}
+
 /// A running broker to connect to.
 #[derive(Clone, Copy, Debug)]
 pub struct Target {
@@ -144,9 +149,66 @@ impl Target {
     /// A consumer; `name` tells consumers of one group apart (Redis).
     pub fn consumer(&self, topic: &str, name: &str) -> Result<Box<dyn Consumer>, String> {
         Ok(match self.kind {
-            Kind::Runnel | Kind::Floor => Box::new(runnel_conn::RunnelConsumer::connect(self.addr, topic)?),
-            Kind::Redis => Box::new(redis_conn::RedisConsumer::connect(self.addr, topic, name)?),
+            Kind::Runnel | Kind::Floor => Box::new(runnel_conn::RunnelConsumer::connect(self.addr, topic, "")?),
+            Kind::Redis => Box::new(redis_conn::RedisConsumer::connect(self.addr, topic, redis_conn::GROUP, name)?),
             Kind::Beanstalkd => Box::new(beanstalk_conn::BeanstalkConsumer::connect(self.addr, topic)?),
+        })
+    }
+
+    /// Makes the consumer groups of a fan-out (W6) before the first
+    /// produce, each `(name, tag filter)` reading from the start of
+    /// `topic`: runnel's groups (the filter "" for every message), Redis
+    /// Streams' groups (no filters); beanstalkd has no groups, its tubes
+    /// (`fanout_tube`) come with their first put.
+    pub fn prepare_groups(&self, topic: &str, groups: &[(String, String)]) -> Result<(), String> {
+        match self.kind {
+            Kind::Runnel => runnel_conn::create_groups(self.addr, topic, groups),
+            Kind::Redis => groups.iter().try_for_each(|(g, _)| redis_conn::create_group(self.addr, topic, g)),
+            Kind::Beanstalkd => Ok(()),
+            Kind::Floor => Err("the echo floor has no consumer groups".into()),
+        }
+    }
+
+    /// Spreads the groups of a backlog of `msgs` messages (W5): group i to
+    /// message i * msgs / groups (runnel's RESET_GROUP; the ids of a new
+    /// topic start at 1). A Redis group's position is one id, which costs
+    /// the same memory wherever it is: Redis's stay at the start.
+    pub fn spread_groups(&self, topic: &str, groups: &[(String, String)], msgs: u64) -> Result<(), String> {
+        match self.kind {
+            Kind::Runnel => runnel_conn::spread_groups(self.addr, topic, groups, msgs),
+            _ => Ok(()),
+        }
+    }
+
+    /// The producer of a fan-out to `groups`: one produce per message
+    /// (runnel tagging each with one of `tags` tags if `tags` > 0), except
+    /// beanstalkd's, which puts each message into every group's tube.
+    pub fn fanout_producer(
+        &self,
+        topic: &str,
+        groups: &[(String, String)],
+        tags: u32,
+    ) -> Result<Box<dyn Producer>, String> {
+        Ok(match self.kind {
+            Kind::Runnel if tags > 0 => Box::new(runnel_conn::RunnelProducer::tagged(self.addr, topic, tags)?),
+            Kind::Beanstalkd => {
+                let tubes: Vec<String> = groups.iter().map(|(g, _)| fanout_tube(topic, g)).collect();
+                Box::new(beanstalk_conn::FanoutProducer::connect(self.addr, &tubes)?)
+            }
+            _ if tags > 0 => return Err(format!("{:?} has no tag filters", self.kind)),
+            _ => self.producer(topic)?,
+        })
+    }
+
+    /// A consumer of `group` in a fan-out; `name` tells the group's
+    /// consumers apart (Redis).
+    pub fn group_consumer(&self, topic: &str, group: &str, name: &str) -> Result<Box<dyn Consumer>, String> {
+        Ok(match self.kind {
+            Kind::Runnel | Kind::Floor => Box::new(runnel_conn::RunnelConsumer::connect(self.addr, topic, group)?),
+            Kind::Redis => Box::new(redis_conn::RedisConsumer::connect(self.addr, topic, group, name)?),
+            Kind::Beanstalkd => {
+                Box::new(beanstalk_conn::BeanstalkConsumer::connect(self.addr, &fanout_tube(topic, group))?)
+            }
         })
     }
 
@@ -155,7 +217,7 @@ impl Target {
     /// and tubes on first use).
     pub fn prepare(&self, topic: &str) -> Result<(), String> {
         match self.kind {
-            Kind::Redis => redis_conn::create_group(self.addr, topic),
+            Kind::Redis => redis_conn::create_group(self.addr, topic, redis_conn::GROUP),
             Kind::Runnel | Kind::Beanstalkd | Kind::Floor => Ok(()),
         }
     }

@@ -1,7 +1,7 @@
 //! runnel-bench: the same workloads against runnel, Redis Streams and
 //! beanstalkd, each started here on a private port and a temporary
-//! directory, durable against durable and non-durable against
-//! non-durable, with every runnel message checked for delivery; and
+//! directory, like against like (durable, a log written and not synced,
+//! memory only), with every runnel message checked for delivery; and
 //! against the echo floor (`runnel-floor`), the least a server of runnel's
 //! protocol spends, which every row is also given as a multiple of.
 //!
@@ -43,10 +43,11 @@ usage:
                    PATH, or runnel-floor missing beside this program, is
                    skipped with a note)
   --workloads      W1 produce throughput, W2 fan-in, W3 open-loop latency,
-                   W4 work queue, W5 backlog, W3C latency while the log is
-                   rewritten, W3S runnel's --spin-us, W3B latency with a
-                   busy-polling client (its core 100% busy), R1 recovery
-                   of a 1 GiB log (16 MiB with --quick) (default: all)
+                   W4 work queue, W5 backlog, W6 fan-out to consumer
+                   groups, W3C latency while the log is rewritten, W3S
+                   runnel's --spin-us, W3B latency with a busy-polling
+                   client (its core 100% busy), R1 recovery of a 1 GiB
+                   log (16 MiB with --quick) (default: all)
   --server-core N  pin every server to core N (sched_setaffinity)
   --client-core N  pin the bench's own threads to core N
   --out DIR        where results.md, results.json and the SVGs go (default:

@@ -15,7 +15,8 @@ use crate::conn::{Consumer, Producer, WireReplies};
 use crate::wire::Wire;
 
 /// The consumer group every bench consumer joins.
-const GROUP: &[u8] = b"g";
+/// The consumer group of the workloads with one group.
+pub const GROUP: &str = "g";
 /// The one field of each entry.
 const FIELD: &[u8] = b"d";
 
@@ -235,6 +236,7 @@ impl Producer for RedisProducer {
 pub struct RedisConsumer {
     wire: Wire,
     topic: Vec<u8>,
+    group: Vec<u8>,
     name: Vec<u8>,
     /// Ids delivered by the last `next`, back to back; `ends` splits them.
     ids: Vec<u8>,
@@ -247,10 +249,11 @@ pub struct RedisConsumer {
 }
 
 impl RedisConsumer {
-    pub fn connect(addr: SocketAddr, topic: &str, name: &str) -> Result<RedisConsumer, String> {
+    pub fn connect(addr: SocketAddr, topic: &str, group: &str, name: &str) -> Result<RedisConsumer, String> {
         Ok(RedisConsumer {
             wire: Wire::connect(addr, "redis")?,
             topic: topic.as_bytes().to_vec(),
+            group: group.as_bytes().to_vec(),
             name: name.as_bytes().to_vec(),
             ids: Vec::new(),
             ends: Vec::new(),
@@ -267,7 +270,7 @@ impl RedisConsumer {
             return 0;
         }
         let mut args: Vec<&[u8]> = Vec::with_capacity(3 + n);
-        args.extend([b"XACK".as_slice(), &self.topic, GROUP]);
+        args.extend([b"XACK".as_slice(), &self.topic, &self.group]);
         let mut start = 0;
         for &end in &self.ends {
             args.push(&self.ids[start..end]);
@@ -283,7 +286,7 @@ impl RedisConsumer {
         let acks = self.send_ack();
         let count = max.to_string();
         let block = wait_ms.to_string();
-        let mut args: Vec<&[u8]> = vec![b"XREADGROUP", b"GROUP", GROUP, &self.name, b"COUNT", count.as_bytes()];
+        let mut args: Vec<&[u8]> = vec![b"XREADGROUP", b"GROUP", &self.group, &self.name, b"COUNT", count.as_bytes()];
         if wait_ms > 0 {
             args.extend([b"BLOCK".as_slice(), block.as_bytes()]);
         }
@@ -389,10 +392,11 @@ impl Consumer for RedisConsumer {
     }
 }
 
-/// Creates `topic` and its consumer group, reading from the beginning.
-pub fn create_group(addr: SocketAddr, topic: &str) -> Result<(), String> {
+/// Creates `topic` and its consumer group `group`, reading from the
+/// beginning.
+pub fn create_group(addr: SocketAddr, topic: &str, group: &str) -> Result<(), String> {
     let mut w = Wire::connect(addr, "redis")?;
-    command(&mut w.out, &[b"XGROUP", b"CREATE", topic.as_bytes(), GROUP, b"0", b"MKSTREAM"]);
+    command(&mut w.out, &[b"XGROUP", b"CREATE", topic.as_bytes(), group.as_bytes(), b"0", b"MKSTREAM"]);
     w.flush()?;
     match reply(&mut w, |c| c.status().map(|s| s.map(|_| ()))) {
         Ok(_) => Ok(()),

@@ -53,15 +53,16 @@ pub struct Report {
     pub skipped: Vec<String>,
 }
 
-const WORKLOADS: [(&str, &str); 9] = [
+const WORKLOADS: [(&str, &str); 10] = [
     ("W1", "W1: produce throughput (1 connection, closed loop)"),
     ("W2", "W2: fan-in (many connections, depth 1)"),
     ("W3", "W3: end-to-end latency, open loop"),
     ("W4", "W4: work queue"),
     ("W5", "W5: backlog fill and drain"),
+    ("W6", "W6: fan-out to consumer groups (durable; msgs/s and CPU are per delivery, to every group)"),
     ("W3C", "W3C: end-to-end latency while the log is rewritten (durable)"),
-    ("W3S", "W3S: end-to-end latency with runnel's --spin-us (non-durable)"),
-    ("W3B", "W3B: end-to-end latency with a busy-polling client (non-durable; the client core is 100% busy)"),
+    ("W3S", "W3S: end-to-end latency with runnel's --spin-us (log, no sync)"),
+    ("W3B", "W3B: end-to-end latency with a busy-polling client (memory only; the client core is 100% busy)"),
     ("R1", "R1: recovery of a durable log after a restart"),
 ];
 
@@ -220,7 +221,7 @@ fn notes(r: &RunResult) -> String {
                 n.push(format!("other processes (and steal) {:.1}% of a core meanwhile", o * 100.0));
             }
         }
-        "W4" => {
+        "W4" | "W6" => {
             if let Some(p) = r.extra("produced_msgs_per_s") {
                 n.push(format!("produced {} msgs/s", fmt_count(p)));
             }
@@ -291,6 +292,17 @@ fn floor_cells(v: Option<VsFloor>) -> (String, String) {
     (fmt_times(v.cpu), lat)
 }
 
+/// What each value of the durability column means, broker by broker, so
+/// that no row is read against the wrong peer.
+const DURABILITY_LEGEND: &str = "
+| durability | what a produce survives once acknowledged | runnel | Redis | beanstalkd |
+|---|---|---|---|---|
+| durable | a crash of the machine | `--fsync turn` | `appendonly yes`, `appendfsync always` | `-b DIR -f 0` |
+| log, no sync | a crash of the process, not of the machine | `--fsync never` | `appendonly yes`, `appendfsync no` | `-b DIR -F` |
+| memory only | nothing: lost with the process | `--memory-only` | `appendonly no` | no `-b` |
+| no log | (the echo floor: nothing kept, the floor of every row) | | | |
+";
+
 /// The durability column: the floor has no log to be durable with.
 pub fn durability_label(kind: Kind, durability: Durability) -> &'static str {
     if kind == Kind::Floor { "no log" } else { durability.name() }
@@ -354,6 +366,7 @@ pub fn markdown(report: &Report) -> String {
     for sk in &report.skipped {
         let _ = writeln!(s, "- skipped: {sk}");
     }
+    s.push_str(DURABILITY_LEGEND);
     for (w, title) in WORKLOADS {
         let rows = sorted(&report.results, w);
         let fails: Vec<&Failure> = report.failures.iter().filter(|f| f.workload == w).collect();
@@ -607,7 +620,8 @@ fn color(k: Kind) -> &'static str {
 const NINES_LABELS: [&str; 7] = ["0%", "90%", "99%", "99.9%", "99.99%", "99.999%", "99.9999%"];
 
 /// A percentile plot: x = nines (log of 1/(1-p)), y = latency on a log
-/// scale. Durable lines are solid, non-durable dashed, variants dotted.
+/// scale. Durable lines are solid, log-no-sync dashed, memory-only
+/// dash-dotted, variants dotted.
 pub fn svg(title: &str, lines: &[Line]) -> String {
     let (w, h) = (860.0, 500.0);
     let (left, right, top, bottom) = (80.0, 220.0, 50.0, 60.0);
@@ -665,10 +679,12 @@ pub fn svg(title: &str, lines: &[Line]) -> String {
         let pts: Vec<String> = l.curve.iter().map(|&(x, ns)| format!("{:.1},{:.1}", px(x), py(ns))).collect();
         let dash = if l.variant {
             r#" stroke-dasharray="2 3""#
-        } else if l.durability == Durability::Durable {
-            ""
         } else {
-            r#" stroke-dasharray="6 4""#
+            match l.durability {
+                Durability::Durable => "",
+                Durability::Unsynced => r#" stroke-dasharray="6 4""#,
+                Durability::Memory => r#" stroke-dasharray="10 3 2 3""#,
+            }
         };
         let _ = writeln!(
             s,
@@ -752,10 +768,10 @@ mod tests {
 
     #[test]
     fn rows_are_divided_by_the_floor_of_their_configuration() {
-        let floor = row(Kind::Floor, Durability::Volatile, Some(4.0), 20);
+        let floor = row(Kind::Floor, Durability::Memory, Some(4.0), 20);
         let runnel = row(Kind::Runnel, Durability::Durable, Some(6.0), 50);
-        let redis = row(Kind::Redis, Durability::Volatile, Some(0.0), 30);
-        let mut other_config = row(Kind::Beanstalkd, Durability::Volatile, Some(8.0), 40);
+        let redis = row(Kind::Redis, Durability::Memory, Some(0.0), 30);
+        let mut other_config = row(Kind::Beanstalkd, Durability::Memory, Some(8.0), 40);
         other_config.config = crate::workload::Config::W1 { size: 16, produce: crate::workload::Produce::Depth(1) };
         let results = vec![runnel.clone(), floor.clone(), redis.clone(), other_config.clone()];
         let v = vs_floor(&results, &runnel).expect("a floor row");

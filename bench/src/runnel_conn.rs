@@ -6,10 +6,11 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 
-use runnel::client::{Client, Error, OwnedReply};
-use runnel::codec::{self, Ids, Request};
+use runnel::client::{Client, Error, OwnedReply, ProduceMessage};
+use runnel::codec::{self, GroupSettings, Ids, Request, Start, TopicSettings};
 
 use crate::conn::{Consumer, Producer, READ_TIMEOUT, SyncCounters, WRITE_TIMEOUT};
+use crate::tracker;
 
 fn connect(addr: SocketAddr) -> Result<Client, String> {
     let mut c = Client::connect(addr).map_err(|e| format!("runnel at {addr}: {e}"))?;
@@ -21,12 +22,38 @@ fn connect(addr: SocketAddr) -> Result<Client, String> {
 pub struct RunnelProducer {
     client: Client,
     topic: String,
+    /// Tags each message with one of this many tags, `t0`, `t1`, ..., by
+    /// its sequence number (0: untagged).
+    tags: u32,
+    /// A request `queue` could not encode, reported by the next `flush`.
+    failed: Option<String>,
 }
 
 impl RunnelProducer {
     pub fn connect(addr: SocketAddr, topic: &str) -> Result<RunnelProducer, String> {
-        Ok(RunnelProducer { client: connect(addr)?, topic: topic.to_string() })
+        Ok(RunnelProducer { client: connect(addr)?, topic: topic.to_string(), tags: 0, failed: None })
     }
+
+    /// A producer tagging each message with one of `tags` tags
+    /// (`tag_of`).
+    pub fn tagged(addr: SocketAddr, topic: &str, tags: u32) -> Result<RunnelProducer, String> {
+        let client = version_2(connect(addr)?, addr, "tags")?;
+        Ok(RunnelProducer { client, topic: topic.to_string(), tags, failed: None })
+    }
+}
+
+/// The tag of the message with sequence number `seq`, of `tags` tags.
+pub fn tag_of(seq: u64, tags: u32) -> String {
+    format!("t{}", seq % u64::from(tags))
+}
+
+/// `c`, if it speaks protocol version 2 (groups, tags): the version-1
+/// broker of an older build cannot run the workloads that need them.
+fn version_2(c: Client, addr: SocketAddr, what: &str) -> Result<Client, String> {
+    if c.version < 2 {
+        return Err(format!("runnel at {addr} speaks protocol version {}: no {what}", c.version));
+    }
+    Ok(c)
 }
 
 fn produced(r: Result<OwnedReply, Error>) -> Result<u32, String> {
@@ -39,7 +66,14 @@ fn produced(r: Result<OwnedReply, Error>) -> Result<u32, String> {
 
 impl Producer for RunnelProducer {
     fn queue(&mut self, payload: &[u8]) {
-        self.client.send_produce(&self.topic, &[payload]);
+        if self.tags == 0 {
+            self.client.send_produce(&self.topic, &[payload]);
+            return;
+        }
+        let tag = tag_of(tracker::read(payload).map_or(0, |(seq, _)| seq), self.tags);
+        if let Err(e) = self.client.send_produce_messages(&self.topic, &[ProduceMessage::new(payload).tag(&tag)]) {
+            self.failed.get_or_insert(format!("runnel PRODUCE with tag {tag}: {e}"));
+        }
     }
     fn queue_batch(&mut self, payloads: &[&[u8]]) {
         self.client.send_produce(&self.topic, payloads);
@@ -48,6 +82,9 @@ impl Producer for RunnelProducer {
         true
     }
     fn flush(&mut self) -> Result<(), String> {
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
         self.client.flush().map_err(|e| format!("runnel: {e}"))
     }
     fn recv(&mut self) -> Result<u32, String> {
@@ -88,6 +125,8 @@ impl Producer for RunnelProducer {
 pub struct RunnelConsumer {
     client: Client,
     topic: String,
+    /// The consumer group ("" the default group, version 1).
+    group: String,
     /// Ids delivered by the last `next`, acknowledged by the following one.
     pending: Vec<u64>,
     /// Scratch for the ACK body.
@@ -98,10 +137,13 @@ pub struct RunnelConsumer {
 }
 
 impl RunnelConsumer {
-    pub fn connect(addr: SocketAddr, topic: &str) -> Result<RunnelConsumer, String> {
+    /// A consumer of `group` ("" the default group).
+    pub fn connect(addr: SocketAddr, topic: &str, group: &str) -> Result<RunnelConsumer, String> {
+        let client = if group.is_empty() { connect(addr)? } else { version_2(connect(addr)?, addr, "groups")? };
         Ok(RunnelConsumer {
-            client: connect(addr)?,
+            client,
             topic: topic.to_string(),
+            group: group.to_string(),
             pending: Vec::new(),
             body: Vec::new(),
             ack_out: false,
@@ -116,7 +158,7 @@ impl RunnelConsumer {
         }
         self.body.clear();
         codec::encode_ids(&mut self.body, &self.pending);
-        self.client.send(&Request::Ack { topic: &self.topic, group: "", ids: Ids { bytes: &self.body } });
+        self.client.send(&Request::Ack { topic: &self.topic, group: &self.group, ids: Ids { bytes: &self.body } });
         true
     }
 
@@ -126,7 +168,7 @@ impl RunnelConsumer {
         let acked = self.send_ack();
         self.client.send(&Request::Fetch {
             topic: &self.topic,
-            group: "",
+            group: &self.group,
             max_messages: max,
             max_bytes: 0,
             wait_ms,
@@ -247,6 +289,30 @@ impl Consumer for RunnelConsumer {
     fn fd(&self) -> RawFd {
         self.client.stream().as_raw_fd()
     }
+}
+
+/// Creates the consumer groups `groups` of `topic` (and the topic), each
+/// from the earliest message, with its tag filter ("" for every message).
+pub fn create_groups(addr: SocketAddr, topic: &str, groups: &[(String, String)]) -> Result<(), String> {
+    let mut c = version_2(connect(addr)?, addr, "groups")?;
+    c.create_topic(topic, TopicSettings::default()).map_err(|e| format!("runnel CREATE_TOPIC {topic}: {e}"))?;
+    for (group, filter) in groups {
+        let settings = GroupSettings { filter, ..GroupSettings::default() };
+        c.create_group(topic, group, settings, Start::Earliest)
+            .map_err(|e| format!("runnel CREATE_GROUP {topic}/{group}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Moves group i of `groups` to message i * msgs / groups of `topic`
+/// (a new topic's ids start at 1).
+pub fn spread_groups(addr: SocketAddr, topic: &str, groups: &[(String, String)], msgs: u64) -> Result<(), String> {
+    let mut c = version_2(connect(addr)?, addr, "groups")?;
+    for (i, (group, _)) in groups.iter().enumerate() {
+        let id = 1 + i as u64 * msgs / groups.len() as u64;
+        c.reset_group(topic, group, Start::Id(id)).map_err(|e| format!("runnel RESET_GROUP {topic}/{group}: {e}"))?;
+    }
+    Ok(())
 }
 
 pub fn delete_topic(addr: SocketAddr, topic: &str) -> Result<(), String> {

@@ -5,11 +5,13 @@
 //! | durability  | runnel          | Redis                                                 | beanstalkd   |
 //! |-------------|-----------------|-------------------------------------------------------|--------------|
 //! | durable     | `--fsync turn`  | `--appendonly yes --appendfsync always --save ""`     | `-b DIR -f 0`|
-//! | non-durable | `--fsync never` | `--appendonly no --save ""`                           | no `-b`      |
+//! | log, no sync| `--fsync never` | `--appendonly yes --appendfsync no --save ""`         | `-b DIR -F`  |
+//! | memory only | `--memory-only` | `--appendonly no --save ""`                           | no `-b`      |
 //!
 //! In each durable row a produce is acknowledged only after an fsync that
-//! covers it; in each non-durable row it survives at best a crash of the
-//! process, never one of the machine.
+//! covers it; in each "log, no sync" row it is written to a log that is
+//! never synced, so it survives a crash of the process, not one of the
+//! machine; in each "memory only" row it survives neither.
 //!
 //! Beside them runs the echo floor (`runnel-floor`, bench/src/floor/): a
 //! server of runnel's protocol with no log and no queue semantics, run once
@@ -62,9 +64,9 @@ impl Kind {
 
     /// Whether it runs with `d`. The floor keeps nothing, so durability
     /// means nothing to it: it runs once per configuration, beside the
-    /// non-durable rows, and is the floor of the durable rows too.
+    /// memory-only rows, and is the floor of every row.
     pub fn runs_with(self, d: Durability) -> bool {
-        self != Kind::Floor || d == Durability::Volatile
+        self != Kind::Floor || d == Durability::Memory
     }
 
     pub fn parse(s: &str) -> Option<Kind> {
@@ -82,20 +84,26 @@ impl Kind {
     }
 }
 
-/// Whether an acknowledged produce has been synced to disk.
+/// What an acknowledged produce survives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Durability {
+    /// Synced to disk before the acknowledgement: a crash of the machine.
     Durable,
-    Volatile,
+    /// Written to a log that is never synced: a crash of the process, not
+    /// of the machine.
+    Unsynced,
+    /// Kept in memory only: nothing.
+    Memory,
 }
 
 impl Durability {
-    pub const ALL: [Durability; 2] = [Durability::Durable, Durability::Volatile];
+    pub const ALL: [Durability; 3] = [Durability::Durable, Durability::Unsynced, Durability::Memory];
 
     pub fn name(self) -> &'static str {
         match self {
             Durability::Durable => "durable",
-            Durability::Volatile => "non-durable",
+            Durability::Unsynced => "log, no sync",
+            Durability::Memory => "memory only",
         }
     }
 }
@@ -432,15 +440,15 @@ impl Drop for Server {
 fn server_args(spec: &Spec, port: u16, data: &Path) -> Vec<String> {
     let data = data.display().to_string();
     let mut a: Vec<String> = match (spec.kind, spec.durability) {
-        (Kind::Runnel, d) => vec![
-            "serve".into(),
-            "--listen".into(),
-            format!("127.0.0.1:{port}"),
-            "--data".into(),
-            data,
-            "--fsync".into(),
-            if d == Durability::Durable { "turn" } else { "never" }.into(),
-        ],
+        (Kind::Runnel, d) => {
+            let mut a: Vec<String> = vec!["serve".into(), "--listen".into(), format!("127.0.0.1:{port}")];
+            match d {
+                Durability::Durable => a.extend(["--data".into(), data, "--fsync".into(), "turn".into()]),
+                Durability::Unsynced => a.extend(["--data".into(), data, "--fsync".into(), "never".into()]),
+                Durability::Memory => a.push("--memory-only".into()),
+            }
+            a
+        }
         (Kind::Redis, d) => {
             let mut a: Vec<String> = [
                 "--port",
@@ -459,22 +467,24 @@ fn server_args(spec: &Spec, port: u16, data: &Path) -> Vec<String> {
             .iter()
             .map(|s| s.to_string())
             .collect();
-            if d == Durability::Durable {
-                // No automatic AOF rewrite: its fork would land in a random
-                // run. This favours Redis and is said in the README.
-                a.extend(
-                    ["--appendonly", "yes", "--appendfsync", "always", "--auto-aof-rewrite-percentage", "0"]
-                        .map(String::from),
-                );
-            } else {
-                a.extend(["--appendonly", "no"].map(String::from));
+            // No automatic AOF rewrite: its fork would land in a random
+            // run. This favours Redis and is said in the README.
+            let aof = |fsync: &str| {
+                ["--appendonly", "yes", "--appendfsync", fsync, "--auto-aof-rewrite-percentage", "0"].map(String::from)
+            };
+            match d {
+                Durability::Durable => a.extend(aof("always")),
+                Durability::Unsynced => a.extend(aof("no")),
+                Durability::Memory => a.extend(["--appendonly", "no"].map(String::from)),
             }
             a
         }
         (Kind::Beanstalkd, d) => {
             let mut a: Vec<String> = vec!["-l".into(), "127.0.0.1".into(), "-p".into(), port.to_string()];
-            if d == Durability::Durable {
-                a.extend(["-b".into(), data, "-f".into(), "0".into()]);
+            match d {
+                Durability::Durable => a.extend(["-b".into(), data, "-f".into(), "0".into()]),
+                Durability::Unsynced => a.extend(["-b".into(), data, "-F".into()]),
+                Durability::Memory => {}
             }
             a
         }

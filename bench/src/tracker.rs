@@ -53,6 +53,19 @@ impl Verify {
     pub fn ok(&self) -> bool {
         self.missing == 0
     }
+
+    /// The checks of several consumer groups as one: every group must
+    /// have had every message it was owed.
+    pub fn add(&mut self, other: Verify) {
+        self.expected += other.expected;
+        self.delivered += other.delivered;
+        self.missing += other.missing;
+        self.duplicates += other.duplicates;
+        self.unacknowledged += other.unacknowledged;
+        let room = 10usize.saturating_sub(self.first_missing.len());
+        self.first_missing.extend(other.first_missing.into_iter().take(room));
+        self.cut_short |= other.cut_short;
+    }
 }
 
 /// Seen messages, one bit each, per producer.
@@ -149,6 +162,22 @@ mod tests {
         assert_eq!(v.unacknowledged, 2);
         s.add(seq(0, 1));
         assert!(s.complete() && s.verify().ok());
+    }
+
+    #[test]
+    fn several_groups_checks_add_up_and_any_missing_fails_them() {
+        let mut whole = Seen::new(&[2]);
+        whole.add(seq(0, 0));
+        whole.add(seq(0, 1));
+        let mut short = Seen::new(&[2]);
+        short.add(seq(0, 1));
+        short.add(seq(0, 1));
+        let mut v = whole.verify();
+        assert!(v.ok());
+        v.add(short.verify());
+        assert_eq!((v.expected, v.delivered, v.missing, v.duplicates), (4, 3, 1, 1));
+        assert_eq!(v.first_missing, vec![(0, 0)]);
+        assert!(!v.ok());
     }
 
     #[test]

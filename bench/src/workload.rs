@@ -3,18 +3,21 @@
 //! by draining its topic, checking that every acknowledged produce was
 //! consumed at least once.
 //!
-//! - W1 produce throughput: one connection, pipeline depth 1/16/256 (and
+//! - W1 produce throughput: one connection, pipeline depth 1/16/32/256 (and
 //!   runnel's batched PRODUCE), 16 B to 16 KiB messages, closed loop.
 //! - W2 fan-in: 1/16/256 connections at depth 1, driven by one epoll loop.
 //! - W3 end-to-end latency, open loop at fixed rates, measured from each
 //!   message's intended send time (no coordinated omission).
 //! - W4 work queue: producers and consumers on one topic at once.
 //! - W5 backlog: fill a topic with small messages, then drain it.
+//! - W6 fan-out: one producer, 1/4/16 consumer groups of two consumers
+//!   each, durable; every group gets every message (and runnel with 16
+//!   groups each filtering one of 16 tags).
 //! - W3C: W3 at 10k msgs/s, durable, while the broker rewrites its log:
 //!   runnel compacting (1 MiB segments, a backlog of unacknowledged
 //!   messages spread over old segments), Redis running BGREWRITEAOF.
-//! - W3S: W3 for runnel non-durable with `--spin-us` 0, 50 and 200.
-//! - W3B: W3 non-durable with a busy-polling client: one thread for both
+//! - W3S: W3 for runnel with `--fsync never` and `--spin-us` 0, 50 and 200.
+//! - W3B: W3 memory-only with a busy-polling client: one thread for both
 //!   connections that never sleeps (its core 100% busy by design); runnel
 //!   also with `--spin-us 200`, so both sides busy-poll.
 //! - R1: recovery: fill a durable runnel with a large log, restart it
@@ -28,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use crate::conn::{Consumer, Producer, Target};
 use crate::latency::{Latency, Samples, now_ns};
+use crate::runnel_conn;
 use crate::server::{Durability, Kind, Server};
 use crate::sys;
 use crate::tracker::{self, Seen, Verify};
@@ -148,7 +152,17 @@ pub enum Config {
         producers: usize,
         consumers: usize,
     },
-    W5,
+    /// W5 with `groups` consumer groups at different positions (0: none,
+    /// consumed as one queue).
+    W5 {
+        groups: usize,
+    },
+    /// Fan-out to `groups` consumer groups; with `tagged`, each group
+    /// filters one of `groups` tags and each message has one of them.
+    W6 {
+        groups: usize,
+        tagged: bool,
+    },
     /// W3 while the log is rewritten: runnel compacting, Redis running
     /// BGREWRITEAOF.
     W3Compact {
@@ -184,6 +198,9 @@ const BATCH_DEPTH: usize = 4;
 const FETCH_MAX: u32 = 1024;
 const DRAIN_FETCH_MAX: u32 = 1000;
 const WAIT_MS: u32 = 100;
+/// W6: consumers per group, and the producer's pipeline depth.
+const W6_CONSUMERS_PER_GROUP: usize = 2;
+const W6_DEPTH: usize = 16;
 /// W3C: runnel's segment size, small so that compaction runs all the time.
 const W3C_SEGMENT_BYTES: u64 = 1 << 20;
 /// W3C: acknowledged messages produced around each unacknowledged one, in
@@ -196,7 +213,7 @@ const R1_SIZE: usize = 1024;
 /// busy-polls too (200 µs covers the 100 µs between messages at 10k/s).
 const W3B_SPIN_US: u32 = 200;
 /// All the workload ids, in the order they run.
-pub const WORKLOADS: [&str; 9] = ["W1", "W2", "W3", "W4", "W5", "W3C", "W3S", "W3B", "R1"];
+pub const WORKLOADS: [&str; 10] = ["W1", "W2", "W3", "W4", "W5", "W6", "W3C", "W3S", "W3B", "R1"];
 
 impl Config {
     pub fn workload(&self) -> &'static str {
@@ -205,7 +222,8 @@ impl Config {
             Config::W2 { .. } => "W2",
             Config::W3 { .. } => "W3",
             Config::W4 { .. } => "W4",
-            Config::W5 => "W5",
+            Config::W5 { .. } => "W5",
+            Config::W6 { .. } => "W6",
             Config::W3Compact { .. } => "W3C",
             Config::W3Spin { .. } => "W3S",
             Config::W3Busy { .. } => "W3B",
@@ -220,7 +238,7 @@ impl Config {
             "W1" => {
                 let mut v = Vec::new();
                 for size in [16, 128, 1024, 16 << 10] {
-                    for d in [1, 16, 256] {
+                    for d in [1, 16, 32, 256] {
                         v.push(Config::W1 { size, produce: Produce::Depth(d) });
                     }
                     v.push(Config::W1 { size, produce: Produce::Batch(batch_len(size)) });
@@ -230,7 +248,12 @@ impl Config {
             "W2" => [1, 16, 256].map(|conns| Config::W2 { conns }).to_vec(),
             "W3" => [1_000, 10_000, 100_000].map(|rate| Config::W3 { rate }).to_vec(),
             "W4" => vec![Config::W4 { producers: 4, consumers: 4 }],
-            "W5" => vec![Config::W5],
+            "W5" => [0, 1, 4, 16].map(|groups| Config::W5 { groups }).to_vec(),
+            "W6" => {
+                let mut v: Vec<Config> = [1, 4, 16].map(|groups| Config::W6 { groups, tagged: false }).to_vec();
+                v.push(Config::W6 { groups: 16, tagged: true });
+                v
+            }
             "W3C" => vec![Config::W3Compact { rate: 10_000 }],
             "W3S" => {
                 let mut v = Vec::new();
@@ -264,7 +287,10 @@ impl Config {
         match self {
             Config::W1 { produce: Produce::Batch(_), .. } => kind.speaks_runnel(),
             Config::W3Spin { .. } | Config::R1 { .. } => kind == Kind::Runnel,
-            Config::W5 => kind != Kind::Floor,
+            // With groups: runnel's and Redis Streams' (beanstalkd has none).
+            Config::W5 { groups } => kind != Kind::Floor && (*groups == 0 || kind != Kind::Beanstalkd),
+            // Only runnel filters by tag; the floor has no groups.
+            Config::W6 { tagged, .. } => kind != Kind::Floor && (!tagged || kind == Kind::Runnel),
             // beanstalkd has no log rewrite to compare with, the floor no log.
             Config::W3Compact { .. } => matches!(kind, Kind::Runnel | Kind::Redis),
             // `--spin-us` is runnel's; every broker runs the plain loop.
@@ -273,13 +299,16 @@ impl Config {
         }
     }
 
-    /// W5 compares memory and drain rate, not durability: it runs
-    /// non-durable only (a durable beanstalkd does one fsync per put, so
-    /// 10M puts would take hours).
+    /// W5 compares memory and drain rate, not durability: it runs memory
+    /// only (a durable beanstalkd does one fsync per put, so 10M puts would
+    /// take hours), as W3B, which measures the loop with a client that never
+    /// sleeps.
     pub fn durabilities(&self) -> &'static [Durability] {
         match self {
-            Config::W5 | Config::W3Spin { .. } | Config::W3Busy { .. } => &[Durability::Volatile],
-            Config::W3Compact { .. } | Config::R1 { .. } => &[Durability::Durable],
+            // W3S measures runnel's spin on the path that writes its log.
+            Config::W3Spin { .. } => &[Durability::Unsynced],
+            Config::W5 { .. } | Config::W3Busy { .. } => &[Durability::Memory],
+            Config::W3Compact { .. } | Config::R1 { .. } | Config::W6 { .. } => &[Durability::Durable],
             _ => &Durability::ALL,
         }
     }
@@ -288,7 +317,7 @@ impl Config {
     pub fn server_args(&self, kind: Kind, scale: &Scale) -> Vec<String> {
         match (self, kind) {
             // The backlog is larger than runnel's default depth limits.
-            (Config::W5, Kind::Runnel) => vec![
+            (Config::W5 { .. }, Kind::Runnel) => vec![
                 "--topic-messages-max".into(),
                 (scale.w5_msgs * 2).to_string(),
                 "--topic-bytes-max".into(),
@@ -323,7 +352,16 @@ impl Config {
             Config::W4 { producers, consumers } => {
                 format!("{producers} producers (depth 16) + {consumers} consumers, {SIZE} B")
             }
-            Config::W5 => format!("{W5_SIZE} B"),
+            Config::W5 { groups: 0 } => format!("{W5_SIZE} B"),
+            Config::W5 { groups: 1 } => format!("{W5_SIZE} B, 1 consumer group"),
+            Config::W5 { groups } => format!("{W5_SIZE} B, {groups} consumer groups at different positions"),
+            Config::W6 { groups, tagged: false } => format!(
+                "{groups} group{} x {W6_CONSUMERS_PER_GROUP} consumers, 1 producer (depth {W6_DEPTH}), {SIZE} B",
+                if groups == 1 { "" } else { "s" }
+            ),
+            Config::W6 { groups, tagged: true } => format!(
+                "{groups} groups x {W6_CONSUMERS_PER_GROUP} consumers, each group filtering 1 of {groups} tags, 1 producer (depth {W6_DEPTH}), {SIZE} B"
+            ),
             Config::W3Compact { rate } => format!(
                 "{} msgs/s open loop, {SIZE} B, log rewritten during the run (runnel: compaction, Redis: BGREWRITEAOF)",
                 rate_label(rate)
@@ -360,7 +398,9 @@ impl Config {
                 format!("W3: end to end from intended send, {} msgs/s open loop", rate_label(rate)),
             )),
             Config::W4 { .. } => Some(("w4".into(), "W4: work queue, end to end from send".into())),
-            Config::W5 => Some(("w5".into(), "W5: produce round trip while filling the backlog (depth 256)".into())),
+            Config::W5 { groups: 0 } => {
+                Some(("w5".into(), "W5: produce round trip while filling the backlog (depth 256)".into()))
+            }
             Config::W3Compact { rate } => Some((
                 "w3-rewrite".into(),
                 format!(
@@ -371,7 +411,7 @@ impl Config {
             Config::W3Busy { rate, .. } => Some((
                 format!("w3b-{}", rate_label(rate)),
                 format!(
-                    "W3B: end to end from intended send, {} msgs/s, non-durable, busy-polling client",
+                    "W3B: end to end from intended send, {} msgs/s, memory only, busy-polling client",
                     rate_label(rate)
                 ),
             )),
@@ -489,7 +529,8 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
             w3(ctx, rate, &format!("w3-{rate}"), &mut |_| Ok(())).map(|r| vec![r])
         }
         Config::W4 { producers, consumers } => w4(ctx, producers, consumers).map(|r| vec![r]),
-        Config::W5 => w5(ctx),
+        Config::W5 { groups } => w5(ctx, groups),
+        Config::W6 { groups, tagged } => w6(ctx, groups, tagged).map(|r| vec![r]),
         Config::W3Compact { rate } => w3c(ctx, rate).map(|r| vec![r]),
         Config::W3Busy { rate, .. } => w3b(ctx, rate).map(|r| vec![r]),
         Config::R1 { .. } => Err("R1 restarts its server: run it with `recovery`".into()),
@@ -585,8 +626,17 @@ fn drain(
     idle: Duration,
     deadline: Instant,
 ) -> Result<(u64, f64), String> {
+    drain_with(target.consumer(topic, "drain")?, seen, idle, deadline)
+}
+
+/// `drain` with the consumer `c`.
+fn drain_with(
+    mut c: Box<dyn Consumer>,
+    seen: &mut Seen,
+    idle: Duration,
+    deadline: Instant,
+) -> Result<(u64, f64), String> {
     let started = Instant::now();
-    let mut c = target.consumer(topic, "drain")?;
     let mut last = Instant::now();
     let mut got = 0u64;
     while !seen.complete() && Instant::now() < deadline {
@@ -1275,10 +1325,137 @@ fn w4(ctx: &Ctx<'_>, producers: usize, consumers: usize) -> Result<RunResult, St
     Ok(r)
 }
 
-fn w5(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
+/// W6: one producer, `groups` consumer groups of two consumers each, for
+/// W4's time. The rate is deliveries (to every group) within the produce
+/// window; server CPU is per delivery over the whole run. Each group must
+/// get every acknowledged produce; with `tagged`, each message goes to the
+/// one group whose tag it has, so the groups together must get each once.
+fn w6(ctx: &Ctx<'_>, groups: usize, tagged: bool) -> Result<RunResult, String> {
+    let topic = format!("w6-{groups}{}", if tagged { "-tagged" } else { "" });
+    let tags = if tagged { groups as u32 } else { 0 };
+    let names: Vec<(String, String)> = (0..groups)
+        .map(|g| (format!("g{g}"), if tagged { runnel_conn::tag_of(g as u64, tags) } else { String::new() }))
+        .collect();
+    ctx.target.prepare_groups(&topic, &names)?;
+    // The consumers of a share stop once it has every produce: a group's
+    // own, or with tags one share for all groups.
+    let shares = if tagged { 1 } else { groups };
+    let done = Arc::new(AtomicBool::new(false));
+    let expected: Vec<_> = (0..shares).map(|_| Arc::new(AtomicU64::new(u64::MAX))).collect();
+    let delivered: Vec<_> = (0..shares).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let window_end_ns = Arc::new(AtomicU64::new(u64::MAX));
+    let mut chandles = Vec::new();
+    for (g, (group, _)) in names.iter().enumerate() {
+        let share = if tagged { 0 } else { g };
+        for i in 0..W6_CONSUMERS_PER_GROUP {
+            let c = ctx.target.group_consumer(&topic, group, &format!("c{i}"))?;
+            let run = ConsumerRun {
+                done: done.clone(),
+                expected: expected[share].clone(),
+                delivered: delivered[share].clone(),
+                from_ns: 0,
+                window_end_ns: window_end_ns.clone(),
+                idle: ctx.scale.drain_idle,
+                consume_max: ctx.consume_max(),
+            };
+            let h = thread::Builder::new()
+                .name(format!("w6-{group}-{i}"))
+                .spawn(move || run.run(c))
+                .map_err(|e| format!("cannot start a thread: {e}"))?;
+            chandles.push((share, h));
+        }
+    }
+    let mut p = ctx.target.fanout_producer(&topic, &names, tags)?;
+    let cpu = CpuMeter::start(ctx.server);
+    let t0 = Instant::now();
+    window_end_ns.store(now_ns() + ctx.scale.w4_time.as_nanos() as u64, Ordering::Relaxed);
+    let closed = Closed {
+        producer: 0,
+        size: SIZE,
+        depth: W6_DEPTH,
+        batch: 1,
+        deadline: t0 + ctx.scale.w4_time,
+        msgs_max: u64::MAX,
+    };
+    let produced = closed_loop(p.as_mut(), &closed, &mut Samples::default());
+    let window = t0.elapsed().as_secs_f64();
+    // A failed producer still stops the consumers: they are owed nothing.
+    let acked = *produced.as_ref().unwrap_or(&0);
+    expected.iter().for_each(|e| e.store(acked, Ordering::Release));
+    done.store(true, Ordering::Release);
+    let mut seen: Vec<Seen> = (0..shares).map(|_| Seen::new(&[acked])).collect();
+    let mut lat = Samples::default();
+    let mut in_window = 0;
+    let mut first_err = produced.err();
+    for (share, h) in chandles {
+        match join(h, "consumer") {
+            Ok(mut c) => {
+                lat.append(&mut c.lat);
+                in_window += c.in_window;
+                c.seqs.iter().for_each(|&q| seen[share].add(q));
+            }
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let deliveries: u64 = delivered.iter().map(|d| d.load(Ordering::Relaxed)).sum();
+    let mut r = RunResult::new(ctx, SIZE, "");
+    r.seconds = window;
+    r.messages = in_window;
+    r.cpu_seconds = cpu.read().map(|c| c * in_window as f64 / deliveries.max(1) as f64);
+    r.latency = lat.summarize("end to end from send (closed loop)");
+    r.extra.push(("produced_msgs_per_s".into(), acked as f64 / window));
+    if ctx.server.kind == Kind::Beanstalkd {
+        r.notes.push(
+            "one tube per group (beanstalkd has no groups): the producer puts each message into every tube".into(),
+        );
+    }
+    r.verify = Some(fanout_verify(ctx, &topic, &names, seen)?);
+    Ok(r)
+}
+
+/// W6's delivery check, every group's (or with tags the groups' together)
+/// as one; a group short of messages at the end is drained first.
+fn fanout_verify(ctx: &Ctx<'_>, topic: &str, names: &[(String, String)], seen: Vec<Seen>) -> Result<Verify, String> {
+    let deadline = Instant::now() + ctx.consume_max();
+    let mut all: Option<Verify> = None;
+    for (mut s, (group, _)) in seen.into_iter().zip(names) {
+        if !s.complete() {
+            let c = ctx.target.group_consumer(topic, group, "drain")?;
+            drain_with(c, &mut s, ctx.scale.drain_idle, deadline)?;
+        }
+        let mut v = s.verify();
+        v.cut_short = !v.ok() && Instant::now() >= deadline;
+        match &mut all {
+            Some(a) => a.add(v),
+            None => all = Some(v),
+        }
+    }
+    let v = all.unwrap_or_default();
+    if v.ok() || ctx.server.kind == Kind::Runnel {
+        ctx.target.cleanup(topic)?;
+    }
+    Ok(v)
+}
+
+/// W5: fills a topic with `scale.w5_msgs` messages and drains it. With
+/// `groups`, they are made before the fill, all from the start; after it,
+/// group i moves to message i/`groups` of the backlog (runnel: RESET_GROUP;
+/// a Redis group's position is one id whatever it is, so its groups stay
+/// at the start), RSS is read, and group 0 drains it all.
+fn w5(ctx: &Ctx<'_>, groups: usize) -> Result<Vec<RunResult>, String> {
     let n = ctx.scale.w5_msgs;
-    let topic = "w5".to_string();
-    ctx.target.prepare(&topic)?;
+    let topic = format!("w5-{groups}");
+    let names: Vec<(String, String)> = (0..groups).map(|g| (format!("g{g}"), String::new())).collect();
+    if groups == 0 {
+        ctx.target.prepare(&topic)?;
+    } else {
+        ctx.target.prepare_groups(&topic, &names)?;
+    }
     let (rss_before, _) = ctx.server.rss()?;
     let mut p = ctx.target.producer(&topic)?;
     let closed = Closed {
@@ -1299,11 +1476,16 @@ fn w5(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
     fill.cpu_seconds = cpu.read();
     fill.messages = acked;
     fill.latency = lat.summarize("request round trip while filling (depth 256)");
+    ctx.target.spread_groups(&topic, &names, acked)?;
     let (rss_full, _) = ctx.server.rss()?;
     let cpu = CpuMeter::start(ctx.server);
     let mut seen = Seen::new(&[acked]);
     let deadline = Instant::now() + ctx.consume_max().max(ctx.scale.w5_fill_time_max);
-    let (got, secs) = drain(&ctx.target, &topic, &mut seen, ctx.scale.drain_idle, deadline)?;
+    let drainer = match names.first() {
+        Some((g0, _)) => ctx.target.group_consumer(&topic, g0, "drain")?,
+        None => ctx.target.consumer(&topic, "drain")?,
+    };
+    let (got, secs) = drain_with(drainer, &mut seen, ctx.scale.drain_idle, deadline)?;
     let mut drained = RunResult::new(ctx, W5_SIZE, "drain");
     drained.seconds = secs;
     drained.cpu_seconds = cpu.read();
@@ -1586,7 +1768,7 @@ mod tests {
                 }
             }
         }
-        let want: BTreeMap<&str, usize> = [("W1", 16), ("W2", 3), ("W3", 3), ("W3B", 2), ("W4", 1)].into();
+        let want: BTreeMap<&str, usize> = [("W1", 20), ("W2", 3), ("W3", 3), ("W3B", 2), ("W4", 1)].into();
         assert_eq!(runs, want);
     }
 }

@@ -44,10 +44,15 @@ fn quick_run_delivers_every_runnel_message() {
         .unwrap_or_else(|e| panic!("no results.json in {}: {e}", out.display()));
     assert!(json.contains("\"verify\":{\"ok\":true"), "no verified run in results.json:\n{json}");
     assert!(!json.contains("\"ok\":false"), "a run did not deliver every message:\n{stdout}");
-    for w in ["W1", "W2", "W3", "W4", "W5", "W3C", "W3S", "W3B", "R1"] {
+    for w in ["W1", "W2", "W3", "W4", "W5", "W6", "W3C", "W3S", "W3B", "R1"] {
         assert!(json.contains(&format!("\"workload\":\"{w}\"")), "{w} did not run:\n{stderr}");
     }
     assert!(json.contains("\"broker\":\"floor\""), "the floor did not run:\n{stderr}");
+    // runnel ran in each durability, labelled as such.
+    for d in ["durable", "log, no sync", "memory only"] {
+        let row = format!("\"broker\":\"runnel\",\"durability\":\"{d}\"");
+        assert!(json.contains(&row), "no runnel row {d}:\n{stderr}");
+    }
     assert!(json.contains("\"vs_floor\":{"), "no row was given against the floor:\n{stdout}");
     assert!(out.join("results.md").is_file() && out.join("w3-10k.svg").is_file());
     let _ = std::fs::remove_dir_all(&out);

@@ -27,18 +27,15 @@ impl Broker {
         };
         let [Some(src), Some(dst)] = self.topics.pair_mut(tid, dlq) else { return };
         let Some(m) = src.topic.seq.get(id) else { return };
-        if room_for(&dst.topic, 1, m.payload.len() as u64, &self.config.limits).is_err() {
+        if room_for(&dst.topic, 1, m.bytes(), &self.config.limits).is_err() {
             log::warn!("dead-letter topic {name} is full; message {id} stays in its topic");
             self.requeue_undead(tid, group, id, info);
             return;
         }
-        let new_id = dst.topic.append_moved(m.born_ms, m.payload, Some(info));
+        let new_id = dst.topic.append_moved(m.born_ms, m.body(), Some(info));
         let mut w = ProduceWriter::begin(&mut self.log, dlq);
-        let dead = Some(info);
-        w.push(
-            &mut self.log,
-            &MessageRecord { id: new_id, born_ms: m.born_ms, deliveries: 0, dead, payload: m.payload },
-        );
+        let (dead, props, payload) = (Some(info), m.props, m.payload);
+        w.push(&mut self.log, &MessageRecord { id: new_id, born_ms: m.born_ms, deliveries: 0, dead, props, payload });
         w.end(&mut self.log);
         self.compactor.note_produce(dlq, new_id);
         src.topic.dead_lettered(group, id);
@@ -73,16 +70,14 @@ impl Broker {
         let mut moved = Vec::new();
         let (log, compactor) = (&mut self.log, &mut self.compactor);
         let n = src.topic.drain_ready(GroupId::DEFAULT, max, |m, _| {
-            if room_for(&dst.topic, 1, m.payload.len() as u64, l).is_err() {
+            if room_for(&dst.topic, 1, m.bytes(), l).is_err() {
                 return false;
             }
-            let new_id = dst.topic.append_moved(m.born_ms, m.payload, None);
+            let new_id = dst.topic.append_moved(m.born_ms, m.body(), None);
             moved.push(m.id);
             let mut w = ProduceWriter::begin(log, tid);
-            w.push(
-                log,
-                &MessageRecord { id: new_id, born_ms: m.born_ms, deliveries: 0, dead: None, payload: m.payload },
-            );
+            let (props, payload) = (m.props, m.payload);
+            w.push(log, &MessageRecord { id: new_id, born_ms: m.born_ms, deliveries: 0, dead: None, props, payload });
             w.end(log);
             compactor.note_produce(tid, new_id);
             true

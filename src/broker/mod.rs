@@ -73,6 +73,12 @@ pub struct Config {
     pub defaults: Settings,
     /// When set, HELLO must carry this token.
     pub auth_token: Option<Vec<u8>>,
+    /// The highest protocol version HELLO negotiates: `codec::VERSION_MAX`.
+    /// Tests of the version-2 features the broker serves already (message
+    /// properties, on the default group) raise it to
+    /// `codec::CODEC_VERSION_MAX`, until VERSION_MAX is raised once every
+    /// version-2 op is served; it is no `runnel serve` flag.
+    pub version_max: u16,
 }
 
 impl Default for Config {
@@ -82,6 +88,7 @@ impl Default for Config {
             auto_create: true,
             defaults: Settings::default(),
             auth_token: None,
+            version_max: crate::codec::VERSION_MAX,
         }
     }
 }
@@ -252,8 +259,27 @@ impl Broker {
         let mut replay = Replay::new(&mut topics, &mut compactor);
         let (log, recovery) = Log::open_with(dir, log_options, opener, |r| replay.apply(r))?;
         replay.finish();
+        Ok(Broker::assemble(config, topics, compactor, log, recovery, now))
+    }
+
+    /// A broker whose log keeps nothing (`runnel serve --memory-only`): it
+    /// starts empty, reads and writes no file, and everything it holds is
+    /// lost with the process.
+    pub fn in_memory(config: Config, now: Now) -> Broker {
+        Broker::assemble(config, Topics::default(), Compactor::default(), Log::in_memory(), Recovery::default(), now)
+    }
+
+    /// A broker over `log`, holding what was recovered from it.
+    fn assemble(
+        config: Config,
+        topics: Topics,
+        compactor: Compactor,
+        log: Log,
+        recovery: Recovery,
+        now: Now,
+    ) -> Broker {
         let decode_limits = DecodeLimits::from(&config.limits);
-        Ok(Broker {
+        Broker {
             config,
             decode_limits,
             topics,
@@ -267,7 +293,7 @@ impl Broker {
             sweeps: Sweeps::default(),
             stats: BrokerStats { recovery_ms: recovery.millis, started_mono_ms: now.mono_ms, ..BrokerStats::default() },
             recovery,
-        })
+        }
     }
 
     pub fn config(&self) -> &Config {

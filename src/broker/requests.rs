@@ -12,7 +12,9 @@ use super::waiters::Waiter;
 use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, stats};
 use crate::codec::group::Start;
 use crate::codec::{self, Batch, DecodeError, ErrorCode, Frame, Ids, Message, Request, Skip, TopicSettings, op};
-use crate::queue::{ConsumerId, Group, GroupConfig, GroupId, MsgId, Returned, Settings, Take, Topic};
+use crate::queue::{
+    Body, ConsumerId, Group, GroupConfig, GroupId, MsgId, Returned, Seq, Settings, TagSetId, Take, Topic,
+};
 use crate::record::{MessageRecord, ProduceWriter, PurgeRecord, RemoveReason, RemoveRecord, RequeueRecord};
 use crate::wheel::{TimerKey, Wheel};
 
@@ -189,9 +191,9 @@ impl Broker {
             codec::encode_error(out, op::HELLO, rid, ErrorCode::Unauthenticated, "wrong or missing auth token");
             return self.failed_before_hello(session);
         }
-        let version = max_version.min(codec::VERSION_MAX);
+        let version = max_version.min(self.config.version_max);
         if version < min_version.max(codec::VERSION_MIN) {
-            let msg = format!("this broker speaks versions {}..={}", codec::VERSION_MIN, codec::VERSION_MAX);
+            let msg = format!("this broker speaks versions {}..={}", codec::VERSION_MIN, self.config.version_max);
             codec::encode_error(out, op::HELLO, rid, ErrorCode::Version, &msg);
             return self.failed_before_hello(session);
         }
@@ -206,6 +208,7 @@ impl Broker {
     /// back to "HELLO required".
     fn hello_again(&mut self, session: &mut Session, req: &Request<'_>, rid: u32, out: &mut Vec<u8>) -> Outcome {
         session.hello = false;
+        session.version = codec::VERSION_MIN;
         self.before_hello(session, &Frame { request_id: rid, request: *req }, out)
     }
 
@@ -506,18 +509,22 @@ impl Broker {
     // Producers and admin: their replies wait for the sync.
     // -----------------------------------------------------------------------
 
-    /// PRODUCE: stores the batch, invisible until the sync; QUEUE_FULL if
-    /// the topic has no room for it.
+    /// PRODUCE: stores the batch with its messages' properties (the codec
+    /// validated them), invisible until the sync; QUEUE_FULL if the topic
+    /// has no room for it, or for the tag sets it brings.
     fn produce(&mut self, topic: &str, batch: Batch<'_>, at: At<'_>, out: &mut Vec<u8>) -> Result<Outcome, Refusal> {
         let tid = self.topic_for(topic, self.config.auto_create)?;
         let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
         let t = &mut e.topic;
-        room_for(t, u64::from(batch.count), batch.payload_bytes(), &self.config.limits)?;
+        let l = &self.config.limits;
+        room_for(t, u64::from(batch.count), batch.payload_bytes(), l)?;
+        let tag_sets = intern_batch(&mut t.seq, &batch, l.tag_sets_per_topic_max)?;
         let first = t.seq.next_id();
         let mut w = ProduceWriter::begin(&mut self.log, tid);
-        for payload in batch.iter() {
-            let (id, born_ms) = t.produce(at.now.wall_ms, payload);
-            w.push(&mut self.log, &MessageRecord { id, born_ms, deliveries: 0, dead: None, payload });
+        for (i, (props, payload)) in batch.messages().enumerate() {
+            let tag_set = tag_sets.get(i).copied().flatten();
+            let (id, born_ms) = t.produce(at.now.wall_ms, Body { props, tag_set, payload });
+            w.push(&mut self.log, &MessageRecord { id, born_ms, deliveries: 0, dead: None, props, payload });
             self.compactor.note_client_produce(tid, id);
         }
         // If the commit fails, this record goes (the produce is answered
@@ -679,6 +686,32 @@ pub(super) fn room_for(t: &Topic, count: u64, bytes: u64, l: &crate::limits::Lim
     ))
 }
 
+/// The tag sets of `batch`'s messages in `seq`'s table, a reference taken
+/// for each (`Seq::intern_tags`; empty for a batch without properties), or
+/// QUEUE_FULL, with none taken, if the sets it brings pass
+/// `tag_sets_per_topic_max`.
+fn intern_batch(seq: &mut Seq, batch: &Batch<'_>, max: u32) -> Result<Vec<Option<TagSetId>>, Refusal> {
+    // A version-1 batch has no properties: not even a scan of it.
+    if !batch.with_props || !batch.messages().any(|(props, _)| !props.is_empty()) {
+        return Ok(Vec::new());
+    }
+    let mut sets = Vec::with_capacity(batch.count as usize);
+    for (props, _) in batch.messages() {
+        match seq.intern_tags(&props, max) {
+            Ok(set) => sets.push(set),
+            Err(full) => {
+                sets.into_iter().for_each(|set| seq.untake_tags(set));
+                let message = format!(
+                    "the topic's messages have {} distinct sets of tags, the most tag_sets_per_topic_max allows",
+                    full.max
+                );
+                return Err((ErrorCode::QueueFull, message));
+            }
+        }
+    }
+    Ok(sets)
+}
+
 /// What a FETCH asks for.
 #[derive(Clone, Copy)]
 struct FetchArgs {
@@ -704,13 +737,13 @@ impl FetchArgs {
             conn: at.conn,
             consumer: session.consumer,
             request_id: at.request_id,
+            version: session.version,
             topic,
             group,
             max_messages: self.max_messages.min(l.batch_messages_max),
             max_bytes: u64::from(max_bytes),
             ack_timeout_ms: self.ack_timeout_ms,
             timer: TimerKey::NONE,
-            version: session.version,
         }
     }
 }
@@ -745,7 +778,7 @@ pub(super) fn deliver(
                 delivery_count: d.deliveries,
                 dead,
                 origin_group: "",
-                props: codec::Props::EMPTY,
+                props: m.props,
                 payload: m.payload,
             };
             writer.push(out, &msg);

@@ -62,6 +62,9 @@ pub struct TopicMetrics {
     pub counters: Counters,
     /// Age of the oldest unacknowledged message, ms; 0 when none.
     pub oldest_age_ms: u64,
+    /// Distinct tag sets its messages hold (`tag_sets_per_topic_max`
+    /// bounds them).
+    pub tag_sets: u64,
 }
 
 /// One consumer group's numbers, for metrics.
@@ -110,6 +113,7 @@ impl Broker {
                     bytes: t.seq.live_bytes(),
                     counters: t.counters(g),
                     oldest_age_ms: t.seq.oldest_born_ms().map_or(0, |b| now.wall_ms.saturating_sub(b)),
+                    tag_sets: u64::from(t.seq.tags().held()),
                 }
             })
             .collect()
@@ -152,6 +156,7 @@ impl Broker {
                 ("next_id", t.seq.next_id()),
                 ("waiters", self.waiters.waiting(e.id, g) as u64),
                 ("id", u64::from(e.id.0)),
+                ("tag_sets", u64::from(t.seq.tags().held())),
             ] {
                 w.kv(out, k, v);
             }
@@ -191,7 +196,7 @@ impl Broker {
     }
 
     /// The broker's own section of STATS, in its order.
-    fn broker_section(&self, now: Now, loops: &LoopStats) -> [(&'static str, u64); 24] {
+    fn broker_section(&self, now: Now, loops: &LoopStats) -> [(&'static str, u64); 25] {
         let (s, ls, l) = (&self.stats, &self.log.stats, &self.config.limits);
         [
             ("uptime_ms", now.mono_ms.saturating_sub(s.started_mono_ms)),
@@ -213,6 +218,7 @@ impl Broker {
             ("recovery_truncated_bytes", self.recovery.truncated_bytes),
             ("recovery_repaired_bytes", self.recovery.repaired_bytes),
             ("fsync_turn", u64::from(self.log.fsync_mode() == FsyncMode::Turn)),
+            ("memory_only", u64::from(self.log.memory_only())),
             // The limits a client sizes its reply buffer and its pings by,
             // which the HELLO reply does not carry.
             ("output_bytes_max", l.output_bytes_max.into()),

@@ -11,10 +11,12 @@
 use std::collections::HashSet;
 use std::hash::BuildHasherDefault;
 use std::ops::Range;
+use std::time::Instant;
 
 use super::{Broker, ConnKey, GroupTimers, Now, Outbox, Timer, TopicId, stats};
 use crate::codec::{self, ErrorCode, Request, op};
 use crate::log::{Committed, WrittenTurn};
+use crate::metrics::{Phase, PhaseNanos};
 use crate::queue::{GroupId, IdHasher, MsgId, Returned};
 use crate::record::RequeueRecord;
 
@@ -60,6 +62,9 @@ pub(super) struct Turn {
     /// Between the turn's `write` and its `sync`: nothing may change the
     /// queues or append to the log then.
     written: bool,
+    /// Compaction's own work this turn (its calls on the log's files
+    /// left out: the log times those), ns.
+    compact_nanos: u64,
 }
 
 impl Turn {
@@ -162,6 +167,9 @@ pub struct TurnReport {
     pub produces_acked: u64,
     /// Nanoseconds the write and fdatasync took, if the turn synced.
     pub sync_nanos: Option<u64>,
+    /// How long the turn's phases that can stall it took: the calls on
+    /// the log's files and compaction's work.
+    pub phases: PhaseNanos,
 }
 
 impl Broker {
@@ -270,15 +278,21 @@ impl Broker {
     pub fn write(&mut self, now: Now) -> Written {
         self.turn.assert_open("a second write");
         self.turn.written = true;
-        self.compactor.step(&self.topics, &mut self.log, &mut self.failures, now);
+        // A memory-only log has nothing to compact.
+        if !self.log.memory_only() {
+            let in_files = self.log.phases().total();
+            let started = Instant::now();
+            self.compactor.step(&self.topics, &mut self.log, &mut self.failures, now);
+            let step_nanos = started.elapsed().as_nanos() as u64;
+            self.turn.compact_nanos = step_nanos.saturating_sub(self.log.phases().total() - in_files);
+        }
         let turn = self.log.write(self.turn.sync_wanted());
         let syncs = turn.as_ref().is_ok_and(|t| t.syncs());
         Written { turn: Some(turn), syncs }
     }
 
-    /// Step 7, the second half: a slice of a removed segment's space is
-    /// given back (no reply waits on that, so it comes after the early
-    /// flush), then the `fdatasync` (if the turn needs one); if the write
+    /// Step 7, the second half: the `fdatasync` (if the turn needs one);
+    /// if the write
     /// or the sync failed, or the write dropped the produces, withdraws the
     /// turn's produced messages; then publishes this turn's messages and
     /// serves parked FETCHes; then sends the held replies (or STORAGE to
@@ -289,9 +303,6 @@ impl Broker {
         let Some(turn) = written.turn.take() else { return TurnReport::default() };
         assert!(self.turn.written, "a sync without its write");
         self.turn.written = false;
-        if let Err(e) = self.log.release_step() {
-            log::warn!("compaction could not release a removed segment's space: {e}");
-        }
         let mut report = TurnReport::default();
         let committed = turn.and_then(|t| self.log.sync(t));
         let stored = self.settle(committed, now, &mut report);
@@ -316,6 +327,8 @@ impl Broker {
         self.turn.produced.clear();
         self.publish(now, outbox);
         self.send_held(stored, outbox, &mut report);
+        report.phases = self.log.take_phases();
+        report.phases.add(Phase::Compact, std::mem::take(&mut self.turn.compact_nanos));
         let t = &self.turn;
         assert!(t.held.is_empty() && t.holders.is_empty() && t.pending.is_empty(), "replies kept past the sync");
         assert!(t.produced.is_empty() && t.to_publish.is_empty(), "produces kept past the sync");
@@ -343,8 +356,12 @@ impl Broker {
                 } else if c.bytes > 0 {
                     self.failures.worked(now.mono_ms);
                 }
-                let last = self.log.segments().last().map_or(0, |s| s.base);
-                self.compactor.committed(last);
+                if self.log.memory_only() {
+                    self.compactor.discarded();
+                } else {
+                    let last = self.log.segments().last().map_or(0, |s| s.base);
+                    self.compactor.committed(last);
+                }
                 Stored { records: true, produces: !c.withdrawn }
             }
             Err(e) => {

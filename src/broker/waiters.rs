@@ -24,6 +24,8 @@ pub(crate) struct Waiter {
     pub conn: ConnKey,
     pub consumer: ConsumerId,
     pub request_id: u32,
+    /// The session's protocol version: the layout of its reply.
+    pub version: u16,
     pub topic: TopicId,
     pub group: GroupId,
     /// The FETCH's limits, clamped to the broker's.
@@ -33,8 +35,6 @@ pub(crate) struct Waiter {
     pub ack_timeout_ms: u32,
     /// The end of its wait.
     pub timer: TimerKey,
-    /// Its session's protocol version: the reply's layout.
-    pub version: u16,
 }
 
 /// The parked FETCHes.

@@ -153,8 +153,9 @@ impl<'a> Props<'a> {
         Ok(Props { bytes })
     }
 
-    /// A blob `parse` already validated (kept with the batch it came in).
-    pub(super) fn trusted(bytes: &'a [u8]) -> Props<'a> {
+    /// A blob `parse` already validated (kept with the batch it came in,
+    /// or stored with its message by the queue).
+    pub(crate) fn trusted(bytes: &'a [u8]) -> Props<'a> {
         Props { bytes }
     }
 

@@ -21,6 +21,7 @@
 use std::collections::VecDeque;
 
 use super::seq::Seq;
+use super::tags::TagSetId;
 use super::{ConsumerId, Counters, Delivery, FastMap, GroupId, IdMap, MsgId, Returned, Take, Timers};
 use crate::codec::{DeadInfo, DeadReason};
 use crate::filter::Filter;
@@ -31,22 +32,6 @@ use crate::wheel::TimerKey;
 /// the loop. Each costs a bitmap step and a cached decision, so this is
 /// about a millisecond of work.
 pub const FILTER_SKIPS_PER_CALL_MAX: u32 = 65_536;
-
-/// A tag set's number within its topic (message properties intern each
-/// distinct set of tags once).
-pub type TagSetId = u32;
-
-/// The tag set of message `id`: the seam with message properties, which
-/// store it per message in the `Seq`. Until they do, every message is
-/// untagged.
-fn tag_set_of(_seq: &Seq, _id: MsgId) -> Option<TagSetId> {
-    None
-}
-
-/// The tags of tag set `set` (the seam with message properties).
-fn tags_of(_seq: &Seq, _set: TagSetId) -> &[Box<str>] {
-    &[]
-}
 
 /// A group's settings (CREATE_GROUP; changed by a CREATE_GROUP naming an
 /// existing group).
@@ -105,8 +90,10 @@ pub struct Group {
     /// Its settings.
     pub config: GroupConfig,
     /// The filter's decision for each tag set met (the filter runs once
-    /// per distinct set, never per message).
+    /// per distinct set, never per message), valid for the topic's tag
+    /// table at `decisions_epoch` (a freed set's number may be reused).
     decisions: FastMap<TagSetId, bool>,
+    decisions_epoch: u64,
     /// Ids the filter stepped over since the topic last looked: the topic
     /// releases them unless another group needs them.
     pub(super) skipped: Vec<MsgId>,
@@ -180,11 +167,16 @@ impl Group {
     /// `*`), decided once per tag set.
     pub fn passes(&mut self, seq: &Seq, id: MsgId) -> bool {
         let Some(filter) = &self.config.filter else { return true };
-        let Some(set) = tag_set_of(seq, id) else { return matches!(filter, Filter::All) };
+        let Some(set) = seq.tag_set(id) else { return matches!(filter, Filter::All) };
+        let epoch = seq.tags().epoch();
+        if epoch != self.decisions_epoch {
+            self.decisions.clear();
+            self.decisions_epoch = epoch;
+        }
         if let Some(&d) = self.decisions.get(&set) {
             return d;
         }
-        let d = filter.matches_any(tags_of(seq, set).iter().map(|t| &**t));
+        let d = filter.matches_any(seq.tags().names(set));
         self.decisions.insert(set, d);
         d
     }
@@ -243,7 +235,7 @@ impl Group {
     }
 
     /// Moves up to `take.max_messages` ready messages (at least one if any,
-    /// then within `take.max_bytes` of payload) to in flight for
+    /// then within `take.max_bytes` of payload and properties) to in flight for
     /// `take.owner`, with the ack deadline `take.deadline_ms`. Calls `out`
     /// for each, in delivery order.
     pub fn fetch(&mut self, seq: &Seq, take: Take, timers: &mut impl Timers, mut out: impl FnMut(Delivery)) -> u32 {
@@ -254,7 +246,7 @@ impl Group {
         let mut owned = self.owners.remove(&owner).unwrap_or_default();
         while n < max_messages {
             let Some((id, prior)) = self.peek_ready(seq) else { break };
-            let len = seq.get(id).map_or(0, |m| m.payload.len() as u64);
+            let len = seq.get(id).map_or(0, |m| m.bytes());
             if n > 0 && bytes + len > max_bytes {
                 break;
             }

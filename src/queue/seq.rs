@@ -8,11 +8,19 @@
 //! bytes per queued message beyond its payload, with no heap allocation per
 //! message. A message is live until `release`, which the topic calls once
 //! every group is done with it.
+//!
+//! Properties (tags and headers) cost nothing where no message has them: a
+//! block stores them only once one of its messages has some (its
+//! `with_props` flag; then every live message's stored bytes start with its
+//! `u16` properties length, then the properties, then the payload), and a
+//! tag column (the `TagSetId` of each message, 2 bytes) only once one has
+//! tags. The tags themselves are interned in the topic's `Tags` table.
 
 use std::collections::VecDeque;
 
+use super::tags::{TAG_SETS_MAX, TagSetId, Tags, TagsFull};
 use super::{IdMap, MsgId};
-use crate::codec::DeadInfo;
+use crate::codec::{DeadInfo, Props};
 
 /// Most messages in one block: 4096 keeps the live bitmap at 512 bytes and
 /// lets a block be freed at a fine grain.
@@ -24,6 +32,9 @@ pub(super) const BLOCK_BYTES_MAX: usize = 1 << 20;
 /// A closed block whose live payload falls below 1/4 of its buffer is
 /// rewritten with only the live payloads, so memory follows live bytes.
 const BLOCK_SHRINK_RATIO: usize = 4;
+/// Bytes of the properties length that starts a message's stored bytes in
+/// a block `with_props`.
+const PROPS_LEN_BYTES: usize = 2;
 
 /// A run of consecutive ids whose payloads sit back to back in one buffer.
 pub(super) struct Block {
@@ -31,8 +42,8 @@ pub(super) struct Block {
     pub(super) first_id: MsgId,
     /// Born time of the first message, ms since the Unix epoch.
     pub(super) born_base_ms: u64,
-    /// End offset of message `i`'s payload in `bytes` (it starts where
-    /// message `i - 1` ends). A dead message may have zero length.
+    /// End offset of message `i`'s stored bytes in `bytes` (they start
+    /// where message `i - 1`'s end). A dead message may have zero length.
     pub(super) ends: Vec<u32>,
     /// Born time of message `i` minus `born_base_ms`, ms.
     pub(super) born_delta_ms: Vec<u32>,
@@ -40,12 +51,61 @@ pub(super) struct Block {
     pub(super) live_bits: Vec<u64>,
     /// Live messages in the block.
     pub(super) live: u32,
-    /// Payload bytes of the live messages.
+    /// Stored bytes of the live messages (payloads, and properties with
+    /// their lengths in a block `with_props`).
     pub(super) live_bytes: u64,
-    /// The payloads.
+    /// The messages' stored bytes, back to back.
     pub(super) bytes: Vec<u8>,
+    /// The `TagSetId` of message `i` (0: untagged); empty until a message
+    /// of the block has tags.
+    pub(super) tag_sets: Vec<u16>,
+    /// Every live message's stored bytes start with its properties length
+    /// and properties; set once a message of the block has properties.
+    pub(super) with_props: bool,
     /// No more messages will be appended.
     pub(super) closed: bool,
+}
+
+/// A message to store: its properties, their interned tag set (with the
+/// message's reference to it taken: `Seq::intern_tags`), and its payload.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Body<'a> {
+    pub props: Props<'a>,
+    pub tag_set: Option<TagSetId>,
+    pub payload: &'a [u8],
+}
+
+impl<'a> Body<'a> {
+    /// A message without properties.
+    pub fn plain(payload: &'a [u8]) -> Body<'a> {
+        Body { props: Props::EMPTY, tag_set: None, payload }
+    }
+    /// Its size as the limits count it: properties and payload.
+    pub fn bytes(&self) -> u64 {
+        (self.props.bytes().len() + self.payload.len()) as u64
+    }
+}
+
+/// A payload alone is a message without properties.
+impl<'a> From<&'a [u8]> for Body<'a> {
+    fn from(payload: &'a [u8]) -> Body<'a> {
+        Body::plain(payload)
+    }
+}
+impl<'a, const N: usize> From<&'a [u8; N]> for Body<'a> {
+    fn from(payload: &'a [u8; N]) -> Body<'a> {
+        Body::plain(payload)
+    }
+}
+impl<'a> From<&&'a [u8]> for Body<'a> {
+    fn from(payload: &&'a [u8]) -> Body<'a> {
+        Body::plain(payload)
+    }
+}
+impl<'a> From<&'a Vec<u8>> for Body<'a> {
+    fn from(payload: &'a Vec<u8>) -> Body<'a> {
+        Body::plain(payload)
+    }
 }
 
 impl Block {
@@ -59,6 +119,8 @@ impl Block {
             live: 0,
             live_bytes: 0,
             bytes: Vec::new(),
+            tag_sets: Vec::new(),
+            with_props: false,
             closed: false,
         }
     }
@@ -74,26 +136,90 @@ impl Block {
     fn is_live(&self, i: usize) -> bool {
         self.live_bits[i / 64] & (1 << (i % 64)) != 0
     }
-    fn can_take(&self, born_ms: u64, payload_bytes: usize) -> bool {
+    fn can_take(&self, born_ms: u64, stored_bytes: usize) -> bool {
         !self.closed
             && self.ends.len() < BLOCK_MESSAGES_MAX
-            && (self.bytes.is_empty() || self.bytes.len() + payload_bytes <= BLOCK_BYTES_MAX)
+            && (self.bytes.is_empty() || self.bytes.len() + stored_bytes <= BLOCK_BYTES_MAX)
             && born_ms >= self.born_base_ms
             && born_ms - self.born_base_ms <= u64::from(u32::MAX)
     }
+    /// Bytes `m` takes in this block (or would, once it stores properties).
+    fn stored_bytes(m: &Body<'_>) -> usize {
+        if m.props.is_empty() { m.payload.len() } else { PROPS_LEN_BYTES + m.props.bytes().len() + m.payload.len() }
+    }
     /// Appends a message, live or as a dead placeholder for a gap.
-    fn push(&mut self, born_ms: u64, payload: &[u8], live: bool) {
+    fn push(&mut self, born_ms: u64, m: &Body<'_>, live: bool) {
         let i = self.ends.len();
         if i.is_multiple_of(64) {
             self.live_bits.push(0);
         }
-        self.bytes.extend_from_slice(payload);
+        if !m.props.is_empty() && !self.with_props {
+            self.store_props();
+        }
+        let start = self.bytes.len();
+        if self.with_props && live {
+            let props = m.props.bytes();
+            self.bytes.extend_from_slice(&(props.len() as u16).to_le_bytes());
+            self.bytes.extend_from_slice(props);
+        }
+        self.bytes.extend_from_slice(m.payload);
         self.ends.push(self.bytes.len() as u32);
         self.born_delta_ms.push(born_ms.saturating_sub(self.born_base_ms) as u32);
+        // The column starts with the block's first tagged message (the
+        // ones before it untagged); then it has an entry per message.
+        if m.tag_set.is_some() || !self.tag_sets.is_empty() {
+            self.tag_sets.resize(i, 0);
+            self.tag_sets.push(m.tag_set.map_or(0, TagSetId::raw));
+        }
         if live {
             self.live_bits[i / 64] |= 1 << (i % 64);
             self.live += 1;
-            self.live_bytes += payload.len() as u64;
+            self.live_bytes += (self.bytes.len() - start) as u64;
+        }
+    }
+    /// The first message with properties came: every live message's
+    /// stored bytes get a properties length of 0 in front (once per block;
+    /// released messages' bytes are dropped on the way).
+    fn store_props(&mut self) {
+        let extra = PROPS_LEN_BYTES * self.live as usize;
+        let mut bytes = Vec::with_capacity(self.bytes.capacity().max(self.bytes.len() + extra));
+        let mut start = 0;
+        for i in 0..self.ends.len() {
+            let end = self.ends[i] as usize;
+            if self.is_live(i) {
+                bytes.extend_from_slice(&[0; PROPS_LEN_BYTES]);
+                bytes.extend_from_slice(&self.bytes[start..end]);
+            }
+            start = end;
+            self.ends[i] = bytes.len() as u32;
+        }
+        self.bytes = bytes;
+        self.live_bytes += extra as u64;
+        self.with_props = true;
+    }
+    /// Message `i`'s properties and payload (it is live).
+    fn body(&self, i: usize) -> (Props<'_>, &[u8]) {
+        let stored = &self.bytes[self.start_of(i)..self.ends[i] as usize];
+        if !self.with_props {
+            return (Props::EMPTY, stored);
+        }
+        let len = usize::from(u16::from_le_bytes([stored[0], stored[1]]));
+        let (props, payload) = stored[PROPS_LEN_BYTES..].split_at(len);
+        (Props::trusted(props), payload)
+    }
+    /// Message `i`'s tag set.
+    fn tag_set(&self, i: usize) -> Option<TagSetId> {
+        self.tag_sets.get(i).and_then(|&raw| TagSetId::from_raw(raw))
+    }
+    /// Message `i` as stored (it is live).
+    fn stored(&self, i: usize) -> Stored<'_> {
+        let (props, payload) = self.body(i);
+        Stored {
+            id: self.first_id + i as u64,
+            born_ms: self.born_base_ms + u64::from(self.born_delta_ms[i]),
+            props,
+            tag_set: self.tag_set(i),
+            payload,
         }
     }
     fn close(&mut self) {
@@ -103,6 +229,7 @@ impl Block {
             self.born_delta_ms.shrink_to_fit();
             self.live_bits.shrink_to_fit();
             self.bytes.shrink_to_fit();
+            self.tag_sets.shrink_to_fit();
         }
     }
     /// Frees everything once no message is live.
@@ -111,6 +238,7 @@ impl Block {
         self.born_delta_ms = Vec::new();
         self.live_bits = Vec::new();
         self.bytes = Vec::new();
+        self.tag_sets = Vec::new();
         self.closed = true;
     }
     /// A closed block gives back what its released messages held: all of
@@ -125,7 +253,7 @@ impl Block {
         }
     }
 
-    /// Rewrites `bytes` with only the live payloads.
+    /// Rewrites `bytes` with only the live messages' stored bytes.
     fn shrink(&mut self) {
         let mut bytes = Vec::with_capacity(self.live_bytes as usize);
         let mut start = 0;
@@ -146,7 +274,22 @@ impl Block {
 pub struct Stored<'a> {
     pub id: MsgId,
     pub born_ms: u64,
+    /// Its properties, as produced (empty for none).
+    pub props: Props<'a>,
+    /// Its tags' set in the topic's table (`Seq::tags`); None untagged.
+    pub tag_set: Option<TagSetId>,
     pub payload: &'a [u8],
+}
+
+impl<'a> Stored<'a> {
+    /// Its size as the limits count it: properties and payload.
+    pub fn bytes(&self) -> u64 {
+        (self.props.bytes().len() + self.payload.len()) as u64
+    }
+    /// The message as `Seq::insert` takes it, holding the same tag set.
+    pub fn body(&self) -> Body<'a> {
+        Body { props: self.props, tag_set: self.tag_set, payload: self.payload }
+    }
 }
 
 /// The ordered messages of a topic. Append at the tail; release anywhere.
@@ -162,13 +305,16 @@ pub struct Seq {
     visible_id: MsgId,
     /// Live messages.
     live: u64,
-    /// Payload bytes of live messages.
+    /// Bytes of live messages: payloads and properties (what
+    /// topic_bytes_max bounds).
     live_bytes: u64,
     /// Last born time handed out, so born times never go backwards.
     last_born_ms: u64,
     /// For a message in a dead-letter topic: where it came from and why (a
     /// per-message property; empty in other topics).
     dead: IdMap<DeadInfo>,
+    /// The tags and tag sets of the messages, interned.
+    tags: Tags,
 }
 
 impl Seq {
@@ -214,22 +360,26 @@ impl Seq {
     /// Appends a message with the next id and returns the id and the born
     /// time stored: `born_ms`, raised to the last born time if the clock
     /// went backwards.
-    pub fn append(&mut self, born_ms: u64, payload: &[u8]) -> (MsgId, u64) {
+    pub fn append<'b>(&mut self, born_ms: u64, m: impl Into<Body<'b>>) -> (MsgId, u64) {
         let born_ms = born_ms.max(self.last_born_ms);
         let id = self.next_id;
-        self.insert(id, born_ms, payload);
+        self.insert(id, born_ms, m);
         (id, born_ms)
     }
 
     /// Stores a message at `id`, which must be at least `next_id` (ids in
     /// between become gaps), keeping `born_ms` as it is (a message moved
-    /// from another topic, or recovered). Not visible until `publish`.
-    pub fn insert(&mut self, id: MsgId, born_ms: u64, payload: &[u8]) {
+    /// from another topic, or recovered). Not visible until `publish`. Its
+    /// tag set's reference, if any, passes to the stored message.
+    pub fn insert<'b>(&mut self, id: MsgId, born_ms: u64, m: impl Into<Body<'b>>) {
+        let m = m.into();
         assert!(id >= self.next_id, "ids only grow: {id} < {}", self.next_id);
+        debug_assert!(m.tag_set.is_none() || m.props.tags().next().is_some(), "message {id}: a tag set without tags");
         let need_new = match self.blocks.back() {
             Some(b) => {
                 let gap = id - b.end_id();
-                !(b.can_take(born_ms, payload.len()) && gap < (BLOCK_MESSAGES_MAX - b.ends.len()) as u64)
+                let fits = b.can_take(born_ms, Block::stored_bytes(&m));
+                !(fits && gap < (BLOCK_MESSAGES_MAX - b.ends.len()) as u64)
             }
             None => true,
         };
@@ -243,13 +393,69 @@ impl Seq {
         }
         let Some(block) = self.blocks.back_mut() else { unreachable!("a block was just pushed") };
         while block.end_id() < id {
-            block.push(block.born_base_ms, &[], false);
+            block.push(block.born_base_ms, &Body::default(), false);
         }
-        block.push(born_ms, payload, true);
+        block.push(born_ms, &m, true);
         self.next_id = id + 1;
         self.live += 1;
-        self.live_bytes += payload.len() as u64;
+        self.live_bytes += m.bytes();
         self.last_born_ms = self.last_born_ms.max(born_ms);
+    }
+
+    /// The tag set of `props`' tags in this topic's table, with a reference
+    /// taken for a message about to be stored (`insert`, or `untake_tags`
+    /// if it is not): None for no tags. A new set past `max` sets is
+    /// refused (recovery passes `TAG_SETS_MAX`: what the log holds is
+    /// never refused).
+    pub fn intern_tags(&mut self, props: &Props<'_>, max: u32) -> Result<Option<TagSetId>, TagsFull> {
+        if props.is_empty() {
+            return Ok(None);
+        }
+        self.tags.intern(|| props.tags(), max)
+    }
+
+    /// `intern_tags` for a message that must be stored whatever the table
+    /// holds: one the log holds, or one moved from another topic (a dead
+    /// letter, a redriven message). Bounded only by `TAG_SETS_MAX`, which a
+    /// topic's produces never reach (`tag_sets_per_topic_max` is at most
+    /// it), but a dead-letter topic gathers what its origin held over time:
+    /// past it, the message is stored as untagged for filters (None), its
+    /// properties kept whole.
+    pub fn intern_tags_unbounded(&mut self, props: &Props<'_>) -> Option<TagSetId> {
+        self.intern_tags(props, TAG_SETS_MAX).unwrap_or(None)
+    }
+
+    /// Gives back a reference `intern_tags` took for a message that was not
+    /// stored after all.
+    pub fn untake_tags(&mut self, set: Option<TagSetId>) {
+        if let Some(set) = set {
+            self.tags.release(set);
+        }
+    }
+
+    /// The tag set of message `id`, if it is live and tagged: what a group's
+    /// filter decides by (its decision cached per set: see `Tags::epoch`).
+    pub fn tag_set(&self, id: MsgId) -> Option<TagSetId> {
+        let b = &self.blocks[self.block_index(id)?];
+        if b.tag_sets.is_empty() {
+            return None;
+        }
+        let i = (id - b.first_id) as usize;
+        if b.is_live(i) { b.tag_set(i) } else { None }
+    }
+
+    /// The topic's table of tags and tag sets.
+    pub fn tags(&self) -> &Tags {
+        &self.tags
+    }
+
+    /// Moves the tag table out (`Topic::merge` rebuilds the sequence and
+    /// keeps the sets its messages hold).
+    pub(super) fn take_tags(&mut self) -> Tags {
+        std::mem::take(&mut self.tags)
+    }
+    pub(super) fn set_tags(&mut self, tags: Tags) {
+        self.tags = tags;
     }
 
     /// Stores message `id`'s dead-letter origin (it is a dead letter).
@@ -283,11 +489,7 @@ impl Seq {
         if !b.is_live(i) {
             return None;
         }
-        Some(Stored {
-            id,
-            born_ms: b.born_base_ms + u64::from(b.born_delta_ms[i]),
-            payload: &b.bytes[b.start_of(i)..b.ends[i] as usize],
-        })
+        Some(b.stored(i))
     }
 
     /// Where a dead letter came from and why.
@@ -303,7 +505,7 @@ impl Seq {
     }
 
     /// Releases a live message: no group needs it any more. Returns its
-    /// payload length, or None if it was not live.
+    /// size (properties and payload), or None if it was not live.
     pub fn release(&mut self, id: MsgId) -> Option<u64> {
         let bi = self.block_index(id)?;
         let b = &mut self.blocks[bi];
@@ -311,10 +513,15 @@ impl Seq {
         if !b.is_live(i) {
             return None;
         }
-        let len = (b.ends[i] as usize - b.start_of(i)) as u64;
+        let (props, payload) = b.body(i);
+        let len = (props.bytes().len() + payload.len()) as u64;
+        let stored = (b.ends[i] as usize - b.start_of(i)) as u64;
+        if let Some(set) = b.tag_set(i) {
+            self.tags.release(set);
+        }
         b.live_bits[i / 64] &= !(1 << (i % 64));
         b.live -= 1;
-        b.live_bytes -= len;
+        b.live_bytes -= stored;
         self.live -= 1;
         self.live_bytes -= len;
         if b.closed {
@@ -423,26 +630,23 @@ impl Seq {
 
     /// Every live message in id order (recovery checks, compaction, tests).
     pub fn iter_live(&self) -> impl Iterator<Item = Stored<'_>> + '_ {
-        self.blocks.iter().flat_map(|b| {
-            (0..b.ends.len()).filter(|&i| b.is_live(i)).map(move |i| Stored {
-                id: b.first_id + i as u64,
-                born_ms: b.born_base_ms + u64::from(b.born_delta_ms[i]),
-                payload: &b.bytes[b.start_of(i)..b.ends[i] as usize],
-            })
-        })
+        self.blocks.iter().flat_map(|b| (0..b.ends.len()).filter(|&i| b.is_live(i)).map(move |i| b.stored(i)))
     }
 
-    /// Heap bytes held (for memory reporting).
+    /// Heap bytes held (for memory reporting), the tag table's included.
     pub fn heap_bytes(&self) -> u64 {
-        self.blocks
+        let blocks: u64 = self
+            .blocks
             .iter()
             .map(|b| {
                 (b.ends.capacity() * 4
                     + b.born_delta_ms.capacity() * 4
                     + b.live_bits.capacity() * 8
-                    + b.bytes.capacity()) as u64
+                    + b.bytes.capacity()
+                    + b.tag_sets.capacity() * 2) as u64
                     + std::mem::size_of::<Block>() as u64
             })
-            .sum()
+            .sum();
+        blocks + self.tags.heap_bytes()
     }
 }

@@ -11,15 +11,28 @@
 //! bounded slices (`Topic::sweep`).
 
 use super::group::{Group, GroupConfig, Policy};
-use super::seq::Seq;
+use super::seq::{Body, Seq};
 use super::{ConsumerId, Counters, Delivery, GroupId, MsgId, Returned, Settings, Stored, Take, Timers};
-use crate::codec::DeadInfo;
 use crate::codec::group::Start;
+use crate::codec::{DeadInfo, Props};
 
 /// Most ids one sweep step looks at (`Topic::sweep`): releasing what a
 /// deleted or moved group held goes in slices, so one DELETE_GROUP on a
 /// topic of millions never stalls the loop.
 pub const SWEEP_IDS_PER_STEP_MAX: u32 = 16_384;
+
+/// A message recovery met below its topic's highest id so far (compaction
+/// copied it forward), kept aside until `Topic::merge`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stray {
+    /// Broker wall clock at produce, ms since the Unix epoch.
+    pub born_ms: u64,
+    /// Present for a message in a dead-letter topic.
+    pub dead: Option<DeadInfo>,
+    /// Its properties blob, validated when its record was read.
+    pub props: Vec<u8>,
+    pub payload: Vec<u8>,
+}
 
 /// One topic.
 pub struct Topic {
@@ -283,20 +296,26 @@ impl Topic {
     // -----------------------------------------------------------------------
 
     /// A client's produce: appends a message, not yet visible to consumers
-    /// (until `publish`). Returns its id and the born time stored (never
+    /// (until `publish`), with its tag set's reference, which the caller
+    /// took (`Seq::intern_tags`, so that a batch is refused whole before
+    /// any of it is stored). Returns its id and the born time stored (never
     /// below the topic's last one).
-    pub fn produce(&mut self, born_ms: u64, payload: &[u8]) -> (MsgId, u64) {
+    pub fn produce<'b>(&mut self, born_ms: u64, m: impl Into<Body<'b>>) -> (MsgId, u64) {
         self.produced += 1;
-        self.seq.append(born_ms, payload)
+        self.seq.append(born_ms, m)
     }
 
     /// Appends a message moved from another topic (dead-lettered, with
     /// where it came from, or redriven), keeping its born time even if
-    /// older than this topic's last. Visible at the next `publish`.
-    pub fn append_moved(&mut self, born_ms: u64, payload: &[u8], dead: Option<DeadInfo>) -> MsgId {
+    /// older than this topic's last, and its properties (its tags interned
+    /// in this topic's table: `m.tag_set`, the other topic's, is not read).
+    /// Visible at the next `publish`.
+    pub fn append_moved<'b>(&mut self, born_ms: u64, m: impl Into<Body<'b>>, dead: Option<DeadInfo>) -> MsgId {
+        let mut m = m.into();
+        m.tag_set = self.seq.intern_tags_unbounded(&m.props);
         self.produced += 1;
         let id = self.seq.next_id();
-        self.seq.insert(id, born_ms, payload);
+        self.seq.insert(id, born_ms, m);
         if let Some(d) = dead {
             self.seq.set_dead_info(id, d);
         }
@@ -304,31 +323,42 @@ impl Topic {
     }
 
     /// Recovery: stores a message (its groups are restored at the end).
-    pub fn restore(&mut self, id: MsgId, born_ms: u64, payload: &[u8], dead: Option<DeadInfo>) {
-        self.seq.insert(id, born_ms, payload);
+    /// Its tags are interned afresh from its properties (`m.tag_set` is
+    /// not read: no reference was taken for it).
+    pub fn restore<'b>(&mut self, id: MsgId, born_ms: u64, m: impl Into<Body<'b>>, dead: Option<DeadInfo>) {
+        let mut m = m.into();
+        m.tag_set = self.seq.intern_tags_unbounded(&m.props);
+        self.seq.insert(id, born_ms, m);
         if let Some(d) = dead {
             self.seq.set_dead_info(id, d);
         }
     }
 
+    /// Recovery: stores a stray (`merge`).
+    fn restore_stray(&mut self, id: MsgId, s: &Stray) {
+        let m = Body { props: Props::trusted(&s.props), tag_set: None, payload: &s.payload };
+        self.restore(id, s.born_ms, m, s.dead);
+    }
+
     /// Recovery: adds messages met out of id order (compaction copied them
-    /// forward in the log), rebuilding the sequence in id order. Each item
-    /// is (id, born_ms, payload, dead-letter info).
-    pub fn merge(&mut self, strays: impl Iterator<Item = (MsgId, u64, Vec<u8>, Option<DeadInfo>)>) {
-        let old = std::mem::take(&mut self.seq);
+    /// forward in the log), rebuilding the sequence in id order; the
+    /// messages it holds keep their tag sets.
+    pub fn merge(&mut self, strays: impl Iterator<Item = (MsgId, Stray)>) {
+        let mut old = std::mem::take(&mut self.seq);
         self.seq = Seq::new(1);
+        self.seq.set_tags(old.take_tags());
         let mut strays = strays.peekable();
         for m in old.iter_live() {
-            while let Some((id, born_ms, payload, dead)) = strays.next_if(|s| s.0 < m.id) {
-                self.restore(id, born_ms, &payload, dead);
+            while let Some((id, stray)) = strays.next_if(|s| s.0 < m.id) {
+                self.restore_stray(id, &stray);
             }
-            self.seq.insert(m.id, m.born_ms, m.payload);
+            self.seq.insert(m.id, m.born_ms, m.body());
             if let Some(d) = old.dead_info(m.id) {
                 self.seq.set_dead_info(m.id, d);
             }
         }
-        for (id, born_ms, payload, dead) in strays {
-            self.restore(id, born_ms, &payload, dead);
+        for (id, stray) in strays {
+            self.restore_stray(id, &stray);
         }
         self.seq.bump_next_id(old.next_id());
     }

@@ -47,7 +47,7 @@ impl Server {
     /// Starts a broker with a whole `ServeConfig` (listen is used as given).
     pub fn start_with(cfg: ServeConfig) -> Server {
         let dir = cfg.data_dir.clone();
-        let mut reactor = Reactor::bind(cfg).expect("bind broker");
+        let mut reactor = bind(cfg);
         let addr = reactor.local_addr();
         let metrics = reactor.metrics_addr();
         let handle = reactor.handle();
@@ -125,3 +125,20 @@ pub fn assert_serving(srv: &Server, what: &str) {
 /// Seeded randomness, shared with the unit tests and the fuzz simulation.
 #[allow(unused_imports)] // not every test file draws numbers
 pub use runnel::testkit::{Rng, seed};
+
+/// Binds a broker, again while its directory is found locked: a sibling
+/// test that spawns `runnel` forks a child holding copies of this process's
+/// files until its `exec` closes them, a lock that a test just released
+/// among them. That window is the test harness's, not the broker's: a lock
+/// another process holds for longer still fails the test.
+fn bind(cfg: ServeConfig) -> Reactor {
+    for _ in 0..50 {
+        match Reactor::bind(cfg.clone()) {
+            Err(e) if e.to_string().contains("is locked by another runnel process") => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => return r.expect("bind broker"),
+        }
+    }
+    Reactor::bind(cfg).expect("bind broker")
+}
