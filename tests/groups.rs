@@ -261,6 +261,7 @@ fn a_broadcast_group_gives_every_consumer_every_message_from_when_it_joined() {
     let e = entry(&mut admin, "t", "all");
     assert!(e.broadcast);
     assert_eq!((e.stats.consumers, e.stats.inflight), (2, 4));
+    assert_eq!(gstat(&mut admin, "t", "all", "delivered"), Some(4), "the members' deliveries");
     // An ACK counts for its consumer only; b's copy of the third is not a's.
     assert_eq!(a.ack_group("t", "all", &[first, first + 1, third]).unwrap().done, 3);
     assert_eq!(b.ack_group("t", "all", &[first]).unwrap().failed, vec![first], "never b's");

@@ -9,7 +9,7 @@ use super::{Broker, GroupTimers, Now, TopicId};
 use crate::codec::group::{GroupInfo, GroupSettings, GroupStats, Start};
 use crate::codec::{self, ErrorCode, op};
 use crate::filter::Filter;
-use crate::queue::{Group, GroupConfig, GroupId, Topic};
+use crate::queue::{Counters, Group, GroupConfig, GroupId, Topic};
 use crate::record::{GroupDeleteRecord, GroupStateRecord};
 
 /// A group's numbers, as LIST_GROUPS, STATS and the metrics show them. A
@@ -30,6 +30,26 @@ pub(crate) fn group_stats(t: &Topic, g: &Group, now: Now) -> GroupStats {
         return s;
     }
     unit_stats(t, g, now)
+}
+
+/// A group's counters; a broadcast group's are its members' (those
+/// connected now) summed.
+pub(crate) fn group_counters(t: &Topic, g: &Group) -> Counters {
+    if !g.config.broadcast {
+        return g.counters;
+    }
+    let mut c = g.counters;
+    for m in g.members().filter_map(|m| t.group(m)) {
+        let mc = &m.counters;
+        c.delivered += mc.delivered;
+        c.redelivered += mc.redelivered;
+        c.acked += mc.acked;
+        c.nacked += mc.nacked;
+        c.dead_lettered += mc.dead_lettered;
+        c.expired += mc.expired;
+        c.filtered += mc.filtered;
+    }
+    c
 }
 
 /// The numbers of a group that keeps one position (not broadcast).

@@ -4,7 +4,7 @@
 //! counts what it does with sockets and buffers (`LoopStats`, owned by the
 //! reactor, or the simulation, and lent to each call that reports it).
 
-use super::groups::group_stats;
+use super::groups::{group_counters, group_stats};
 use super::topics::dead_letter_name;
 use super::{Broker, Now, TopicId};
 use crate::codec;
@@ -89,7 +89,7 @@ impl Broker {
                 topic: t.name.to_string(),
                 group: g.name().to_string(),
                 stats: group_stats(t, g, now),
-                counters: g.counters,
+                counters: group_counters(t, g),
             }));
         }
         v
@@ -173,7 +173,7 @@ impl Broker {
         groups.sort_unstable_by(|a, b| a.name().cmp(b.name()));
         for g in groups {
             let s = group_stats(t, g, now);
-            let c = &g.counters;
+            let c = &group_counters(t, g);
             w.section(out, &format!("{}/{}", t.name, g.name()));
             for (k, v) in [
                 ("lag", s.lag),
