@@ -406,3 +406,22 @@ fn groups_from_the_command_line() {
     assert_eq!(gone.status.code(), Some(1));
     assert!(text(&gone.stderr).contains("UNKNOWN_GROUP"), "{}", text(&gone.stderr));
 }
+
+/// `runnel consume --group G --tags EXPR` makes its group with that filter:
+/// it gets only the messages with a matching tag.
+#[test]
+fn consume_with_tags_gets_only_matching_messages() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    runnel_ok(&["produce", "--addr", &addr, "--tag", "eu", "t"], b"one\n");
+    runnel_ok(&["produce", "--addr", &addr, "--tag", "us", "t"], b"two\n");
+    runnel_ok(&["produce", "--addr", &addr, "t"], b"three\n");
+    // A second group first, so that what `g` filters out stays for it.
+    runnel_ok(&["group", "create", "--addr", &addr, "t", "all"], b"");
+    let args = ["consume", "--addr", &addr, "--wait-ms", "0", "--group", "g", "--tags", "eu || de", "t"];
+    assert_eq!(runnel_ok(&args, b""), "one\n");
+    assert_eq!(
+        runnel_ok(&["consume", "--addr", &addr, "--wait-ms", "0", "--group", "all", "t"], b""),
+        "one\ntwo\nthree\n"
+    );
+}
