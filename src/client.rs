@@ -17,6 +17,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use crate::codec::props::{self, PropsLimits};
+pub use crate::codec::schedule::When;
 use crate::codec::{self, DeadInfo, DecodeLimits, Decoded, ErrorCode, GroupSettings, GroupStats, Ids, Props};
 use crate::codec::{Reply, Request, Start, TopicSettings};
 
@@ -113,6 +114,13 @@ impl Delivered {
     pub fn header(&self, key: &str) -> Option<&[u8]> {
         self.parsed_props().header(key)
     }
+    /// The time it was scheduled for, if it was (version 3).
+    pub fn deliver_at_ms(&self) -> Option<u64> {
+        match self.parsed_props().schedule() {
+            Some(props::Prop::DeliverAt(at)) => Some(at),
+            _ => None,
+        }
+    }
 }
 
 /// A message to produce with properties (version 2): its payload, tags and
@@ -147,7 +155,19 @@ impl<'a> ProduceMessage<'a> {
         }
         self
     }
-    /// Whether it has tags or headers.
+    /// Delivers it at `at_ms`, wall-clock ms since the Unix epoch on the
+    /// broker's clock (version 3; a time not in the future delivers it at
+    /// once).
+    pub fn deliver_at(mut self, at_ms: u64) -> ProduceMessage<'a> {
+        props::put_time(&mut self.props, props::PROP_DELIVER_AT, at_ms);
+        self
+    }
+    /// Delivers it `delay_ms` after the broker receives it (version 3).
+    pub fn delay(mut self, delay_ms: u64) -> ProduceMessage<'a> {
+        props::put_time(&mut self.props, props::PROP_DELAY, delay_ms);
+        self
+    }
+    /// Whether it has properties.
     pub fn has_props(&self) -> bool {
         !self.props.is_empty()
     }
@@ -182,18 +202,33 @@ pub type StatsSection = (String, Vec<(String, u64)>);
 /// A reply, owned (for pipelined `recv`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OwnedReply {
-    Hello { version: u16, limits: DecodeLimits, map_epoch: u64 },
+    Hello {
+        version: u16,
+        limits: DecodeLimits,
+        map_epoch: u64,
+    },
     Pong,
-    Produced { first_id: u64, count: u32 },
-    Messages { topic: String, messages: Vec<Delivered> },
+    Produced {
+        first_id: u64,
+        count: u32,
+    },
+    Messages {
+        topic: String,
+        messages: Vec<Delivered>,
+    },
     Ids(IdsResult),
     Stats(Vec<StatsSection>),
     Created(bool),
     Count(u64),
     Topics(Vec<(String, TopicSettings)>),
-    GroupCreated { created: bool, cursor: u64 },
+    GroupCreated {
+        created: bool,
+        cursor: u64,
+    },
     Groups(Vec<GroupEntry>),
     Cursor(u64),
+    /// CANCEL's and RESCHEDULE's time.
+    Due(u64),
 }
 
 /// FETCH parameters.
@@ -642,6 +677,24 @@ impl Client {
         }
     }
 
+    /// Cancels scheduled message `id`: it leaves the topic. Returns the
+    /// time it was due. Version 3.
+    pub fn cancel(&mut self, topic: &str, id: u64) -> Result<u64> {
+        match self.call(&Request::Cancel { topic, id })? {
+            OwnedReply::Due(at) => Ok(at),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Moves scheduled message `id` to a new time; returns that time (ms
+    /// since the Unix epoch, the broker's clock). Version 3.
+    pub fn reschedule(&mut self, topic: &str, id: u64, when: When) -> Result<u64> {
+        match self.call(&Request::Reschedule { topic, id, when })? {
+            OwnedReply::Due(at) => Ok(at),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Writes raw bytes (tests of malformed input).
     pub fn write_raw(&mut self, bytes: &[u8]) -> Result<()> {
         self.stream.write_all(bytes)?;
@@ -720,6 +773,7 @@ fn own(r: Reply<'_>) -> Result<OwnedReply> {
         Reply::GroupCreated { created, cursor } => OwnedReply::GroupCreated { created, cursor },
         Reply::Groups(g) => OwnedReply::Groups(g.iter().map(own_group).collect()),
         Reply::Cursor(c) => OwnedReply::Cursor(c),
+        Reply::Due(at) => OwnedReply::Due(at),
         Reply::Error { code, message } => return Err(Error::Broker { code, message: message.to_string() }),
     })
 }

@@ -31,6 +31,7 @@ use byteorder::{ByteOrder, LittleEndian};
 
 pub mod group;
 pub mod props;
+pub mod schedule;
 
 pub use group::{
     GROUP_FLAG_BROADCAST, GroupInfo, GroupSettings, GroupStats, Start, check_group_name, encode_group_created_reply,
@@ -40,10 +41,12 @@ pub use props::{Props, PropsLimits};
 
 /// The protocol versions the broker negotiates.
 pub const VERSION_MIN: u16 = 1;
-pub const VERSION_MAX: u16 = 2;
+pub const VERSION_MAX: u16 = 3;
 /// The highest version this codec, and so the client, speaks. The broker
-/// raises VERSION_MAX to it once it serves every version-2 op.
-pub const CODEC_VERSION_MAX: u16 = 2;
+/// raises VERSION_MAX to it once it serves every op of that version.
+pub const CODEC_VERSION_MAX: u16 = 3;
+/// Version 3: time and identity (scheduled messages and their ops).
+pub const V3: u16 = 3;
 /// Bytes in a frame header.
 pub const HEADER_BYTES: usize = 12;
 /// Bit set in the op of every reply.
@@ -77,6 +80,8 @@ pub mod op {
     pub const DELETE_GROUP: u8 = 0x41;
     pub const LIST_GROUPS: u8 = 0x42;
     pub const RESET_GROUP: u8 = 0x43;
+    pub const CANCEL: u8 = 0x50;
+    pub const RESCHEDULE: u8 = 0x51;
 
     /// The first protocol version that has `op`, if any has.
     pub fn since(op: u8) -> Option<u16> {
@@ -84,6 +89,7 @@ pub mod op {
             HELLO | PING | PRODUCE | FETCH | ACK | NACK | TOUCH | STATS => Some(1),
             CREATE_TOPIC | DELETE_TOPIC | PURGE_TOPIC | LIST_TOPICS | REDRIVE => Some(1),
             CREATE_GROUP | DELETE_GROUP | LIST_GROUPS | RESET_GROUP => Some(2),
+            CANCEL | RESCHEDULE => Some(super::V3),
             _ => None,
         }
     }
@@ -147,6 +153,10 @@ pub enum ErrorCode {
     /// Reserved, never sent by this build: a request names topics of
     /// several shards; the client splits it.
     CrossShard = 24,
+    /// The id names no scheduled message of the topic: it was never
+    /// scheduled, its time has come (it is ready or delivered), or it was
+    /// cancelled (version 3).
+    NotScheduled = 25,
 }
 
 impl ErrorCode {
@@ -177,6 +187,7 @@ impl ErrorCode {
             22 => TryAgain,
             23 => NotPrimary,
             24 => CrossShard,
+            25 => NotScheduled,
             _ => return None,
         })
     }
@@ -209,6 +220,7 @@ impl ErrorCode {
             TryAgain => "TRYAGAIN",
             NotPrimary => "NOT_PRIMARY",
             CrossShard => "CROSSSHARD",
+            NotScheduled => "NOT_SCHEDULED",
         }
     }
 }
@@ -462,6 +474,16 @@ pub enum Request<'a> {
         group: &'a str,
         start: Start,
     },
+    /// Version 3 and later.
+    Cancel {
+        topic: &'a str,
+        id: u64,
+    },
+    Reschedule {
+        topic: &'a str,
+        id: u64,
+        when: schedule::When,
+    },
 }
 
 impl Request<'_> {
@@ -484,6 +506,8 @@ impl Request<'_> {
             Request::DeleteGroup { .. } => op::DELETE_GROUP,
             Request::ListGroups { .. } => op::LIST_GROUPS,
             Request::ResetGroup { .. } => op::RESET_GROUP,
+            Request::Cancel { .. } => op::CANCEL,
+            Request::Reschedule { .. } => op::RESCHEDULE,
         }
     }
 
@@ -491,6 +515,13 @@ impl Request<'_> {
     /// group op, a group other than the default one, or a message with
     /// properties.
     pub fn version_needed(&self) -> u16 {
+        let v3 = match *self {
+            Request::Produce { batch, .. } => batch.messages().any(|(p, _)| !p.known_to(2) && p.known_to(V3)),
+            other => op::since(other.op()) == Some(V3),
+        };
+        if v3 {
+            return V3;
+        }
         let v2 = match *self {
             Request::Fetch { group, .. }
             | Request::Ack { group, .. }
@@ -736,6 +767,7 @@ fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits, version: u16) 
         op::CREATE_GROUP | op::DELETE_GROUP | op::LIST_GROUPS | op::RESET_GROUP => {
             group::parse_group_op(op, rd, limits)?
         }
+        op::CANCEL | op::RESCHEDULE => schedule::parse_schedule_op(op, rd, limits)?,
         other => return Err(BodyError(ErrorCode::UnknownOp, format!("unknown opcode 0x{other:02x}"))),
     };
     if !rd.done() {
@@ -904,7 +936,8 @@ fn put_ids(out: &mut Vec<u8>, ids: &[u64]) {
 /// programmer error: the client checks before it sends.
 pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>, version: u16) {
     let v2 = version >= 2;
-    assert!(req.version_needed() <= version.max(1), "{req:?} needs protocol version 2, not {version}");
+    let needed = req.version_needed();
+    assert!(needed <= version.max(1), "{req:?} needs protocol version {needed}, not {version}");
     let start = begin_frame(out, req.op(), 0, request_id);
     let topic_group = |out: &mut Vec<u8>, topic: &str, group: &str| {
         put_str(out, topic.as_bytes());
@@ -965,6 +998,7 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>, ver
         | Request::DeleteGroup { .. }
         | Request::ListGroups { .. }
         | Request::ResetGroup { .. } => group::encode_group_op(out, req),
+        Request::Cancel { .. } | Request::Reschedule { .. } => schedule::encode_schedule_op(out, req),
     }
     end_frame(out, start);
 }
@@ -1212,7 +1246,9 @@ fn message_flags(m: &Message<'_>, version: u16) -> u8 {
             flags |= MSG_FLAG_ORIGIN_GROUP;
         }
     }
-    if version >= 2 && !m.props.is_empty() {
+    // A later version's properties are left out for an earlier session,
+    // which would refuse them: a message with only those goes without.
+    if version >= 2 && !m.props.is_empty() && (version >= V3 || props::props_len_for(&m.props, version) > 0) {
         flags |= MSG_FLAG_PROPS;
     }
     flags
@@ -1233,7 +1269,7 @@ fn put_message(out: &mut Vec<u8>, m: &Message<'_>, version: u16) {
         put_str(out, m.origin_group.as_bytes());
     }
     if flags & MSG_FLAG_PROPS != 0 {
-        props::put_props(out, &m.props);
+        props::put_props_for(out, &m.props, version);
     }
     put_u32(out, m.payload.len() as u32);
     out.extend_from_slice(m.payload);
@@ -1250,7 +1286,7 @@ pub fn message_wire_bytes(m: &Message<'_>, version: u16) -> usize {
         n += 2 + m.origin_group.len();
     }
     if flags & MSG_FLAG_PROPS != 0 {
-        n += 2 + m.props.bytes().len();
+        n += 2 + if version >= V3 { m.props.bytes().len() } else { props::props_len_for(&m.props, version) };
     }
     n
 }
@@ -1345,6 +1381,9 @@ pub enum Reply<'a> {
     Groups(Vec<GroupInfo<'a>>),
     /// RESET_GROUP: the group's new cursor.
     Cursor(u64),
+    /// CANCEL: the time the message was due; RESCHEDULE: its new time (ms
+    /// since the Unix epoch).
+    Due(u64),
     Error {
         code: u8,
         message: &'a str,
@@ -1438,6 +1477,7 @@ fn parse_reply_body<'a>(op: u8, status: u8, rd: &mut Rd<'a>) -> Option<Reply<'a>
         op::DELETE_TOPIC | op::PURGE_TOPIC | op::REDRIVE | op::DELETE_GROUP => Reply::Count(rd.u64()?),
         op::CREATE_GROUP => Reply::GroupCreated { created: rd.u8()? != 0, cursor: rd.u64()? },
         op::RESET_GROUP => Reply::Cursor(rd.u64()?),
+        op::CANCEL | op::RESCHEDULE => Reply::Due(rd.u64()?),
         op::LIST_GROUPS => {
             let n = rd.u32()?;
             let mut groups = Vec::with_capacity((n as usize).min(rd.buf.len() / group::GROUP_INFO_BYTES_MIN));

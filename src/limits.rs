@@ -110,6 +110,13 @@ pub struct Limits {
     /// short but compiles to a huge program; past this it gets BAD_FILTER
     /// instead of taking the broker's memory and a loop turn's time.
     pub filter_compiled_bytes_max: u32,
+    // Time and identity (protocol version 3).
+    /// Farthest ahead of the broker's clock a message may be scheduled, ms
+    /// (a delivery time or delay past it gets BAD_ARGUMENT). A year and a
+    /// day by default: a scheduled message holds its topic's room
+    /// (`topic_messages_max`, `topic_bytes_max`) until its time, so
+    /// schedules without an end would fill a topic for good.
+    pub schedule_ahead_ms_max: u64,
 }
 
 impl Default for Limits {
@@ -140,6 +147,7 @@ impl Default for Limits {
             props_bytes_max: 16 << 10,
             filter_bytes_max: 4096,
             filter_compiled_bytes_max: 256 << 10,
+            schedule_ahead_ms_max: 366 * 24 * 3600 * 1000,
         }
     }
 }

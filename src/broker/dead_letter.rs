@@ -32,9 +32,12 @@ impl Broker {
             self.requeue_undead(tid, group, id, info);
             return;
         }
-        let new_id = dst.topic.append_moved(m.born_ms, m.body(), Some(info));
+        // Its time has come: the dead letter is not scheduled.
+        let untimed = m.props.schedule().map(|_| crate::codec::props::without_schedule(&m.props));
+        let props = untimed.as_deref().map_or(m.props, crate::codec::Props::trusted);
+        let new_id = dst.topic.append_moved(m.born_ms, crate::queue::Body { props, ..m.body() }, Some(info));
         let mut w = ProduceWriter::begin(&mut self.log, dlq);
-        let (dead, props, payload) = (Some(info), m.props, m.payload);
+        let (dead, payload) = (Some(info), m.payload);
         w.push(&mut self.log, &MessageRecord { id: new_id, born_ms: m.born_ms, deliveries: 0, dead, props, payload });
         w.end(&mut self.log);
         self.compactor.note_produce(dlq, new_id);
