@@ -497,6 +497,11 @@ fn restate_group(topics: &Topics, log: &mut Log, t: TopicId, g: GroupId) -> bool
     group_record(t, group).append(log);
     let entries = group.pending();
     record::GroupStateRecord { topic: t, group: g, cursor: group.cursor(), entries: &entries }.append(log);
+    // The GroupState lists its delayed messages without their delays.
+    let delays = group.delays();
+    if !delays.is_empty() {
+        record::DelayRecord { topic: t, group: g, entries: &delays }.append(log);
+    }
     true
 }
 
@@ -540,6 +545,7 @@ fn live_and_restate_bytes(topics: &Topics) -> (u64, u64) {
         restate += record::TopicRecord::bytes(e.topic.name.len());
         for g in e.topic.groups() {
             restate += group_record(e.id, g).bytes() + record::GroupStateRecord::bytes(g.pending_len());
+            restate += record::DelayRecord::bytes(g.delayed() as usize);
         }
     }
     (live, restate)

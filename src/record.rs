@@ -80,6 +80,9 @@ pub enum RecordKind {
     /// Scheduled messages' time came: each became ready for every group
     /// past it.
     Due = 12,
+    /// Messages went back to a group after a failed delivery, delayed
+    /// until a wall-clock time (a NACK with a delay).
+    Delay = 13,
 }
 
 impl RecordKind {
@@ -97,6 +100,7 @@ impl RecordKind {
             10 => RecordKind::Cancel,
             11 => RecordKind::Reschedule,
             12 => RecordKind::Due,
+            13 => RecordKind::Delay,
             _ => return None,
         })
     }
@@ -109,7 +113,7 @@ impl RecordKind {
         match self {
             RecordKind::Delete | RecordKind::Purge => 1,
             RecordKind::Group | RecordKind::GroupDelete | RecordKind::GroupState => 1,
-            RecordKind::Cancel | RecordKind::Reschedule | RecordKind::Due => 1,
+            RecordKind::Cancel | RecordKind::Reschedule | RecordKind::Due | RecordKind::Delay => 1,
             // Version 2 names the consumer group; version 1 meant the
             // default group.
             RecordKind::Remove | RecordKind::Requeue => 2,
@@ -581,6 +585,39 @@ impl RescheduleRecord<'_> {
     }
 }
 
+/// A Delay record: messages of topic `topic` went back to group `group`,
+/// each ready again at a wall-clock time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DelayRecord<'a> {
+    pub topic: TopicId,
+    pub group: GroupId,
+    /// (id, deliveries so far, ready-again time ms since the Unix epoch).
+    pub entries: &'a [(MsgId, u16, u64)],
+}
+
+impl DelayRecord<'_> {
+    /// Log bytes of a Delay record with `entries` entries.
+    pub const fn bytes(entries: usize) -> u64 {
+        (RECORD_HEADER_BYTES + 4 + 4 + 4 + 18 * entries) as u64
+    }
+
+    /// Writes version 1: `topic_id u32, group_id u32, count u32, count x
+    /// (id u64, deliveries u16, ready_at_ms u64)`.
+    pub fn append(&self, log: &mut Log) {
+        let at = log.begin(RecordKind::Delay);
+        let b = log.body();
+        codec::put_u32(b, self.topic.0);
+        codec::put_u32(b, self.group.0);
+        codec::put_u32(b, self.entries.len() as u32);
+        for (id, d, ready_at) in self.entries {
+            codec::put_u64(b, *id);
+            codec::put_u16(b, *d);
+            codec::put_u64(b, *ready_at);
+        }
+        log.end(at);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The decoder: one, dispatching on (kind, version).
 // ---------------------------------------------------------------------------
@@ -600,6 +637,7 @@ pub enum Record<'a> {
     Cancel { topic: TopicId, ids: Ids<'a> },
     Reschedule { topic: TopicId, entries: Reschedules<'a> },
     Due { topic: TopicId, ids: Ids<'a> },
+    Delay { topic: TopicId, group: GroupId, entries: Delays<'a> },
 }
 
 impl<'a> Record<'a> {
@@ -659,6 +697,10 @@ impl<'a> Record<'a> {
             RecordKind::Cancel => Record::Cancel { topic, ids: Ids(rd.list(8)?) },
             RecordKind::Reschedule => Record::Reschedule { topic, entries: Reschedules(rd.list(16)?) },
             RecordKind::Due => Record::Due { topic, ids: Ids(rd.list(8)?) },
+            RecordKind::Delay => {
+                let group = GroupId(rd.u32()?);
+                Record::Delay { topic, group, entries: Delays(rd.list(18)?) }
+            }
         };
         if !rd.done() {
             return Err("bytes left over after the record body".into());
@@ -725,6 +767,18 @@ pub struct Reschedules<'a>(&'a [u8]);
 impl<'a> Reschedules<'a> {
     pub fn iter(&self) -> impl Iterator<Item = (MsgId, u64)> + 'a {
         self.0.chunks_exact(16).map(|e| (LittleEndian::read_u64(e), LittleEndian::read_u64(&e[8..])))
+    }
+}
+
+/// The (id, deliveries, ready-at ms) entries of a Delay record.
+#[derive(Clone, Copy, Debug)]
+pub struct Delays<'a>(&'a [u8]);
+
+impl<'a> Delays<'a> {
+    pub fn iter(&self) -> impl Iterator<Item = (MsgId, u16, u64)> + 'a {
+        self.0
+            .chunks_exact(18)
+            .map(|e| (LittleEndian::read_u64(e), LittleEndian::read_u16(&e[8..]), LittleEndian::read_u64(&e[10..])))
     }
 }
 

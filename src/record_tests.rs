@@ -299,3 +299,15 @@ fn the_records_of_scheduled_messages_round_trip() {
     assert_eq!((topic, got.iter().collect::<Vec<_>>()), (TopicId(7), entries.to_vec()));
     assert!(Record::decode(RecordKind::Due, 1, &body[..body.len() - 1]).is_err(), "a short body is refused");
 }
+
+#[test]
+fn a_delay_record_round_trips() {
+    let entries = [(4, 2, 1_767_225_600_123), (u64::MAX, u16::MAX, 0)];
+    let delay = DelayRecord { topic: TopicId(7), group: GroupId(3), entries: &entries };
+    let (kind, version, body) = one(|log| delay.append(log));
+    assert_eq!(body.len() as u64 + RECORD_HEADER_BYTES as u64, DelayRecord::bytes(entries.len()));
+    let Ok(Record::Delay { topic, group, entries: got }) = Record::decode(kind, version, &body) else {
+        panic!("a Delay record decodes to Delay")
+    };
+    assert_eq!((topic, group, got.iter().collect::<Vec<_>>()), (TopicId(7), GroupId(3), entries.to_vec()));
+}

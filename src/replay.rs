@@ -42,6 +42,9 @@ struct GroupReplay {
     /// Deliveries so far of ids at or above `floor` (Requeue records, the
     /// default group's counts in Produce records).
     counts: IdMap<u16>,
+    /// Ids NACKed with a delay (Delay records): the wall-clock time each
+    /// is ready again, ms.
+    delays: IdMap<u64>,
 }
 
 impl GroupReplay {
@@ -54,6 +57,17 @@ impl GroupReplay {
         }
     }
 
+    /// A Requeue record (`ready_at_ms` None) or a Delay record: the
+    /// message went back to the group after a failed delivery.
+    fn requeued(&mut self, id: MsgId, deliveries: u16, ready_at_ms: Option<u64>) {
+        let to = if id < self.floor { &mut self.pending } else { &mut self.counts };
+        to.insert(id, deliveries);
+        match ready_at_ms {
+            Some(at) => self.delays.insert(id, at),
+            None => self.delays.remove(&id),
+        };
+    }
+
     fn is_done_with(&self, id: MsgId) -> bool {
         self.done.contains_key(&id) || (id < self.floor && !self.pending.contains_key(&id))
     }
@@ -64,6 +78,7 @@ impl GroupReplay {
         self.pending.clear();
         self.done.clear();
         self.counts.clear();
+        self.delays.clear();
         for (id, d) in entries.iter() {
             let to = if id < cursor { &mut self.pending } else { &mut self.counts };
             to.insert(id, d);
@@ -73,11 +88,15 @@ impl GroupReplay {
     /// Builds the group over the recovered messages of `t`: its cursor goes
     /// past the highest id it was done with; what it still needs below
     /// that comes back for retry, in id order.
-    fn build(self, id: GroupId, t: &Topic) -> Group {
-        let max_done = self.done.keys().filter(|&&d| d >= self.floor).max().map(|d| d + 1);
+    fn build(self, id: GroupId, t: &Topic, now_wall_ms: u64) -> Group {
+        // A delayed message was delivered: the cursor had passed it.
+        let passed = self.done.keys().chain(self.delays.keys());
+        let max_done = passed.filter(|&&d| d >= self.floor).max().map(|d| d + 1);
         let cursor = max_done.unwrap_or(self.floor).max(self.floor);
         let mut group = Group::with(id, &self.name, self.config, cursor);
-        // A scheduled message is no group's until its time comes.
+        // A scheduled message is no group's until its time comes; a delayed
+        // one is delayed again for what is left of its delay.
+        let delayed = |id: &MsgId| self.delays.get(id).is_some_and(|&at| at > now_wall_ms);
         let mut retry: Vec<(MsgId, u16)> = self
             .pending
             .iter()
@@ -91,6 +110,13 @@ impl GroupReplay {
             }
             id = live + 1;
         }
+        let mut delays = Vec::new();
+        retry.retain(|&(id, d)| {
+            let at = self.delays.get(&id).copied().filter(|_| delayed(&id));
+            at.inspect(|&at| delays.push((id, d, at))).is_none()
+        });
+        delays.sort_unstable();
+        group.restore_delays(delays);
         retry.sort_unstable();
         let carried =
             self.counts.into_iter().filter(|(id, d)| *id >= cursor && *d > 0 && t.seq.contains(*id)).collect();
@@ -177,7 +203,8 @@ impl<'a> Replay<'a> {
             | Record::GroupState { topic, .. }
             | Record::Cancel { topic, .. }
             | Record::Reschedule { topic, .. }
-            | Record::Due { topic, .. } => Some(*topic),
+            | Record::Due { topic, .. }
+            | Record::Delay { topic, .. } => Some(*topic),
         };
         if let Some(topic) = topic
             && topic == TopicId::FLOOR
@@ -210,10 +237,12 @@ impl<'a> Replay<'a> {
             Record::Requeue { topic, group, entries } => {
                 self.notes.replayed_group(r.segment, topic, group);
                 let g = self.group(topic, group);
-                for (id, deliveries) in entries.iter() {
-                    let to = if id < g.floor { &mut g.pending } else { &mut g.counts };
-                    to.insert(id, deliveries);
-                }
+                entries.iter().for_each(|(id, d)| g.requeued(id, d, None));
+            }
+            Record::Delay { topic, group, entries } => {
+                self.notes.replayed_group(r.segment, topic, group);
+                let g = self.group(topic, group);
+                entries.iter().for_each(|(id, d, at)| g.requeued(id, d, Some(at)));
             }
             Record::Group(g) => self.group_record(&g, r.segment),
             Record::GroupDelete(d) => {
@@ -377,7 +406,9 @@ impl<'a> Replay<'a> {
     /// need it: a message released here was released by the run that
     /// wrote the log too, so no later copy of it comes).
     fn done_with(&mut self, topic: TopicId, group: GroupId, id: MsgId) {
-        self.group(topic, group).done.insert(id, ());
+        let g = self.group(topic, group);
+        g.done.insert(id, ());
+        g.delays.remove(&id);
         let Some(groups) = self.groups.get_mut(&topic) else { return };
         if !groups.values().all(|g| g.is_done_with(id)) {
             return;
@@ -449,7 +480,7 @@ impl<'a> Replay<'a> {
             e.topic.seq.publish();
             for (gid, g) in self.groups.remove(&e.id).unwrap_or_default() {
                 if g.named {
-                    let group = g.build(GroupId(gid), &e.topic);
+                    let group = g.build(GroupId(gid), &e.topic, self.now_wall_ms);
                     e.topic.insert_group(group);
                 }
             }

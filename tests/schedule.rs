@@ -425,3 +425,33 @@ fn a_version_2_session_cannot_schedule_and_sees_no_time() {
     props::put_time(&mut blob, PROP_DELAY, 1);
     assert_eq!(Props::parse(&blob, 2, &PropsLimits::ANY).expect_err("v2").code, ErrorCode::BadArgument);
 }
+
+/// A NACK delay survives a restart: the message is ready again when the
+/// delay ends on the wall clock, not at the restart, with its deliveries
+/// counted (docs/protocol.md, "Restarts").
+#[test]
+fn a_nack_delay_survives_a_restart() {
+    let dir = TempDir::new("nack-delay");
+    let mut h = open(dir.path(), start());
+    h.drain("t", "");
+    let mut plain = Vec::new();
+    codec::encode_message(&mut plain, &Props::EMPTY, b"job");
+    let Reply::Produced { first_id: id, .. } =
+        h.call(Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &plain, with_props: true } })
+    else {
+        panic!("produce")
+    };
+    let fetch = Request::Fetch { topic: "t", group: "", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 };
+    let Reply::Messages { messages, .. } = h.call(fetch) else { panic!("fetch") };
+    assert_eq!(messages.len(), 1);
+    let mut body = Vec::new();
+    codec::encode_ids(&mut body, &[id]);
+    let nack = Request::Nack { topic: "t", group: "", delay_ms: 10_000, flags: 0, ids: Ids { bytes: &body } };
+    assert!(matches!(h.call(nack), Reply::Ids { done: 1, .. }));
+    drop(h);
+    let mut h = open(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 5_000 });
+    assert_eq!(h.stat("t", "delayed"), 1, "still delayed after the restart");
+    assert_eq!(h.drain("t", ""), [], "not before the delay ends");
+    h.tick(START_WALL_MS + 10_000);
+    assert_eq!(h.drain("t", ""), [(id, 2, None)], "ready when the delay ends, its first delivery counted");
+}

@@ -273,6 +273,7 @@ impl Broker {
                 .append(crate::record::RecordKind::Due, &mut broker.log);
         }
         broker.arm_all_due(now);
+        broker.arm_restored_delays(now);
         Ok(broker)
     }
 

@@ -486,10 +486,16 @@ impl Broker {
         let group = self.group_of(tid, group, false, c)?;
         let dead_letter = flags & codec::NACK_FLAG_DEAD_LETTER != 0;
         let delay = (delay_ms > 0).then(|| at.now.mono_ms + u64::from(delay_ms));
-        let mut dead = Vec::new();
-        let mut requeued = Vec::new();
+        // The log states a delay on the wall clock, which a restart keeps.
+        let ready_at_wall_ms = at.now.wall_ms + u64::from(delay_ms);
+        let (mut dead, mut requeued, mut delayed) = (Vec::new(), Vec::new(), Vec::new());
         self.ids_op(tid, group, ids, |t, id, timers| match t.nack(group, id, delay, dead_letter, timers) {
             None => false,
+            Some(Returned::Retry) if delay.is_some() => {
+                t.note_delay_wall(group, id, ready_at_wall_ms);
+                delayed.push((id, t.deliveries(group, id), ready_at_wall_ms));
+                true
+            }
             Some(Returned::Retry) => {
                 requeued.push((id, t.deliveries(group, id)));
                 true
@@ -499,21 +505,32 @@ impl Broker {
                 true
             }
         });
-        if delay.is_none()
-            && !requeued.is_empty()
+        if !requeued.is_empty()
             && let Some(e) = self.topics.get_mut(tid)
         {
             self.turn.mark_for_publish(e);
         }
         self.ids_reply(op::NACK, at.request_id, out);
-        if !requeued.is_empty() && !group.is_member() {
-            RequeueRecord { topic: tid, group, entries: &requeued }.append(&mut self.log);
-            self.compactor.note_group(tid, group);
+        if !group.is_member() {
+            self.log_returned(tid, group, &requeued, &delayed);
         }
         for (id, info) in dead {
             self.dead_letter(tid, group, id, info);
         }
         Ok(Outcome::Done)
+    }
+
+    /// Appends the records of messages back in group `group` after a
+    /// failed delivery: ready now (Requeue), or delayed (Delay).
+    fn log_returned(&mut self, tid: TopicId, group: GroupId, requeued: &[(MsgId, u16)], delayed: &[(MsgId, u16, u64)]) {
+        if !requeued.is_empty() {
+            RequeueRecord { topic: tid, group, entries: requeued }.append(&mut self.log);
+            self.compactor.note_group(tid, group);
+        }
+        if !delayed.is_empty() {
+            crate::record::DelayRecord { topic: tid, group, entries: delayed }.append(&mut self.log);
+            self.compactor.note_group(tid, group);
+        }
     }
 
     // -----------------------------------------------------------------------

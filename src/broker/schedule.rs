@@ -114,6 +114,20 @@ impl Broker {
         }
     }
 
+    /// Arms the NACK delays recovery found still running, in every group.
+    pub(super) fn arm_restored_delays(&mut self, now: Now) {
+        let tids: Vec<TopicId> = self.topics.iter().map(|e| e.id).collect();
+        for tid in tids {
+            let Some(e) = self.topics.get_mut(tid) else { continue };
+            let mut i = 0;
+            while let Some(group) = e.topic.group_id_at(i) {
+                i += 1;
+                let mut timers = super::GroupTimers { wheel: &mut self.wheel, topic: tid, group };
+                e.topic.arm_restored(group, now.mono_ms, now.wall_ms, &mut timers);
+            }
+        }
+    }
+
     /// Topic `tid`'s timer fired: its messages due by now become ready
     /// (a Due record says so), and the timer is armed for the next.
     pub(super) fn due_fired(&mut self, tid: TopicId, now: Now) {

@@ -122,6 +122,13 @@ pub struct Group {
     pub(super) inflight: IdMap<Inflight>,
     /// NACKed with a delay: the timer and the deliveries so far.
     pub(super) delayed: IdMap<(TimerKey, u16)>,
+    /// The wall-clock time each delayed message is ready again, ms since
+    /// the Unix epoch, as the log states it (`delays.rs`).
+    pub(super) delay_wall: IdMap<u64>,
+    /// Recovery: messages whose NACK delay had not passed, (id, deliveries
+    /// so far, ready-again wall time ms), to be delayed again once the
+    /// broker has a wheel (`Group::arm_restored`).
+    pub(super) restored_delays: Vec<(MsgId, u16, u64)>,
     /// Deliveries of never-redelivered messages carried over a restart.
     pub(super) carried: IdMap<u16>,
     /// What each consumer holds.
@@ -373,6 +380,7 @@ impl Group {
             self.disown(f.owner);
         } else if let Some((timer, _)) = self.delayed.remove(&id) {
             timers.disarm(timer);
+            self.delay_wall.remove(&id);
         } else if self.retry_set.remove(&id).is_none() {
             return false;
         }
@@ -454,6 +462,7 @@ impl Group {
             return Some(self.give_back(id, f.deliveries, None, DeadReason::AckTimeout, policy, timers));
         }
         let (_, deliveries) = self.delayed.remove(&id)?;
+        self.delay_wall.remove(&id);
         self.requeue(id, deliveries);
         Some(Returned::Retry)
     }

@@ -21,6 +21,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use crate::codec::DeadInfo;
 use crate::wheel::TimerKey;
 
+mod delays;
 mod group;
 mod schedule;
 mod seq;

@@ -596,6 +596,21 @@ impl Topic {
         self.group_mut(g)?.nack(id, delay_until_ms, dead_letter, policy, timers)
     }
 
+    /// Notes when delayed message `id` of group `g` is ready again, on the
+    /// wall clock (`Group::note_delay_wall`).
+    pub fn note_delay_wall(&mut self, g: GroupId, id: MsgId, ready_at_wall_ms: u64) {
+        if let Some(group) = self.group_mut(g) {
+            group.note_delay_wall(id, ready_at_wall_ms);
+        }
+    }
+
+    /// Arms the NACK delays recovery found for group `g`.
+    pub fn arm_restored(&mut self, g: GroupId, mono_ms: u64, wall_ms: u64, timers: &mut impl Timers) {
+        if let Some(group) = self.group_mut(g) {
+            group.arm_restored(mono_ms, wall_ms, timers);
+        }
+    }
+
     /// A timer of group `g` fired for `id` (`Group::timer_fired`).
     pub fn timer_fired(&mut self, g: GroupId, id: MsgId, timers: &mut impl Timers) -> Option<Returned> {
         let policy = self.policy(g);
