@@ -452,6 +452,24 @@ fn a_nack_delay_survives_a_restart() {
     let mut h = open(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 5_000 });
     assert_eq!(h.stat("t", "delayed"), 1, "still delayed after the restart");
     assert_eq!(h.drain("t", ""), [], "not before the delay ends");
+    // Enough traffic that compaction removes the segment of the Delay
+    // record: it restates the delay with the group.
+    let mut batch = Vec::new();
+    for _ in 0..50 {
+        codec::encode_message(&mut batch, &Props::EMPTY, &PAYLOAD);
+    }
+    for _ in 0..8 {
+        h.call(Request::Produce { topic: "t", batch: Batch { count: 50, bytes: &batch, with_props: true } });
+        assert_eq!(h.drain("t", "").len(), 50);
+    }
+    // Compaction looks for work every 64 turns, and cleans over several.
+    for _ in 0..400 {
+        h.tick(h.now.wall_ms);
+    }
+    assert!(h.broker.compactions() > 0, "compaction ran");
+    drop(h);
+    let mut h = open(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 6_000 });
+    assert_eq!(h.stat("t", "delayed"), 1, "still delayed after compaction and a restart");
     h.tick(START_WALL_MS + 10_000);
     assert_eq!(h.drain("t", ""), [(id, 2, None)], "ready when the delay ends, its first delivery counted");
 }
