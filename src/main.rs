@@ -65,6 +65,19 @@ const START_VALUES: &str = "earliest|latest|ID|@MS|TIME";
 /// What the client subcommands say about the token.
 const CLIENT_NOTES: &str = "RUNNEL_AUTH_TOKEN, if set, is the token presented in HELLO.";
 
+/// The flags `runnel group` takes, after `addr`.
+fn group_command_flags(addr: Flag) -> Vec<Flag> {
+    vec![
+        addr,
+        flag("--from", START_VALUES, "earliest", "create: where the group starts"),
+        flag("--to", START_VALUES, "none", "reset: where the group moves"),
+        flag("--tags", "EXPR", "*", "create: the tag filter: * | a || b | re:PATTERN"),
+        switch("--broadcast", "create: every consumer gets every message"),
+        flag("--ack-timeout-ms", "MS", "the topic's", "create: time to acknowledge a delivery"),
+        flag("--max-deliveries", "N", "the topic's", "create: deliveries before a dead letter"),
+    ]
+}
+
 /// The description of subcommand `name`, or None if there is none.
 fn sub(name: &str) -> Option<Sub> {
     let name = *COMMANDS.iter().find(|c| **c == name)?;
@@ -98,15 +111,7 @@ fn sub(name: &str) -> Option<Sub> {
         "group" => (
             "create|delete|reset TOPIC GROUP",
             "create a consumer group (or change its settings), delete one, or move one",
-            vec![
-                addr(),
-                flag("--from", START_VALUES, "earliest", "create: where the group starts"),
-                flag("--to", START_VALUES, "none", "reset: where the group moves"),
-                flag("--tags", "EXPR", "*", "create: the tag filter: * | a || b | re:PATTERN"),
-                switch("--broadcast", "create: every consumer gets every message"),
-                flag("--ack-timeout-ms", "MS", "the topic's", "create: time to acknowledge a delivery"),
-                flag("--max-deliveries", "N", "the topic's", "create: deliveries before a dead letter"),
-            ],
+            group_command_flags(addr()),
         ),
         "stats" => (
             "[TOPIC]",
@@ -128,7 +133,11 @@ fn sub(name: &str) -> Option<Sub> {
         "redrive" => (
             "TOPIC",
             "move the messages of TOPIC.dlq back to TOPIC",
-            vec![addr(), flag("--count", "N", "all", "most messages to move")],
+            vec![
+                addr(),
+                flag("--count", "N", "all", "most messages to move"),
+                flag("--group", "G", "every group's", "move only G's dead letters, back to G alone (version 2)"),
+            ],
         ),
         _ => return None,
     };
@@ -626,7 +635,7 @@ fn group(raw: &[String], sub: &Sub) -> Result<(), Exit> {
             let (created, cursor) = connect(&addr)?.create_group(topic, name, settings, start).map_err(e)?;
             format!("{} at {cursor}\n", if created { "created" } else { "updated" })
         }
-        "delete" => format!("deleted, it held {} messages\n", connect(&addr)?.delete_group(topic, name).map_err(e)?),
+        "delete" => format!("deleted, it held {}\n", messages(connect(&addr)?.delete_group(topic, name).map_err(e)?)),
         "reset" => {
             let to = to.ok_or_else(|| Exit::Usage("reset needs --to".into()))?;
             let start = parse_start("--to", &to)?;
@@ -691,6 +700,11 @@ fn json_escape(s: &str) -> String {
         .collect()
 }
 
+/// `n` messages, in words: "1 message", "2 messages".
+fn messages(n: u64) -> String {
+    if n == 1 { "1 message".into() } else { format!("{n} messages") }
+}
+
 /// `topics`, `create`, `delete`, `purge` and `redrive`: one request each.
 fn admin(raw: &[String], sub: &Sub) -> Result<(), Exit> {
     let mut a = Args::parse(raw, &sub.flags)?;
@@ -700,6 +714,7 @@ fn admin(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         max_deliveries: a.num("--max-deliveries")?.unwrap_or(0),
     };
     let count: u32 = a.num("--count")?.unwrap_or(0);
+    let group = a.take("--group").unwrap_or_default();
     a.done()?;
     let topic = match sub.name {
         "topics" => a.no_words().map(|()| "")?,
@@ -718,9 +733,10 @@ fn admin(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         "create" => {
             format!("{}\n", if client.create_topic(topic, settings).map_err(e)? { "created" } else { "updated" })
         }
-        "delete" => format!("deleted, {} messages removed\n", client.delete_topic(topic).map_err(e)?),
-        "purge" => format!("purged {} messages\n", client.purge_topic(topic).map_err(e)?),
-        "redrive" => format!("moved {} messages\n", client.redrive(topic, count).map_err(e)?),
+        "delete" => format!("deleted, {} removed\n", messages(client.delete_topic(topic).map_err(e)?)),
+        "purge" => format!("purged {}\n", messages(client.purge_topic(topic).map_err(e)?)),
+        "redrive" if group.is_empty() => format!("moved {}\n", messages(client.redrive(topic, count).map_err(e)?)),
+        "redrive" => format!("moved {}\n", messages(client.redrive_group(topic, &group, count).map_err(e)?)),
         other => unreachable!("run dispatches {other} elsewhere"),
     };
     emit(out.as_bytes())

@@ -20,7 +20,7 @@
 
 use byteorder::{ByteOrder, LittleEndian};
 
-use crate::codec::{self, DeadInfo, DeadReason, Props, PropsLimits};
+use crate::codec::{self, DeadInfo, DeadReason, Props};
 use crate::log::{Log, RECORD_HEADER_BYTES, RecordStart};
 use crate::queue::{Body, GroupId, MsgId, Settings};
 
@@ -237,7 +237,7 @@ fn read_message<'a>(rd: &mut Reader<'a>, version: u8) -> Result<MessageRecord<'a
 fn read_props<'a>(rd: &mut Reader<'a>) -> Result<Props<'a>, String> {
     let len = rd.u16()? as usize;
     let blob = rd.bytes(len)?;
-    match Props::parse(blob, codec::CODEC_VERSION_MAX, &PropsLimits::ANY) {
+    match Props::parse_stored(blob, codec::CODEC_VERSION_MAX) {
         Ok(props) if !props.is_empty() => Ok(props),
         Ok(_) => Err("a message flagged with properties has none".into()),
         Err(e) => Err(format!("bad message properties: {}", e.message)),

@@ -18,6 +18,7 @@ use std::time::Duration;
 use common::{Server, TempDir};
 use runnel::broker::Config;
 use runnel::client::{Client, Delivered, Fetch};
+use runnel::codec::TopicSettings;
 use runnel::log::LogOptions;
 
 /// Copies a fixture's data directory into a fresh temporary one.
@@ -31,6 +32,16 @@ fn copy_fixture(name: &str) -> TempDir {
     dir
 }
 
+/// A topic's line, its settings and next id.
+fn topic_line(c: &mut Client, name: &str, s: &TopicSettings, out: &mut String) {
+    let next_id = c.stat(name, "next_id").expect("STATS").expect("next_id key");
+    let _ = writeln!(
+        out,
+        "topic {name} ack_timeout_ms={} max_deliveries={} next_id={next_id}",
+        s.ack_timeout_ms, s.max_deliveries
+    );
+}
+
 /// What a broker on `dir` hands out, in `dump.py`'s format.
 fn drain(dir: &Path) -> String {
     let server = Server::start_in(Config::default(), LogOptions::default(), dir);
@@ -39,12 +50,7 @@ fn drain(dir: &Path) -> String {
     topics.sort_by(|a, b| a.0.cmp(&b.0));
     let mut out = String::new();
     for (name, s) in topics {
-        let next_id = c.stat(&name, "next_id").expect("STATS").expect("next_id key");
-        let _ = writeln!(
-            out,
-            "topic {name} ack_timeout_ms={} max_deliveries={} next_id={next_id}",
-            s.ack_timeout_ms, s.max_deliveries
-        );
+        topic_line(&mut c, &name, &s, &mut out);
         loop {
             let batch = c.fetch(&name, Fetch { max_messages: 1000, ..Fetch::default() }).expect("FETCH");
             if batch.is_empty() {
@@ -95,12 +101,7 @@ fn drain_groups(dir: &Path) -> String {
     topics.sort_by(|a, b| a.0.cmp(&b.0));
     let mut out = String::new();
     for (name, s) in topics {
-        let next_id = c.stat(&name, "next_id").expect("STATS").expect("next_id key");
-        let _ = writeln!(
-            out,
-            "topic {name} ack_timeout_ms={} max_deliveries={} next_id={next_id}",
-            s.ack_timeout_ms, s.max_deliveries
-        );
+        topic_line(&mut c, &name, &s, &mut out);
         let groups = c.list_groups(&name).expect("LIST_GROUPS");
         for g in &groups {
             let _ = writeln!(

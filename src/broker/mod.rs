@@ -135,7 +135,8 @@ pub struct Session {
     pub auth_failures: u32,
     /// The groups this connection has fetched from: where its in-flight
     /// messages can be, so a disconnect visits only those. It counts as a
-    /// consumer of each (`Group::consumers`).
+    /// consumer of each (`Group::consumers`). Bounded by pruning the
+    /// deleted ones (`Broker::prune_fetched`).
     pub fetched: Vec<(TopicId, GroupId)>,
     /// The protocol version HELLO negotiated (1 until then): the layout of
     /// every frame the connection sends and of every reply it gets.

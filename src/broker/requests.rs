@@ -11,6 +11,7 @@ use super::topics::{Entry, dead_letter_name, unknown, unknown_group};
 use super::waiters::Waiter;
 use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, stats};
 use crate::codec::group::Start;
+use crate::codec::props::PROP_ORIGIN_GROUP;
 use crate::codec::{self, Batch, DecodeError, ErrorCode, Frame, Ids, Message, Request, Skip, TopicSettings, op};
 use crate::queue::{
     Body, ConsumerId, Group, GroupConfig, GroupId, MsgId, Returned, Seq, Settings, TagSetId, Take, Topic,
@@ -136,11 +137,7 @@ impl Broker {
             Request::DeleteTopic { topic } => self.delete_topic(topic, rid, out),
             Request::PurgeTopic { topic } => self.purge_topic(topic, rid, out),
             Request::Redrive { topic, group, max_messages } => {
-                if !group.is_empty() {
-                    let msg = "REDRIVE to one group is not served by this broker: send it with the empty group";
-                    return Err((ErrorCode::BadArgument, msg.into()));
-                }
-                let moved = self.redrive(topic, max_messages)?;
+                let moved = self.redrive(topic, group, max_messages)?;
                 codec::encode_u64_reply(out, op::REDRIVE, rid, moved);
                 Ok(Outcome::Held)
             }
@@ -346,6 +343,21 @@ impl Broker {
     // Consumers.
     // -----------------------------------------------------------------------
 
+    /// Drops from `session.fetched` the groups (and topics) deleted since
+    /// the connection fetched from them, each time the list reaches a power
+    /// of two from 64 on. Topic and group ids are never reused, so a stale
+    /// entry names nothing; the live ones are at most `topics_max` x
+    /// `groups_per_topic_max` (a broadcast member is one of its topic's
+    /// groups), so the list stays under twice that however many topics
+    /// and groups come and go in a connection's life.
+    fn prune_fetched(&self, session: &mut Session) {
+        let n = session.fetched.len();
+        if n < 64 || !n.is_power_of_two() {
+            return;
+        }
+        session.fetched.retain(|&(tid, g)| self.topics.get(tid).is_some_and(|e| e.topic.group(g).is_some()));
+    }
+
     /// FETCH: delivers what is ready, or parks until something is (or the
     /// wait ends).
     fn fetch(
@@ -362,6 +374,7 @@ impl Broker {
         let tid = self.topic_for(topic, self.config.auto_create)?;
         let group = self.group_of(tid, group, true, session.consumer)?;
         if !session.fetched.contains(&(tid, group)) {
+            self.prune_fetched(session);
             session.fetched.push((tid, group));
             if let Some(e) = self.topics.get_mut(tid) {
                 e.topic.join(group);
@@ -777,8 +790,8 @@ pub(super) fn deliver(
                 born_ms: m.born_ms,
                 delivery_count: d.deliveries,
                 dead,
-                origin_group: "",
-                props: m.props,
+                origin_group: m.props.broker_entry(PROP_ORIGIN_GROUP).unwrap_or(""),
+                props: m.props.public(),
                 payload: m.payload,
             };
             writer.push(out, &msg);
