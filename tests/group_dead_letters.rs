@@ -173,3 +173,29 @@ fn a_redrive_naming_a_group_leaves_the_others_dead_letters_in_order() {
     assert_eq!(origins, [(all[1], "b"), (all[3], "b"), (all[5], "b")], "b's stay, in order");
     assert_eq!(take(&mut c, "t", "a").iter().map(|m| m.payload[0]).collect::<Vec<_>>(), b"024");
 }
+
+/// A broadcast group's consumer dead-letters its own copy: the dead letter
+/// names the group, and a REDRIVE naming it reaches the group's consumers
+/// connected then, and no other group.
+#[test]
+fn a_broadcast_groups_dead_letter_names_it_and_goes_back_to_it_alone() {
+    let (srv, _dir) = Server::start(Config::default());
+    let mut c = srv.client_v2();
+    let fanout = GroupSettings { broadcast: true, ..GroupSettings::default() };
+    c.create_group("t", "fan", fanout, Start::Earliest).unwrap();
+    create(&mut c, "t", "other");
+    let mut member = srv.client_v2();
+    assert!(take(&mut member, "t", "fan").is_empty(), "joined at the tail");
+    let id = c.produce("t", b"m").unwrap();
+    assert_eq!(ids(&take(&mut member, "t", "fan")), vec![id]);
+    member.nack_group("t", "fan", &[id], 0, true).unwrap();
+    // Looked at by a group of the dead-letter topic of its own, so that its
+    // default group, which REDRIVE moves from, still has it ready.
+    assert_eq!(dead_letters(&mut c, "look"), [(id, "fan".to_string(), vec![])]);
+    assert_eq!(ids(&take(&mut c, "t", "other")), vec![id]);
+    c.ack_group("t", "other", &[id]).unwrap();
+    assert_eq!(c.redrive_group("t", "fan", 0).unwrap(), 1);
+    let back = take(&mut member, "t", "fan");
+    assert_eq!((back.len(), back[0].payload.as_slice()), (1, &b"m"[..]), "the member connected gets it");
+    assert!(take(&mut c, "t", "other").is_empty(), "the other group does not");
+}
