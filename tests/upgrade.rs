@@ -193,3 +193,21 @@ fn v4_data_directory_opens_with_nothing_lost() {
 fn v5_data_directory_opens_with_every_group_as_it_was() {
     check_with("v5", drain_groups);
 }
+
+/// The v5 fixture's dead letters were written before dead letters named
+/// their group: they name none, so a REDRIVE naming the group that made
+/// them moves none of them, and one with the empty group moves both, for
+/// every group.
+#[test]
+fn v5_dead_letters_name_no_group_and_go_back_for_every_group() {
+    let dir = copy_fixture("v5");
+    let server = Server::start_in(Config::default(), LogOptions::default(), dir.path());
+    let mut c = server.client_v2();
+    assert_eq!(c.redrive_group("shop", "billing", 0).expect("REDRIVE billing"), 0);
+    assert_eq!(c.redrive_group("shop", "", 0).expect("REDRIVE"), 2);
+    let f = Fetch { max_messages: 1000, ..Fetch::default() };
+    let got = c.fetch_group("shop", "later", f).expect("FETCH");
+    let tail: Vec<&[u8]> = got.iter().rev().take(2).rev().map(|m| m.payload.as_slice()).collect();
+    assert_eq!(tail, [&b"item-7"[..], b"item-8"], "a group that never had them gets them");
+    server.stop();
+}
