@@ -280,6 +280,17 @@ impl Outbox for Lent<'_> {
     fn buffered_bytes(&self) -> u64 {
         self.buffered_bytes
     }
+    fn room_for_push(&mut self, key: ConnKey, pending_bytes_max: usize) -> bool {
+        let Some(c) = self.conns.get_mut(key) else { return false };
+        if c.state.pending_out_bytes() < pending_bytes_max {
+            return true;
+        }
+        // Paused as a peer with that much unread is: the flush that
+        // drains its output below the mark serves it again, which brings
+        // the turn whose publish pushes to it again.
+        c.state.paused = true;
+        false
+    }
 }
 
 /// The broker's event loop.
@@ -820,13 +831,20 @@ impl Reactor {
         if let Some(since) = c.state.partial_since_ms {
             at(since + u64::from(l.frame_timeout_ms));
         }
-        if l.idle_timeout_ms > 0 && !c.state.parked {
+        if l.idle_timeout_ms > 0 && !Self::waits_for_messages(c) {
             at(c.state.last_active_ms + u64::from(l.idle_timeout_ms));
         }
         if let Some(since) = c.backlog_since_ms {
             at(since + u64::from(l.frame_timeout_ms));
         }
         d
+    }
+
+    /// Whether the connection waits for messages (a parked FETCH, or a push
+    /// subscription): silence is then no sign of a vanished peer, and the
+    /// idle timeout does not apply.
+    fn waits_for_messages(c: &Conn) -> bool {
+        c.state.parked || c.state.session.subscriptions > 0
     }
 
     /// Makes sure a timer fires no later than the connection's deadline.
@@ -890,7 +908,7 @@ impl Reactor {
         } else if c.backlog_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
             backlog
         } else if l.idle_timeout_ms > 0
-            && !c.state.parked
+            && !Self::waits_for_messages(c)
             && now.mono_ms >= c.state.last_active_ms + u64::from(l.idle_timeout_ms)
         {
             Some("idle past idle_timeout_ms")

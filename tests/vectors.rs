@@ -623,6 +623,10 @@ fn op_name(op: u8) -> J {
         op::DELETE_GROUP => "DELETE_GROUP",
         op::LIST_GROUPS => "LIST_GROUPS",
         op::RESET_GROUP => "RESET_GROUP",
+        op::SUBSCRIBE => "SUBSCRIBE",
+        op::CREDIT => "CREDIT",
+        op::UNSUBSCRIBE => "UNSUBSCRIBE",
+        op::PUSH => "PUSH",
         _ => return J::Null,
     };
     text(name)
@@ -670,7 +674,8 @@ fn request_group<'a>(r: &Request<'a>) -> Option<&'a str> {
         | Request::Redrive { group, .. }
         | Request::CreateGroup { group, .. }
         | Request::DeleteGroup { group, .. }
-        | Request::ResetGroup { group, .. } => Some(group),
+        | Request::ResetGroup { group, .. }
+        | Request::Subscribe { group, .. } => Some(group),
         _ => None,
     }
 }
@@ -762,6 +767,13 @@ fn request_fields(r: &Request<'_>) -> Vec<(&'static str, J)> {
             fields.extend(start_json(start));
             fields
         }
+        Request::Subscribe { topic: t, credit, ack_timeout_ms, .. } => {
+            vec![topic(t), ("credit", num(credit)), ("ack_timeout_ms", num(ack_timeout_ms))]
+        }
+        Request::Credit { subscription, credit } => {
+            vec![("subscription", num(subscription)), ("credit", num(credit))]
+        }
+        Request::Unsubscribe { subscription } => vec![("subscription", num(subscription))],
     }
 }
 
@@ -844,7 +856,7 @@ fn reply_body(r: &Reply<'_>) -> J {
         }
         Reply::Pong => vec![],
         Reply::Produced { first_id, count } => vec![("first_id", num(*first_id)), ("count", num(*count))],
-        Reply::Messages { topic, messages } => vec![
+        Reply::Messages { topic, messages } | Reply::Pushed { topic, messages } => vec![
             ("topic", text(topic)),
             ("count", num(messages.len() as u64)),
             ("messages", J::Arr(messages.iter().map(message_json).collect())),
@@ -883,6 +895,8 @@ fn reply_body(r: &Reply<'_>) -> J {
             vec![("count", num(groups.len() as u64)), ("groups", J::Arr(groups.iter().map(group_json).collect()))]
         }
         Reply::Cursor(cursor) => vec![("cursor", num(*cursor))],
+        Reply::Subscribed { subscription } => vec![("subscription", num(*subscription))],
+        Reply::Credited { inflight } => vec![("inflight", num(*inflight))],
     })
 }
 

@@ -7,6 +7,7 @@
 //! becomes STORAGE. Every other reply goes to the connection's output at
 //! once (the reactor still writes none before the turn's `write`).
 
+use super::subscriptions::SubscribeArgs;
 use super::topics::{Entry, dead_letter_name, unknown, unknown_group};
 use super::waiters::Waiter;
 use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, stats};
@@ -47,6 +48,9 @@ impl Request<'_> {
             | Request::Stats { .. }
             | Request::ListTopics
             | Request::ListGroups { .. } => false,
+            // A subscription's replies promise nothing the log holds (as
+            // FETCH's); its pushes go out as deliveries do.
+            Request::Subscribe { .. } | Request::Credit { .. } | Request::Unsubscribe { .. } => false,
             // Group changes are log records the reply promises, as a
             // topic's are.
             Request::CreateGroup { .. } | Request::DeleteGroup { .. } | Request::ResetGroup { .. } => true,
@@ -163,6 +167,20 @@ impl Broker {
                     return Err(self.busy_refusal());
                 }
                 self.list_groups_op(topic, rid, at.now, out)?;
+                Ok(Outcome::Done)
+            }
+            // Version-3 ops: the codec refuses them in an earlier session.
+            Request::Subscribe { topic, group, credit, ack_timeout_ms } => {
+                let args = SubscribeArgs { topic, group, credit, ack_timeout_ms };
+                self.subscribe(at.conn, session, args, rid, out)?;
+                Ok(Outcome::Done)
+            }
+            Request::Credit { subscription, credit } => {
+                self.credit(at.conn, (subscription, credit), rid, out)?;
+                Ok(Outcome::Done)
+            }
+            Request::Unsubscribe { subscription } => {
+                self.unsubscribe(at.conn, session, subscription, rid, out)?;
                 Ok(Outcome::Done)
             }
         }
@@ -361,12 +379,7 @@ impl Broker {
         }
         let tid = self.topic_for(topic, self.config.auto_create)?;
         let group = self.group_of(tid, group, true, session.consumer)?;
-        if !session.fetched.contains(&(tid, group)) {
-            session.fetched.push((tid, group));
-            if let Some(e) = self.topics.get_mut(tid) {
-                e.topic.join(group);
-            }
-        }
+        self.join(session, tid, group);
         let w = args.waiter(at, session, tid, group, &self.config.limits);
         let full = self.buffers_full(at.loops.buffered_bytes);
         let timers_max = self.config.limits.timers_max;
@@ -407,6 +420,7 @@ impl Broker {
             let ids = &self.scratch.done_ids;
             RemoveRecord { topic: tid, group, reason: RemoveReason::Acked, ids }.append(&mut self.log);
             self.compactor.note_group(tid, group);
+            self.credit_freed(tid, group);
         }
         self.ids_reply(op::ACK, rid, out);
         Ok(Outcome::Done)
@@ -495,6 +509,9 @@ impl Broker {
             self.turn.mark_for_publish(e);
         }
         self.ids_reply(op::NACK, at.request_id, out);
+        if !self.scratch.done_ids.is_empty() {
+            self.credit_freed(tid, group);
+        }
         if !requeued.is_empty() && !group.is_member() {
             RequeueRecord { topic: tid, group, entries: &requeued }.append(&mut self.log);
             self.compactor.note_group(tid, group);
@@ -767,9 +784,23 @@ pub(super) fn deliver(
     let deadline = now.mono_ms + u64::from(timeout);
     let max_messages = w.max_messages.min(timer_room(timers_max, wheel));
     let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, w.version);
-    let mut timers = GroupTimers { wheel, topic: e.id, group: w.group };
     let take = Take { owner: w.consumer, max_messages, max_bytes: w.max_bytes, deadline_ms: deadline };
-    e.topic.fetch(w.group, take, &mut timers, |seq, d| {
+    write_taken(e, wheel, w.group, take, &mut writer, out);
+    writer.finish(out);
+}
+
+/// Takes what `take` says from group `group`'s ready messages into flight
+/// and appends each to `writer`'s frame (a FETCH reply or a pushed frame).
+pub(super) fn write_taken(
+    e: &mut Entry,
+    wheel: &mut Wheel<Timer>,
+    group: GroupId,
+    take: Take,
+    writer: &mut codec::MessagesWriter,
+    out: &mut Vec<u8>,
+) {
+    let mut timers = GroupTimers { wheel, topic: e.id, group };
+    e.topic.fetch(group, take, &mut timers, |seq, d| {
         if let Some(m) = seq.get(d.id) {
             let dead = seq.dead_info(d.id);
             let msg = Message {
@@ -784,7 +815,6 @@ pub(super) fn deliver(
             writer.push(out, &msg);
         }
     });
-    writer.finish(out);
 }
 
 /// Compares secrets in time independent of where they differ.

@@ -213,7 +213,10 @@ impl Broker {
                             requeued.push((topic, group, id, e.topic.deliveries(group, id)));
                             self.turn.mark_for_publish(e);
                         }
-                        Some(Returned::Dead(info)) => self.dead_letter(topic, group, id, info),
+                        Some(Returned::Dead(info)) => {
+                            self.dead_letter(topic, group, id, info);
+                            self.credit_freed(topic, group);
+                        }
                         None => {}
                     }
                 }
@@ -387,6 +390,7 @@ impl Broker {
     fn publish(&mut self, now: Now, outbox: &mut impl Outbox) {
         let to_publish = std::mem::take(&mut self.turn.to_publish);
         let mut grown_bytes = 0;
+        self.push_held_back(now, outbox, &mut grown_bytes);
         for &tid in &to_publish {
             self.publish_topic(tid, now, outbox, &mut grown_bytes);
         }
@@ -396,7 +400,7 @@ impl Broker {
 
     /// Makes topic `tid`'s new messages ready and answers its parked
     /// FETCHes while messages are ready: with messages, or BUSY when the
-    /// connections' buffers are full. `grown_bytes` counts the buffer
+    /// connections' buffers are full; then pushes to its subscribers. `grown_bytes` counts the buffer
     /// capacity these answers added, which the count does not see until the
     /// reactor brings it up to date after the commit.
     fn publish_topic(&mut self, tid: TopicId, now: Now, outbox: &mut impl Outbox, grown_bytes: &mut u64) {
@@ -410,6 +414,9 @@ impl Broker {
             i += 1;
             if self.waiters.waiting(tid, group) > 0 {
                 self.serve_waiters(tid, group, now, outbox, grown_bytes);
+            }
+            if self.subs.any(tid, group) {
+                self.push_ready(tid, group, now, outbox, grown_bytes);
             }
         }
     }

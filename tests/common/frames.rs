@@ -448,15 +448,21 @@ pub fn encode_reply(out: &mut Vec<u8>, frame: &ReplyFrame<'_>) {
         Reply::Hello { version, limits, map_epoch } => encode_hello_reply(out, id, *version, limits, *map_epoch),
         Reply::Pong => encode_empty_reply(out, op, id),
         Reply::Produced { first_id, count } => encode_produce_reply(out, id, *first_id, *count),
-        Reply::Messages { topic, messages } => {
+        Reply::Messages { topic, messages } | Reply::Pushed { topic, messages } => {
             // Replies need no version: a message's flags say what it
             // carries, and the highest version writes whatever it has.
-            let mut w = MessagesWriter::begin(out, id, topic, CODEC_VERSION_MAX);
+            let mut w = if op == runnel::codec::op::PUSH {
+                MessagesWriter::begin_pushed(out, id, topic, CODEC_VERSION_MAX)
+            } else {
+                MessagesWriter::begin(out, id, topic, CODEC_VERSION_MAX)
+            };
             for m in messages {
                 w.push(out, m);
             }
             w.finish(out);
         }
+        Reply::Subscribed { subscription } => encode_subscribed_reply(out, id, *subscription),
+        Reply::Credited { inflight } => encode_credit_reply(out, id, *inflight),
         Reply::Ids { done, failed } => encode_ids_reply(out, op, id, *done, failed),
         Reply::Stats(sections) => {
             let mut w = StatsWriter::begin(out, id);
