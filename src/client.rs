@@ -265,6 +265,8 @@ pub struct Client {
     /// Messages of push subscriptions received and not yet taken
     /// (`next_pushed`): set aside while replies are read.
     pushed: VecDeque<Pushed>,
+    /// The flags every PRODUCE carries (`set_produce_flags`).
+    produce_flags: u8,
 }
 
 impl Client {
@@ -295,6 +297,7 @@ impl Client {
             map_epoch: 0,
             body: Vec::new(),
             pushed: VecDeque::new(),
+            produce_flags: 0,
         };
         let req = Request::Hello { min_version: codec::VERSION_MIN, max_version, token };
         match c.call(&req)? {
@@ -360,7 +363,7 @@ impl Client {
             }
         }
         let batch = codec::Batch { count: payloads.len() as u32, bytes: &body, with_props };
-        let id = self.send(&Request::Produce { topic, batch });
+        let id = self.send(&Request::Produce { topic, flags: self.produce_flags, batch });
         self.body = body;
         id
     }
@@ -393,9 +396,21 @@ impl Client {
             }
         }
         let batch = codec::Batch { count: messages.len() as u32, bytes: &body, with_props: true };
-        let id = self.send(&Request::Produce { topic, batch });
+        let id = self.send(&Request::Produce { topic, flags: self.produce_flags, batch });
         self.body = body;
         Ok(id)
+    }
+
+    /// Sets the flags every PRODUCE from now on carries (version 3): with
+    /// `codec::PRODUCE_FLAG_WRITTEN`, a produce is acknowledged once the
+    /// broker has written it, before its `fdatasync` (docs/protocol.md,
+    /// "Durability per produce").
+    pub fn set_produce_flags(&mut self, flags: u8) -> Result<()> {
+        if flags != 0 {
+            self.require(codec::SINCE_PRODUCE_FLAGS)?;
+        }
+        self.produce_flags = flags;
+        Ok(())
     }
 
     /// Writes every queued request.

@@ -59,6 +59,14 @@ pub const MSG_FLAG_PROPS: u8 = 0x02;
 pub const MSG_FLAG_ORIGIN_GROUP: u8 = 0x04;
 /// Bit in NACK's flags: dead-letter the messages now instead of retrying.
 pub const NACK_FLAG_DEAD_LETTER: u8 = 0x01;
+/// The first protocol version whose PRODUCE has a flags byte (after the
+/// topic).
+pub const SINCE_PRODUCE_FLAGS: u16 = 3;
+/// Bit in PRODUCE's flags (version 3): acknowledge once the batch is
+/// written to the log, before the `fdatasync` that makes it durable.
+pub const PRODUCE_FLAG_WRITTEN: u8 = 0x01;
+/// Every PRODUCE flag this codec knows; another is MALFORMED.
+const PRODUCE_FLAGS_KNOWN: u8 = PRODUCE_FLAG_WRITTEN;
 
 /// Request opcodes.
 pub mod op {
@@ -404,6 +412,8 @@ pub enum Request<'a> {
     Ping,
     Produce {
         topic: &'a str,
+        /// `PRODUCE_FLAG_*` bits (version 3; 0 in earlier layouts).
+        flags: u8,
         batch: Batch<'a>,
     },
     Fetch {
@@ -528,7 +538,10 @@ impl Request<'_> {
             Request::Produce { batch, .. } => batch.messages().any(|(props, _)| !props.is_empty()),
             _ => false,
         };
-        let by_op = op::since(self.op()).unwrap_or(1);
+        let by_op = match *self {
+            Request::Produce { flags, .. } if flags != 0 => SINCE_PRODUCE_FLAGS,
+            _ => op::since(self.op()).unwrap_or(1),
+        };
         if v2 { by_op.max(2) } else { by_op }
     }
 }
@@ -720,7 +733,11 @@ fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits, version: u16) 
         op::PING => Request::Ping,
         op::PRODUCE => {
             let topic = topic(rd, limits, false)?;
-            Request::Produce { topic, batch: batch(rd, limits, version)? }
+            let flags = if version >= SINCE_PRODUCE_FLAGS { rd.u8().ok_or_else(short)? } else { 0 };
+            if flags & !PRODUCE_FLAGS_KNOWN != 0 {
+                return Err(malformed("unknown PRODUCE flag"));
+            }
+            Request::Produce { topic, flags, batch: batch(rd, limits, version)? }
         }
         op::FETCH => Request::Fetch {
             topic: topic(rd, limits, false)?,
@@ -949,9 +966,12 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>, ver
             put_str(out, token);
         }
         Request::Ping | Request::ListTopics => {}
-        Request::Produce { topic, batch } => {
+        Request::Produce { topic, flags, batch } => {
             assert_eq!(batch.with_props, v2, "a batch built for the other version's layout");
             put_str(out, topic.as_bytes());
+            if version >= SINCE_PRODUCE_FLAGS {
+                out.push(flags);
+            }
             put_u32(out, batch.count);
             out.extend_from_slice(batch.bytes);
         }

@@ -19,6 +19,8 @@
 //!    most 256 KiB), or a cleaned segment's restatement written and synced
 //!    on its own and the segment removed; then one `write` of every record
 //!    the turn appended (on a full disk, without the turn's produces);
+//!    the replies to produces that asked to be acknowledged once written
+//!    join the connections' output;
 //! 6. **flush early**, if the turn will `fdatasync`: the replies that need
 //!    only that write (acks, NACKs, TOUCHes, deliveries of messages made
 //!    durable in earlier turns, errors) leave now, so they do not wait for
@@ -1020,7 +1022,7 @@ pub trait TurnSteps {
     /// Step 4: the broker's timers (`Broker::advance`), then the
     /// connections' timeouts.
     fn advance(&mut self, now: Now);
-    /// Step 5: `Broker::write`.
+    /// Step 5: `Broker::write`, then `Broker::send_written`.
     fn write(&mut self, now: Now) -> Written;
     /// Steps 6 and 8: write each connection's output (only ever after the
     /// turn's `write`, which `written` proves).
@@ -1077,7 +1079,10 @@ impl TurnSteps for ReactorTurn<'_> {
         r.expire_connections(now);
     }
     fn write(&mut self, now: Now) -> Written {
-        self.reactor.broker.write(now)
+        let r = &mut *self.reactor;
+        let written = r.broker.write(now);
+        r.broker.send_written(&written, &mut Lent::new(&mut r.conns, &mut r.hot, &mut r.dirty, &r.loops, now));
+        written
     }
     fn flush(&mut self, now: Now, written: &Written) {
         self.reactor.flush(now, written);

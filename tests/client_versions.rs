@@ -186,12 +186,15 @@ fn produce_with_tags_and_headers_sends_its_properties() {
     encode_message(&mut bytes, &props, b"hello");
     encode_message(&mut bytes, &Props::EMPTY, b"world");
     let batch = Batch { count: 2, bytes: &bytes, with_props: true };
-    assert_sent(&rx, &Request::Produce { topic: "t", batch });
+    assert_sent(&rx, &Request::Produce { topic: "t", flags: 0, batch });
     // Plain payloads go out in version 2's layout too, without properties.
     c.produce("t", b"x").expect("produce");
     let mut bytes = Vec::new();
     encode_message(&mut bytes, &Props::EMPTY, b"x");
-    assert_sent(&rx, &Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &bytes, with_props: true } });
+    assert_sent(
+        &rx,
+        &Request::Produce { topic: "t", flags: 0, batch: Batch { count: 1, bytes: &bytes, with_props: true } },
+    );
 }
 
 #[test]

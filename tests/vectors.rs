@@ -108,7 +108,7 @@ fn more_frames() -> Vec<Vector> {
         frame(
             "produce-empty-payload-request",
             "PRODUCE a batch of one message with an empty payload: a message of 0 bytes is a message.",
-            request(17, Request::Produce { topic: jobs, batch: batch(&[b""]) }),
+            request(17, Request::Produce { flags: 0, topic: jobs, batch: batch(&[b""]) }),
         ),
         frame(
             "produce-empty-payload-reply",
@@ -235,7 +235,7 @@ fn refusals() -> Vec<Vector> {
         refused(
             "produce-empty-batch-request",
             "PRODUCE with no messages: BATCH_TOO_LARGE.",
-            encoded(30, Request::Produce { topic: jobs, batch: empty }),
+            encoded(30, Request::Produce { flags: 0, topic: jobs, batch: empty }),
             ErrorCode::BatchTooLarge,
         ),
         refused(
@@ -247,7 +247,7 @@ fn refusals() -> Vec<Vector> {
         refused(
             "produce-bad-topic-request",
             "PRODUCE of no messages to the topic \"no way\": BAD_TOPIC, because the topic comes before the count in the layout.",
-            encoded(32, Request::Produce { topic: "no way", batch: empty }),
+            encoded(32, Request::Produce { flags: 0, topic: "no way", batch: empty }),
             ErrorCode::BadTopic,
         ),
         refused(
@@ -658,7 +658,7 @@ fn request_body(r: &Request<'_>, version: u16) -> J {
     if let (true, Some(group)) = (version >= 2, request_group(r)) {
         fields.insert(1, ("group", text(group)));
     }
-    if let Request::Produce { topic: t, batch } = *r {
+    if let Request::Produce { topic: t, batch, .. } = *r {
         fields = vec![topic(t), ("count", num(batch.count)), ("messages", batch_json(&batch))];
     }
     J::Obj(fields)

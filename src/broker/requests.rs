@@ -94,7 +94,8 @@ impl Broker {
                 Outcome::Done
             });
         }
-        self.hold(conn, op, at.request_id, |b, held| match b.serve(session, req, at, held) {
+        let after_write = matches!(req, Request::Produce { flags, .. } if flags & codec::PRODUCE_FLAG_WRITTEN != 0);
+        self.hold(conn, (op, at.request_id), after_write, |b, held| match b.serve(session, req, at, held) {
             Ok(outcome) => {
                 assert_eq!(outcome, Outcome::Held, "a request that waits for the sync is held");
                 true
@@ -135,7 +136,7 @@ impl Broker {
             }
             Request::Stats { topic } => self.stats(topic, session.version, at, out),
             Request::ListTopics => self.list_topics(at, out),
-            Request::Produce { topic, batch } => self.produce(topic, batch, at, out),
+            Request::Produce { topic, batch, .. } => self.produce(topic, batch, at, out),
             Request::CreateTopic { topic, settings } => self.create_topic(topic, settings, rid, out),
             Request::DeleteTopic { topic } => self.delete_topic(topic, rid, out),
             Request::PurgeTopic { topic } => self.purge_topic(topic, rid, out),

@@ -119,6 +119,34 @@ mod tests {
     }
 
     #[test]
+    fn produce_flags_are_a_byte_after_the_topic_from_version_3() {
+        let mut body = Vec::new();
+        encode_batch(&mut body, &[b"x"]);
+        let v3 = |flags| {
+            let mut body = Vec::new();
+            encode_message(&mut body, &Props::EMPTY, b"x");
+            let mut out = Vec::new();
+            let batch = Batch { count: 1, bytes: &body, with_props: true };
+            encode_request(&mut out, 1, &Request::Produce { topic: "t", flags, batch }, SINCE_PRODUCE_FLAGS);
+            out
+        };
+        let written = v3(PRODUCE_FLAG_WRITTEN);
+        assert_eq!(written[12 + 3], PRODUCE_FLAG_WRITTEN, "after the topic string");
+        match decode_request(&written, &limits(), SINCE_PRODUCE_FLAGS) {
+            Ok(Decoded::Frame(f, _)) => assert!(matches!(f.request, Request::Produce { flags: 1, .. })),
+            other => panic!("{other:?}"),
+        }
+        let unknown = v3(0x80);
+        let e = decode_request(&unknown, &limits(), SINCE_PRODUCE_FLAGS).expect_err("refused");
+        assert_eq!(e.code, ErrorCode::Malformed);
+        let batch = Batch { count: 1, bytes: &body, with_props: false };
+        let plain = Request::Produce { topic: "t", flags: 0, batch };
+        assert_eq!(plain.version_needed(), 1, "no flags: version 1's layout can carry it");
+        let flagged = Request::Produce { topic: "t", flags: PRODUCE_FLAG_WRITTEN, batch };
+        assert_eq!(flagged.version_needed(), SINCE_PRODUCE_FLAGS);
+    }
+
+    #[test]
     fn a_push_body_with_bytes_left_over_is_malformed() {
         let mut bytes = Vec::new();
         encode_request(&mut bytes, 5, &Request::Unsubscribe { subscription: 1 }, SINCE_PUSH);

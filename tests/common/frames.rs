@@ -140,7 +140,7 @@ pub fn doc_frames() -> Vec<Named> {
         named(
             "produce-request",
             "PRODUCE a batch of two messages, hello and world, to the topic jobs.",
-            request(3, Request::Produce { topic: jobs, batch: batch(&[b"hello", b"world"]) }),
+            request(3, Request::Produce { flags: 0, topic: jobs, batch: batch(&[b"hello", b"world"]) }),
         ),
         named(
             "produce-reply",
@@ -300,7 +300,11 @@ pub fn doc_frames_v2() -> Vec<Named> {
             "PRODUCE (version 2) two messages to jobs: hello with the tag eu and the header trace = 7f, and world without properties.",
             request_v2(
                 2,
-                Request::Produce { topic: jobs, batch: batch_v2(&[(props, b"hello"), (Props::EMPTY, b"world")]) },
+                Request::Produce {
+                    flags: 0,
+                    topic: jobs,
+                    batch: batch_v2(&[(props, b"hello"), (Props::EMPTY, b"world")]),
+                },
             ),
         ),
         named(

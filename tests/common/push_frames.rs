@@ -1,6 +1,6 @@
-//! The frames of docs/protocol.md's push-subscription examples (protocol
-//! version 3), as codec values: tests/protocol_doc.rs holds the doc's hex
-//! dumps to them. Kept apart from `frames.rs` so that each capability's
+//! The frames of docs/protocol.md's examples of the low-latency path
+//! (protocol version 3: push subscriptions, durability per produce), as
+//! codec values: tests/protocol_doc.rs holds the doc's hex dumps to them. Kept apart from `frames.rs` so that each capability's
 //! examples are one list.
 
 use runnel::codec::*;
@@ -10,6 +10,13 @@ use super::frames::{Expect, Named, message, named, reply};
 /// The version of the examples' requests.
 fn request_v3(request_id: u32, request: Request<'static>) -> Expect {
     Expect::Request(Frame { request_id, request }, SINCE_PUSH)
+}
+
+/// One message, `hello`, without properties, in the version-2 layout.
+fn hello_batch() -> Batch<'static> {
+    let mut bytes = Vec::new();
+    encode_message(&mut bytes, &Props::EMPTY, b"hello");
+    Batch { count: 1, bytes: bytes.leak(), with_props: true }
 }
 
 /// Every push example docs/protocol.md must carry, in the order of the
@@ -52,6 +59,11 @@ pub fn doc_frames_push() -> Vec<Named> {
             "unsubscribe-reply",
             "The one message it held returns to billing.",
             reply(op::UNSUBSCRIBE, 22, Reply::Count(1)),
+        ),
+        named(
+            "produce-written-request",
+            "PRODUCE (version 3) hello to jobs, acknowledged once written (flags 0x01), before the fdatasync.",
+            request_v3(23, Request::Produce { topic: jobs, flags: PRODUCE_FLAG_WRITTEN, batch: hello_batch() }),
         ),
     ]
 }
