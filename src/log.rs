@@ -217,6 +217,11 @@ impl WrittenTurn {
     pub fn syncs(&self) -> bool {
         self.sync
     }
+    /// Whether the turn's withdrawable records (its client produces) were
+    /// dropped, not written, for want of space.
+    pub fn withdrawn(&self) -> bool {
+        self.withdrawn
+    }
 }
 
 /// What a commit did.

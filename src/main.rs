@@ -12,12 +12,13 @@
 // clippy with -D warnings, so a longer function fails the build.
 #![warn(clippy::too_many_lines)]
 
-use std::io::{self, BufRead, Write};
+use std::io::{self, BufRead, ErrorKind, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
-use runnel::client::{Client, Fetch, ProduceMessage};
+use runnel::client::{Client, Delivered, Fetch, ProduceMessage};
 use runnel::codec::group::{GroupSettings, Start};
 use runnel::codec::{self, TopicSettings};
 use runnel::config::{Args, ArgsError, DEFAULT_ADDR, Flag, Serve, flag, serve_flags, switch};
@@ -29,6 +30,9 @@ use runnel::sys;
 const PRODUCE_BATCH_DEFAULT: usize = 256;
 /// How long each FETCH of `runnel consume` waits for a message by default.
 const CONSUME_WAIT_MS_DEFAULT: u32 = 1000;
+/// The credit of `runnel consume --push` by default: the messages it holds
+/// unacknowledged, as one FETCH of it takes at most.
+const CONSUME_CREDIT_DEFAULT: u32 = 256;
 
 /// Exit status of a command line that is wrong (as `EX_USAGE` and most
 /// Unix tools): a script can tell a typo from a broker that said no (1).
@@ -105,6 +109,8 @@ fn sub(name: &str) -> Option<Sub> {
                 flag("--from", START_VALUES, "earliest", "where a group created now starts"),
                 flag("--tags", "EXPR", "*", "the group's tag filter: * | a || b | re:PATTERN"),
                 switch("--broadcast", "a broadcast group: every consumer gets every message"),
+                switch("--push", "subscribe: the broker pushes messages (protocol version 3)"),
+                flag("--credit", "N", CONSUME_CREDIT_DEFAULT, "most messages held unacknowledged (implies --push)"),
             ],
         ),
         "groups" => ("TOPIC", "list TOPIC's consumer groups and their state", vec![addr()]),
@@ -557,11 +563,17 @@ fn consume(raw: &[String], sub: &Sub) -> Result<(), Exit> {
     let group_name = a.take("--group").unwrap_or_default();
     let mut filter = String::new();
     let group = group_flags(&mut a, "--from", &mut filter)?;
+    let credit: Option<u32> = a.num("--credit")?;
+    let push = a.switch("--push") || credit.is_some();
     a.done()?;
     let topic = a.topic()?.to_string();
     let mut client = connect(&addr)?;
     if let Some((settings, start)) = group {
         client.create_group(&topic, &group_name, settings, start).map_err(|e| e.to_string())?;
+    }
+    if push {
+        let credit = credit.unwrap_or(CONSUME_CREDIT_DEFAULT);
+        return consume_pushed(&mut client, (&topic, &group_name), count, credit, wait_ms);
     }
     let mut got = 0u64;
     loop {
@@ -574,18 +586,56 @@ fn consume(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         if msgs.is_empty() {
             return Ok(());
         }
-        // Printed before they are acknowledged: a consume cut short (its
-        // stdout closed) acknowledges nothing it did not print.
-        let mut out = Vec::new();
-        for m in &msgs {
-            out.extend_from_slice(&m.payload);
-            out.push(b'\n');
-        }
-        emit(&out)?;
-        let ids: Vec<u64> = msgs.iter().map(|m| m.id).collect();
-        client.ack_group(&topic, &group_name, &ids).map_err(|e| e.to_string())?;
+        print_and_ack(&mut client, (&topic, &group_name), &msgs)?;
         got += msgs.len() as u64;
     }
+}
+
+/// Prints each message's payload on a line, then acknowledges them: a
+/// consume cut short (its stdout closed) acknowledges nothing it did not
+/// print.
+fn print_and_ack(client: &mut Client, (topic, group): (&str, &str), msgs: &[Delivered]) -> Result<(), Exit> {
+    let mut out = Vec::new();
+    for m in msgs {
+        out.extend_from_slice(&m.payload);
+        out.push(b'\n');
+    }
+    emit(&out)?;
+    let ids: Vec<u64> = msgs.iter().map(|m| m.id).collect();
+    client.ack_group(topic, group, &ids).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// `runnel consume --push`: subscribes with `credit` (at most `count`),
+/// then prints what is pushed, acknowledging each batch once printed, until
+/// `count` messages or a wait of `wait_ms` with none.
+fn consume_pushed(
+    client: &mut Client,
+    (topic, group): (&str, &str),
+    count: Option<u64>,
+    credit: u32,
+    wait_ms: u32,
+) -> Result<(), Exit> {
+    let credit = count.map_or(credit, |c| credit.min(u32::try_from(c).unwrap_or(u32::MAX)));
+    client.subscribe(topic, group, credit, 0).map_err(|e| e.to_string())?;
+    client.set_timeout(Some(Duration::from_millis(wait_ms.max(1).into()))).map_err(|e| e.to_string())?;
+    let mut got = 0u64;
+    while count.is_none_or(|c| got < c) {
+        let first = match client.next_pushed() {
+            Ok(p) => p,
+            Err(runnel::client::Error::Io(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Ok(());
+            }
+            Err(e) => return Err(e.to_string().into()),
+        };
+        let mut batch = vec![first.message];
+        while count.is_none_or(|c| got + (batch.len() as u64) < c) && client.pushed_waiting() > 0 {
+            batch.push(client.next_pushed().map_err(|e| e.to_string())?.message);
+        }
+        print_and_ack(client, (topic, group), &batch)?;
+        got += batch.len() as u64;
+    }
+    Ok(())
 }
 
 /// The columns `runnel groups` prints, after the group's name.

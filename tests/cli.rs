@@ -450,3 +450,18 @@ fn redrive_with_a_group_moves_its_dead_letters_back_to_it_alone() {
     assert_eq!(runnel_ok(&["redrive", "--addr", &addr, "t"], b""), "moved 1 message\n", "b's");
     assert_eq!(runnel_ok(&["purge", "--addr", &addr, "t"], b""), "purged 1 message\n");
 }
+
+/// `runnel consume --push`: a subscription prints what is pushed, acks
+/// it, and stops after `--count` or a wait with nothing; `--credit`
+/// implies `--push`.
+#[test]
+fn consume_push_prints_what_is_pushed() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    runnel_ok(&["produce", "--addr", &addr, "t"], b"one\ntwo\nthree\n");
+    let args = ["consume", "--addr", &addr, "--credit", "1", "--count", "2", "t"];
+    assert_eq!(runnel_ok(&args, b""), "one\ntwo\n");
+    let rest = ["consume", "--addr", &addr, "--push", "--wait-ms", "200", "t"];
+    assert_eq!(runnel_ok(&rest, b""), "three\n", "the first two were acked");
+    assert_eq!(runnel_ok(&rest, b""), "");
+}

@@ -108,7 +108,7 @@ fn more_frames() -> Vec<Vector> {
         frame(
             "produce-empty-payload-request",
             "PRODUCE a batch of one message with an empty payload: a message of 0 bytes is a message.",
-            request(17, Request::Produce { topic: jobs, batch: batch(&[b""]) }),
+            request(17, Request::Produce { flags: 0, topic: jobs, batch: batch(&[b""]) }),
         ),
         frame(
             "produce-empty-payload-reply",
@@ -235,7 +235,7 @@ fn refusals() -> Vec<Vector> {
         refused(
             "produce-empty-batch-request",
             "PRODUCE with no messages: BATCH_TOO_LARGE.",
-            encoded(30, Request::Produce { topic: jobs, batch: empty }),
+            encoded(30, Request::Produce { flags: 0, topic: jobs, batch: empty }),
             ErrorCode::BatchTooLarge,
         ),
         refused(
@@ -247,7 +247,7 @@ fn refusals() -> Vec<Vector> {
         refused(
             "produce-bad-topic-request",
             "PRODUCE of no messages to the topic \"no way\": BAD_TOPIC, because the topic comes before the count in the layout.",
-            encoded(32, Request::Produce { topic: "no way", batch: empty }),
+            encoded(32, Request::Produce { flags: 0, topic: "no way", batch: empty }),
             ErrorCode::BadTopic,
         ),
         refused(
@@ -623,6 +623,10 @@ fn op_name(op: u8) -> J {
         op::DELETE_GROUP => "DELETE_GROUP",
         op::LIST_GROUPS => "LIST_GROUPS",
         op::RESET_GROUP => "RESET_GROUP",
+        op::SUBSCRIBE => "SUBSCRIBE",
+        op::CREDIT => "CREDIT",
+        op::UNSUBSCRIBE => "UNSUBSCRIBE",
+        op::PUSH => "PUSH",
         _ => return J::Null,
     };
     text(name)
@@ -654,7 +658,7 @@ fn request_body(r: &Request<'_>, version: u16) -> J {
     if let (true, Some(group)) = (version >= 2, request_group(r)) {
         fields.insert(1, ("group", text(group)));
     }
-    if let Request::Produce { topic: t, batch } = *r {
+    if let Request::Produce { topic: t, batch, .. } = *r {
         fields = vec![topic(t), ("count", num(batch.count)), ("messages", batch_json(&batch))];
     }
     J::Obj(fields)
@@ -670,7 +674,8 @@ fn request_group<'a>(r: &Request<'a>) -> Option<&'a str> {
         | Request::Redrive { group, .. }
         | Request::CreateGroup { group, .. }
         | Request::DeleteGroup { group, .. }
-        | Request::ResetGroup { group, .. } => Some(group),
+        | Request::ResetGroup { group, .. }
+        | Request::Subscribe { group, .. } => Some(group),
         _ => None,
     }
 }
@@ -762,6 +767,13 @@ fn request_fields(r: &Request<'_>) -> Vec<(&'static str, J)> {
             fields.extend(start_json(start));
             fields
         }
+        Request::Subscribe { topic: t, credit, ack_timeout_ms, .. } => {
+            vec![topic(t), ("credit", num(credit)), ("ack_timeout_ms", num(ack_timeout_ms))]
+        }
+        Request::Credit { subscription, credit } => {
+            vec![("subscription", num(subscription)), ("credit", num(credit))]
+        }
+        Request::Unsubscribe { subscription } => vec![("subscription", num(subscription))],
     }
 }
 
@@ -844,7 +856,7 @@ fn reply_body(r: &Reply<'_>) -> J {
         }
         Reply::Pong => vec![],
         Reply::Produced { first_id, count } => vec![("first_id", num(*first_id)), ("count", num(*count))],
-        Reply::Messages { topic, messages } => vec![
+        Reply::Messages { topic, messages } | Reply::Pushed { topic, messages } => vec![
             ("topic", text(topic)),
             ("count", num(messages.len() as u64)),
             ("messages", J::Arr(messages.iter().map(message_json).collect())),
@@ -883,6 +895,8 @@ fn reply_body(r: &Reply<'_>) -> J {
             vec![("count", num(groups.len() as u64)), ("groups", J::Arr(groups.iter().map(group_json).collect()))]
         }
         Reply::Cursor(cursor) => vec![("cursor", num(*cursor))],
+        Reply::Subscribed { subscription } => vec![("subscription", num(*subscription))],
+        Reply::Credited { inflight } => vec![("inflight", num(*inflight))],
     })
 }
 

@@ -7,6 +7,7 @@
 //! becomes STORAGE. Every other reply goes to the connection's output at
 //! once (the reactor still writes none before the turn's `write`).
 
+use super::subscriptions::SubscribeArgs;
 use super::topics::{Entry, dead_letter_name, unknown, unknown_group};
 use super::waiters::Waiter;
 use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, stats};
@@ -48,6 +49,9 @@ impl Request<'_> {
             | Request::Stats { .. }
             | Request::ListTopics
             | Request::ListGroups { .. } => false,
+            // A subscription's replies promise nothing the log holds (as
+            // FETCH's); its pushes go out as deliveries do.
+            Request::Subscribe { .. } | Request::Credit { .. } | Request::Unsubscribe { .. } => false,
             // Group changes are log records the reply promises, as a
             // topic's are.
             Request::CreateGroup { .. } | Request::DeleteGroup { .. } | Request::ResetGroup { .. } => true,
@@ -91,7 +95,8 @@ impl Broker {
                 Outcome::Done
             });
         }
-        self.hold(conn, op, at.request_id, |b, held| match b.serve(session, req, at, held) {
+        let after_write = matches!(req, Request::Produce { flags, .. } if flags & codec::PRODUCE_FLAG_WRITTEN != 0);
+        self.hold(conn, (op, at.request_id), after_write, |b, held| match b.serve(session, req, at, held) {
             Ok(outcome) => {
                 assert_eq!(outcome, Outcome::Held, "a request that waits for the sync is held");
                 true
@@ -132,7 +137,7 @@ impl Broker {
             }
             Request::Stats { topic } => self.stats(topic, session.version, at, out),
             Request::ListTopics => self.list_topics(at, out),
-            Request::Produce { topic, batch } => self.produce(topic, batch, at, out),
+            Request::Produce { topic, batch, .. } => self.produce(topic, batch, at, out),
             Request::CreateTopic { topic, settings } => self.create_topic(topic, settings, rid, out),
             Request::DeleteTopic { topic } => self.delete_topic(topic, rid, out),
             Request::PurgeTopic { topic } => self.purge_topic(topic, rid, out),
@@ -160,6 +165,20 @@ impl Broker {
                     return Err(self.busy_refusal());
                 }
                 self.list_groups_op(topic, rid, at.now, out)?;
+                Ok(Outcome::Done)
+            }
+            // Version-3 ops: the codec refuses them in an earlier session.
+            Request::Subscribe { topic, group, credit, ack_timeout_ms } => {
+                let args = SubscribeArgs { topic, group, credit, ack_timeout_ms };
+                self.subscribe(at.conn, session, args, rid, out)?;
+                Ok(Outcome::Done)
+            }
+            Request::Credit { subscription, credit } => {
+                self.credit(at.conn, (subscription, credit), rid, out)?;
+                Ok(Outcome::Done)
+            }
+            Request::Unsubscribe { subscription } => {
+                self.unsubscribe(at.conn, session, subscription, rid, out)?;
                 Ok(Outcome::Done)
             }
         }
@@ -342,22 +361,6 @@ impl Broker {
     // -----------------------------------------------------------------------
     // Consumers.
     // -----------------------------------------------------------------------
-
-    /// Drops from `session.fetched` the groups (and topics) deleted since
-    /// the connection fetched from them, each time the list reaches a power
-    /// of two from 64 on. Topic and group ids are never reused, so a stale
-    /// entry names nothing; the live ones are at most `topics_max` x
-    /// `groups_per_topic_max` (a broadcast member is one of its topic's
-    /// groups), so the list stays under twice that however many topics
-    /// and groups come and go in a connection's life.
-    fn prune_fetched(&self, session: &mut Session) {
-        let n = session.fetched.len();
-        if n < 64 || !n.is_power_of_two() {
-            return;
-        }
-        session.fetched.retain(|&(tid, g)| self.topics.get(tid).is_some_and(|e| e.topic.group(g).is_some()));
-    }
-
     /// FETCH: delivers what is ready, or parks until something is (or the
     /// wait ends).
     fn fetch(
@@ -373,13 +376,7 @@ impl Broker {
         }
         let tid = self.topic_for(topic, self.config.auto_create)?;
         let group = self.group_of(tid, group, true, session.consumer)?;
-        if !session.fetched.contains(&(tid, group)) {
-            self.prune_fetched(session);
-            session.fetched.push((tid, group));
-            if let Some(e) = self.topics.get_mut(tid) {
-                e.topic.join(group);
-            }
-        }
+        self.join(session, tid, group);
         let w = args.waiter(at, session, tid, group, &self.config.limits);
         let full = self.buffers_full(at.loops.buffered_bytes);
         let timers_max = self.config.limits.timers_max;
@@ -420,6 +417,7 @@ impl Broker {
             let ids = &self.scratch.done_ids;
             RemoveRecord { topic: tid, group, reason: RemoveReason::Acked, ids }.append(&mut self.log);
             self.compactor.note_group(tid, group);
+            self.credit_freed(tid, group);
         }
         self.ids_reply(op::ACK, rid, out);
         Ok(Outcome::Done)
@@ -508,6 +506,9 @@ impl Broker {
             self.turn.mark_for_publish(e);
         }
         self.ids_reply(op::NACK, at.request_id, out);
+        if !self.scratch.done_ids.is_empty() {
+            self.credit_freed(tid, group);
+        }
         if !requeued.is_empty() && !group.is_member() {
             RequeueRecord { topic: tid, group, entries: &requeued }.append(&mut self.log);
             self.compactor.note_group(tid, group);
@@ -780,9 +781,23 @@ pub(super) fn deliver(
     let deadline = now.mono_ms + u64::from(timeout);
     let max_messages = w.max_messages.min(timer_room(timers_max, wheel));
     let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, w.version);
-    let mut timers = GroupTimers { wheel, topic: e.id, group: w.group };
     let take = Take { owner: w.consumer, max_messages, max_bytes: w.max_bytes, deadline_ms: deadline };
-    e.topic.fetch(w.group, take, &mut timers, |seq, d| {
+    write_taken(e, wheel, w.group, take, &mut writer, out);
+    writer.finish(out);
+}
+
+/// Takes what `take` says from group `group`'s ready messages into flight
+/// and appends each to `writer`'s frame (a FETCH reply or a pushed frame).
+pub(super) fn write_taken(
+    e: &mut Entry,
+    wheel: &mut Wheel<Timer>,
+    group: GroupId,
+    take: Take,
+    writer: &mut codec::MessagesWriter,
+    out: &mut Vec<u8>,
+) {
+    let mut timers = GroupTimers { wheel, topic: e.id, group };
+    e.topic.fetch(group, take, &mut timers, |seq, d| {
         if let Some(m) = seq.get(d.id) {
             let dead = seq.dead_info(d.id);
             let msg = Message {
@@ -797,7 +812,6 @@ pub(super) fn deliver(
             writer.push(out, &msg);
         }
     });
-    writer.finish(out);
 }
 
 /// Compares secrets in time independent of where they differ.

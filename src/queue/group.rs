@@ -240,6 +240,11 @@ impl Group {
     pub fn inflight(&self) -> u64 {
         self.inflight.len() as u64
     }
+    /// Messages in flight to consumer `owner` (what a push subscription's
+    /// credit counts).
+    pub fn held_by(&self, owner: ConsumerId) -> u32 {
+        self.owners.get(&owner).map_or(0, |o| o.live)
+    }
     pub fn delayed(&self) -> u64 {
         self.delayed.len() as u64
     }

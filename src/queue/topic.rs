@@ -472,6 +472,10 @@ impl Topic {
     pub fn delayed(&self, g: GroupId) -> u64 {
         self.group(g).map_or(0, Group::delayed)
     }
+    /// Messages of group `g` in flight to consumer `c`.
+    pub fn held_by(&self, g: GroupId, c: ConsumerId) -> u32 {
+        self.group(g).map_or(0, |x| x.held_by(c))
+    }
     /// Whether a FETCH for group `g` would find something now. Steps the
     /// group over messages its filter drops first (a bounded number).
     pub fn has_ready(&mut self, g: GroupId) -> bool {
