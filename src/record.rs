@@ -73,6 +73,13 @@ pub enum RecordKind {
     /// A consumer group's whole state: its cursor and what it still needs
     /// below it (RESET_GROUP, and compaction's restatement).
     GroupState = 9,
+    /// Scheduled messages were cancelled: they left the topic.
+    Cancel = 10,
+    /// Scheduled messages were moved to a new time.
+    Reschedule = 11,
+    /// Scheduled messages' time came: each became ready for every group
+    /// past it.
+    Due = 12,
 }
 
 impl RecordKind {
@@ -87,6 +94,9 @@ impl RecordKind {
             7 => RecordKind::Group,
             8 => RecordKind::GroupDelete,
             9 => RecordKind::GroupState,
+            10 => RecordKind::Cancel,
+            11 => RecordKind::Reschedule,
+            12 => RecordKind::Due,
             _ => return None,
         })
     }
@@ -99,6 +109,7 @@ impl RecordKind {
         match self {
             RecordKind::Delete | RecordKind::Purge => 1,
             RecordKind::Group | RecordKind::GroupDelete | RecordKind::GroupState => 1,
+            RecordKind::Cancel | RecordKind::Reschedule | RecordKind::Due => 1,
             // Version 2 names the consumer group; version 1 meant the
             // default group.
             RecordKind::Remove | RecordKind::Requeue => 2,
@@ -521,6 +532,55 @@ impl GroupStateRecord<'_> {
     }
 }
 
+/// A Cancel or Due record: scheduled messages of topic `topic` were
+/// cancelled (they left the topic), or their time came.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduledRecord<'a> {
+    pub topic: TopicId,
+    pub ids: &'a [MsgId],
+}
+
+impl ScheduledRecord<'_> {
+    /// Writes version 1 of `kind` (Cancel or Due): `topic_id u32, count
+    /// u32, count x id u64`.
+    pub fn append(&self, kind: RecordKind, log: &mut Log) {
+        assert!(matches!(kind, RecordKind::Cancel | RecordKind::Due), "{kind:?} is not a Cancel or Due record");
+        let at = log.begin(kind);
+        let b = log.body();
+        codec::put_u32(b, self.topic.0);
+        codec::put_u32(b, self.ids.len() as u32);
+        for id in self.ids {
+            codec::put_u64(b, *id);
+        }
+        log.end(at);
+    }
+}
+
+/// A Reschedule record: scheduled messages of topic `topic` are due at new
+/// times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RescheduleRecord<'a> {
+    pub topic: TopicId,
+    /// (id, due ms since the Unix epoch).
+    pub entries: &'a [(MsgId, u64)],
+}
+
+impl RescheduleRecord<'_> {
+    /// Writes version 1: `topic_id u32, count u32, count x (id u64,
+    /// deliver_at_ms u64)`.
+    pub fn append(&self, log: &mut Log) {
+        let at = log.begin(RecordKind::Reschedule);
+        let b = log.body();
+        codec::put_u32(b, self.topic.0);
+        codec::put_u32(b, self.entries.len() as u32);
+        for (id, due) in self.entries {
+            codec::put_u64(b, *id);
+            codec::put_u64(b, *due);
+        }
+        log.end(at);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The decoder: one, dispatching on (kind, version).
 // ---------------------------------------------------------------------------
@@ -537,6 +597,9 @@ pub enum Record<'a> {
     Group(GroupRecord<'a>),
     GroupDelete(GroupDeleteRecord),
     GroupState { topic: TopicId, group: GroupId, cursor: MsgId, entries: Requeues<'a> },
+    Cancel { topic: TopicId, ids: Ids<'a> },
+    Reschedule { topic: TopicId, entries: Reschedules<'a> },
+    Due { topic: TopicId, ids: Ids<'a> },
 }
 
 impl<'a> Record<'a> {
@@ -593,6 +656,9 @@ impl<'a> Record<'a> {
                 let group = rd.group(version)?;
                 Record::Requeue { topic, group, entries: Requeues(rd.list(10)?) }
             }
+            RecordKind::Cancel => Record::Cancel { topic, ids: Ids(rd.list(8)?) },
+            RecordKind::Reschedule => Record::Reschedule { topic, entries: Reschedules(rd.list(16)?) },
+            RecordKind::Due => Record::Due { topic, ids: Ids(rd.list(8)?) },
         };
         if !rd.done() {
             return Err("bytes left over after the record body".into());
@@ -649,6 +715,16 @@ pub struct Requeues<'a>(&'a [u8]);
 impl<'a> Requeues<'a> {
     pub fn iter(&self) -> impl Iterator<Item = (MsgId, u16)> + 'a {
         self.0.chunks_exact(10).map(|e| (LittleEndian::read_u64(e), LittleEndian::read_u16(&e[8..])))
+    }
+}
+
+/// The (id, due ms) entries of a Reschedule record.
+#[derive(Clone, Copy, Debug)]
+pub struct Reschedules<'a>(&'a [u8]);
+
+impl<'a> Reschedules<'a> {
+    pub fn iter(&self) -> impl Iterator<Item = (MsgId, u64)> + 'a {
+        self.0.chunks_exact(16).map(|e| (LittleEndian::read_u64(e), LittleEndian::read_u64(&e[8..])))
     }
 }
 

@@ -18,8 +18,10 @@ use runnel::codec::group::{GroupSettings, Start};
 use runnel::limits::Limits;
 use runnel::log::{FsyncMode, LogOptions};
 
-const COMMANDS: [&str; 11] =
-    ["serve", "produce", "consume", "stats", "topics", "create", "delete", "purge", "redrive", "groups", "group"];
+const COMMANDS: [&str; 12] = [
+    "serve", "produce", "consume", "stats", "topics", "create", "delete", "purge", "redrive", "groups", "group",
+    "cancel",
+];
 
 /// Exit status when stdout's reader went away (128 + SIGPIPE).
 const STDOUT_CLOSED: i32 = 141;
@@ -111,6 +113,8 @@ fn every_flag_a_client_help_lists_is_accepted() {
             let first = usage.lines().next().unwrap();
             if first.ends_with(" TOPIC") {
                 args.push("t".into());
+            } else if first.ends_with(" TOPIC ID") {
+                args.extend(["t".into(), "1".into()]);
             } else if first.ends_with(" TOPIC GROUP") {
                 args.extend(["create".into(), "t".into(), "g".into()]);
             }
@@ -464,4 +468,26 @@ fn consume_push_prints_what_is_pushed() {
     let rest = ["consume", "--addr", &addr, "--push", "--wait-ms", "200", "t"];
     assert_eq!(runnel_ok(&rest, b""), "three\n", "the first two were acked");
     assert_eq!(runnel_ok(&rest, b""), "");
+}
+
+/// `produce --delay-ms` and `--at` schedule every line; `cancel` removes a
+/// scheduled message and says when it was due, and a second one fails.
+#[test]
+fn produce_schedules_lines_and_cancel_removes_one() {
+    // Far enough ahead that the test never reaches it.
+    let (srv, _dir) = page_cache_broker(Limits { schedule_ahead_ms_max: 1 << 50, ..Limits::default() });
+    let addr = srv.addr.to_string();
+    runnel_ok(&["produce", "--addr", &addr, "--delay-ms", "3600000", "t"], b"later\n");
+    runnel_ok(&["produce", "--addr", &addr, "--at", "2100-01-01T00:00:00Z", "t"], b"much later\n");
+    let stats = runnel_ok(&["stats", "--addr", &addr, "--json", "t"], b"");
+    assert!(stats.contains("\"scheduled\":2"), "{stats}");
+    let consumed = runnel_ok(&["consume", "--addr", &addr, "--wait-ms", "0", "t"], b"");
+    assert_eq!(consumed, "", "nothing is due");
+    let out = runnel_ok(&["cancel", "--addr", &addr, "t", "2"], b"");
+    assert_eq!(out, "cancelled, it was due at 4102444800000\n");
+    let again = runnel(&["cancel", "--addr", &addr, "t", "2"]);
+    assert_eq!(again.status.code(), Some(1), "{}", text(&again.stderr));
+    assert!(text(&again.stderr).contains("NOT_SCHEDULED"), "{}", text(&again.stderr));
+    let both = runnel(&["produce", "--addr", &addr, "--delay-ms", "1", "--at", "@1", "t"]);
+    assert_eq!(both.status.code(), Some(2), "{}", text(&both.stderr));
 }

@@ -10,7 +10,9 @@
 use super::requests::{Refusal, room_for};
 use super::topics::{unknown, unknown_group};
 use super::{Broker, GroupId, TopicId};
-use crate::codec::props::{PROP_ENTRY_OVERHEAD_BYTES, PROP_ORIGIN_GROUP, PROP_REDRIVEN_TO, put_broker_entry};
+use crate::codec::props::{
+    PROP_ENTRY_OVERHEAD_BYTES, PROP_ORIGIN_GROUP, PROP_REDRIVEN_TO, put_broker_entry, without_schedule,
+};
 use crate::codec::{DeadInfo, Props};
 use crate::queue::{Body, MsgId, Stored};
 use crate::record::{MessageRecord, ProduceWriter, RemoveReason, RemoveRecord};
@@ -37,8 +39,11 @@ impl Broker {
             return;
         }
         let origin = src.topic.group(group).map_or("", |g| g.name());
-        let props_buf = with_entry(m.props, PROP_ORIGIN_GROUP, origin);
-        let props = props_buf.as_deref().map_or(m.props.public(), Props::trusted);
+        // Its time has come: the dead letter is not scheduled.
+        let untimed = m.props.schedule().map(|_| without_schedule(&m.props));
+        let base = untimed.as_deref().map_or(m.props, Props::trusted);
+        let props_buf = with_entry(base, PROP_ORIGIN_GROUP, origin);
+        let props = props_buf.as_deref().map_or(base.public(), Props::trusted);
         let new_id = dst.topic.append_moved(m.born_ms, Body { props, tag_set: None, payload: m.payload }, Some(info));
         let mut w = ProduceWriter::begin(&mut self.log, dlq);
         let (dead, payload) = (Some(info), m.payload);

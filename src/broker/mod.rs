@@ -50,6 +50,7 @@ use crate::wheel::{TimerKey, Wheel};
 mod dead_letter;
 mod groups;
 mod requests;
+mod schedule;
 mod stats;
 mod subscriptions;
 pub(crate) mod topics;
@@ -183,6 +184,8 @@ enum Timer {
     Msg { topic: TopicId, group: GroupId, id: MsgId },
     /// The end of a parked FETCH's wait.
     Wait { waiter: WaiterKey },
+    /// The earliest scheduled message of a topic is due.
+    Due { topic: TopicId },
 }
 
 /// One group's view of the wheel: the timers `queue::Group` arms name it.
@@ -248,6 +251,8 @@ pub struct Broker {
     scratch: Scratch,
     /// Topics releasing, in slices, what no group needs any more.
     sweeps: Sweeps,
+    /// The timer of each topic with scheduled messages.
+    due_timers: schedule::DueTimers,
     pub stats: BrokerStats,
     /// What recovery found at start.
     pub recovery: Recovery,
@@ -270,10 +275,19 @@ impl Broker {
     ) -> Result<Broker, OpenError> {
         let mut topics = Topics::default();
         let mut compactor = Compactor::default();
-        let mut replay = Replay::new(&mut topics, &mut compactor);
+        let mut replay = Replay::new(&mut topics, &mut compactor).at_wall_ms(now.wall_ms);
         let (log, recovery) = Log::open_with(dir, log_options, opener, |r| replay.apply(r))?;
-        replay.finish();
-        Ok(Broker::assemble(config, topics, compactor, log, recovery, now))
+        let fell_due = replay.finish();
+        let mut broker = Broker::assemble(config, topics, compactor, log, recovery, now);
+        // What came due while the broker was down is ready now; the first
+        // turn writes that, so that no later restart makes it ready again
+        // for a group that has acked it since.
+        for (topic, ids) in &fell_due {
+            crate::record::ScheduledRecord { topic: *topic, ids }
+                .append(crate::record::RecordKind::Due, &mut broker.log);
+        }
+        broker.arm_all_due(now);
+        Ok(broker)
     }
 
     /// A broker whose log keeps nothing (`runnel serve --memory-only`): it
@@ -306,6 +320,7 @@ impl Broker {
             failures: FailureLog::default(),
             scratch: Scratch::default(),
             sweeps: Sweeps::default(),
+            due_timers: schedule::DueTimers::default(),
             stats: BrokerStats { recovery_ms: recovery.millis, started_mono_ms: now.mono_ms, ..BrokerStats::default() },
             recovery,
         }

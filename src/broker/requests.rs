@@ -10,7 +10,7 @@
 use super::subscriptions::SubscribeArgs;
 use super::topics::{Entry, dead_letter_name, unknown, unknown_group};
 use super::waiters::Waiter;
-use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, stats};
+use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, schedule, stats};
 use crate::codec::group::Start;
 use crate::codec::props::PROP_ORIGIN_GROUP;
 use crate::codec::{self, Batch, DecodeError, ErrorCode, Frame, Ids, Message, Request, Skip, TopicSettings, op};
@@ -55,6 +55,8 @@ impl Request<'_> {
             // Group changes are log records the reply promises, as a
             // topic's are.
             Request::CreateGroup { .. } | Request::DeleteGroup { .. } | Request::ResetGroup { .. } => true,
+            // A cancelled or moved schedule is a promise, as a produce is.
+            Request::Cancel { .. } | Request::Reschedule { .. } => true,
         }
     }
 }
@@ -180,6 +182,14 @@ impl Broker {
             Request::Unsubscribe { subscription } => {
                 self.unsubscribe(at.conn, session, subscription, rid, out)?;
                 Ok(Outcome::Done)
+            }
+            Request::Cancel { topic, id } => {
+                self.cancel_op(topic, id, rid, out)?;
+                Ok(Outcome::Held)
+            }
+            Request::Reschedule { topic, id, when } => {
+                self.reschedule_op((topic, id), when, at.now, rid, out)?;
+                Ok(Outcome::Held)
             }
         }
     }
@@ -532,12 +542,21 @@ impl Broker {
         let t = &mut e.topic;
         let l = &self.config.limits;
         room_for(t, u64::from(batch.count), batch.payload_bytes(), l)?;
-        let tag_sets = intern_batch(&mut t.seq, &batch, l.tag_sets_per_topic_max)?;
+        self.check_schedules(&batch, at.now)?;
+        let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
+        let t = &mut e.topic;
+        let tag_sets = intern_batch(&mut t.seq, &batch, self.config.limits.tag_sets_per_topic_max)?;
         let first = t.seq.next_id();
         let mut w = ProduceWriter::begin(&mut self.log, tid);
+        let (mut buf, mut scheduled) = (Vec::new(), false);
         for (i, (props, payload)) in batch.messages().enumerate() {
             let tag_set = tag_sets.get(i).copied().flatten();
+            let (props, due) = schedule::stored_props(props, at.now.wall_ms, &mut buf);
             let (id, born_ms) = t.produce(at.now.wall_ms, Body { props, tag_set, payload });
+            if let Some(due) = due {
+                t.schedule(id, due);
+                scheduled = true;
+            }
             w.push(&mut self.log, &MessageRecord { id, born_ms, deliveries: 0, dead: None, props, payload });
             self.compactor.note_client_produce(tid, id);
         }
@@ -546,6 +565,9 @@ impl Broker {
         w.end_withdrawable(&mut self.log);
         self.turn.produced(tid, first, batch.count);
         self.turn.mark_for_publish(e);
+        if scheduled {
+            self.arm_due(tid, at.now);
+        }
         codec::encode_produce_reply(out, at.request_id, first, batch.count);
         Ok(Outcome::Held)
     }

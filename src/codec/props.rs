@@ -36,6 +36,16 @@ pub const PROP_ORIGIN_GROUP: u8 = 10;
 /// Broker entry: a message redriven to one group only (UTF-8 name, not
 /// empty): every other group's filter drops it.
 pub const PROP_REDRIVEN_TO: u8 = 11;
+/// Property type (version 3): deliver the message at this wall-clock time,
+/// a `u64` of ms since the Unix epoch on the broker's clock.
+pub const PROP_DELIVER_AT: u8 = 3;
+/// Property type (version 3): deliver the message this many ms (`u64`)
+/// after the broker receives it. The broker stores it as `PROP_DELIVER_AT`.
+pub const PROP_DELAY: u8 = 4;
+/// The protocol version that adds the time properties.
+const SINCE_SCHEDULE: u16 = 3;
+/// Bytes of a time property's value.
+pub const PROP_TIME_BYTES: usize = 8;
 /// Bytes of an entry's type and length fields.
 pub const PROP_ENTRY_OVERHEAD_BYTES: usize = 1 + 2;
 
@@ -75,7 +85,14 @@ fn malformed(message: &str) -> PropsError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prop<'a> {
     Tag(&'a str),
-    Header { key: &'a str, value: &'a [u8] },
+    Header {
+        key: &'a str,
+        value: &'a [u8],
+    },
+    /// Deliver at this wall-clock time, ms since the Unix epoch.
+    DeliverAt(u64),
+    /// Deliver this many ms after the broker receives it.
+    Delay(u64),
 }
 
 /// A validated properties blob (possibly empty).
@@ -87,7 +104,18 @@ pub struct Props<'a> {
 
 /// Whether version `version` of the protocol knows property type `kind`.
 pub fn prop_type_known(kind: u8, version: u16) -> bool {
-    version >= 2 && matches!(kind, PROP_TAG | PROP_HEADER)
+    match kind {
+        PROP_TAG | PROP_HEADER => version >= 2,
+        PROP_DELIVER_AT | PROP_DELAY => version >= SINCE_SCHEDULE,
+        _ => false,
+    }
+}
+
+/// Checks a time property's value: exactly a `u64`.
+fn time_value(value: &[u8]) -> Result<u64, PropsError> {
+    let bytes: [u8; PROP_TIME_BYTES] =
+        value.try_into().map_err(|_| malformed("a deliver_at_ms or delay_ms property is not 8 bytes"))?;
+    Ok(u64::from_le_bytes(bytes))
 }
 
 /// Whether `kind` is one of the broker's own entries.
@@ -148,7 +176,7 @@ impl<'a> Props<'a> {
                 limits.props_bytes_max
             )));
         }
-        let (mut at, mut tags) = (0, 0u32);
+        let (mut at, mut tags, mut times) = (0, 0u32, 0u32);
         while at < bytes.len() {
             let (kind, value, n) =
                 entry(&bytes[at..]).ok_or_else(|| malformed("a property runs past the properties"))?;
@@ -162,8 +190,14 @@ impl<'a> Props<'a> {
                     return Err(bad(format!("more than tags_per_message_max ({max}) tags on a message")));
                 }
                 check_tag(value, limits.tag_bytes_max).map_err(bad)?;
-            } else {
+            } else if kind == PROP_HEADER {
                 header(value)?;
+            } else {
+                time_value(value)?;
+                times += 1;
+                if times > 1 {
+                    return Err(bad("a message has more than one deliver_at_ms or delay_ms property".into()));
+                }
             }
             at += n;
         }
@@ -237,7 +271,7 @@ impl<'a> Props<'a> {
     pub fn tags(&self) -> impl Iterator<Item = &'a str> + 'a {
         self.iter().filter_map(|p| match p {
             Prop::Tag(t) => Some(t),
-            Prop::Header { .. } => None,
+            _ => None,
         })
     }
 
@@ -245,8 +279,37 @@ impl<'a> Props<'a> {
     pub fn headers(&self) -> impl Iterator<Item = (&'a str, &'a [u8])> + 'a {
         self.iter().filter_map(|p| match p {
             Prop::Header { key, value } => Some((key, value)),
-            Prop::Tag(_) => None,
+            _ => None,
         })
+    }
+
+    /// The delivery time or delay the message carries (at most one).
+    pub fn schedule(&self) -> Option<Prop<'a>> {
+        self.iter().find(|p| matches!(p, Prop::DeliverAt(_) | Prop::Delay(_)))
+    }
+
+    /// Where in the blob the value of the time property is, if there is one.
+    pub fn schedule_value_at(&self) -> Option<usize> {
+        let mut at = 0;
+        while let Some((kind, _, n)) = entry(&self.bytes[at..]) {
+            if matches!(kind, PROP_DELIVER_AT | PROP_DELAY) {
+                return Some(at + PROP_ENTRY_OVERHEAD_BYTES);
+            }
+            at += n;
+        }
+        None
+    }
+
+    /// Whether every entry is of a type protocol version `version` knows.
+    pub fn known_to(&self, version: u16) -> bool {
+        let mut at = 0;
+        while let Some((kind, _, n)) = entry(&self.bytes[at..]) {
+            if !prop_type_known(kind, version) {
+                return false;
+            }
+            at += n;
+        }
+        true
     }
 
     /// The value of the first header named `key`.
@@ -273,6 +336,8 @@ impl<'a> Iterator for PropsIter<'a> {
         self.rest = &self.rest[n..];
         Some(match kind {
             PROP_TAG => Prop::Tag(std::str::from_utf8(value).ok()?),
+            PROP_DELIVER_AT => Prop::DeliverAt(time_value(value).ok()?),
+            PROP_DELAY => Prop::Delay(time_value(value).ok()?),
             _ => {
                 let (key, value) = header(value).ok()?;
                 Prop::Header { key, value }
@@ -308,6 +373,61 @@ pub fn put_broker_entry(out: &mut Vec<u8>, kind: u8, name: &str) {
     out.push(kind);
     put_u16(out, name.len() as u16);
     out.extend_from_slice(name.as_bytes());
+}
+
+/// Appends a time property entry: `PROP_DELIVER_AT` or `PROP_DELAY`.
+pub fn put_time(out: &mut Vec<u8>, kind: u8, ms: u64) {
+    assert!(matches!(kind, PROP_DELIVER_AT | PROP_DELAY), "not a time property: {kind}");
+    out.push(kind);
+    put_u16(out, PROP_TIME_BYTES as u16);
+    out.extend_from_slice(&ms.to_le_bytes());
+}
+
+/// Appends the entries of `props` that protocol version `version` knows
+/// (a later version's time properties are left out for an earlier
+/// session), with their u16 length.
+pub fn put_props_for(out: &mut Vec<u8>, props: &Props<'_>, version: u16) {
+    if props.known_to(version) {
+        return put_props(out, props);
+    }
+    let len_at = out.len();
+    put_u16(out, 0);
+    let mut at = 0;
+    while let Some((kind, _, n)) = entry(&props.bytes[at..]) {
+        if prop_type_known(kind, version) {
+            out.extend_from_slice(&props.bytes[at..at + n]);
+        }
+        at += n;
+    }
+    let len = (out.len() - len_at - 2) as u16;
+    out[len_at..len_at + 2].copy_from_slice(&len.to_le_bytes());
+}
+
+/// Bytes of the entries of `props` that version `version` knows.
+pub fn props_len_for(props: &Props<'_>, version: u16) -> usize {
+    let mut at = 0;
+    let mut len = 0;
+    while let Some((kind, _, n)) = entry(&props.bytes[at..]) {
+        if prop_type_known(kind, version) {
+            len += n;
+        }
+        at += n;
+    }
+    len
+}
+
+/// `props` without its time property, as an owned blob (a moved message,
+/// or a copy of one whose time has come, carries none).
+pub fn without_schedule(props: &Props<'_>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(props.bytes.len());
+    let mut at = 0;
+    while let Some((kind, _, n)) = entry(&props.bytes[at..]) {
+        if !matches!(kind, PROP_DELIVER_AT | PROP_DELAY) {
+            out.extend_from_slice(&props.bytes[at..at + n]);
+        }
+        at += n;
+    }
+    out
 }
 
 /// Appends a blob with its u16 length: the properties field of a message,
@@ -366,6 +486,8 @@ mod tests {
         assert!(!prop_type_known(PROP_TAG, 1));
         assert!(prop_type_known(PROP_HEADER, 2));
         assert!(!prop_type_known(3, 2), "a later version's type is refused, not skipped");
+        assert!(prop_type_known(PROP_DELIVER_AT, 3) && prop_type_known(PROP_DELAY, 3));
+        assert!(!prop_type_known(5, 3));
         assert_eq!(refused(&[3, 0, 0], &LIMITS), ErrorCode::BadArgument);
     }
 
@@ -401,6 +523,28 @@ mod tests {
         assert!(Props::parse_stored(&[PROP_ORIGIN_GROUP, 0, 0], 2).is_err());
         assert!(Props::parse_stored(&[PROP_ORIGIN_GROUP, 1, 0, 0xff], 2).is_err());
         assert_eq!(Props::parse_stored(&bytes[..bytes.len() - 1], 2).expect_err("cut").code, ErrorCode::Malformed);
+    }
+
+    #[test]
+    fn time_properties_are_one_u64_and_left_out_for_earlier_versions() {
+        let mut bytes = blob(&["a"], &[]);
+        put_time(&mut bytes, PROP_DELAY, 1500);
+        let p = Props::parse(&bytes, 3, &LIMITS).expect("valid");
+        assert_eq!(p.schedule(), Some(Prop::Delay(1500)));
+        assert_eq!(p.tags().collect::<Vec<_>>(), ["a"]);
+        let at = p.schedule_value_at().expect("a time");
+        assert_eq!(&bytes[at..at + 8], &1500u64.to_le_bytes());
+        assert_eq!(Props::parse(&bytes, 2, &LIMITS).expect_err("v2").code, ErrorCode::BadArgument);
+        assert!(p.known_to(3) && !p.known_to(2));
+        let mut v2 = Vec::new();
+        put_props_for(&mut v2, &p, 2);
+        assert_eq!(v2[2..], blob(&["a"], &[])[..]);
+        assert_eq!(props_len_for(&p, 2) + 2, v2.len());
+        assert_eq!(without_schedule(&p), blob(&["a"], &[]));
+        let mut two = bytes.clone();
+        put_time(&mut two, PROP_DELIVER_AT, 7);
+        assert_eq!(Props::parse(&two, 3, &LIMITS).expect_err("two times").code, ErrorCode::BadArgument);
+        assert_eq!(Props::parse(&[PROP_DELAY, 1, 0, 0], 3, &LIMITS).expect_err("short").code, ErrorCode::Malformed);
     }
 
     #[test]

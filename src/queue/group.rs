@@ -33,6 +33,20 @@ use crate::wheel::TimerKey;
 /// about a millisecond of work.
 pub const FILTER_SKIPS_PER_CALL_MAX: u32 = 65_536;
 
+/// The first live, visible, unscheduled id at or after `from`, looking at
+/// no more than `FILTER_SKIPS_PER_CALL_MAX` scheduled ones.
+fn next_unscheduled(seq: &Seq, from: MsgId) -> Option<MsgId> {
+    let until = seq.visible_id();
+    let mut id = seq.next_live(from, until)?;
+    for _ in 0..FILTER_SKIPS_PER_CALL_MAX {
+        if !seq.scheduled(id) {
+            return Some(id);
+        }
+        id = seq.next_live(id + 1, until)?;
+    }
+    None
+}
+
 /// A group's settings (CREATE_GROUP; changed by a CREATE_GROUP naming an
 /// existing group).
 #[derive(Clone, Debug, Default)]
@@ -235,7 +249,8 @@ impl Group {
     /// retry. (Counted from the cursor, so it costs a walk of the blocks
     /// the group has not read: for STATS, not for every request.)
     pub fn ready(&self, seq: &Seq) -> u64 {
-        seq.live_in(self.cursor, seq.visible_id()) + self.retry_set.len() as u64
+        let scheduled = if seq.schedule().is_empty() { 0 } else { seq.schedule().count_from(self.cursor) };
+        seq.live_in(self.cursor, seq.visible_id()).saturating_sub(scheduled) + self.retry_set.len() as u64
     }
     pub fn inflight(&self) -> u64 {
         self.inflight.len() as u64
@@ -250,7 +265,7 @@ impl Group {
     }
     /// Whether a FETCH would find something now.
     pub fn has_ready(&self, seq: &Seq) -> bool {
-        !self.retry_set.is_empty() || seq.next_live(self.cursor, seq.visible_id()).is_some()
+        !self.retry_set.is_empty() || next_unscheduled(seq, self.cursor).is_some()
     }
 
     /// Moves up to `take.max_messages` ready messages (at least one if any,
@@ -311,6 +326,17 @@ impl Group {
         let mut skips = 0;
         loop {
             let id = seq.next_live(self.cursor, until)?;
+            // A scheduled message is stepped over: when its time comes,
+            // every group whose cursor passed it gets it back for retry
+            // (`Topic::fall_due`).
+            if seq.scheduled(id) {
+                if skips == FILTER_SKIPS_PER_CALL_MAX {
+                    return None;
+                }
+                skips += 1;
+                self.cursor = id + 1;
+                continue;
+            }
             if !self.decides(seq) || self.passes(seq, id) {
                 return Some(id);
             }

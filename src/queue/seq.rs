@@ -18,6 +18,7 @@
 
 use std::collections::VecDeque;
 
+use super::schedule::Schedule;
 use super::tags::{REDRIVEN_TO_PREFIX, TAG_SETS_MAX, TagSetId, Tags, TagsFull};
 use super::{IdMap, MsgId};
 use crate::codec::props::PROP_REDRIVEN_TO;
@@ -316,6 +317,9 @@ pub struct Seq {
     dead: IdMap<DeadInfo>,
     /// The tags and tag sets of the messages, interned.
     tags: Tags,
+    /// The messages whose delivery time is still to come (a per-message
+    /// property; empty in a topic without any).
+    schedule: Schedule,
 }
 
 impl Seq {
@@ -465,6 +469,56 @@ impl Seq {
         self.tags = tags;
     }
 
+    /// The scheduled messages.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// Whether message `id` is scheduled: stored, and delivered to no group
+    /// until its time.
+    #[inline]
+    pub fn scheduled(&self, id: MsgId) -> bool {
+        self.schedule.contains(id)
+    }
+
+    /// Schedules live message `id` at `due_ms` (or moves it there),
+    /// writing the time into its stored delivery-time property, so that
+    /// what is copied forward by compaction carries the time it has now.
+    pub fn schedule_at(&mut self, id: MsgId, due_ms: u64) {
+        if self.write_due(id, due_ms) {
+            self.schedule.insert(id, due_ms);
+        }
+    }
+
+    /// Writes `due_ms` into live message `id`'s delivery-time property
+    /// (recovery applies a Reschedule record with it). False if the
+    /// message is not live.
+    pub fn write_due(&mut self, id: MsgId, due_ms: u64) -> bool {
+        let Some(bi) = self.block_index(id) else { return false };
+        let b = &mut self.blocks[bi];
+        let i = (id - b.first_id) as usize;
+        if !b.is_live(i) {
+            return false;
+        }
+        let start = b.start_of(i);
+        let (props, _) = b.body(i);
+        if let Some(at) = props.schedule_value_at() {
+            let at = start + PROPS_LEN_BYTES + at;
+            b.bytes[at..at + 8].copy_from_slice(&due_ms.to_le_bytes());
+        }
+        true
+    }
+
+    /// Unschedules message `id` (its time came): returns when it was due.
+    pub fn unschedule(&mut self, id: MsgId) -> Option<u64> {
+        self.schedule.remove(id)
+    }
+
+    /// Takes the first scheduled message due at or before `now_ms`.
+    pub fn pop_due(&mut self, now_ms: u64) -> Option<(u64, MsgId)> {
+        self.schedule.pop_due(now_ms)
+    }
+
     /// Stores message `id`'s dead-letter origin (it is a dead letter).
     pub fn set_dead_info(&mut self, id: MsgId, info: DeadInfo) {
         assert!(self.contains(id), "dead-letter origin of message {id}, which is not stored");
@@ -540,6 +594,7 @@ impl Seq {
         if !self.dead.is_empty() {
             self.dead.remove(&id);
         }
+        self.schedule.remove(id);
         Some(len)
     }
 
