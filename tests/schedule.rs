@@ -141,8 +141,14 @@ impl Harness {
     }
 
     fn stat(&mut self, topic: &'static str, key: &str) -> u64 {
+        self.stat_of(topic, topic, key)
+    }
+
+    /// A key of STATS section `section` (a topic's, or `topic/group`).
+    fn stat_of(&mut self, topic: &'static str, section: &str, key: &str) -> u64 {
         let Reply::Stats(sections) = self.call(Request::Stats { topic }) else { panic!("stats") };
-        sections.iter().find(|s| s.0 == topic).and_then(|s| s.1.iter().find(|kv| kv.0 == key)).map(|kv| kv.1).unwrap()
+        let s = sections.iter().find(|s| s.0 == section).unwrap_or_else(|| panic!("no section {section}"));
+        s.1.iter().find(|kv| kv.0 == key).map(|kv| kv.1).unwrap_or_else(|| panic!("no key {key} in {section}"))
     }
 }
 
@@ -331,6 +337,7 @@ fn a_scheduled_message_waits_for_its_time_then_comes_to_every_group() {
     };
     assert_eq!(h.stat("t", "scheduled"), 1);
     assert_eq!(h.stat("t", "ready"), 1, "the plain message alone is ready");
+    assert_eq!(h.stat_of("t", "t/b", "lag"), 1, "and is the group's lag");
     assert_eq!(h.drain("t", ""), [(now_id, 1, None)], "the cursor steps over the scheduled one");
     h.tick(START_WALL_MS + 999);
     assert_eq!(h.drain("t", ""), [], "not before its time");

@@ -249,8 +249,14 @@ impl Group {
     /// retry. (Counted from the cursor, so it costs a walk of the blocks
     /// the group has not read: for STATS, not for every request.)
     pub fn ready(&self, seq: &Seq) -> u64 {
+        self.lag(seq) + self.retry_set.len() as u64
+    }
+    /// Messages not yet delivered: from the cursor on, visible, and not
+    /// scheduled (a walk of the blocks, and of the scheduled messages: for
+    /// STATS and LIST_GROUPS).
+    pub fn lag(&self, seq: &Seq) -> u64 {
         let scheduled = if seq.schedule().is_empty() { 0 } else { seq.schedule().count_from(self.cursor) };
-        seq.live_in(self.cursor, seq.visible_id()).saturating_sub(scheduled) + self.retry_set.len() as u64
+        seq.live_in(self.cursor, seq.visible_id()).saturating_sub(scheduled)
     }
     pub fn inflight(&self) -> u64 {
         self.inflight.len() as u64
