@@ -133,6 +133,23 @@ impl<'a> Replay<'a> {
         Replay { topics, notes, strays: HashMap::new(), groups: HashMap::new() }
     }
 
+    /// The messages an AckProduce record stored in its output topics, as a
+    /// Produce record's.
+    fn outputs(&mut self, segment: u64, outputs: crate::record::Outputs<'_>) -> Result<(), String> {
+        for output in outputs {
+            let (topic, messages) = output?;
+            if topic == TopicId::FLOOR {
+                return Err(format!("topic id {topic} names no topic; only a Delete record may carry it"));
+            }
+            for m in messages {
+                let m = m?;
+                self.notes.replayed_produce(segment, topic, m.id);
+                self.message(topic, &m);
+            }
+        }
+        Ok(())
+    }
+
     /// Decodes one record and applies it. An error (a body that does not
     /// match its layout, a record naming the floor's topic id) stops the
     /// start.
@@ -147,7 +164,8 @@ impl<'a> Replay<'a> {
             | Record::Requeue { topic, .. }
             | Record::Group(GroupRecord { topic, .. })
             | Record::GroupDelete(crate::record::GroupDeleteRecord { topic, .. })
-            | Record::GroupState { topic, .. } => Some(*topic),
+            | Record::GroupState { topic, .. }
+            | Record::AckProduce { topic, .. } => Some(*topic),
         };
         if let Some(topic) = topic
             && topic == TopicId::FLOOR
@@ -176,6 +194,13 @@ impl<'a> Replay<'a> {
                 for id in ids.iter() {
                     self.done_with(topic, group, id);
                 }
+            }
+            Record::AckProduce { topic, group, ids, outputs } => {
+                self.notes.replayed_group(r.segment, topic, group);
+                for id in ids.iter() {
+                    self.done_with(topic, group, id);
+                }
+                self.outputs(r.segment, outputs)?;
             }
             Record::Requeue { topic, group, entries } => {
                 self.notes.replayed_group(r.segment, topic, group);

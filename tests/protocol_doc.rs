@@ -253,6 +253,7 @@ fn opcode_and_reason_tables_match_the_codec() {
         (op::SUBSCRIBE, "SUBSCRIBE"),
         (op::CREDIT, "CREDIT"),
         (op::UNSUBSCRIBE, "UNSUBSCRIBE"),
+        (op::ACK_PRODUCE, "ACK_PRODUCE"),
     ];
     for (code, name) in ops {
         assert_row(&rows, heading, &format!("0x{code:02x}"), name);

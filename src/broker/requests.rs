@@ -54,6 +54,8 @@ impl Request<'_> {
             // Group changes are log records the reply promises, as a
             // topic's are.
             Request::CreateGroup { .. } | Request::DeleteGroup { .. } | Request::ResetGroup { .. } => true,
+            // It produces: its reply says the messages are stored.
+            Request::AckProduce { .. } => true,
         }
     }
 }
@@ -183,6 +185,10 @@ impl Broker {
             Request::Unsubscribe { subscription } => {
                 self.unsubscribe(at.conn, session, subscription, rid, out)?;
                 Ok(Outcome::Done)
+            }
+            Request::AckProduce { topic, group, ids, outputs } => {
+                self.ack_produce((topic, group, session.consumer), ids, outputs, (rid, at.now), out)?;
+                Ok(Outcome::Held)
             }
         }
     }
@@ -708,7 +714,7 @@ pub(super) fn room_for(t: &Topic, count: u64, bytes: u64, l: &crate::limits::Lim
 /// for each (`Seq::intern_tags`; empty for a batch without properties), or
 /// QUEUE_FULL, with none taken, if the sets it brings pass
 /// `tag_sets_per_topic_max`.
-fn intern_batch(seq: &mut Seq, batch: &Batch<'_>, max: u32) -> Result<Vec<Option<TagSetId>>, Refusal> {
+pub(super) fn intern_batch(seq: &mut Seq, batch: &Batch<'_>, max: u32) -> Result<Vec<Option<TagSetId>>, Refusal> {
     // A version-1 batch has no properties: not even a scan of it.
     if !batch.with_props || !batch.messages().any(|(props, _)| !props.is_empty()) {
         return Ok(Vec::new());
