@@ -173,6 +173,9 @@ pub fn encode_reply(f: &ReplyFrame<'_>) -> Vec<u8> {
         }
         Reply::Subscribed { subscription } => codec::encode_subscribed_reply(&mut out, rid, *subscription),
         Reply::Credited { inflight } => codec::encode_credit_reply(&mut out, rid, *inflight),
+        Reply::AckProduced { done, failed, outputs } => {
+            codec::ack_produce::encode_reply(&mut out, rid, *done, failed, outputs)
+        }
         Reply::Ids { done, failed } => codec::encode_ids_reply(&mut out, f.op, rid, *done, failed),
         Reply::Stats(sections) => {
             let mut w = codec::StatsWriter::begin(&mut out, rid);

@@ -233,6 +233,18 @@ pub enum OwnedReply {
     Credited(u32),
     /// CANCEL's and RESCHEDULE's time.
     Due(u64),
+    AckProduced(AckProduced),
+}
+
+/// What an ACK_PRODUCE did (version 3).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AckProduced {
+    /// How many ids were acked: all of them, or none.
+    pub done: u32,
+    /// The ids not in flight to this connection: then nothing was done.
+    pub failed: Vec<u64>,
+    /// Each output's first id and count, in the order given.
+    pub outputs: Vec<(u64, u32)>,
 }
 
 /// A message a push subscription delivered (version 3).
@@ -400,27 +412,63 @@ impl Client {
             let payloads: Vec<&[u8]> = messages.iter().map(|m| m.payload).collect();
             return Ok(self.send_produce(topic, &payloads));
         }
-        // The wire's own bound; the broker judges its limits.
-        let limits = PropsLimits { props_bytes_max: u32::from(u16::MAX), ..PropsLimits::ANY };
         let mut body = std::mem::take(&mut self.body);
         body.clear();
+        if let Err(e) = self.encode_messages(&mut body, messages) {
+            self.body = body;
+            return Err(e);
+        }
+        let batch = codec::Batch { count: messages.len() as u32, bytes: &body, with_props: true };
+        let id = self.send(&Request::Produce { topic, flags: self.produce_flags, batch });
+        self.body = body;
+        Ok(id)
+    }
+
+    /// Appends `messages` to `body` in version 2's layout, their properties
+    /// checked against the wire's bounds (the broker judges its limits).
+    fn encode_messages(&self, body: &mut Vec<u8>, messages: &[ProduceMessage<'_>]) -> Result<()> {
+        let limits = PropsLimits { props_bytes_max: u32::from(u16::MAX), ..PropsLimits::ANY };
         for (i, m) in messages.iter().enumerate() {
             let parsed = match &m.invalid {
                 Some(why) => Err(why.clone()),
                 None => Props::parse(&m.props, self.version, &limits).map_err(|e| e.message),
             };
             match parsed {
-                Ok(p) => codec::encode_message(&mut body, &p, m.payload),
-                Err(e) => {
-                    self.body = body;
-                    return Err(Error::Invalid(format!("message {i}: {e}")));
-                }
+                Ok(p) => codec::encode_message(body, &p, m.payload),
+                Err(e) => return Err(Error::Invalid(format!("message {i}: {e}"))),
             }
         }
-        let batch = codec::Batch { count: messages.len() as u32, bytes: &body, with_props: true };
-        let id = self.send(&Request::Produce { topic, flags: self.produce_flags, batch });
-        self.body = body;
-        Ok(id)
+        Ok(())
+    }
+
+    /// ACK_PRODUCE (version 3): acks `ids` of `group` of `topic` and
+    /// produces each output's messages to its topic, all of it or none.
+    /// If `failed` in the result is not empty, those ids were not in
+    /// flight to this connection and nothing was done.
+    pub fn ack_produce(
+        &mut self,
+        (topic, group): (&str, &str),
+        ids: &[u64],
+        outputs: &[(&str, &[ProduceMessage<'_>])],
+    ) -> Result<AckProduced> {
+        self.require(codec::SINCE_PUSH)?;
+        let mut out_bytes = Vec::new();
+        let mut messages = Vec::new();
+        for (name, batch) in outputs {
+            messages.clear();
+            self.encode_messages(&mut messages, batch)?;
+            let b = codec::Batch { count: batch.len() as u32, bytes: &messages, with_props: true };
+            codec::ack_produce::encode_output(&mut out_bytes, name, &b);
+        }
+        let ids_bytes = self.ids_body(ids);
+        let outputs = codec::ack_produce::Outputs { count: outputs.len() as u16, bytes: &out_bytes };
+        let req = Request::AckProduce { topic, group, ids: codec::Ids { bytes: &ids_bytes }, outputs };
+        let r = self.call(&req);
+        self.body = ids_bytes;
+        match r? {
+            OwnedReply::AckProduced(r) => Ok(r),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// Sets the flags every PRODUCE from now on carries (version 3): with
@@ -895,6 +943,7 @@ fn own(r: Reply<'_>) -> Result<OwnedReply> {
         Reply::Cursor(c) => OwnedReply::Cursor(c),
         Reply::Subscribed { subscription } => OwnedReply::Subscribed(subscription),
         Reply::Credited { inflight } => OwnedReply::Credited(inflight),
+        Reply::AckProduced { done, failed, outputs } => OwnedReply::AckProduced(AckProduced { done, failed, outputs }),
         // `read_frame` sets pushed frames aside before this.
         Reply::Pushed { topic, messages } => {
             OwnedReply::Messages { topic: topic.to_string(), messages: messages.iter().map(own_message).collect() }

@@ -29,6 +29,7 @@
 
 use byteorder::{ByteOrder, LittleEndian};
 
+pub mod ack_produce;
 pub mod group;
 pub mod props;
 pub mod push;
@@ -93,6 +94,7 @@ pub mod op {
     pub const SUBSCRIBE: u8 = 0x60;
     pub const CREDIT: u8 = 0x61;
     pub const UNSUBSCRIBE: u8 = 0x62;
+    pub const ACK_PRODUCE: u8 = 0x63;
     /// Not a request: the op of a pushed frame (sent as 0xEF, with the
     /// reply bit), which answers no request.
     pub const PUSH: u8 = 0x6F;
@@ -105,7 +107,7 @@ pub mod op {
             HELLO | PING | PRODUCE | FETCH | ACK | NACK | TOUCH | STATS => Some(1),
             CREATE_TOPIC | DELETE_TOPIC | PURGE_TOPIC | LIST_TOPICS | REDRIVE => Some(1),
             CREATE_GROUP | DELETE_GROUP | LIST_GROUPS | RESET_GROUP => Some(2),
-            SUBSCRIBE | CREDIT | UNSUBSCRIBE => Some(super::SINCE_PUSH),
+            SUBSCRIBE | CREDIT | UNSUBSCRIBE | ACK_PRODUCE => Some(super::SINCE_PUSH),
             CANCEL | RESCHEDULE => Some(super::V3),
             _ => None,
         }
@@ -519,6 +521,14 @@ pub enum Request<'a> {
         id: u64,
         when: schedule::When,
     },
+    /// Acks `ids` of `group` of `topic` and produces `outputs`, all of it
+    /// or none (version 3).
+    AckProduce {
+        topic: &'a str,
+        group: &'a str,
+        ids: Ids<'a>,
+        outputs: ack_produce::Outputs<'a>,
+    },
 }
 
 impl Request<'_> {
@@ -546,6 +556,7 @@ impl Request<'_> {
             Request::Unsubscribe { .. } => op::UNSUBSCRIBE,
             Request::Cancel { .. } => op::CANCEL,
             Request::Reschedule { .. } => op::RESCHEDULE,
+            Request::AckProduce { .. } => op::ACK_PRODUCE,
         }
     }
 
@@ -815,6 +826,7 @@ fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits, version: u16) 
         }
         op::SUBSCRIBE | op::CREDIT | op::UNSUBSCRIBE => push::parse_push_op(op, rd, limits)?,
         op::CANCEL | op::RESCHEDULE => schedule::parse_schedule_op(op, rd, limits)?,
+        op::ACK_PRODUCE => ack_produce::parse(rd, limits, version)?,
         other => return Err(BodyError(ErrorCode::UnknownOp, format!("unknown opcode 0x{other:02x}"))),
     };
     if !rd.done() {
@@ -1002,9 +1014,8 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>, ver
         Request::Produce { topic, flags, batch } => {
             assert_eq!(batch.with_props, v2, "a batch built for the other version's layout");
             put_str(out, topic.as_bytes());
-            if version >= SINCE_PRODUCE_FLAGS {
-                out.push(flags);
-            }
+            // Version 3 has a flags byte after the topic.
+            out.extend((version >= SINCE_PRODUCE_FLAGS).then_some(flags));
             put_u32(out, batch.count);
             out.extend_from_slice(batch.bytes);
         }
@@ -1045,9 +1056,10 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>, ver
         | Request::DeleteGroup { .. }
         | Request::ListGroups { .. }
         | Request::ResetGroup { .. } => group::encode_group_op(out, req),
-        Request::Subscribe { .. } | Request::Credit { .. } | Request::Unsubscribe { .. } => {
-            push::encode_push_op(out, req)
-        }
+        Request::Subscribe { .. }
+        | Request::Credit { .. }
+        | Request::Unsubscribe { .. }
+        | Request::AckProduce { .. } => push::encode_push_op(out, req),
         Request::Cancel { .. } | Request::Reschedule { .. } => schedule::encode_schedule_op(out, req),
     }
     end_frame(out, start);
@@ -1440,6 +1452,13 @@ pub enum Reply<'a> {
     Credited {
         inflight: u32,
     },
+    /// ACK_PRODUCE: the ids acked, those not in flight to the connection
+    /// (then nothing was done), and each output's first id and count.
+    AckProduced {
+        done: u32,
+        failed: Vec<u64>,
+        outputs: Vec<(u64, u32)>,
+    },
     /// ACK, NACK and TOUCH.
     Ids {
         done: u32,
@@ -1543,6 +1562,7 @@ fn parse_reply_body<'a>(op: u8, status: u8, rd: &mut Rd<'a>) -> Option<Reply<'a>
         }
         op::SUBSCRIBE => Reply::Subscribed { subscription: rd.u32()? },
         op::CREDIT => Reply::Credited { inflight: rd.u32()? },
+        op::ACK_PRODUCE => ack_produce::parse_reply(rd)?,
         op::ACK | op::NACK | op::TOUCH => {
             let done = rd.u32()?;
             let n = rd.u32()? as usize;

@@ -256,6 +256,7 @@ fn opcode_and_reason_tables_match_the_codec() {
         (op::UNSUBSCRIBE, "UNSUBSCRIBE"),
         (op::CANCEL, "CANCEL"),
         (op::RESCHEDULE, "RESCHEDULE"),
+        (op::ACK_PRODUCE, "ACK_PRODUCE"),
     ];
     for (code, name) in ops {
         assert_row(&rows, heading, &format!("0x{code:02x}"), name);

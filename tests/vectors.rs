@@ -671,6 +671,7 @@ fn op_name(op: u8) -> J {
         op::PUSH => "PUSH",
         op::CANCEL => "CANCEL",
         op::RESCHEDULE => "RESCHEDULE",
+        op::ACK_PRODUCE => "ACK_PRODUCE",
         _ => return J::Null,
     };
     text(name)
@@ -719,7 +720,8 @@ fn request_group<'a>(r: &Request<'a>) -> Option<&'a str> {
         | Request::CreateGroup { group, .. }
         | Request::DeleteGroup { group, .. }
         | Request::ResetGroup { group, .. }
-        | Request::Subscribe { group, .. } => Some(group),
+        | Request::Subscribe { group, .. }
+        | Request::AckProduce { group, .. } => Some(group),
         _ => None,
     }
 }
@@ -828,6 +830,18 @@ fn request_fields(r: &Request<'_>) -> Vec<(&'static str, J)> {
         Request::Reschedule { topic: t, id, when } => {
             let (kind, value) = when.to_wire();
             vec![topic(t), ("id", num(id)), ("kind", num(kind)), ("value", num(value))]
+        }
+        Request::AckProduce { topic: t, ids, outputs, .. } => {
+            let output = |(name, batch): (&str, Batch<'_>)| {
+                J::Obj(vec![("topic", text(name)), ("count", num(batch.count)), ("messages", batch_json(&batch))])
+            };
+            vec![
+                topic(t),
+                ("count", num(ids.len() as u64)),
+                ("ids", id_list(ids.iter())),
+                ("outputs_count", num(outputs.count)),
+                ("outputs", J::Arr(outputs.iter().map(output).collect())),
+            ]
         }
     }
 }
@@ -953,6 +967,16 @@ fn reply_body(r: &Reply<'_>) -> J {
         Reply::Subscribed { subscription } => vec![("subscription", num(*subscription))],
         Reply::Credited { inflight } => vec![("inflight", num(*inflight))],
         Reply::Due(at) => vec![("deliver_at_ms", num(*at))],
+        Reply::AckProduced { done, failed, outputs } => {
+            let output = |&(first, count): &(u64, u32)| J::Obj(vec![("first_id", num(first)), ("count", num(count))]);
+            vec![
+                ("done", num(*done)),
+                ("failed_count", num(failed.len() as u64)),
+                ("failed", id_list(failed.iter().copied())),
+                ("outputs_count", num(outputs.len() as u64)),
+                ("outputs", J::Arr(outputs.iter().map(output).collect())),
+            ]
+        }
     })
 }
 

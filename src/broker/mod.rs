@@ -47,6 +47,7 @@ use crate::queue::{ConsumerId, GroupId, MsgId, Settings, Timers};
 use crate::replay::Replay;
 use crate::wheel::{TimerKey, Wheel};
 
+mod ack_produce;
 mod dead_letter;
 mod groups;
 mod requests;

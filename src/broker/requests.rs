@@ -57,6 +57,8 @@ impl Request<'_> {
             Request::CreateGroup { .. } | Request::DeleteGroup { .. } | Request::ResetGroup { .. } => true,
             // A cancelled or moved schedule is a promise, as a produce is.
             Request::Cancel { .. } | Request::Reschedule { .. } => true,
+            // It produces: its reply says the messages are stored.
+            Request::AckProduce { .. } => true,
         }
     }
 }
@@ -183,14 +185,13 @@ impl Broker {
                 self.unsubscribe(at.conn, session, subscription, rid, out)?;
                 Ok(Outcome::Done)
             }
-            Request::Cancel { topic, id } => {
-                self.cancel_op(topic, id, rid, out)?;
-                Ok(Outcome::Held)
-            }
+            Request::Cancel { topic, id } => self.cancel_op(topic, id, rid, out).map(|()| Outcome::Held),
             Request::Reschedule { topic, id, when } => {
-                self.reschedule_op((topic, id), when, at.now, rid, out)?;
-                Ok(Outcome::Held)
+                self.reschedule_op((topic, id), when, at.now, rid, out).map(|()| Outcome::Held)
             }
+            Request::AckProduce { topic, group, ids, outputs } => self
+                .ack_produce((topic, group, session.consumer), ids, outputs, (rid, at.now), out)
+                .map(|()| Outcome::Held),
         }
     }
 
@@ -726,7 +727,7 @@ pub(super) fn room_for(t: &Topic, count: u64, bytes: u64, l: &crate::limits::Lim
 /// for each (`Seq::intern_tags`; empty for a batch without properties), or
 /// QUEUE_FULL, with none taken, if the sets it brings pass
 /// `tag_sets_per_topic_max`.
-fn intern_batch(seq: &mut Seq, batch: &Batch<'_>, max: u32) -> Result<Vec<Option<TagSetId>>, Refusal> {
+pub(super) fn intern_batch(seq: &mut Seq, batch: &Batch<'_>, max: u32) -> Result<Vec<Option<TagSetId>>, Refusal> {
     // A version-1 batch has no properties: not even a scan of it.
     if !batch.with_props || !batch.messages().any(|(props, _)| !props.is_empty()) {
         return Ok(Vec::new());

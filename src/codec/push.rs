@@ -36,7 +36,7 @@ pub(super) fn parse_push_op<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits) 
     })
 }
 
-/// Appends the body of a push op.
+/// Appends the body of a version-3 op (ACK_PRODUCE's is `ack_produce.rs`'s).
 pub(super) fn encode_push_op(out: &mut Vec<u8>, req: &Request<'_>) {
     match *req {
         Request::Subscribe { topic, group, credit, ack_timeout_ms } => {
@@ -50,6 +50,9 @@ pub(super) fn encode_push_op(out: &mut Vec<u8>, req: &Request<'_>) {
             put_u32(out, credit);
         }
         Request::Unsubscribe { subscription } => put_u32(out, subscription),
+        Request::AckProduce { topic, group, ids, outputs } => {
+            super::ack_produce::encode(out, topic, group, ids, outputs)
+        }
         _ => unreachable!("not a push op: {req:?}"),
     }
 }

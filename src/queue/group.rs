@@ -261,6 +261,11 @@ impl Group {
     pub fn inflight(&self) -> u64 {
         self.inflight.len() as u64
     }
+    /// Whether message `id` is in flight to consumer `owner`.
+    pub fn holds(&self, id: MsgId, owner: ConsumerId) -> bool {
+        self.inflight.get(&id).is_some_and(|f| f.owner == owner)
+    }
+
     /// Messages in flight to consumer `owner` (what a push subscription's
     /// credit counts).
     pub fn held_by(&self, owner: ConsumerId) -> u32 {

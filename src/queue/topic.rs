@@ -544,6 +544,11 @@ impl Topic {
     pub fn delayed(&self, g: GroupId) -> u64 {
         self.group(g).map_or(0, Group::delayed)
     }
+    /// Whether message `id` of group `g` is in flight to consumer `c`.
+    pub fn holds(&self, g: GroupId, id: MsgId, c: ConsumerId) -> bool {
+        self.group(g).is_some_and(|x| x.holds(id, c))
+    }
+
     /// Messages of group `g` in flight to consumer `c`.
     pub fn held_by(&self, g: GroupId, c: ConsumerId) -> u32 {
         self.group(g).map_or(0, |x| x.held_by(c))

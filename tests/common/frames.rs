@@ -467,6 +467,9 @@ pub fn encode_reply(out: &mut Vec<u8>, frame: &ReplyFrame<'_>) {
         }
         Reply::Subscribed { subscription } => encode_subscribed_reply(out, id, *subscription),
         Reply::Credited { inflight } => encode_credit_reply(out, id, *inflight),
+        Reply::AckProduced { done, failed, outputs } => {
+            runnel::codec::ack_produce::encode_reply(out, id, *done, failed, outputs)
+        }
         Reply::Ids { done, failed } => encode_ids_reply(out, op, id, *done, failed),
         Reply::Stats(sections) => {
             let mut w = StatsWriter::begin(out, id);

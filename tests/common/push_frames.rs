@@ -12,6 +12,16 @@ fn request_v3(request_id: u32, request: Request<'static>) -> Expect {
     Expect::Request(Frame { request_id, request }, SINCE_PUSH)
 }
 
+/// ACK_PRODUCE of the doc's example.
+fn ack_produce() -> Request<'static> {
+    let mut outputs = Vec::new();
+    ack_produce::encode_output(&mut outputs, "mail", &hello_batch());
+    let outputs = ack_produce::Outputs { count: 1, bytes: outputs.leak() };
+    let mut ids = Vec::new();
+    encode_ids(&mut ids, &[2]);
+    Request::AckProduce { topic: "jobs", group: "billing", ids: Ids { bytes: ids.leak() }, outputs }
+}
+
 /// One message, `hello`, without properties, in the version-2 layout.
 fn hello_batch() -> Batch<'static> {
     let mut bytes = Vec::new();
@@ -59,6 +69,21 @@ pub fn doc_frames_push() -> Vec<Named> {
             "unsubscribe-reply",
             "The one message it held returns to billing.",
             reply(op::UNSUBSCRIBE, 22, Reply::Count(1)),
+        ),
+        named(
+            "ack-produce-request",
+            "ACK_PRODUCE: ack message 2 of jobs for billing and produce hello to mail, all of it or none.",
+            request_v3(24, ack_produce()),
+        ),
+        named(
+            "ack-produce-reply",
+            "Message 2 is acked; hello is message 7 of mail.",
+            reply(op::ACK_PRODUCE, 24, Reply::AckProduced { done: 1, failed: vec![], outputs: vec![(7, 1)] }),
+        ),
+        named(
+            "ack-produce-failed-reply",
+            "Message 2 was no longer in flight to this connection: nothing was done.",
+            reply(op::ACK_PRODUCE, 24, Reply::AckProduced { done: 0, failed: vec![2], outputs: vec![] }),
         ),
         named(
             "produce-written-request",
