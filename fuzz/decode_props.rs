@@ -158,14 +158,23 @@ pub fn encode_reply(f: &ReplyFrame<'_>) -> Vec<u8> {
         }
         Reply::Pong => codec::encode_empty_reply(&mut out, f.op, rid),
         Reply::Produced { first_id, count } => codec::encode_produce_reply(&mut out, rid, *first_id, *count),
-        Reply::Messages { topic, messages } => {
+        Reply::Messages { topic, messages } | Reply::Pushed { topic, messages } => {
             // Replies need no version: the highest writes whatever a
             // message carries, and only that.
-            let mut w = codec::MessagesWriter::begin(&mut out, rid, topic, codec::CODEC_VERSION_MAX);
+            let mut w = if f.op == codec::op::PUSH {
+                codec::MessagesWriter::begin_pushed(&mut out, rid, topic, codec::CODEC_VERSION_MAX)
+            } else {
+                codec::MessagesWriter::begin(&mut out, rid, topic, codec::CODEC_VERSION_MAX)
+            };
             for m in messages {
                 w.push(&mut out, m);
             }
             w.finish(&mut out);
+        }
+        Reply::Subscribed { subscription } => codec::encode_subscribed_reply(&mut out, rid, *subscription),
+        Reply::Credited { inflight } => codec::encode_credit_reply(&mut out, rid, *inflight),
+        Reply::AckProduced { done, failed, outputs } => {
+            codec::ack_produce::encode_reply(&mut out, rid, *done, failed, outputs)
         }
         Reply::Ids { done, failed } => codec::encode_ids_reply(&mut out, f.op, rid, *done, failed),
         Reply::Stats(sections) => {

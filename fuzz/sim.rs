@@ -548,7 +548,11 @@ impl Sim {
         let bytes = self.session(&[
             Request::DeleteTopic { topic: CHECK_TOPIC },
             Request::CreateTopic { topic: CHECK_TOPIC, settings: TopicSettings::default() },
-            Request::Produce { topic: CHECK_TOPIC, batch: Batch { count: 1, bytes: &batch, with_props: false } },
+            Request::Produce {
+                flags: 0,
+                topic: CHECK_TOPIC,
+                batch: Batch { count: 1, bytes: &batch, with_props: false },
+            },
             Request::Fetch {
                 topic: CHECK_TOPIC,
                 group: "",
@@ -586,8 +590,11 @@ impl Sim {
         let payloads = [[b'c'; 64]; 3];
         let mut batch = Vec::new();
         codec::encode_batch(&mut batch, &payloads);
-        let produce =
-            Request::Produce { topic: CHURN_TOPIC, batch: Batch { count: 3, bytes: &batch, with_props: false } };
+        let produce = Request::Produce {
+            flags: 0,
+            topic: CHURN_TOPIC,
+            batch: Batch { count: 3, bytes: &batch, with_props: false },
+        };
         let purge = Request::PurgeTopic { topic: CHURN_TOPIC };
         // The stream may have produced to (or deleted) this topic too: it
         // starts afresh, so the checks see only what churn does.
@@ -656,7 +663,9 @@ impl TurnSteps for Sim {
         self.broker.advance(now, &mut self.conns);
     }
     fn write(&mut self, now: Now) -> Written {
-        self.broker.write(now)
+        let written = self.broker.write(now);
+        self.broker.send_written(&written, &mut self.conns);
+        written
     }
     fn flush(&mut self, _now: Now, _written: &Written) {
         for c in &mut self.conns.0 {

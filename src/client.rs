@@ -227,8 +227,33 @@ pub enum OwnedReply {
     },
     Groups(Vec<GroupEntry>),
     Cursor(u64),
+    /// SUBSCRIBE: the subscription's id.
+    Subscribed(u32),
+    /// CREDIT: the group's messages in flight to this connection.
+    Credited(u32),
     /// CANCEL's and RESCHEDULE's time.
     Due(u64),
+    AckProduced(AckProduced),
+}
+
+/// What an ACK_PRODUCE did (version 3).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AckProduced {
+    /// How many ids were acked: all of them, or none.
+    pub done: u32,
+    /// The ids not in flight to this connection: then nothing was done.
+    pub failed: Vec<u64>,
+    /// Each output's first id and count, in the order given.
+    pub outputs: Vec<(u64, u32)>,
+}
+
+/// A message a push subscription delivered (version 3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pushed {
+    /// The subscription's id, as SUBSCRIBE returned it.
+    pub subscription: u32,
+    pub topic: String,
+    pub message: Delivered,
 }
 
 /// FETCH parameters.
@@ -271,6 +296,11 @@ pub struct Client {
     pub map_epoch: u64,
     /// Scratch for batch and id bodies.
     body: Vec<u8>,
+    /// Messages of push subscriptions received and not yet taken
+    /// (`next_pushed`): set aside while replies are read.
+    pushed: VecDeque<Pushed>,
+    /// The flags every PRODUCE carries (`set_produce_flags`).
+    produce_flags: u8,
 }
 
 impl Client {
@@ -300,6 +330,8 @@ impl Client {
             version: 0,
             map_epoch: 0,
             body: Vec::new(),
+            pushed: VecDeque::new(),
+            produce_flags: 0,
         };
         let req = Request::Hello { min_version: codec::VERSION_MIN, max_version, token };
         match c.call(&req)? {
@@ -365,7 +397,7 @@ impl Client {
             }
         }
         let batch = codec::Batch { count: payloads.len() as u32, bytes: &body, with_props };
-        let id = self.send(&Request::Produce { topic, batch });
+        let id = self.send(&Request::Produce { topic, flags: self.produce_flags, batch });
         self.body = body;
         id
     }
@@ -380,27 +412,75 @@ impl Client {
             let payloads: Vec<&[u8]> = messages.iter().map(|m| m.payload).collect();
             return Ok(self.send_produce(topic, &payloads));
         }
-        // The wire's own bound; the broker judges its limits.
-        let limits = PropsLimits { props_bytes_max: u32::from(u16::MAX), ..PropsLimits::ANY };
         let mut body = std::mem::take(&mut self.body);
         body.clear();
+        if let Err(e) = self.encode_messages(&mut body, messages) {
+            self.body = body;
+            return Err(e);
+        }
+        let batch = codec::Batch { count: messages.len() as u32, bytes: &body, with_props: true };
+        let id = self.send(&Request::Produce { topic, flags: self.produce_flags, batch });
+        self.body = body;
+        Ok(id)
+    }
+
+    /// Appends `messages` to `body` in version 2's layout, their properties
+    /// checked against the wire's bounds (the broker judges its limits).
+    fn encode_messages(&self, body: &mut Vec<u8>, messages: &[ProduceMessage<'_>]) -> Result<()> {
+        let limits = PropsLimits { props_bytes_max: u32::from(u16::MAX), ..PropsLimits::ANY };
         for (i, m) in messages.iter().enumerate() {
             let parsed = match &m.invalid {
                 Some(why) => Err(why.clone()),
                 None => Props::parse(&m.props, self.version, &limits).map_err(|e| e.message),
             };
             match parsed {
-                Ok(p) => codec::encode_message(&mut body, &p, m.payload),
-                Err(e) => {
-                    self.body = body;
-                    return Err(Error::Invalid(format!("message {i}: {e}")));
-                }
+                Ok(p) => codec::encode_message(body, &p, m.payload),
+                Err(e) => return Err(Error::Invalid(format!("message {i}: {e}"))),
             }
         }
-        let batch = codec::Batch { count: messages.len() as u32, bytes: &body, with_props: true };
-        let id = self.send(&Request::Produce { topic, batch });
-        self.body = body;
-        Ok(id)
+        Ok(())
+    }
+
+    /// ACK_PRODUCE (version 3): acks `ids` of `group` of `topic` and
+    /// produces each output's messages to its topic, all of it or none.
+    /// If `failed` in the result is not empty, those ids were not in
+    /// flight to this connection and nothing was done.
+    pub fn ack_produce(
+        &mut self,
+        (topic, group): (&str, &str),
+        ids: &[u64],
+        outputs: &[(&str, &[ProduceMessage<'_>])],
+    ) -> Result<AckProduced> {
+        self.require(codec::SINCE_PUSH)?;
+        let mut out_bytes = Vec::new();
+        let mut messages = Vec::new();
+        for (name, batch) in outputs {
+            messages.clear();
+            self.encode_messages(&mut messages, batch)?;
+            let b = codec::Batch { count: batch.len() as u32, bytes: &messages, with_props: true };
+            codec::ack_produce::encode_output(&mut out_bytes, name, &b);
+        }
+        let ids_bytes = self.ids_body(ids);
+        let outputs = codec::ack_produce::Outputs { count: outputs.len() as u16, bytes: &out_bytes };
+        let req = Request::AckProduce { topic, group, ids: codec::Ids { bytes: &ids_bytes }, outputs };
+        let r = self.call(&req);
+        self.body = ids_bytes;
+        match r? {
+            OwnedReply::AckProduced(r) => Ok(r),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Sets the flags every PRODUCE from now on carries (version 3): with
+    /// `codec::PRODUCE_FLAG_WRITTEN`, a produce is acknowledged once the
+    /// broker has written it, before its `fdatasync` (docs/protocol.md,
+    /// "Durability per produce").
+    pub fn set_produce_flags(&mut self, flags: u8) -> Result<()> {
+        if flags != 0 {
+            self.require(codec::SINCE_PRODUCE_FLAGS)?;
+        }
+        self.produce_flags = flags;
+        Ok(())
     }
 
     /// Writes every queued request.
@@ -418,35 +498,65 @@ impl Client {
     }
 
     /// Waits for the next reply. A broker error comes back as `Err`.
+    /// Pushed frames that arrive first are set aside for `next_pushed`.
     pub fn recv(&mut self) -> Result<OwnedReply> {
         self.flush()?;
         loop {
+            let Some((op, request_id, reply)) = self.read_frame()? else { continue };
+            // Connection-level errors (op 0) answer no request.
+            if op == 0 {
+                return reply;
+            }
+            let expected = self.waiting.pop_front();
+            if expected != Some(request_id) {
+                return Err(Error::Protocol(format!("reply for request {request_id} while waiting for {expected:?}")));
+            }
+            return reply;
+        }
+    }
+
+    /// Waits for the next message of a push subscription (version 3): one
+    /// set aside while replies were read, or the next pushed frame's. No
+    /// reply may be awaited (read those with `recv` first).
+    pub fn next_pushed(&mut self) -> Result<Pushed> {
+        self.no_pipelined_replies()?;
+        self.flush()?;
+        loop {
+            if let Some(p) = self.pushed.pop_front() {
+                return Ok(p);
+            }
+            if let Some((_, _, reply)) = self.read_frame()? {
+                return Err(unexpected(&reply?));
+            }
+        }
+    }
+
+    /// Messages of push subscriptions received and not yet taken.
+    pub fn pushed_waiting(&self) -> usize {
+        self.pushed.len()
+    }
+
+    /// Reads the next frame: a pushed frame's messages are set aside (and
+    /// None returned); a reply is returned with its op and request id.
+    fn read_frame(&mut self) -> Result<Option<(u8, u32, Result<OwnedReply>)>> {
+        loop {
             match codec::decode_reply(&self.rbuf[self.rpos..], usize::MAX) {
                 Ok(Decoded::Frame(frame, n)) => {
-                    let expected = self.waiting.pop_front();
                     let (op, request_id) = (frame.op, frame.request_id);
-                    let reply = own(frame.reply);
-                    self.rpos += n;
-                    if self.rpos == self.rbuf.len() {
-                        self.rbuf.clear();
-                        self.rpos = 0;
-                    } else if self.rpos > self.rbuf.len() / 2 {
-                        self.rbuf.drain(..self.rpos);
-                        self.rpos = 0;
-                    }
-                    // Connection-level errors (op 0) answer no request.
-                    if op == 0 {
-                        if let Some(e) = expected {
-                            self.waiting.push_front(e);
+                    let reply = match frame.reply {
+                        Reply::Pushed { topic, messages } => {
+                            let topic = topic.to_string();
+                            self.pushed.extend(messages.iter().map(|m| Pushed {
+                                subscription: request_id,
+                                topic: topic.clone(),
+                                message: own_message(m),
+                            }));
+                            None
                         }
-                        return reply;
-                    }
-                    if expected != Some(request_id) {
-                        return Err(Error::Protocol(format!(
-                            "reply for request {request_id} while waiting for {expected:?}"
-                        )));
-                    }
-                    return reply;
+                        other => Some((op, request_id, own(other))),
+                    };
+                    self.consumed(n);
+                    return Ok(reply);
                 }
                 Ok(Decoded::NeedMore) => {}
                 Err(e) => return Err(Error::Protocol(e)),
@@ -464,6 +574,19 @@ impl Client {
                 return Err(Error::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "broker closed the connection")));
             }
             self.rbuf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// `n` bytes of the read buffer were decoded: drops them once they are
+    /// all of it or half of it.
+    fn consumed(&mut self, n: usize) {
+        self.rpos += n;
+        if self.rpos == self.rbuf.len() {
+            self.rbuf.clear();
+            self.rpos = 0;
+        } else if self.rpos > self.rbuf.len() / 2 {
+            self.rbuf.drain(..self.rpos);
+            self.rpos = 0;
         }
     }
 
@@ -677,11 +800,32 @@ impl Client {
         }
     }
 
+    /// SUBSCRIBE to `group` of `topic` (version 3) with `credit`, the most
+    /// messages it may hold unacknowledged, and an ack timeout (0: the
+    /// group's); returns the subscription's id. Its messages come through
+    /// `next_pushed` (or `subscription`); ACK or NACK each as usual, for
+    /// the same group.
+    pub fn subscribe(&mut self, topic: &str, group: &str, credit: u32, ack_timeout_ms: u32) -> Result<u32> {
+        match self.call(&Request::Subscribe { topic, group, credit, ack_timeout_ms })? {
+            OwnedReply::Subscribed(id) => Ok(id),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Cancels scheduled message `id`: it leaves the topic. Returns the
     /// time it was due. Version 3.
     pub fn cancel(&mut self, topic: &str, id: u64) -> Result<u64> {
         match self.call(&Request::Cancel { topic, id })? {
             OwnedReply::Due(at) => Ok(at),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Sets a subscription's credit (0 pauses it); returns how many of its
+    /// group's messages this connection holds.
+    pub fn credit(&mut self, subscription: u32, credit: u32) -> Result<u32> {
+        match self.call(&Request::Credit { subscription, credit })? {
+            OwnedReply::Credited(n) => Ok(n),
             other => Err(unexpected(&other)),
         }
     }
@@ -693,6 +837,30 @@ impl Client {
             OwnedReply::Due(at) => Ok(at),
             other => Err(unexpected(&other)),
         }
+    }
+
+    /// Ends a subscription; what this connection held of its group returns
+    /// to ready. Returns how many messages that was. Messages pushed before
+    /// the reply may still be waiting in `next_pushed`.
+    pub fn unsubscribe(&mut self, subscription: u32) -> Result<u64> {
+        match self.call(&Request::Unsubscribe { subscription })? {
+            OwnedReply::Count(n) => Ok(n),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The pushed messages as an iterator that waits for each
+    /// (`next_pushed`); it ends at the first error, which it yields.
+    pub fn subscription(&mut self) -> impl Iterator<Item = Result<Pushed>> + '_ {
+        let mut failed = false;
+        std::iter::from_fn(move || {
+            if failed {
+                return None;
+            }
+            let next = self.next_pushed();
+            failed = next.is_err();
+            Some(next)
+        })
     }
 
     /// Writes raw bytes (tests of malformed input).
@@ -773,6 +941,13 @@ fn own(r: Reply<'_>) -> Result<OwnedReply> {
         Reply::GroupCreated { created, cursor } => OwnedReply::GroupCreated { created, cursor },
         Reply::Groups(g) => OwnedReply::Groups(g.iter().map(own_group).collect()),
         Reply::Cursor(c) => OwnedReply::Cursor(c),
+        Reply::Subscribed { subscription } => OwnedReply::Subscribed(subscription),
+        Reply::Credited { inflight } => OwnedReply::Credited(inflight),
+        Reply::AckProduced { done, failed, outputs } => OwnedReply::AckProduced(AckProduced { done, failed, outputs }),
+        // `read_frame` sets pushed frames aside before this.
+        Reply::Pushed { topic, messages } => {
+            OwnedReply::Messages { topic: topic.to_string(), messages: messages.iter().map(own_message).collect() }
+        }
         Reply::Due(at) => OwnedReply::Due(at),
         Reply::Error { code, message } => return Err(Error::Broker { code, message: message.to_string() }),
     })

@@ -25,12 +25,14 @@
 //! Replies need no version: a later version's reply fields are announced by
 //! flag bits (a delivered message) or follow the version's fields (HELLO).
 //! Version 2 adds consumer groups (`group.rs`) and message properties
-//! (`props.rs`).
+//! (`props.rs`); version 3 push subscriptions (`push.rs`).
 
 use byteorder::{ByteOrder, LittleEndian};
 
+pub mod ack_produce;
 pub mod group;
 pub mod props;
+pub mod push;
 pub mod schedule;
 
 pub use group::{
@@ -38,6 +40,7 @@ pub use group::{
     encode_groups_reply,
 };
 pub use props::{Props, PropsLimits};
+pub use push::{SINCE_PUSH, encode_credit_reply, encode_subscribed_reply};
 
 /// The protocol versions the broker negotiates.
 pub const VERSION_MIN: u16 = 1;
@@ -60,6 +63,14 @@ pub const MSG_FLAG_PROPS: u8 = 0x02;
 pub const MSG_FLAG_ORIGIN_GROUP: u8 = 0x04;
 /// Bit in NACK's flags: dead-letter the messages now instead of retrying.
 pub const NACK_FLAG_DEAD_LETTER: u8 = 0x01;
+/// The first protocol version whose PRODUCE has a flags byte (after the
+/// topic).
+pub const SINCE_PRODUCE_FLAGS: u16 = 3;
+/// Bit in PRODUCE's flags (version 3): acknowledge once the batch is
+/// written to the log, before the `fdatasync` that makes it durable.
+pub const PRODUCE_FLAG_WRITTEN: u8 = 0x01;
+/// Every PRODUCE flag this codec knows; another is MALFORMED.
+const PRODUCE_FLAGS_KNOWN: u8 = PRODUCE_FLAG_WRITTEN;
 
 /// Request opcodes.
 pub mod op {
@@ -80,6 +91,13 @@ pub mod op {
     pub const DELETE_GROUP: u8 = 0x41;
     pub const LIST_GROUPS: u8 = 0x42;
     pub const RESET_GROUP: u8 = 0x43;
+    pub const SUBSCRIBE: u8 = 0x60;
+    pub const CREDIT: u8 = 0x61;
+    pub const UNSUBSCRIBE: u8 = 0x62;
+    pub const ACK_PRODUCE: u8 = 0x63;
+    /// Not a request: the op of a pushed frame (sent as 0xEF, with the
+    /// reply bit), which answers no request.
+    pub const PUSH: u8 = 0x6F;
     pub const CANCEL: u8 = 0x50;
     pub const RESCHEDULE: u8 = 0x51;
 
@@ -89,6 +107,7 @@ pub mod op {
             HELLO | PING | PRODUCE | FETCH | ACK | NACK | TOUCH | STATS => Some(1),
             CREATE_TOPIC | DELETE_TOPIC | PURGE_TOPIC | LIST_TOPICS | REDRIVE => Some(1),
             CREATE_GROUP | DELETE_GROUP | LIST_GROUPS | RESET_GROUP => Some(2),
+            SUBSCRIBE | CREDIT | UNSUBSCRIBE | ACK_PRODUCE => Some(super::SINCE_PUSH),
             CANCEL | RESCHEDULE => Some(super::V3),
             _ => None,
         }
@@ -407,6 +426,8 @@ pub enum Request<'a> {
     Ping,
     Produce {
         topic: &'a str,
+        /// `PRODUCE_FLAG_*` bits (version 3; 0 in earlier layouts).
+        flags: u8,
         batch: Batch<'a>,
     },
     Fetch {
@@ -474,6 +495,22 @@ pub enum Request<'a> {
         group: &'a str,
         start: Start,
     },
+    /// Version 3 and later: a push subscription to a group, with the
+    /// most messages it may hold unacknowledged (`credit`).
+    Subscribe {
+        topic: &'a str,
+        group: &'a str,
+        credit: u32,
+        ack_timeout_ms: u32,
+    },
+    /// Sets a subscription's credit.
+    Credit {
+        subscription: u32,
+        credit: u32,
+    },
+    Unsubscribe {
+        subscription: u32,
+    },
     /// Version 3 and later.
     Cancel {
         topic: &'a str,
@@ -483,6 +520,14 @@ pub enum Request<'a> {
         topic: &'a str,
         id: u64,
         when: schedule::When,
+    },
+    /// Acks `ids` of `group` of `topic` and produces `outputs`, all of it
+    /// or none (version 3).
+    AckProduce {
+        topic: &'a str,
+        group: &'a str,
+        ids: Ids<'a>,
+        outputs: ack_produce::Outputs<'a>,
     },
 }
 
@@ -506,14 +551,18 @@ impl Request<'_> {
             Request::DeleteGroup { .. } => op::DELETE_GROUP,
             Request::ListGroups { .. } => op::LIST_GROUPS,
             Request::ResetGroup { .. } => op::RESET_GROUP,
+            Request::Subscribe { .. } => op::SUBSCRIBE,
+            Request::Credit { .. } => op::CREDIT,
+            Request::Unsubscribe { .. } => op::UNSUBSCRIBE,
             Request::Cancel { .. } => op::CANCEL,
             Request::Reschedule { .. } => op::RESCHEDULE,
+            Request::AckProduce { .. } => op::ACK_PRODUCE,
         }
     }
 
-    /// The lowest version whose layout can carry this request: 2 for a
-    /// group op, a group other than the default one, or a message with
-    /// properties.
+    /// The lowest version whose layout can carry this request: its op's
+    /// (`op::since`); 2 for a group other than the default one, or a
+    /// message with properties.
     pub fn version_needed(&self) -> u16 {
         let v3 = match *self {
             Request::Produce { batch, .. } => batch.messages().any(|(p, _)| !p.known_to(2) && p.known_to(V3)),
@@ -529,9 +578,13 @@ impl Request<'_> {
             | Request::Touch { group, .. }
             | Request::Redrive { group, .. } => !group.is_empty(),
             Request::Produce { batch, .. } => batch.messages().any(|(props, _)| !props.is_empty()),
-            other => op::since(other.op()) == Some(2),
+            _ => false,
         };
-        if v2 { 2 } else { 1 }
+        let by_op = match *self {
+            Request::Produce { flags, .. } if flags != 0 => SINCE_PRODUCE_FLAGS,
+            _ => op::since(self.op()).unwrap_or(1),
+        };
+        if v2 { by_op.max(2) } else { by_op }
     }
 }
 
@@ -722,7 +775,11 @@ fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits, version: u16) 
         op::PING => Request::Ping,
         op::PRODUCE => {
             let topic = topic(rd, limits, false)?;
-            Request::Produce { topic, batch: batch(rd, limits, version)? }
+            let flags = if version >= SINCE_PRODUCE_FLAGS { rd.u8().ok_or_else(short)? } else { 0 };
+            if flags & !PRODUCE_FLAGS_KNOWN != 0 {
+                return Err(malformed("unknown PRODUCE flag"));
+            }
+            Request::Produce { topic, flags, batch: batch(rd, limits, version)? }
         }
         op::FETCH => Request::Fetch {
             topic: topic(rd, limits, false)?,
@@ -767,7 +824,9 @@ fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits, version: u16) 
         op::CREATE_GROUP | op::DELETE_GROUP | op::LIST_GROUPS | op::RESET_GROUP => {
             group::parse_group_op(op, rd, limits)?
         }
+        op::SUBSCRIBE | op::CREDIT | op::UNSUBSCRIBE => push::parse_push_op(op, rd, limits)?,
         op::CANCEL | op::RESCHEDULE => schedule::parse_schedule_op(op, rd, limits)?,
+        op::ACK_PRODUCE => ack_produce::parse(rd, limits, version)?,
         other => return Err(BodyError(ErrorCode::UnknownOp, format!("unknown opcode 0x{other:02x}"))),
     };
     if !rd.done() {
@@ -952,9 +1011,11 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>, ver
             put_str(out, token);
         }
         Request::Ping | Request::ListTopics => {}
-        Request::Produce { topic, batch } => {
+        Request::Produce { topic, flags, batch } => {
             assert_eq!(batch.with_props, v2, "a batch built for the other version's layout");
             put_str(out, topic.as_bytes());
+            // Version 3 has a flags byte after the topic.
+            out.extend((version >= SINCE_PRODUCE_FLAGS).then_some(flags));
             put_u32(out, batch.count);
             out.extend_from_slice(batch.bytes);
         }
@@ -966,21 +1027,18 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>, ver
         }
         Request::Ack { topic, group, ids } => {
             topic_group(out, topic, group);
-            put_u32(out, ids.len() as u32);
-            out.extend_from_slice(ids.bytes);
+            put_id_list(out, ids);
         }
         Request::Nack { topic, group, delay_ms, flags, ids } => {
             topic_group(out, topic, group);
             put_u32(out, delay_ms);
             out.push(flags);
-            put_u32(out, ids.len() as u32);
-            out.extend_from_slice(ids.bytes);
+            put_id_list(out, ids);
         }
         Request::Touch { topic, group, ack_timeout_ms, ids } => {
             topic_group(out, topic, group);
             put_u32(out, ack_timeout_ms);
-            put_u32(out, ids.len() as u32);
-            out.extend_from_slice(ids.bytes);
+            put_id_list(out, ids);
         }
         Request::Stats { topic } | Request::DeleteTopic { topic } | Request::PurgeTopic { topic } => {
             put_str(out, topic.as_bytes())
@@ -998,9 +1056,19 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>, ver
         | Request::DeleteGroup { .. }
         | Request::ListGroups { .. }
         | Request::ResetGroup { .. } => group::encode_group_op(out, req),
+        Request::Subscribe { .. }
+        | Request::Credit { .. }
+        | Request::Unsubscribe { .. }
+        | Request::AckProduce { .. } => push::encode_push_op(out, req),
         Request::Cancel { .. } | Request::Reschedule { .. } => schedule::encode_schedule_op(out, req),
     }
     end_frame(out, start);
+}
+
+/// Appends an id list: its count, then the ids.
+fn put_id_list(out: &mut Vec<u8>, ids: Ids<'_>) {
+    put_u32(out, ids.len() as u32);
+    out.extend_from_slice(ids.bytes);
 }
 
 /// Appends payloads as a PRODUCE batch body (for `Batch::bytes`).
@@ -1110,7 +1178,8 @@ pub fn encode_ids_reply(out: &mut Vec<u8>, op: u8, request_id: u32, done: u32, f
 }
 
 /// Appends a reply whose body is one u64 (DELETE_TOPIC, PURGE_TOPIC,
-/// REDRIVE, DELETE_GROUP, RESET_GROUP) or one u8 (CREATE_TOPIC).
+/// REDRIVE, DELETE_GROUP, RESET_GROUP, UNSUBSCRIBE) or one u8
+/// (CREATE_TOPIC).
 pub fn encode_u64_reply(out: &mut Vec<u8>, op: u8, request_id: u32, value: u64) {
     let start = begin_frame(out, op | REPLY_BIT, 0, request_id);
     if op == op::CREATE_TOPIC {
@@ -1195,7 +1264,15 @@ pub struct MessagesWriter {
 impl MessagesWriter {
     /// Starts the reply to a FETCH of a session speaking `version`.
     pub fn begin(out: &mut Vec<u8>, request_id: u32, topic: &str, version: u16) -> MessagesWriter {
-        let start = begin_frame(out, op::FETCH | REPLY_BIT, 0, request_id);
+        MessagesWriter::begin_op(out, op::FETCH, request_id, topic, version)
+    }
+    /// Starts a pushed frame of subscription `subscription` (version 3):
+    /// a FETCH reply's body under the op PUSH.
+    pub fn begin_pushed(out: &mut Vec<u8>, subscription: u32, topic: &str, version: u16) -> MessagesWriter {
+        MessagesWriter::begin_op(out, op::PUSH, subscription, topic, version)
+    }
+    fn begin_op(out: &mut Vec<u8>, op: u8, request_id: u32, topic: &str, version: u16) -> MessagesWriter {
+        let start = begin_frame(out, op | REPLY_BIT, 0, request_id);
         put_str(out, topic.as_bytes());
         let count_at = out.len();
         put_u32(out, 0);
@@ -1361,6 +1438,27 @@ pub enum Reply<'a> {
         topic: &'a str,
         messages: Vec<Message<'a>>,
     },
+    /// A pushed frame (version 3): a subscription's messages; the frame's
+    /// request id is the subscription's id. It answers no request.
+    Pushed {
+        topic: &'a str,
+        messages: Vec<Message<'a>>,
+    },
+    /// SUBSCRIBE: the subscription's id.
+    Subscribed {
+        subscription: u32,
+    },
+    /// CREDIT: the group's messages in flight to the connection.
+    Credited {
+        inflight: u32,
+    },
+    /// ACK_PRODUCE: the ids acked, those not in flight to the connection
+    /// (then nothing was done), and each output's first id and count.
+    AckProduced {
+        done: u32,
+        failed: Vec<u64>,
+        outputs: Vec<(u64, u32)>,
+    },
     /// ACK, NACK and TOUCH.
     Ids {
         done: u32,
@@ -1370,7 +1468,8 @@ pub enum Reply<'a> {
     Created {
         created: bool,
     },
-    /// DELETE_TOPIC, PURGE_TOPIC, REDRIVE, DELETE_GROUP: how many messages.
+    /// DELETE_TOPIC, PURGE_TOPIC, REDRIVE, DELETE_GROUP, UNSUBSCRIBE: how
+    /// many messages.
     Count(u64),
     Topics(Vec<(&'a str, TopicSettings)>),
     /// CREATE_GROUP: whether the group is new, and its cursor.
@@ -1432,6 +1531,19 @@ fn parse_message<'a>(rd: &mut Rd<'a>) -> Option<Message<'a>> {
     Some(Message { id, born_ms, delivery_count, dead, origin_group, props, payload: rd.bytes(len as usize)? })
 }
 
+/// The body of a FETCH reply or a pushed frame: the topic and messages.
+fn parse_messages<'a>(rd: &mut Rd<'a>) -> Option<(&'a str, Vec<Message<'a>>)> {
+    let topic = str_field(rd)?;
+    let count = rd.u32()?;
+    // Each message takes at least 23 bytes: bound the allocation by what
+    // the frame can hold, not by what it claims.
+    let mut messages = Vec::with_capacity((count as usize).min(rd.buf.len() / 23));
+    for _ in 0..count {
+        messages.push(parse_message(rd)?);
+    }
+    Some((topic, messages))
+}
+
 fn parse_reply_body<'a>(op: u8, status: u8, rd: &mut Rd<'a>) -> Option<Reply<'a>> {
     if status != 0 {
         return Some(Reply::Error { code: status, message: str_field(rd)? });
@@ -1441,16 +1553,16 @@ fn parse_reply_body<'a>(op: u8, status: u8, rd: &mut Rd<'a>) -> Option<Reply<'a>
         op::PING => Reply::Pong,
         op::PRODUCE => Reply::Produced { first_id: rd.u64()?, count: rd.u32()? },
         op::FETCH => {
-            let topic = str_field(rd)?;
-            let count = rd.u32()?;
-            // Each message takes at least 23 bytes: bound the allocation by
-            // what the frame can hold, not by what it claims.
-            let mut messages = Vec::with_capacity((count as usize).min(rd.buf.len() / 23));
-            for _ in 0..count {
-                messages.push(parse_message(rd)?);
-            }
+            let (topic, messages) = parse_messages(rd)?;
             Reply::Messages { topic, messages }
         }
+        op::PUSH => {
+            let (topic, messages) = parse_messages(rd)?;
+            Reply::Pushed { topic, messages }
+        }
+        op::SUBSCRIBE => Reply::Subscribed { subscription: rd.u32()? },
+        op::CREDIT => Reply::Credited { inflight: rd.u32()? },
+        op::ACK_PRODUCE => ack_produce::parse_reply(rd)?,
         op::ACK | op::NACK | op::TOUCH => {
             let done = rd.u32()?;
             let n = rd.u32()? as usize;
@@ -1474,7 +1586,9 @@ fn parse_reply_body<'a>(op: u8, status: u8, rd: &mut Rd<'a>) -> Option<Reply<'a>
             Reply::Stats(sections)
         }
         op::CREATE_TOPIC => Reply::Created { created: rd.u8()? != 0 },
-        op::DELETE_TOPIC | op::PURGE_TOPIC | op::REDRIVE | op::DELETE_GROUP => Reply::Count(rd.u64()?),
+        op::DELETE_TOPIC | op::PURGE_TOPIC | op::REDRIVE | op::DELETE_GROUP | op::UNSUBSCRIBE => {
+            Reply::Count(rd.u64()?)
+        }
         op::CREATE_GROUP => Reply::GroupCreated { created: rd.u8()? != 0, cursor: rd.u64()? },
         op::RESET_GROUP => Reply::Cursor(rd.u64()?),
         op::CANCEL | op::RESCHEDULE => Reply::Due(rd.u64()?),

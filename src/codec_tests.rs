@@ -217,7 +217,9 @@ fn request_with_topic(op: u8, topic: &str) -> Request<'_> {
     const ONE_MESSAGE: &[u8] = &[2, 0, 0, 0, b'h', b'i'];
     const ONE_ID: &[u8] = &[7, 0, 0, 0, 0, 0, 0, 0];
     match op {
-        op::PRODUCE => Request::Produce { topic, batch: Batch { count: 1, bytes: ONE_MESSAGE, with_props: false } },
+        op::PRODUCE => {
+            Request::Produce { flags: 0, topic, batch: Batch { count: 1, bytes: ONE_MESSAGE, with_props: false } }
+        }
         op::FETCH => {
             Request::Fetch { topic, group: "", max_messages: 10, max_bytes: 1000, wait_ms: 0, ack_timeout_ms: 0 }
         }
@@ -297,36 +299,17 @@ impl Samples {
     fn message_requests(&self) -> Vec<(&'static str, Request<'_>)> {
         let one_id = Ids { bytes: &self.one_id };
         let many_ids = Ids { bytes: &self.many_ids_bytes };
+        let produce = |topic, count, bytes| Request::Produce {
+            topic,
+            flags: 0,
+            batch: Batch { count, bytes, with_props: false },
+        };
         vec![
-            (
-                "produce one",
-                Request::Produce { topic: "orders", batch: Batch { count: 1, bytes: &self.one, with_props: false } },
-            ),
-            (
-                "produce many",
-                Request::Produce {
-                    topic: "orders",
-                    batch: Batch { count: self.many_payloads.len() as u32, bytes: &self.many, with_props: false },
-                },
-            ),
-            (
-                "produce empty payloads",
-                Request::Produce { topic: "e", batch: Batch { count: 3, bytes: &self.empties, with_props: false } },
-            ),
-            (
-                "produce message_bytes_max",
-                Request::Produce {
-                    topic: LONGEST_TOPIC,
-                    batch: Batch { count: 1, bytes: &self.full, with_props: false },
-                },
-            ),
-            (
-                "produce to dead letters",
-                Request::Produce {
-                    topic: LONGEST_DLQ_TOPIC,
-                    batch: Batch { count: 1, bytes: &self.one, with_props: false },
-                },
-            ),
+            ("produce one", produce("orders", 1, &self.one)),
+            ("produce many", produce("orders", self.many_payloads.len() as u32, &self.many)),
+            ("produce empty payloads", produce("e", 3, &self.empties)),
+            ("produce message_bytes_max", produce(LONGEST_TOPIC, 1, &self.full)),
+            ("produce to dead letters", produce(LONGEST_DLQ_TOPIC, 1, &self.one)),
             (
                 "fetch",
                 Request::Fetch {
@@ -709,12 +692,13 @@ fn batch_and_ids_iterate_what_was_encoded() {
     let samples = Samples::new();
 
     let produce = Request::Produce {
+        flags: 0,
         topic: "t",
         batch: Batch { count: samples.many_payloads.len() as u32, bytes: &samples.many, with_props: false },
     };
     let buf = encode(7, &produce);
     let (frame, _) = decode_ok(&buf, &SMALL);
-    let Request::Produce { topic, batch } = frame.request else { panic!("not a produce: {frame:?}") };
+    let Request::Produce { topic, batch, .. } = frame.request else { panic!("not a produce: {frame:?}") };
     assert_eq!(topic, "t");
     let want: Vec<&[u8]> = samples.many_payloads.iter().map(Vec::as_slice).collect();
     assert_eq!(batch.iter().collect::<Vec<_>>(), want);
@@ -722,14 +706,18 @@ fn batch_and_ids_iterate_what_was_encoded() {
     let payload_bytes: usize = want.iter().map(|p| p.len()).sum();
     assert_eq!(batch.payload_bytes(), payload_bytes as u64);
 
-    let empties =
-        Request::Produce { topic: "t", batch: Batch { count: 3, bytes: &samples.empties, with_props: false } };
+    let empties = Request::Produce {
+        flags: 0,
+        topic: "t",
+        batch: Batch { count: 3, bytes: &samples.empties, with_props: false },
+    };
     let buf = encode(8, &empties);
     let Request::Produce { batch, .. } = decode_ok(&buf, &SMALL).0.request else { panic!("not a produce") };
     assert_eq!(batch.iter().collect::<Vec<_>>(), vec![b"" as &[u8]; 3]);
     assert_eq!(batch.payload_bytes(), 0);
 
-    let full = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &samples.full, with_props: false } };
+    let full =
+        Request::Produce { flags: 0, topic: "t", batch: Batch { count: 1, bytes: &samples.full, with_props: false } };
     let buf = encode(9, &full);
     let Request::Produce { batch, .. } = decode_ok(&buf, &SMALL).0.request else { panic!("not a produce") };
     assert_eq!(batch.iter().collect::<Vec<_>>(), vec![&[0xab; 64][..]]);
@@ -954,6 +942,7 @@ fn random_request_frame(rng: &mut Rng) -> Vec<u8> {
         }
         op::PING => Request::Ping,
         op::PRODUCE => Request::Produce {
+            flags: 0,
             topic: &topic,
             batch: Batch { count: payloads.len() as u32, bytes: &batch, with_props: false },
         },
@@ -1000,7 +989,8 @@ fn random_bad_request(rng: &mut Rng) -> (Vec<u8>, Event) {
         1 => (encode(request_id, &request_with_topic(op::DELETE_TOPIC, "bad topic")), ErrorCode::BadTopic),
         2 => {
             let batch = batch_bytes(&[vec![1; SMALL.message_bytes_max as usize + 1]]);
-            let req = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &batch, with_props: false } };
+            let req =
+                Request::Produce { flags: 0, topic: "t", batch: Batch { count: 1, bytes: &batch, with_props: false } };
             (encode(request_id, &req), ErrorCode::MessageTooLarge)
         }
         3 => (raw_frame(op::PING, 0, 0, request_id, b"xyz"), ErrorCode::Malformed),
@@ -1332,6 +1322,7 @@ fn a_message_over_message_bytes_max_is_refused() {
     for (name, payloads) in cases {
         let batch = batch_bytes(&payloads);
         let req = Request::Produce {
+            flags: 0,
             topic: "t",
             batch: Batch { count: payloads.len() as u32, bytes: &batch, with_props: false },
         };
@@ -1345,10 +1336,10 @@ fn a_message_over_message_bytes_max_is_refused() {
     // A limit of 0 still takes empty messages.
     let zero = DecodeLimits { message_bytes_max: 0, ..SMALL };
     let batch = batch_bytes(&[b""]);
-    let req = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &batch, with_props: false } };
+    let req = Request::Produce { flags: 0, topic: "t", batch: Batch { count: 1, bytes: &batch, with_props: false } };
     assert_eq!(decode_ok(&encode(5, &req), &zero).0.request, req);
     let batch = batch_bytes(&[b"x"]);
-    let req = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &batch, with_props: false } };
+    let req = Request::Produce { flags: 0, topic: "t", batch: Batch { count: 1, bytes: &batch, with_props: false } };
     assert_refused(&encode(5, &req), &zero, ErrorCode::MessageTooLarge, "1 byte over a limit of 0");
 }
 
@@ -1360,8 +1351,11 @@ fn a_batch_of_none_or_too_many_is_refused() {
     for count in [0, max + 1, 1000] {
         let payloads = vec![b"m".to_vec(); count];
         let batch = batch_bytes(&payloads);
-        let req =
-            Request::Produce { topic: "t", batch: Batch { count: count as u32, bytes: &batch, with_props: false } };
+        let req = Request::Produce {
+            flags: 0,
+            topic: "t",
+            batch: Batch { count: count as u32, bytes: &batch, with_props: false },
+        };
         assert_refused(&encode(6, &req), &limits, ErrorCode::BatchTooLarge, &format!("{count} messages"));
 
         let ids = ids_bytes(&vec![9; count]);
@@ -1455,7 +1449,7 @@ fn bytes_after_the_body_are_refused() {
     }
     // A batch or id list with more than its count says.
     let two = batch_bytes(&[b"a", b"b"]);
-    let req = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &two, with_props: false } };
+    let req = Request::Produce { flags: 0, topic: "t", batch: Batch { count: 1, bytes: &two, with_props: false } };
     assert_refused(&encode(14, &req), &SMALL, ErrorCode::Malformed, "2 messages, count 1");
 }
 
@@ -1473,7 +1467,7 @@ fn a_body_cut_short_is_refused() {
     }
     // A batch or id list with fewer than its count says.
     let one = batch_bytes(&[b"a"]);
-    let req = Request::Produce { topic: "t", batch: Batch { count: 2, bytes: &one, with_props: false } };
+    let req = Request::Produce { flags: 0, topic: "t", batch: Batch { count: 2, bytes: &one, with_props: false } };
     assert_refused(&encode(15, &req), &SMALL, ErrorCode::Malformed, "1 message, count 2");
     let frame = raw_frame(op::ACK, 0, 0, 15, &[1, 0, b't', 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
     assert_refused(&frame, &SMALL, ErrorCode::Malformed, "1 id, count 2");

@@ -303,6 +303,8 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--props-bytes-max", "N", "most bytes of one message's properties (tags and headers)"),
     ("--filter-bytes-max", "N", "longest tag filter of a consumer group"),
     ("--filter-compiled-bytes-max", "N", "most memory one compiled regular-expression filter may take"),
+    ("--subscription-credit-max", "N", "most credit one push subscription may have"),
+    ("--subscriptions-per-connection-max", "N", "most push subscriptions one connection may have"),
     ("--schedule-ahead-ms-max", "N", "farthest ahead a message may be scheduled, ms"),
 ];
 
@@ -459,7 +461,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 26] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 28] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -486,6 +488,8 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 26] {
         ("props-bytes-max", l.props_bytes_max.into()),
         ("filter-bytes-max", l.filter_bytes_max.into()),
         ("filter-compiled-bytes-max", l.filter_compiled_bytes_max.into()),
+        ("subscription-credit-max", l.subscription_credit_max.into()),
+        ("subscriptions-per-connection-max", l.subscriptions_per_connection_max.into()),
         ("schedule-ahead-ms-max", l.schedule_ahead_ms_max),
     ]
 }
@@ -526,6 +530,8 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         props_bytes_max,
         filter_bytes_max,
         filter_compiled_bytes_max,
+        subscription_credit_max,
+        subscriptions_per_connection_max,
         schedule_ahead_ms_max
     );
     Ok(())

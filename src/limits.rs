@@ -69,8 +69,9 @@ pub struct Limits {
     /// Time a new connection has to complete HELLO. Bounds how long a
     /// connection that never speaks the protocol holds a slot.
     pub handshake_timeout_ms: u32,
-    /// Time a connection may stay silent (no request, no parked FETCH)
-    /// before it is closed; 0 never. Reclaims slots of vanished peers.
+    /// Time a connection may stay silent (no request, no parked FETCH, no
+    /// push subscription) before it is closed; 0 never. Reclaims slots of
+    /// vanished peers.
     pub idle_timeout_ms: u32,
     /// Time a frame may stay incomplete (slowloris): a peer that trickles a
     /// frame slower than this is closed.
@@ -110,6 +111,16 @@ pub struct Limits {
     /// short but compiles to a huge program; past this it gets BAD_FILTER
     /// instead of taking the broker's memory and a loop turn's time.
     pub filter_compiled_bytes_max: u32,
+    /// Most credit one push subscription may have: messages in flight to
+    /// its connection from its group at once (NSQ's max RDY). Each takes a
+    /// timer and a pushed copy in the connection's output, so this bounds
+    /// what one subscriber can hold; `output_bytes_max` still bounds what
+    /// waits unread for it.
+    pub subscription_credit_max: u32,
+    /// Most push subscriptions one connection may have. Each is visited
+    /// when its group gets messages; this bounds the table a connection can
+    /// fill and the work its subscriptions add to a turn.
+    pub subscriptions_per_connection_max: u32,
     // Time and identity (protocol version 3).
     /// Farthest ahead of the broker's clock a message may be scheduled, ms
     /// (a delivery time or delay past it gets BAD_ARGUMENT). A year and a
@@ -147,6 +158,8 @@ impl Default for Limits {
             props_bytes_max: 16 << 10,
             filter_bytes_max: 4096,
             filter_compiled_bytes_max: 256 << 10,
+            subscription_credit_max: 8192,
+            subscriptions_per_connection_max: 64,
             schedule_ahead_ms_max: 366 * 24 * 3600 * 1000,
         }
     }
@@ -268,6 +281,9 @@ impl Limits {
         }
         if self.filter_bytes_max == 0 || self.filter_compiled_bytes_max == 0 {
             return Err("filter-bytes-max and filter-compiled-bytes-max must be at least 1".into());
+        }
+        if self.subscription_credit_max == 0 || self.subscriptions_per_connection_max == 0 {
+            return Err("subscription-credit-max and subscriptions-per-connection-max must be at least 1".into());
         }
         Ok(())
     }

@@ -29,6 +29,8 @@ use byteorder::{ByteOrder, LittleEndian};
 
 use crate::metrics::{Phase, PhaseNanos};
 
+#[path = "log_reader.rs"]
+pub mod reader;
 #[path = "recovery.rs"]
 mod recovery;
 #[path = "releaser.rs"]
@@ -214,6 +216,11 @@ impl WrittenTurn {
     /// Whether `Log::sync` will `fdatasync` this turn.
     pub fn syncs(&self) -> bool {
         self.sync
+    }
+    /// Whether the turn's withdrawable records (its client produces) were
+    /// dropped, not written, for want of space.
+    pub fn withdrawn(&self) -> bool {
+        self.withdrawn
     }
 }
 

@@ -12,12 +12,13 @@
 // clippy with -D warnings, so a longer function fails the build.
 #![warn(clippy::too_many_lines)]
 
-use std::io::{self, BufRead, Write};
+use std::io::{self, BufRead, ErrorKind, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
-use runnel::client::{Client, Fetch, ProduceMessage};
+use runnel::client::{Client, Delivered, Fetch, ProduceMessage};
 use runnel::codec::group::{GroupSettings, Start};
 use runnel::codec::{self, TopicSettings, props};
 use runnel::config::{Args, ArgsError, DEFAULT_ADDR, Flag, Serve, flag, serve_flags, switch};
@@ -29,6 +30,9 @@ use runnel::sys;
 const PRODUCE_BATCH_DEFAULT: usize = 256;
 /// How long each FETCH of `runnel consume` waits for a message by default.
 const CONSUME_WAIT_MS_DEFAULT: u32 = 1000;
+/// The credit of `runnel consume --push` by default: the messages it holds
+/// unacknowledged, as one FETCH of it takes at most.
+const CONSUME_CREDIT_DEFAULT: u32 = 256;
 
 /// Exit status of a command line that is wrong (as `EX_USAGE` and most
 /// Unix tools): a script can tell a typo from a broker that said no (1).
@@ -67,6 +71,19 @@ const START_VALUES: &str = "earliest|latest|ID|@MS|TIME";
 /// What the client subcommands say about the token.
 const CLIENT_NOTES: &str = "RUNNEL_AUTH_TOKEN, if set, is the token presented in HELLO.";
 
+/// The flags `runnel group` takes, after `addr`.
+fn group_command_flags(addr: Flag) -> Vec<Flag> {
+    vec![
+        addr,
+        flag("--from", START_VALUES, "earliest", "create: where the group starts"),
+        flag("--to", START_VALUES, "none", "reset: where the group moves"),
+        flag("--tags", "EXPR", "*", "create: the tag filter: * | a || b | re:PATTERN"),
+        switch("--broadcast", "create: every consumer gets every message"),
+        flag("--ack-timeout-ms", "MS", "the topic's", "create: time to acknowledge a delivery"),
+        flag("--max-deliveries", "N", "the topic's", "create: deliveries before a dead letter"),
+    ]
+}
+
 /// The description of subcommand `name`, or None if there is none.
 fn sub(name: &str) -> Option<Sub> {
     let name = *COMMANDS.iter().find(|c| **c == name)?;
@@ -89,21 +106,15 @@ fn sub(name: &str) -> Option<Sub> {
                 flag("--from", START_VALUES, "earliest", "where a group created now starts"),
                 flag("--tags", "EXPR", "*", "the group's tag filter: * | a || b | re:PATTERN"),
                 switch("--broadcast", "a broadcast group: every consumer gets every message"),
+                switch("--push", "subscribe: the broker pushes messages (protocol version 3)"),
+                flag("--credit", "N", CONSUME_CREDIT_DEFAULT, "most messages held unacknowledged (implies --push)"),
             ],
         ),
         "groups" => ("TOPIC", "list TOPIC's consumer groups and their state", vec![addr()]),
         "group" => (
             "create|delete|reset TOPIC GROUP",
             "create a consumer group (or change its settings), delete one, or move one",
-            vec![
-                addr(),
-                flag("--from", START_VALUES, "earliest", "create: where the group starts"),
-                flag("--to", START_VALUES, "none", "reset: where the group moves"),
-                flag("--tags", "EXPR", "*", "create: the tag filter: * | a || b | re:PATTERN"),
-                switch("--broadcast", "create: every consumer gets every message"),
-                flag("--ack-timeout-ms", "MS", "the topic's", "create: time to acknowledge a delivery"),
-                flag("--max-deliveries", "N", "the topic's", "create: deliveries before a dead letter"),
-            ],
+            group_command_flags(addr()),
         ),
         "stats" => (
             "[TOPIC]",
@@ -125,7 +136,11 @@ fn sub(name: &str) -> Option<Sub> {
         "redrive" => (
             "TOPIC",
             "move the messages of TOPIC.dlq back to TOPIC",
-            vec![addr(), flag("--count", "N", "all", "most messages to move")],
+            vec![
+                addr(),
+                flag("--count", "N", "all", "most messages to move"),
+                flag("--group", "G", "every group's", "move only G's dead letters, back to G alone (version 2)"),
+            ],
         ),
         "cancel" => (
             "TOPIC ID",
@@ -608,11 +623,17 @@ fn consume(raw: &[String], sub: &Sub) -> Result<(), Exit> {
     let group_name = a.take("--group").unwrap_or_default();
     let mut filter = String::new();
     let group = group_flags(&mut a, "--from", &mut filter)?;
+    let credit: Option<u32> = a.num("--credit")?;
+    let push = a.switch("--push") || credit.is_some();
     a.done()?;
     let topic = a.topic()?.to_string();
     let mut client = connect(&addr)?;
     if let Some((settings, start)) = group {
         client.create_group(&topic, &group_name, settings, start).map_err(|e| e.to_string())?;
+    }
+    if push {
+        let credit = credit.unwrap_or(CONSUME_CREDIT_DEFAULT);
+        return consume_pushed(&mut client, (&topic, &group_name), count, credit, wait_ms);
     }
     let mut got = 0u64;
     loop {
@@ -625,18 +646,56 @@ fn consume(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         if msgs.is_empty() {
             return Ok(());
         }
-        // Printed before they are acknowledged: a consume cut short (its
-        // stdout closed) acknowledges nothing it did not print.
-        let mut out = Vec::new();
-        for m in &msgs {
-            out.extend_from_slice(&m.payload);
-            out.push(b'\n');
-        }
-        emit(&out)?;
-        let ids: Vec<u64> = msgs.iter().map(|m| m.id).collect();
-        client.ack_group(&topic, &group_name, &ids).map_err(|e| e.to_string())?;
+        print_and_ack(&mut client, (&topic, &group_name), &msgs)?;
         got += msgs.len() as u64;
     }
+}
+
+/// Prints each message's payload on a line, then acknowledges them: a
+/// consume cut short (its stdout closed) acknowledges nothing it did not
+/// print.
+fn print_and_ack(client: &mut Client, (topic, group): (&str, &str), msgs: &[Delivered]) -> Result<(), Exit> {
+    let mut out = Vec::new();
+    for m in msgs {
+        out.extend_from_slice(&m.payload);
+        out.push(b'\n');
+    }
+    emit(&out)?;
+    let ids: Vec<u64> = msgs.iter().map(|m| m.id).collect();
+    client.ack_group(topic, group, &ids).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// `runnel consume --push`: subscribes with `credit` (at most `count`),
+/// then prints what is pushed, acknowledging each batch once printed, until
+/// `count` messages or a wait of `wait_ms` with none.
+fn consume_pushed(
+    client: &mut Client,
+    (topic, group): (&str, &str),
+    count: Option<u64>,
+    credit: u32,
+    wait_ms: u32,
+) -> Result<(), Exit> {
+    let credit = count.map_or(credit, |c| credit.min(u32::try_from(c).unwrap_or(u32::MAX)));
+    client.subscribe(topic, group, credit, 0).map_err(|e| e.to_string())?;
+    client.set_timeout(Some(Duration::from_millis(wait_ms.max(1).into()))).map_err(|e| e.to_string())?;
+    let mut got = 0u64;
+    while count.is_none_or(|c| got < c) {
+        let first = match client.next_pushed() {
+            Ok(p) => p,
+            Err(runnel::client::Error::Io(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Ok(());
+            }
+            Err(e) => return Err(e.to_string().into()),
+        };
+        let mut batch = vec![first.message];
+        while count.is_none_or(|c| got + (batch.len() as u64) < c) && client.pushed_waiting() > 0 {
+            batch.push(client.next_pushed().map_err(|e| e.to_string())?.message);
+        }
+        print_and_ack(client, (topic, group), &batch)?;
+        got += batch.len() as u64;
+    }
+    Ok(())
 }
 
 /// The columns `runnel groups` prints, after the group's name.
@@ -686,7 +745,7 @@ fn group(raw: &[String], sub: &Sub) -> Result<(), Exit> {
             let (created, cursor) = connect(&addr)?.create_group(topic, name, settings, start).map_err(e)?;
             format!("{} at {cursor}\n", if created { "created" } else { "updated" })
         }
-        "delete" => format!("deleted, it held {} messages\n", connect(&addr)?.delete_group(topic, name).map_err(e)?),
+        "delete" => format!("deleted, it held {}\n", messages(connect(&addr)?.delete_group(topic, name).map_err(e)?)),
         "reset" => {
             let to = to.ok_or_else(|| Exit::Usage("reset needs --to".into()))?;
             let start = parse_start("--to", &to)?;
@@ -751,6 +810,11 @@ fn json_escape(s: &str) -> String {
         .collect()
 }
 
+/// `n` messages, in words: "1 message", "2 messages".
+fn messages(n: u64) -> String {
+    if n == 1 { "1 message".into() } else { format!("{n} messages") }
+}
+
 /// `topics`, `create`, `delete`, `purge` and `redrive`: one request each.
 fn admin(raw: &[String], sub: &Sub) -> Result<(), Exit> {
     let mut a = Args::parse(raw, &sub.flags)?;
@@ -760,6 +824,7 @@ fn admin(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         max_deliveries: a.num("--max-deliveries")?.unwrap_or(0),
     };
     let count: u32 = a.num("--count")?.unwrap_or(0);
+    let group = a.take("--group").unwrap_or_default();
     a.done()?;
     let topic = match sub.name {
         "topics" => a.no_words().map(|()| "")?,
@@ -778,9 +843,10 @@ fn admin(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         "create" => {
             format!("{}\n", if client.create_topic(topic, settings).map_err(e)? { "created" } else { "updated" })
         }
-        "delete" => format!("deleted, {} messages removed\n", client.delete_topic(topic).map_err(e)?),
-        "purge" => format!("purged {} messages\n", client.purge_topic(topic).map_err(e)?),
-        "redrive" => format!("moved {} messages\n", client.redrive(topic, count).map_err(e)?),
+        "delete" => format!("deleted, {} removed\n", messages(client.delete_topic(topic).map_err(e)?)),
+        "purge" => format!("purged {}\n", messages(client.purge_topic(topic).map_err(e)?)),
+        "redrive" if group.is_empty() => format!("moved {}\n", messages(client.redrive(topic, count).map_err(e)?)),
+        "redrive" => format!("moved {}\n", messages(client.redrive_group(topic, &group, count).map_err(e)?)),
         other => unreachable!("run dispatches {other} elsewhere"),
     };
     emit(out.as_bytes())

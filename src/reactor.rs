@@ -19,6 +19,8 @@
 //!    most 256 KiB), or a cleaned segment's restatement written and synced
 //!    on its own and the segment removed; then one `write` of every record
 //!    the turn appended (on a full disk, without the turn's produces);
+//!    the replies to produces that asked to be acknowledged once written
+//!    join the connections' output;
 //! 6. **flush early**, if the turn will `fdatasync`: the replies that need
 //!    only that write (acks, NACKs, TOUCHes, deliveries of messages made
 //!    durable in earlier turns, errors) leave now, so they do not wait for
@@ -279,6 +281,17 @@ impl Outbox for Lent<'_> {
     }
     fn buffered_bytes(&self) -> u64 {
         self.buffered_bytes
+    }
+    fn room_for_push(&mut self, key: ConnKey, pending_bytes_max: usize) -> bool {
+        let Some(c) = self.conns.get_mut(key) else { return false };
+        if c.state.pending_out_bytes() < pending_bytes_max {
+            return true;
+        }
+        // Paused as a peer with that much unread is: the flush that
+        // drains its output below the mark serves it again, which brings
+        // the turn whose publish pushes to it again.
+        c.state.paused = true;
+        false
     }
 }
 
@@ -820,13 +833,20 @@ impl Reactor {
         if let Some(since) = c.state.partial_since_ms {
             at(since + u64::from(l.frame_timeout_ms));
         }
-        if l.idle_timeout_ms > 0 && !c.state.parked {
+        if l.idle_timeout_ms > 0 && !Self::waits_for_messages(c) {
             at(c.state.last_active_ms + u64::from(l.idle_timeout_ms));
         }
         if let Some(since) = c.backlog_since_ms {
             at(since + u64::from(l.frame_timeout_ms));
         }
         d
+    }
+
+    /// Whether the connection waits for messages (a parked FETCH, or a push
+    /// subscription): silence is then no sign of a vanished peer, and the
+    /// idle timeout does not apply.
+    fn waits_for_messages(c: &Conn) -> bool {
+        c.state.parked || c.state.session.subscriptions > 0
     }
 
     /// Makes sure a timer fires no later than the connection's deadline.
@@ -890,7 +910,7 @@ impl Reactor {
         } else if c.backlog_since_ms.is_some_and(|t| now.mono_ms >= t + u64::from(l.frame_timeout_ms)) {
             backlog
         } else if l.idle_timeout_ms > 0
-            && !c.state.parked
+            && !Self::waits_for_messages(c)
             && now.mono_ms >= c.state.last_active_ms + u64::from(l.idle_timeout_ms)
         {
             Some("idle past idle_timeout_ms")
@@ -1002,7 +1022,7 @@ pub trait TurnSteps {
     /// Step 4: the broker's timers (`Broker::advance`), then the
     /// connections' timeouts.
     fn advance(&mut self, now: Now);
-    /// Step 5: `Broker::write`.
+    /// Step 5: `Broker::write`, then `Broker::send_written`.
     fn write(&mut self, now: Now) -> Written;
     /// Steps 6 and 8: write each connection's output (only ever after the
     /// turn's `write`, which `written` proves).
@@ -1059,7 +1079,10 @@ impl TurnSteps for ReactorTurn<'_> {
         r.expire_connections(now);
     }
     fn write(&mut self, now: Now) -> Written {
-        self.reactor.broker.write(now)
+        let r = &mut *self.reactor;
+        let written = r.broker.write(now);
+        r.broker.send_written(&written, &mut Lent::new(&mut r.conns, &mut r.hot, &mut r.dirty, &r.loops, now));
+        written
     }
     fn flush(&mut self, now: Now, written: &Written) {
         self.reactor.flush(now, written);

@@ -20,7 +20,7 @@
 
 use byteorder::{ByteOrder, LittleEndian};
 
-use crate::codec::{self, DeadInfo, DeadReason, Props, PropsLimits};
+use crate::codec::{self, DeadInfo, DeadReason, Props};
 use crate::log::{Log, RECORD_HEADER_BYTES, RecordStart};
 use crate::queue::{Body, GroupId, MsgId, Settings};
 
@@ -83,6 +83,10 @@ pub enum RecordKind {
     /// Messages went back to a group after a failed delivery, delayed
     /// until a wall-clock time (a NACK with a delay).
     Delay = 13,
+    /// ACK_PRODUCE: messages acked for a group and messages stored in
+    /// other topics, in one record, so that a torn or lost record is
+    /// neither (protocol version 3).
+    AckProduce = 15,
 }
 
 impl RecordKind {
@@ -101,6 +105,7 @@ impl RecordKind {
             11 => RecordKind::Reschedule,
             12 => RecordKind::Due,
             13 => RecordKind::Delay,
+            15 => RecordKind::AckProduce,
             _ => return None,
         })
     }
@@ -114,6 +119,8 @@ impl RecordKind {
             RecordKind::Delete | RecordKind::Purge => 1,
             RecordKind::Group | RecordKind::GroupDelete | RecordKind::GroupState => 1,
             RecordKind::Cancel | RecordKind::Reschedule | RecordKind::Due | RecordKind::Delay => 1,
+            // Its messages are laid out as in a Produce record of version 2.
+            RecordKind::AckProduce => 1,
             // Version 2 names the consumer group; version 1 meant the
             // default group.
             RecordKind::Remove | RecordKind::Requeue => 2,
@@ -252,7 +259,7 @@ fn read_message<'a>(rd: &mut Reader<'a>, version: u8) -> Result<MessageRecord<'a
 fn read_props<'a>(rd: &mut Reader<'a>) -> Result<Props<'a>, String> {
     let len = rd.u16()? as usize;
     let blob = rd.bytes(len)?;
-    match Props::parse(blob, codec::CODEC_VERSION_MAX, &PropsLimits::ANY) {
+    match Props::parse_stored(blob, codec::CODEC_VERSION_MAX) {
         Ok(props) if !props.is_empty() => Ok(props),
         Ok(_) => Err("a message flagged with properties has none".into()),
         Err(e) => Err(format!("bad message properties: {}", e.message)),
@@ -628,16 +635,54 @@ pub enum Record<'a> {
     Topic(TopicRecord<'a>),
     Delete(DeleteRecord),
     Purge(PurgeRecord),
-    Produce { topic: TopicId, messages: Messages<'a> },
-    Remove { topic: TopicId, group: GroupId, reason: RemoveReason, ids: Ids<'a> },
-    Requeue { topic: TopicId, group: GroupId, entries: Requeues<'a> },
+    Produce {
+        topic: TopicId,
+        messages: Messages<'a>,
+    },
+    Remove {
+        topic: TopicId,
+        group: GroupId,
+        reason: RemoveReason,
+        ids: Ids<'a>,
+    },
+    Requeue {
+        topic: TopicId,
+        group: GroupId,
+        entries: Requeues<'a>,
+    },
     Group(GroupRecord<'a>),
     GroupDelete(GroupDeleteRecord),
-    GroupState { topic: TopicId, group: GroupId, cursor: MsgId, entries: Requeues<'a> },
-    Cancel { topic: TopicId, ids: Ids<'a> },
-    Reschedule { topic: TopicId, entries: Reschedules<'a> },
-    Due { topic: TopicId, ids: Ids<'a> },
-    Delay { topic: TopicId, group: GroupId, entries: Delays<'a> },
+    GroupState {
+        topic: TopicId,
+        group: GroupId,
+        cursor: MsgId,
+        entries: Requeues<'a>,
+    },
+    /// The acked ids of `group` of `topic`, and the messages stored in
+    /// each output topic.
+    AckProduce {
+        topic: TopicId,
+        group: GroupId,
+        ids: Ids<'a>,
+        outputs: Outputs<'a>,
+    },
+    Cancel {
+        topic: TopicId,
+        ids: Ids<'a>,
+    },
+    Reschedule {
+        topic: TopicId,
+        entries: Reschedules<'a>,
+    },
+    Due {
+        topic: TopicId,
+        ids: Ids<'a>,
+    },
+    Delay {
+        topic: TopicId,
+        group: GroupId,
+        entries: Delays<'a>,
+    },
 }
 
 impl<'a> Record<'a> {
@@ -701,6 +746,12 @@ impl<'a> Record<'a> {
                 let group = GroupId(rd.u32()?);
                 Record::Delay { topic, group, entries: Delays(rd.list(18)?) }
             }
+            RecordKind::AckProduce => {
+                let (group, ids) = (GroupId(rd.u32()?), Ids(rd.list(8)?));
+                let left = u32::from(rd.u16()?);
+                let rest = Reader { b: &rd.b[rd.pos..], pos: 0 };
+                return Ok(Record::AckProduce { topic, group, ids, outputs: Outputs { rd: rest, left } });
+            }
         };
         if !rd.done() {
             return Err("bytes left over after the record body".into());
@@ -723,20 +774,99 @@ pub struct Messages<'a> {
 impl<'a> Iterator for Messages<'a> {
     type Item = Result<MessageRecord<'a>, String>;
     fn next(&mut self) -> Option<Self::Item> {
-        if self.left == 0 {
-            // Checked once, after the last message.
-            return (!self.rd.done()).then(|| {
-                self.rd.pos = self.rd.b.len();
-                Err("bytes left over after the record body".into())
-            });
+        let version = self.version;
+        self.rd.entry(&mut self.left, |rd| read_message(rd, version))
+    }
+}
+
+/// The outputs of an AckProduce record, decoded as they are read: each
+/// topic and its messages.
+#[derive(Clone, Debug)]
+pub struct Outputs<'a> {
+    /// The rest of the body.
+    rd: Reader<'a>,
+    /// Outputs not yet read.
+    left: u32,
+}
+
+/// One output of an AckProduce record: its topic and messages.
+fn read_output<'a>(rd: &mut Reader<'a>) -> Result<(TopicId, Messages<'a>), String> {
+    let topic = TopicId(rd.u32()?);
+    let count = rd.u32()?;
+    let len = rd.u32()? as usize;
+    let rd = Reader { b: rd.bytes(len)?, pos: 0 };
+    Ok((topic, Messages { rd, left: count, version: ACK_PRODUCE_MESSAGE_VERSION }))
+}
+
+impl<'a> Iterator for Outputs<'a> {
+    type Item = Result<(TopicId, Messages<'a>), String>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.rd.entry(&mut self.left, read_output)
+    }
+}
+
+/// The Produce record version whose message layout an AckProduce record's
+/// messages have.
+const ACK_PRODUCE_MESSAGE_VERSION: u8 = 2;
+
+/// Writes an AckProduce record, version 1: `topic_id u32, group_id u32,
+/// count u32, count x id u64, outputs u16`, then per output `topic_id u32,
+/// count u32, bytes u32` and its messages as in a Produce record of version
+/// 2. `begin`, `ack` the ids, then per output `output` and `push` each of
+/// its messages, then `end`.
+pub struct AckProduceWriter {
+    at: RecordStart,
+    /// Where the outputs' count is in the turn buffer.
+    outputs_at: usize,
+    outputs: u16,
+    /// Where the open output's count and its byte length are.
+    output_at: Option<usize>,
+    /// Messages of the open output.
+    count: u32,
+}
+
+impl AckProduceWriter {
+    pub fn begin(log: &mut Log, topic: TopicId, group: GroupId, acked: &[MsgId]) -> AckProduceWriter {
+        let at = log.begin(RecordKind::AckProduce);
+        let b = log.body();
+        codec::put_u32(b, topic.0);
+        codec::put_u32(b, group.0);
+        codec::put_u32(b, acked.len() as u32);
+        for id in acked {
+            codec::put_u64(b, *id);
         }
-        self.left -= 1;
-        let m = read_message(&mut self.rd, self.version);
-        if m.is_err() {
-            self.left = 0;
-            self.rd.pos = self.rd.b.len();
-        }
-        Some(m)
+        let outputs_at = b.len();
+        codec::put_u16(b, 0);
+        AckProduceWriter { at, outputs_at, outputs: 0, output_at: None, count: 0 }
+    }
+    /// Starts the messages of output topic `topic`.
+    pub fn output(&mut self, log: &mut Log, topic: TopicId) {
+        self.close_output(log);
+        let b = log.body();
+        codec::put_u32(b, topic.0);
+        self.output_at = Some(b.len());
+        codec::put_u32(b, 0);
+        codec::put_u32(b, 0);
+        self.outputs += 1;
+    }
+    pub fn push(&mut self, log: &mut Log, m: &MessageRecord<'_>) {
+        put_message(log.body(), m);
+        self.count += 1;
+    }
+    fn close_output(&mut self, log: &mut Log) {
+        let Some(at) = self.output_at.take() else { return };
+        let b = log.body();
+        let len = (b.len() - at - 8) as u32;
+        b[at..at + 4].copy_from_slice(&self.count.to_le_bytes());
+        b[at + 4..at + 8].copy_from_slice(&len.to_le_bytes());
+        self.count = 0;
+    }
+    /// Ends the record. It is not withdrawable: its acks took effect.
+    pub fn end(mut self, log: &mut Log) {
+        self.close_output(log);
+        let at = self.outputs_at;
+        log.body()[at..at + 2].copy_from_slice(&self.outputs.to_le_bytes());
+        log.end(self.at);
     }
 }
 
@@ -822,6 +952,27 @@ impl<'a> Reader<'a> {
         let count = self.u32()? as usize;
         let bytes = count.checked_mul(entry_bytes).ok_or("record body too short")?;
         self.bytes(bytes)
+    }
+    /// The next of `left` entries, read by `read`; after the last, an error
+    /// if bytes are left over (checked once). An error ends the list.
+    fn entry<T>(
+        &mut self,
+        left: &mut u32,
+        read: impl FnOnce(&mut Reader<'a>) -> Result<T, String>,
+    ) -> Option<Result<T, String>> {
+        if *left == 0 {
+            return (!self.done()).then(|| {
+                self.pos = self.b.len();
+                Err("bytes left over after the record body".into())
+            });
+        }
+        *left -= 1;
+        let r = read(self);
+        if r.is_err() {
+            *left = 0;
+            self.pos = self.b.len();
+        }
+        Some(r)
     }
     fn done(&self) -> bool {
         self.pos == self.b.len()

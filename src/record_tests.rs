@@ -3,6 +3,7 @@
 //! bodies that do not match their layout are refused.
 
 use super::*;
+use crate::codec::PropsLimits;
 use crate::log::{LogOptions, ReadRecord};
 use crate::testkit::TempDir;
 

@@ -186,26 +186,29 @@ impl<'a> Replay<'a> {
         self
     }
 
+    /// The messages an AckProduce record stored in its output topics, as a
+    /// Produce record's.
+    fn outputs(&mut self, segment: u64, outputs: crate::record::Outputs<'_>) -> Result<(), String> {
+        for output in outputs {
+            let (topic, messages) = output?;
+            if topic == TopicId::FLOOR {
+                return Err(format!("topic id {topic} names no topic; only a Delete record may carry it"));
+            }
+            for m in messages {
+                let m = m?;
+                self.notes.replayed_produce(segment, topic, m.id);
+                self.message(topic, &m);
+            }
+        }
+        Ok(())
+    }
+
     /// Decodes one record and applies it. An error (a body that does not
     /// match its layout, a record naming the floor's topic id) stops the
     /// start.
     pub fn apply(&mut self, r: &ReadRecord<'_>) -> Result<(), String> {
         let record = Record::decode(r.kind, r.version, r.body)?;
-        let topic = match &record {
-            Record::Delete(_) => None,
-            Record::Topic(TopicRecord { topic, .. })
-            | Record::Purge(crate::record::PurgeRecord { topic, .. })
-            | Record::Produce { topic, .. }
-            | Record::Remove { topic, .. }
-            | Record::Requeue { topic, .. }
-            | Record::Group(GroupRecord { topic, .. })
-            | Record::GroupDelete(crate::record::GroupDeleteRecord { topic, .. })
-            | Record::GroupState { topic, .. }
-            | Record::Cancel { topic, .. }
-            | Record::Reschedule { topic, .. }
-            | Record::Due { topic, .. }
-            | Record::Delay { topic, .. } => Some(*topic),
-        };
+        let topic = record_topic(&record);
         if let Some(topic) = topic
             && topic == TopicId::FLOOR
         {
@@ -233,6 +236,13 @@ impl<'a> Replay<'a> {
                 for id in ids.iter() {
                     self.done_with(topic, group, id);
                 }
+            }
+            Record::AckProduce { topic, group, ids, outputs } => {
+                self.notes.replayed_group(r.segment, topic, group);
+                for id in ids.iter() {
+                    self.done_with(topic, group, id);
+                }
+                self.outputs(r.segment, outputs)?;
             }
             Record::Requeue { topic, group, entries } => {
                 self.notes.replayed_group(r.segment, topic, group);
@@ -500,6 +510,27 @@ impl Timers for NoTimers {
         unreachable!("recovery arms no timers")
     }
     fn disarm(&mut self, _: TimerKey) {}
+}
+
+/// The topic a record applies to, which must name a topic; None for a
+/// Delete record, whose topic id may be the id floor (`TopicId::FLOOR`).
+fn record_topic(record: &Record<'_>) -> Option<TopicId> {
+    match record {
+        Record::Delete(_) => None,
+        Record::Topic(TopicRecord { topic, .. })
+        | Record::Purge(crate::record::PurgeRecord { topic, .. })
+        | Record::Produce { topic, .. }
+        | Record::Remove { topic, .. }
+        | Record::Requeue { topic, .. }
+        | Record::Group(GroupRecord { topic, .. })
+        | Record::GroupDelete(crate::record::GroupDeleteRecord { topic, .. })
+        | Record::GroupState { topic, .. }
+        | Record::Cancel { topic, .. }
+        | Record::Reschedule { topic, .. }
+        | Record::Due { topic, .. }
+        | Record::Delay { topic, .. }
+        | Record::AckProduce { topic, .. } => Some(*topic),
+    }
 }
 
 #[cfg(test)]

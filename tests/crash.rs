@@ -1023,6 +1023,36 @@ fn three_groups_survive_sigkill() {
     eprintln!("seed {seed}: {} produced, acks answered per group {acked:?}", rec.produced.len());
 }
 
+/// A produce acknowledged once written (`PRODUCE_FLAG_WRITTEN`, version
+/// 3) survives a SIGKILL, as docs/protocol.md says it does: its reply
+/// leaves after the `write`, so the page cache holds it whatever the
+/// process does next. The broker is killed the moment the last reply is
+/// read, and every acknowledged message must be there after the restart.
+#[test]
+fn a_written_produce_survives_sigkill() {
+    let seed = common::seed(0xc2a5_4014);
+    println!("seed {seed}");
+    let data = TempDir::new("written-data");
+    let logs = TempDir::new("written-logs");
+    let mut acked = Vec::new();
+    let mut p = spawn_broker(data.path(), logs.path(), "round0", seed);
+    for round in 0..5 {
+        let mut c = client(p.addr).unwrap_or_else(|e| panic!("seed {seed}: connect: {e}"));
+        c.set_produce_flags(codec::PRODUCE_FLAG_WRITTEN).expect("a version-3 broker");
+        for i in 0..20 {
+            let id = c.produce("written", format!("r{round}-{i}").as_bytes()).expect("produce");
+            acked.push(id);
+        }
+        p.kill().unwrap_or_else(|e| panic!("seed {seed}: round {round}: the broker {e}"));
+        p = spawn_broker(data.path(), logs.path(), &format!("round{}", round + 1), seed);
+    }
+    let mut c = client(p.addr).unwrap_or_else(|e| panic!("seed {seed}: connect: {e}"));
+    let hold = Fetch { max_messages: 8192, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 600_000 };
+    let got: Vec<u64> = c.fetch("written", hold).expect("fetch").iter().map(|m| m.id).collect();
+    assert_eq!(got, acked, "seed {seed}: every acknowledged written produce, in order");
+    p.kill().unwrap_or_else(|e| panic!("seed {seed}: the last broker {e}"));
+}
+
 // ---------------------------------------------------------------------------
 // Scheduled messages through SIGKILL.
 // ---------------------------------------------------------------------------
@@ -1086,6 +1116,24 @@ impl Scheduled {
     }
 }
 
+/// Inputs of one round of the ACK_PRODUCE crash test.
+const ACK_PRODUCE_INPUTS: usize = 200;
+
+/// A stream of ACK_PRODUCE frames, each acking one input of `in` and
+/// producing one message to each of `a` and `b`, until the broker dies.
+fn ack_produce_stream(addr: SocketAddr, topics: [String; 3]) {
+    let Ok(mut c) = client(addr) else { return };
+    let hold = Fetch { max_messages: 8192, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 600_000 };
+    let Ok(inputs) = c.fetch(&topics[0], hold) else { return };
+    for m in inputs {
+        let (a, b) = ([client::ProduceMessage::new(&m.payload)], [client::ProduceMessage::new(&m.payload)]);
+        let outputs: [(&str, &[client::ProduceMessage<'_>]); 2] = [(&topics[1], &a), (&topics[2], &b)];
+        if c.ack_produce((&topics[0], ""), &[m.id], &outputs).is_err() {
+            return;
+        }
+    }
+}
+
 /// Scheduled messages through SIGKILL: each is delivered at or after its
 /// time and never lost, and none comes back once its ACK was answered
 /// (docs/protocol.md, "Scheduled messages (version 3)", Restarts).
@@ -1137,4 +1185,55 @@ fn scheduled_messages_survive_sigkill() {
     let lost: Vec<u64> = rec.due.keys().filter(|id| !rec.delivered.contains(id)).copied().collect();
     assert!(lost.is_empty(), "seed {seed}: scheduled messages never delivered: {lost:?}");
     eprintln!("seed {seed}: {} scheduled messages, {} acked", rec.due.len(), rec.acked.len());
+}
+
+/// Every payload of `topic`, as held now (fetched with a long timeout).
+fn all_payloads(c: &mut Client, topic: &str) -> Vec<Vec<u8>> {
+    let hold = Fetch { max_messages: 8192, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 600_000 };
+    c.fetch(topic, hold).expect("fetch").into_iter().map(|m| m.payload).collect()
+}
+
+/// ACK_PRODUCE under SIGKILL: a broker killed at a random moment of a
+/// stream of such frames, then restarted. Each input must be either still
+/// owed, with none of its outputs, or acked, with each of its outputs
+/// exactly once: the frame is one record, all of it or none.
+#[test]
+fn ack_produce_is_all_or_nothing_across_sigkill() {
+    let seed = common::seed(0xc2a5_4015);
+    let rounds = crash_rounds(10);
+    println!("seed {seed}, {rounds} rounds");
+    let mut rng = Rng(seed);
+    let data = TempDir::new("ap-data");
+    let logs = TempDir::new("ap-logs");
+    let mut p = spawn_broker(data.path(), logs.path(), "round0", seed);
+    let mut partial = 0;
+    for round in 0..rounds {
+        let topics = [format!("in-{round}"), format!("a-{round}"), format!("b-{round}")];
+        let mut c = client(p.addr).unwrap_or_else(|e| panic!("seed {seed}: connect: {e}"));
+        let inputs: Vec<Vec<u8>> = (0..ACK_PRODUCE_INPUTS).map(|i| format!("{round}-{i}").into_bytes()).collect();
+        c.produce_batch(&topics[0], &inputs).expect("produce the inputs");
+        let (addr, t) = (p.addr, topics.clone());
+        let stream = thread::spawn(move || ack_produce_stream(addr, t));
+        thread::sleep(Duration::from_micros(rng.below(20_000)));
+        p.kill().unwrap_or_else(|e| panic!("seed {seed}: round {round}: the broker {e}"));
+        let _ = stream.join();
+        p = spawn_broker(data.path(), logs.path(), &format!("round{}", round + 1), seed);
+        let mut c = client(p.addr).unwrap_or_else(|e| panic!("seed {seed}: connect: {e}"));
+        let owed: HashSet<Vec<u8>> = all_payloads(&mut c, &topics[0]).into_iter().collect();
+        let (a, b) = (all_payloads(&mut c, &topics[1]), all_payloads(&mut c, &topics[2]));
+        for input in &inputs {
+            let (in_a, in_b) = (a.iter().filter(|x| *x == input).count(), b.iter().filter(|x| *x == input).count());
+            let name = String::from_utf8_lossy(input);
+            if owed.contains(input) {
+                assert_eq!((in_a, in_b), (0, 0), "seed {seed}: round {round}: {name} is owed, yet has outputs");
+            } else {
+                assert_eq!((in_a, in_b), (1, 1), "seed {seed}: round {round}: {name} was acked: each output once");
+            }
+        }
+        if !owed.is_empty() && owed.len() < inputs.len() {
+            partial += 1;
+        }
+    }
+    p.kill().unwrap_or_else(|e| panic!("seed {seed}: the last broker {e}"));
+    println!("seed {seed}: {partial} of {rounds} rounds were killed mid-stream");
 }

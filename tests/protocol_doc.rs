@@ -182,6 +182,7 @@ fn every_example_decodes_to_its_frame_and_encodes_back() {
     let found = examples(&doc).unwrap_or_else(|e| panic!("docs/protocol.md: {e}"));
     let mut expected = doc_frames();
     expected.extend(doc_frames_v2());
+    expected.extend(common::push_frames::doc_frames_push());
     expected.extend(doc_frames_schedule());
     let mut failures = Vec::new();
     for ex in &found {
@@ -250,8 +251,12 @@ fn opcode_and_reason_tables_match_the_codec() {
         (op::DELETE_GROUP, "DELETE_GROUP"),
         (op::LIST_GROUPS, "LIST_GROUPS"),
         (op::RESET_GROUP, "RESET_GROUP"),
+        (op::SUBSCRIBE, "SUBSCRIBE"),
+        (op::CREDIT, "CREDIT"),
+        (op::UNSUBSCRIBE, "UNSUBSCRIBE"),
         (op::CANCEL, "CANCEL"),
         (op::RESCHEDULE, "RESCHEDULE"),
+        (op::ACK_PRODUCE, "ACK_PRODUCE"),
     ];
     for (code, name) in ops {
         assert_row(&rows, heading, &format!("0x{code:02x}"), name);

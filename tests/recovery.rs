@@ -485,7 +485,12 @@ fn failing_broker(dir: &Path) -> (Broker, Session, Arc<AtomicBool>) {
 fn produce_one(broker: &mut Broker, session: &mut Session, rid: u32, topic: &str, payload: &[u8]) -> Result<(), u8> {
     let mut body = Vec::new();
     codec::encode_batch(&mut body, &[payload]);
-    turn(broker, session, rid, &Request::Produce { topic, batch: Batch { count: 1, bytes: &body, with_props: false } })
+    turn(
+        broker,
+        session,
+        rid,
+        &Request::Produce { flags: 0, topic, batch: Batch { count: 1, bytes: &body, with_props: false } },
+    )
 }
 
 /// A PRODUCE that auto-creates its topic appends the topic's Topic record

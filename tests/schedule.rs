@@ -103,7 +103,11 @@ impl Harness {
         let p = Props::parse(&blob, 3, &PropsLimits::ANY).expect("valid");
         let mut bytes = Vec::new();
         codec::encode_message(&mut bytes, &p, &PAYLOAD);
-        match self.call(Request::Produce { topic, batch: Batch { count: 1, bytes: &bytes, with_props: true } }) {
+        match self.call(Request::Produce {
+            topic,
+            flags: 0,
+            batch: Batch { count: 1, bytes: &bytes, with_props: true },
+        }) {
             Reply::Produced { first_id, .. } => first_id,
             other => panic!("produce: {other:?}"),
         }
@@ -327,7 +331,7 @@ fn a_scheduled_message_waits_for_its_time_then_comes_to_every_group() {
     let mut plain = Vec::new();
     codec::encode_message(&mut plain, &Props::EMPTY, b"now");
     let Reply::Produced { first_id: now_id, .. } =
-        h.call(Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &plain, with_props: true } })
+        h.call(Request::Produce { topic: "t", flags: 0, batch: Batch { count: 1, bytes: &plain, with_props: true } })
     else {
         panic!("produce")
     };
@@ -388,7 +392,7 @@ fn a_time_that_passed_while_down_is_ready_at_start_and_only_once() {
     let id = h.produce("t", PROP_DELAY, 5_000);
     let mut plain = Vec::new();
     codec::encode_message(&mut plain, &Props::EMPTY, b"now");
-    h.call(Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &plain, with_props: true } });
+    h.call(Request::Produce { topic: "t", flags: 0, batch: Batch { count: 1, bytes: &plain, with_props: true } });
     assert_eq!(h.drain("t", "").len(), 1, "the group's cursor passes the scheduled message");
     drop(h);
     let later = Now { mono_ms: 1, wall_ms: START_WALL_MS + 60_000 };
@@ -437,7 +441,7 @@ fn a_nack_delay_survives_a_restart() {
     let mut plain = Vec::new();
     codec::encode_message(&mut plain, &Props::EMPTY, b"job");
     let Reply::Produced { first_id: id, .. } =
-        h.call(Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &plain, with_props: true } })
+        h.call(Request::Produce { topic: "t", flags: 0, batch: Batch { count: 1, bytes: &plain, with_props: true } })
     else {
         panic!("produce")
     };
@@ -459,7 +463,7 @@ fn a_nack_delay_survives_a_restart() {
         codec::encode_message(&mut batch, &Props::EMPTY, &PAYLOAD);
     }
     for _ in 0..8 {
-        h.call(Request::Produce { topic: "t", batch: Batch { count: 50, bytes: &batch, with_props: true } });
+        h.call(Request::Produce { topic: "t", flags: 0, batch: Batch { count: 50, bytes: &batch, with_props: true } });
         assert_eq!(h.drain("t", "").len(), 50);
     }
     // Compaction looks for work every 64 turns, and cleans over several.

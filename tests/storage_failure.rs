@@ -143,6 +143,7 @@ impl Harness {
         codec::encode_batch(&mut body, payloads);
         let body: &[u8] = &body;
         self.call(&Request::Produce {
+            flags: 0,
             topic,
             batch: Batch { count: payloads.len() as u32, bytes: body, with_props: false },
         })
@@ -545,7 +546,8 @@ fn on_a_full_disk_the_write_drops_only_the_produces() {
     let refused = [b'r'; 500];
     let mut batch = Vec::new();
     codec::encode_batch(&mut batch, &[refused.as_slice(); 16]);
-    let produce = Request::Produce { topic: "t", batch: Batch { count: 16, bytes: &batch, with_props: false } };
+    let produce =
+        Request::Produce { flags: 0, topic: "t", batch: Batch { count: 16, bytes: &batch, with_props: false } };
     let (produce_rid, held) = h.send(&produce);
     assert!(held.is_empty(), "the PRODUCE's reply is held");
 

@@ -139,6 +139,7 @@ fn valid_frame(rng: &mut Rng, request_id: u32, token: &[u8]) -> Vec<u8> {
         op::HELLO => return hello(rng, request_id, token),
         op::PING => Request::Ping,
         op::PRODUCE => Request::Produce {
+            flags: 0,
             topic: &topic,
             batch: Batch { count: payloads.len() as u32, bytes: &batch, with_props: false },
         },
@@ -480,8 +481,11 @@ fn a_stream_that_fills_the_churn_topic_passes() {
     let mut batch = Vec::new();
     codec::encode_batch(&mut batch, &payloads);
     for rid in 2..4 {
-        let produce =
-            Request::Produce { topic: "zz-churn", batch: Batch { count: 8, bytes: &batch, with_props: false } };
+        let produce = Request::Produce {
+            flags: 0,
+            topic: "zz-churn",
+            batch: Batch { count: 8, bytes: &batch, with_props: false },
+        };
         codec::encode_request(&mut stream, rid, &produce, 1);
     }
     // Flag 8: small segments, so the checks after the stream churn.
@@ -505,7 +509,7 @@ fn version_2_requests() -> Vec<(&'static str, Vec<u8>)> {
     let (topic, group) = ("a", "g");
     let settings = codec::GroupSettings { broadcast: true, ack_timeout_ms: 5, max_deliveries: 2, filter: "a || b" };
     let requests = [
-        ("produce", Request::Produce { topic, batch: Batch { count: 2, bytes: &batch, with_props: true } }),
+        ("produce", Request::Produce { flags: 0, topic, batch: Batch { count: 2, bytes: &batch, with_props: true } }),
         ("fetch", Request::Fetch { topic, group, max_messages: 2, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 }),
         ("ack", Request::Ack { topic, group, ids }),
         ("nack", Request::Nack { topic, group, delay_ms: 5, flags: 0, ids }),
@@ -582,7 +586,7 @@ fn write_seed_corpus() {
     codec::encode_request(
         &mut produce_fetch,
         2,
-        &Request::Produce { topic: "a", batch: Batch { count: 2, bytes: &batch, with_props: false } },
+        &Request::Produce { flags: 0, topic: "a", batch: Batch { count: 2, bytes: &batch, with_props: false } },
         1,
     );
     let fetch = Request::Fetch { topic: "a", group: "", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 5 };

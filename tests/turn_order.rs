@@ -134,7 +134,7 @@ fn setup(broker: &mut Broker, events: &Events) -> [Session; 3] {
 fn produce(broker: &mut Broker, session: &mut Session, rid: u32, payload: &[u8]) -> Outcome {
     let mut body = Vec::new();
     codec::encode_batch(&mut body, &[payload]);
-    let request = Request::Produce { topic: "t", batch: Batch { count: 1, bytes: &body, with_props: false } };
+    let request = Request::Produce { flags: 0, topic: "t", batch: Batch { count: 1, bytes: &body, with_props: false } };
     broker.handle(
         ConnKey(PRODUCER_CONN),
         session,

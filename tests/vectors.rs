@@ -108,7 +108,7 @@ fn more_frames() -> Vec<Vector> {
         frame(
             "produce-empty-payload-request",
             "PRODUCE a batch of one message with an empty payload: a message of 0 bytes is a message.",
-            request(17, Request::Produce { topic: jobs, batch: batch(&[b""]) }),
+            request(17, Request::Produce { flags: 0, topic: jobs, batch: batch(&[b""]) }),
         ),
         frame(
             "produce-empty-payload-reply",
@@ -235,7 +235,7 @@ fn refusals() -> Vec<Vector> {
         refused(
             "produce-empty-batch-request",
             "PRODUCE with no messages: BATCH_TOO_LARGE.",
-            encoded(30, Request::Produce { topic: jobs, batch: empty }),
+            encoded(30, Request::Produce { flags: 0, topic: jobs, batch: empty }),
             ErrorCode::BatchTooLarge,
         ),
         refused(
@@ -247,7 +247,7 @@ fn refusals() -> Vec<Vector> {
         refused(
             "produce-bad-topic-request",
             "PRODUCE of no messages to the topic \"no way\": BAD_TOPIC, because the topic comes before the count in the layout.",
-            encoded(32, Request::Produce { topic: "no way", batch: empty }),
+            encoded(32, Request::Produce { flags: 0, topic: "no way", batch: empty }),
             ErrorCode::BadTopic,
         ),
         refused(
@@ -352,7 +352,10 @@ fn vectors(version: u16) -> Vec<Vector> {
             .chain(refusal_pairs())
             .collect(),
         2 => doc_vectors(doc_frames_v2()).chain(frames_v2()).chain(refusals_v2()).collect(),
-        _ => doc_vectors(doc_frames_schedule()).chain(refusals_schedule()).collect(),
+        _ => doc_vectors(doc_frames_schedule())
+            .chain(doc_vectors(common::push_frames::doc_frames_push()))
+            .chain(refusals_schedule())
+            .collect(),
     }
 }
 
@@ -368,6 +371,7 @@ fn refusals_schedule() -> Vec<Vector> {
         let mut body = Vec::new();
         body.extend_from_slice(&4u16.to_le_bytes());
         body.extend_from_slice(b"jobs");
+        body.push(0); // flags: acknowledged once synced
         body.extend_from_slice(&1u32.to_le_bytes());
         body.extend_from_slice(&bytes);
         raw(op::PRODUCE, 30, &body)
@@ -661,8 +665,13 @@ fn op_name(op: u8) -> J {
         op::DELETE_GROUP => "DELETE_GROUP",
         op::LIST_GROUPS => "LIST_GROUPS",
         op::RESET_GROUP => "RESET_GROUP",
+        op::SUBSCRIBE => "SUBSCRIBE",
+        op::CREDIT => "CREDIT",
+        op::UNSUBSCRIBE => "UNSUBSCRIBE",
+        op::PUSH => "PUSH",
         op::CANCEL => "CANCEL",
         op::RESCHEDULE => "RESCHEDULE",
+        op::ACK_PRODUCE => "ACK_PRODUCE",
         _ => return J::Null,
     };
     text(name)
@@ -694,7 +703,7 @@ fn request_body(r: &Request<'_>, version: u16) -> J {
     if let (true, Some(group)) = (version >= 2, request_group(r)) {
         fields.insert(1, ("group", text(group)));
     }
-    if let Request::Produce { topic: t, batch } = *r {
+    if let Request::Produce { topic: t, batch, .. } = *r {
         fields = vec![topic(t), ("count", num(batch.count)), ("messages", batch_json(&batch))];
     }
     J::Obj(fields)
@@ -710,7 +719,9 @@ fn request_group<'a>(r: &Request<'a>) -> Option<&'a str> {
         | Request::Redrive { group, .. }
         | Request::CreateGroup { group, .. }
         | Request::DeleteGroup { group, .. }
-        | Request::ResetGroup { group, .. } => Some(group),
+        | Request::ResetGroup { group, .. }
+        | Request::Subscribe { group, .. }
+        | Request::AckProduce { group, .. } => Some(group),
         _ => None,
     }
 }
@@ -808,10 +819,29 @@ fn request_fields(r: &Request<'_>) -> Vec<(&'static str, J)> {
             fields.extend(start_json(start));
             fields
         }
+        Request::Subscribe { topic: t, credit, ack_timeout_ms, .. } => {
+            vec![topic(t), ("credit", num(credit)), ("ack_timeout_ms", num(ack_timeout_ms))]
+        }
+        Request::Credit { subscription, credit } => {
+            vec![("subscription", num(subscription)), ("credit", num(credit))]
+        }
+        Request::Unsubscribe { subscription } => vec![("subscription", num(subscription))],
         Request::Cancel { topic: t, id } => vec![topic(t), ("id", num(id))],
         Request::Reschedule { topic: t, id, when } => {
             let (kind, value) = when.to_wire();
             vec![topic(t), ("id", num(id)), ("kind", num(kind)), ("value", num(value))]
+        }
+        Request::AckProduce { topic: t, ids, outputs, .. } => {
+            let output = |(name, batch): (&str, Batch<'_>)| {
+                J::Obj(vec![("topic", text(name)), ("count", num(batch.count)), ("messages", batch_json(&batch))])
+            };
+            vec![
+                topic(t),
+                ("count", num(ids.len() as u64)),
+                ("ids", id_list(ids.iter())),
+                ("outputs_count", num(outputs.count)),
+                ("outputs", J::Arr(outputs.iter().map(output).collect())),
+            ]
         }
     }
 }
@@ -895,7 +925,7 @@ fn reply_body(r: &Reply<'_>) -> J {
         }
         Reply::Pong => vec![],
         Reply::Produced { first_id, count } => vec![("first_id", num(*first_id)), ("count", num(*count))],
-        Reply::Messages { topic, messages } => vec![
+        Reply::Messages { topic, messages } | Reply::Pushed { topic, messages } => vec![
             ("topic", text(topic)),
             ("count", num(messages.len() as u64)),
             ("messages", J::Arr(messages.iter().map(message_json).collect())),
@@ -934,7 +964,19 @@ fn reply_body(r: &Reply<'_>) -> J {
             vec![("count", num(groups.len() as u64)), ("groups", J::Arr(groups.iter().map(group_json).collect()))]
         }
         Reply::Cursor(cursor) => vec![("cursor", num(*cursor))],
+        Reply::Subscribed { subscription } => vec![("subscription", num(*subscription))],
+        Reply::Credited { inflight } => vec![("inflight", num(*inflight))],
         Reply::Due(at) => vec![("deliver_at_ms", num(*at))],
+        Reply::AckProduced { done, failed, outputs } => {
+            let output = |&(first, count): &(u64, u32)| J::Obj(vec![("first_id", num(first)), ("count", num(count))]);
+            vec![
+                ("done", num(*done)),
+                ("failed_count", num(failed.len() as u64)),
+                ("failed", id_list(failed.iter().copied())),
+                ("outputs_count", num(outputs.len() as u64)),
+                ("outputs", J::Arr(outputs.iter().map(output).collect())),
+            ]
+        }
     })
 }
 

@@ -47,11 +47,13 @@ use crate::queue::{ConsumerId, GroupId, MsgId, Settings, Timers};
 use crate::replay::Replay;
 use crate::wheel::{TimerKey, Wheel};
 
+mod ack_produce;
 mod dead_letter;
 mod groups;
 mod requests;
 mod schedule;
 mod stats;
+mod subscriptions;
 pub(crate) mod topics;
 mod turn;
 mod waiters;
@@ -136,11 +138,15 @@ pub struct Session {
     pub auth_failures: u32,
     /// The groups this connection has fetched from: where its in-flight
     /// messages can be, so a disconnect visits only those. It counts as a
-    /// consumer of each (`Group::consumers`).
+    /// consumer of each (`Group::consumers`). Bounded by pruning the
+    /// deleted ones (`Broker::prune_fetched`).
     pub fetched: Vec<(TopicId, GroupId)>,
     /// The protocol version HELLO negotiated (1 until then): the layout of
     /// every frame the connection sends and of every reply it gets.
     pub version: u16,
+    /// Push subscriptions the connection has: while it has one, it waits
+    /// for messages as a parked FETCH does, and is not idle.
+    pub subscriptions: u32,
 }
 
 impl Session {
@@ -162,6 +168,13 @@ pub trait Outbox {
     /// connection buffers (tests) leave it at 0.
     fn buffered_bytes(&self) -> u64 {
         0
+    }
+    /// Whether `conn`'s output holds less than `pending_bytes_max` unread
+    /// bytes, so that a push subscription's messages may go to it; if not,
+    /// the lender serves `conn` again once it drains below. Callers that
+    /// do not bound output (tests) leave it true.
+    fn room_for_push(&mut self, _conn: ConnKey, _pending_bytes_max: usize) -> bool {
+        true
     }
 }
 
@@ -225,6 +238,8 @@ pub struct Broker {
     topics: Topics,
     /// Parked FETCHes.
     waiters: Waiters,
+    /// Push subscriptions (version 3).
+    subs: subscriptions::Subscriptions,
     /// What the turn keeps until its commit.
     turn: Turn,
     /// Ack deadlines, NACK delays and the ends of parked FETCHes' waits.
@@ -299,6 +314,7 @@ impl Broker {
             decode_limits,
             topics,
             waiters: Waiters::default(),
+            subs: subscriptions::Subscriptions::default(),
             turn: Turn::default(),
             wheel: Wheel::new(now.mono_ms),
             log,
@@ -357,27 +373,64 @@ impl Broker {
             self.wheel.cancel(w.timer);
         }
         self.turn.forget(conn);
+        self.end_subscriptions(conn);
         for &(tid, group) in &session.fetched {
-            let Some(e) = self.topics.get_mut(tid) else { continue };
-            let mut dead = Vec::new();
-            let mut timers = GroupTimers { wheel: &mut self.wheel, topic: tid, group };
-            e.topic.leave(group);
-            let returned = e.topic.disconnect(group, session.consumer, &mut timers, |id, info| dead.push((id, info)));
-            if returned > 0 {
-                self.turn.mark_for_publish(e);
-            }
-            for (id, info) in dead {
-                self.dead_letter(tid, group, id, info);
-            }
-            // A broadcast member leaves with its connection, and with it
-            // its position and what it held.
-            if group.is_member()
-                && let Some(e) = self.topics.get_mut(tid)
-            {
-                let mut timers = GroupTimers { wheel: &mut self.wheel, topic: tid, group };
-                e.topic.leave_member(group, session.consumer, &mut timers);
-                self.sweeps.note(tid);
+            self.leave_group(tid, group, session.consumer);
+        }
+    }
+
+    /// Drops from `session.fetched` the groups (and topics) deleted since
+    /// the connection fetched from them, each time the list reaches a power
+    /// of two from 64 on. Topic and group ids are never reused, so a stale
+    /// entry names nothing; the live ones are at most `topics_max` x
+    /// `groups_per_topic_max` (a broadcast member is one of its topic's
+    /// groups), so the list stays under twice that however many topics
+    /// and groups come and go in a connection's life.
+    fn prune_fetched(&self, session: &mut Session) {
+        let n = session.fetched.len();
+        if n < 64 || !n.is_power_of_two() {
+            return;
+        }
+        session.fetched.retain(|&(tid, g)| self.topics.get(tid).is_some_and(|e| e.topic.group(g).is_some()));
+    }
+
+    /// Consumer `c` becomes a consumer of group `group` of `tid` (its first
+    /// FETCH or SUBSCRIBE of it): its disconnect visits the group.
+    fn join(&mut self, session: &mut Session, tid: TopicId, group: GroupId) {
+        if !session.fetched.contains(&(tid, group)) {
+            self.prune_fetched(session);
+            session.fetched.push((tid, group));
+            if let Some(e) = self.topics.get_mut(tid) {
+                e.topic.join(group);
             }
         }
+    }
+
+    /// Consumer `c` leaves group `group` of `tid` (its connection closed,
+    /// or it unsubscribed): everything in flight to it returns to ready or
+    /// goes to the dead-letter topic. Returns how many messages it held.
+    fn leave_group(&mut self, tid: TopicId, group: GroupId, c: ConsumerId) -> u64 {
+        let Some(e) = self.topics.get_mut(tid) else { return 0 };
+        let mut dead = Vec::new();
+        let mut timers = GroupTimers { wheel: &mut self.wheel, topic: tid, group };
+        e.topic.leave(group);
+        let returned = e.topic.disconnect(group, c, &mut timers, |id, info| dead.push((id, info)));
+        if returned > 0 {
+            self.turn.mark_for_publish(e);
+        }
+        let held = returned + dead.len() as u64;
+        for (id, info) in dead {
+            self.dead_letter(tid, group, id, info);
+        }
+        // A broadcast member leaves with its connection, and with it its
+        // position and what it held.
+        if group.is_member()
+            && let Some(e) = self.topics.get_mut(tid)
+        {
+            let mut timers = GroupTimers { wheel: &mut self.wheel, topic: tid, group };
+            e.topic.leave_member(group, c, &mut timers);
+            self.sweeps.note(tid);
+        }
+        held
     }
 }

@@ -7,10 +7,12 @@
 //! becomes STORAGE. Every other reply goes to the connection's output at
 //! once (the reactor still writes none before the turn's `write`).
 
+use super::subscriptions::SubscribeArgs;
 use super::topics::{Entry, dead_letter_name, unknown, unknown_group};
 use super::waiters::Waiter;
 use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, schedule, stats};
 use crate::codec::group::Start;
+use crate::codec::props::PROP_ORIGIN_GROUP;
 use crate::codec::{self, Batch, DecodeError, ErrorCode, Frame, Ids, Message, Request, Skip, TopicSettings, op};
 use crate::queue::{
     Body, ConsumerId, Group, GroupConfig, GroupId, MsgId, Returned, Seq, Settings, TagSetId, Take, Topic,
@@ -47,11 +49,16 @@ impl Request<'_> {
             | Request::Stats { .. }
             | Request::ListTopics
             | Request::ListGroups { .. } => false,
+            // A subscription's replies promise nothing the log holds (as
+            // FETCH's); its pushes go out as deliveries do.
+            Request::Subscribe { .. } | Request::Credit { .. } | Request::Unsubscribe { .. } => false,
             // Group changes are log records the reply promises, as a
             // topic's are.
             Request::CreateGroup { .. } | Request::DeleteGroup { .. } | Request::ResetGroup { .. } => true,
             // A cancelled or moved schedule is a promise, as a produce is.
             Request::Cancel { .. } | Request::Reschedule { .. } => true,
+            // It produces: its reply says the messages are stored.
+            Request::AckProduce { .. } => true,
         }
     }
 }
@@ -92,7 +99,8 @@ impl Broker {
                 Outcome::Done
             });
         }
-        self.hold(conn, op, at.request_id, |b, held| match b.serve(session, req, at, held) {
+        let after_write = matches!(req, Request::Produce { flags, .. } if flags & codec::PRODUCE_FLAG_WRITTEN != 0);
+        self.hold(conn, (op, at.request_id), after_write, |b, held| match b.serve(session, req, at, held) {
             Ok(outcome) => {
                 assert_eq!(outcome, Outcome::Held, "a request that waits for the sync is held");
                 true
@@ -133,16 +141,12 @@ impl Broker {
             }
             Request::Stats { topic } => self.stats(topic, session.version, at, out),
             Request::ListTopics => self.list_topics(at, out),
-            Request::Produce { topic, batch } => self.produce(topic, batch, at, out),
+            Request::Produce { topic, batch, .. } => self.produce(topic, batch, at, out),
             Request::CreateTopic { topic, settings } => self.create_topic(topic, settings, rid, out),
             Request::DeleteTopic { topic } => self.delete_topic(topic, rid, out),
             Request::PurgeTopic { topic } => self.purge_topic(topic, rid, out),
             Request::Redrive { topic, group, max_messages } => {
-                if !group.is_empty() {
-                    let msg = "REDRIVE to one group is not served by this broker: send it with the empty group";
-                    return Err((ErrorCode::BadArgument, msg.into()));
-                }
-                let moved = self.redrive(topic, max_messages)?;
+                let moved = self.redrive(topic, group, max_messages)?;
                 codec::encode_u64_reply(out, op::REDRIVE, rid, moved);
                 Ok(Outcome::Held)
             }
@@ -168,14 +172,26 @@ impl Broker {
                 Ok(Outcome::Done)
             }
             // Version-3 ops: the codec refuses them in an earlier session.
-            Request::Cancel { topic, id } => {
-                self.cancel_op(topic, id, rid, out)?;
-                Ok(Outcome::Held)
+            Request::Subscribe { topic, group, credit, ack_timeout_ms } => {
+                let args = SubscribeArgs { topic, group, credit, ack_timeout_ms };
+                self.subscribe(at.conn, session, args, rid, out)?;
+                Ok(Outcome::Done)
             }
+            Request::Credit { subscription, credit } => {
+                self.credit(at.conn, (subscription, credit), rid, out)?;
+                Ok(Outcome::Done)
+            }
+            Request::Unsubscribe { subscription } => {
+                self.unsubscribe(at.conn, session, subscription, rid, out)?;
+                Ok(Outcome::Done)
+            }
+            Request::Cancel { topic, id } => self.cancel_op(topic, id, rid, out).map(|()| Outcome::Held),
             Request::Reschedule { topic, id, when } => {
-                self.reschedule_op((topic, id), when, at.now, rid, out)?;
-                Ok(Outcome::Held)
+                self.reschedule_op((topic, id), when, at.now, rid, out).map(|()| Outcome::Held)
             }
+            Request::AckProduce { topic, group, ids, outputs } => self
+                .ack_produce((topic, group, session.consumer), ids, outputs, (rid, at.now), out)
+                .map(|()| Outcome::Held),
         }
     }
 
@@ -356,7 +372,6 @@ impl Broker {
     // -----------------------------------------------------------------------
     // Consumers.
     // -----------------------------------------------------------------------
-
     /// FETCH: delivers what is ready, or parks until something is (or the
     /// wait ends).
     fn fetch(
@@ -372,12 +387,7 @@ impl Broker {
         }
         let tid = self.topic_for(topic, self.config.auto_create)?;
         let group = self.group_of(tid, group, true, session.consumer)?;
-        if !session.fetched.contains(&(tid, group)) {
-            session.fetched.push((tid, group));
-            if let Some(e) = self.topics.get_mut(tid) {
-                e.topic.join(group);
-            }
-        }
+        self.join(session, tid, group);
         let w = args.waiter(at, session, tid, group, &self.config.limits);
         let full = self.buffers_full(at.loops.buffered_bytes);
         let timers_max = self.config.limits.timers_max;
@@ -418,6 +428,7 @@ impl Broker {
             let ids = &self.scratch.done_ids;
             RemoveRecord { topic: tid, group, reason: RemoveReason::Acked, ids }.append(&mut self.log);
             self.compactor.note_group(tid, group);
+            self.credit_freed(tid, group);
         }
         self.ids_reply(op::ACK, rid, out);
         Ok(Outcome::Done)
@@ -511,6 +522,9 @@ impl Broker {
             self.turn.mark_for_publish(e);
         }
         self.ids_reply(op::NACK, at.request_id, out);
+        if !self.scratch.done_ids.is_empty() {
+            self.credit_freed(tid, group);
+        }
         if !group.is_member() {
             self.log_returned(tid, group, &requeued, &delayed);
         }
@@ -730,7 +744,7 @@ pub(super) fn room_for(t: &Topic, count: u64, bytes: u64, l: &crate::limits::Lim
 /// for each (`Seq::intern_tags`; empty for a batch without properties), or
 /// QUEUE_FULL, with none taken, if the sets it brings pass
 /// `tag_sets_per_topic_max`.
-fn intern_batch(seq: &mut Seq, batch: &Batch<'_>, max: u32) -> Result<Vec<Option<TagSetId>>, Refusal> {
+pub(super) fn intern_batch(seq: &mut Seq, batch: &Batch<'_>, max: u32) -> Result<Vec<Option<TagSetId>>, Refusal> {
     // A version-1 batch has no properties: not even a scan of it.
     if !batch.with_props || !batch.messages().any(|(props, _)| !props.is_empty()) {
         return Ok(Vec::new());
@@ -807,9 +821,23 @@ pub(super) fn deliver(
     let deadline = now.mono_ms + u64::from(timeout);
     let max_messages = w.max_messages.min(timer_room(timers_max, wheel));
     let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, w.version);
-    let mut timers = GroupTimers { wheel, topic: e.id, group: w.group };
     let take = Take { owner: w.consumer, max_messages, max_bytes: w.max_bytes, deadline_ms: deadline };
-    e.topic.fetch(w.group, take, &mut timers, |seq, d| {
+    write_taken(e, wheel, w.group, take, &mut writer, out);
+    writer.finish(out);
+}
+
+/// Takes what `take` says from group `group`'s ready messages into flight
+/// and appends each to `writer`'s frame (a FETCH reply or a pushed frame).
+pub(super) fn write_taken(
+    e: &mut Entry,
+    wheel: &mut Wheel<Timer>,
+    group: GroupId,
+    take: Take,
+    writer: &mut codec::MessagesWriter,
+    out: &mut Vec<u8>,
+) {
+    let mut timers = GroupTimers { wheel, topic: e.id, group };
+    e.topic.fetch(group, take, &mut timers, |seq, d| {
         if let Some(m) = seq.get(d.id) {
             let dead = seq.dead_info(d.id);
             let msg = Message {
@@ -817,14 +845,13 @@ pub(super) fn deliver(
                 born_ms: m.born_ms,
                 delivery_count: d.deliveries,
                 dead,
-                origin_group: "",
-                props: m.props,
+                origin_group: m.props.broker_entry(PROP_ORIGIN_GROUP).unwrap_or(""),
+                props: m.props.public(),
                 payload: m.payload,
             };
             writer.push(out, &msg);
         }
     });
-    writer.finish(out);
 }
 
 /// Compares secrets in time independent of where they differ.

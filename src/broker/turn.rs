@@ -30,6 +30,9 @@ struct Held {
     range: Range<usize>,
     /// Whether it depends on the commit (an error reply does not).
     durable: bool,
+    /// It may leave once the turn's records are written, before the sync
+    /// (a PRODUCE with `PRODUCE_FLAG_WRITTEN`).
+    after_write: bool,
 }
 
 /// A reply to a connection that is not the one being served, sent at
@@ -69,12 +72,13 @@ pub(super) struct Turn {
 
 impl Turn {
     /// Holds the reply that `handle` encoded at `start..` of `held_bytes`.
-    fn hold(&mut self, conn: ConnKey, op: u8, request_id: u32, start: usize, durable: bool) {
+    fn hold(&mut self, conn: ConnKey, op: u8, request_id: u32, start: usize, (durable, after_write): (bool, bool)) {
         // Pipelined produces come from one connection: one insert for them.
         if self.held.last().is_none_or(|h| h.conn != conn) {
             self.holders.insert(conn);
         }
-        self.held.push(Held { conn, op, request_id, range: start..self.held_bytes.len(), durable });
+        let range = start..self.held_bytes.len();
+        self.held.push(Held { conn, op, request_id, range, durable, after_write });
     }
 
     /// Whether `conn` has a reply held for this turn's commit.
@@ -181,19 +185,49 @@ impl Broker {
     }
 
     /// Holds a reply `handle` encoded into the turn's buffer with `encode`
-    /// (which says whether it depends on the commit).
+    /// (which says whether it depends on the commit) until the sync, or
+    /// only until the write if `after_write`.
     pub(super) fn hold(
         &mut self,
         conn: ConnKey,
-        op: u8,
-        request_id: u32,
+        (op, request_id): (u8, u32),
+        after_write: bool,
         encode: impl FnOnce(&mut Self, &mut Vec<u8>) -> bool,
     ) {
         let mut bytes = std::mem::take(&mut self.turn.held_bytes);
         let start = bytes.len();
         let durable = encode(self, &mut bytes);
         self.turn.held_bytes = bytes;
-        self.turn.hold(conn, op, request_id, start, durable);
+        self.turn.hold(conn, op, request_id, start, (durable, after_write));
+    }
+
+    /// Between `write` and the early flush: the held replies of produces
+    /// that asked to be acknowledged once written (`PRODUCE_FLAG_WRITTEN`)
+    /// go to their connections now, if the write stored the turn's
+    /// produces, so that they leave before the sync. One behind another
+    /// held reply of its connection waits with it, so replies stay in
+    /// request order. If the write failed, or dropped the produces on a
+    /// full disk, they wait for `sync`, which answers them STORAGE. Their
+    /// messages still become visible only at the sync.
+    pub fn send_written(&mut self, written: &Written, outbox: &mut impl Outbox) {
+        let Some(Ok(t)) = &written.turn else { return };
+        if t.withdrawn() || !self.turn.held.iter().any(|h| h.after_write) {
+            return;
+        }
+        let mut waiting: Vec<ConnKey> = Vec::new();
+        for h in std::mem::take(&mut self.turn.held) {
+            if h.after_write && !waiting.contains(&h.conn) {
+                if let Some(out) = outbox.out(h.conn) {
+                    out.extend_from_slice(&self.turn.held_bytes[h.range]);
+                    self.stats.produces_committed += u64::from(h.durable);
+                }
+                continue;
+            }
+            if !waiting.contains(&h.conn) {
+                waiting.push(h.conn);
+            }
+            self.turn.held.push(h);
+        }
     }
 
     /// Step 4: fires every timer due at `now`: ack deadlines, NACK delays,
@@ -213,7 +247,10 @@ impl Broker {
                             requeued.push((topic, group, id, e.topic.deliveries(group, id)));
                             self.turn.mark_for_publish(e);
                         }
-                        Some(Returned::Dead(info)) => self.dead_letter(topic, group, id, info),
+                        Some(Returned::Dead(info)) => {
+                            self.dead_letter(topic, group, id, info);
+                            self.credit_freed(topic, group);
+                        }
                         None => {}
                     }
                 }
@@ -264,6 +301,7 @@ impl Broker {
     /// that send no reply between the two (tests).
     pub fn commit(&mut self, now: Now, outbox: &mut impl Outbox) -> TurnReport {
         let mut written = self.write(now);
+        self.send_written(&written, outbox);
         self.sync(&mut written, now, outbox)
     }
 
@@ -388,6 +426,7 @@ impl Broker {
     fn publish(&mut self, now: Now, outbox: &mut impl Outbox) {
         let to_publish = std::mem::take(&mut self.turn.to_publish);
         let mut grown_bytes = 0;
+        self.push_held_back(now, outbox, &mut grown_bytes);
         for &tid in &to_publish {
             self.publish_topic(tid, now, outbox, &mut grown_bytes);
         }
@@ -397,7 +436,7 @@ impl Broker {
 
     /// Makes topic `tid`'s new messages ready and answers its parked
     /// FETCHes while messages are ready: with messages, or BUSY when the
-    /// connections' buffers are full. `grown_bytes` counts the buffer
+    /// connections' buffers are full; then pushes to its subscribers. `grown_bytes` counts the buffer
     /// capacity these answers added, which the count does not see until the
     /// reactor brings it up to date after the commit.
     fn publish_topic(&mut self, tid: TopicId, now: Now, outbox: &mut impl Outbox, grown_bytes: &mut u64) {
@@ -411,6 +450,9 @@ impl Broker {
             i += 1;
             if self.waiters.waiting(tid, group) > 0 {
                 self.serve_waiters(tid, group, now, outbox, grown_bytes);
+            }
+            if self.subs.any(tid, group) {
+                self.push_ready(tid, group, now, outbox, grown_bytes);
             }
         }
     }

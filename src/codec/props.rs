@@ -24,6 +24,18 @@ use super::{ErrorCode, put_u16};
 pub const PROP_TAG: u8 = 1;
 /// Property type: a header (a key string, then the value bytes).
 pub const PROP_HEADER: u8 = 2;
+/// The broker's own entries (a message's log record and queue copy carry
+/// them; no client sends or receives them): they come after every client
+/// property of the blob, so that what a client is sent is a prefix of it
+/// (`Props::public`), and a client's PRODUCE with one is refused, as any
+/// type its version lacks.
+///
+/// Broker entry: a dead letter's origin group (UTF-8 name, not empty),
+/// delivered as the FETCH reply's origin group field.
+pub const PROP_ORIGIN_GROUP: u8 = 10;
+/// Broker entry: a message redriven to one group only (UTF-8 name, not
+/// empty): every other group's filter drops it.
+pub const PROP_REDRIVEN_TO: u8 = 11;
 /// Property type (version 3): deliver the message at this wall-clock time,
 /// a `u64` of ms since the Unix epoch on the broker's clock.
 pub const PROP_DELIVER_AT: u8 = 3;
@@ -104,6 +116,11 @@ fn time_value(value: &[u8]) -> Result<u64, PropsError> {
     let bytes: [u8; PROP_TIME_BYTES] =
         value.try_into().map_err(|_| malformed("a deliver_at_ms or delay_ms property is not 8 bytes"))?;
     Ok(u64::from_le_bytes(bytes))
+}
+
+/// Whether `kind` is one of the broker's own entries.
+pub fn is_broker_prop(kind: u8) -> bool {
+    matches!(kind, PROP_ORIGIN_GROUP | PROP_REDRIVEN_TO)
 }
 
 /// Checks a tag: 1 to `tag_bytes_max` bytes of UTF-8 without `|`,
@@ -187,6 +204,49 @@ impl<'a> Props<'a> {
         Ok(Props { bytes })
     }
 
+    /// Validates a stored blob (a log record's): the client properties of
+    /// the newest version, then the broker's own entries, each a UTF-8
+    /// name, and nothing after them. Bounded by the format alone.
+    pub fn parse_stored(bytes: &'a [u8], version: u16) -> Result<Props<'a>, PropsError> {
+        let public = Props::trusted(bytes).public().bytes.len();
+        Props::parse(&bytes[..public], version, &PropsLimits::ANY)?;
+        let mut at = public;
+        while at < bytes.len() {
+            let (kind, value, n) =
+                entry(&bytes[at..]).ok_or_else(|| malformed("a property runs past the properties"))?;
+            if !is_broker_prop(kind) || value.is_empty() || std::str::from_utf8(value).is_err() {
+                return Err(bad(format!("stored property type {kind} is out of place or not a group name")));
+            }
+            at += n;
+        }
+        Ok(Props { bytes })
+    }
+
+    /// The client properties: the blob up to the broker's own entries
+    /// (what a FETCH reply carries).
+    pub fn public(&self) -> Props<'a> {
+        let mut at = 0;
+        while let Some((kind, _, n)) = entry(&self.bytes[at..]) {
+            if is_broker_prop(kind) {
+                break;
+            }
+            at += n;
+        }
+        Props { bytes: &self.bytes[..at] }
+    }
+
+    /// The value of the broker's entry `kind` (a group name), if present.
+    pub fn broker_entry(&self, kind: u8) -> Option<&'a str> {
+        let mut rest = &self.bytes[self.public().bytes.len()..];
+        while let Some((k, value, n)) = entry(rest) {
+            if k == kind {
+                return std::str::from_utf8(value).ok();
+            }
+            rest = &rest[n..];
+        }
+        None
+    }
+
     /// A blob `parse` already validated (kept with the batch it came in,
     /// or stored with its message by the queue).
     pub(crate) fn trusted(bytes: &'a [u8]) -> Props<'a> {
@@ -267,8 +327,12 @@ impl<'a> Iterator for PropsIter<'a> {
     type Item = Prop<'a>;
     fn next(&mut self) -> Option<Prop<'a>> {
         // The blob was validated by `Props::parse`: every entry is whole and
-        // of a known type, so the `?`s below end only at the end.
+        // of a known type, so the `?`s below end only at the end (or at
+        // the broker's own entries, which are not the message's).
         let (kind, value, n) = entry(self.rest)?;
+        if is_broker_prop(kind) {
+            return None;
+        }
         self.rest = &self.rest[n..];
         Some(match kind {
             PROP_TAG => Prop::Tag(std::str::from_utf8(value).ok()?),
@@ -299,6 +363,16 @@ pub fn put_header(out: &mut Vec<u8>, key: &str, value: &[u8]) {
     put_u16(out, key.len() as u16);
     out.extend_from_slice(key.as_bytes());
     out.extend_from_slice(value);
+}
+
+/// Appends one of the broker's own entries (`kind`, a group name) to a
+/// blob being built; it must come after the client properties.
+pub fn put_broker_entry(out: &mut Vec<u8>, kind: u8, name: &str) {
+    assert!(is_broker_prop(kind) && !name.is_empty(), "broker entry {kind} with name {name:?}");
+    assert!(name.len() <= usize::from(u16::MAX), "a group name over 65535 bytes");
+    out.push(kind);
+    put_u16(out, name.len() as u16);
+    out.extend_from_slice(name.as_bytes());
 }
 
 /// Appends a time property entry: `PROP_DELIVER_AT` or `PROP_DELAY`.
@@ -426,6 +500,29 @@ mod tests {
         let big = [7u8; 59];
         assert!(Props::parse(&blob(&[], &[("k", &big[..58])]), 2, &LIMITS).is_ok(), "64 bytes");
         assert_eq!(refused(&blob(&[], &[("k", &big[..59])]), &LIMITS), ErrorCode::BadArgument, "65 bytes");
+    }
+
+    #[test]
+    fn the_brokers_own_entries_come_last_are_never_a_clients_and_are_not_sent() {
+        let mut bytes = blob(&["a"], &[("k", b"v")]);
+        let public_len = bytes.len();
+        put_broker_entry(&mut bytes, PROP_ORIGIN_GROUP, "billing");
+        put_broker_entry(&mut bytes, PROP_REDRIVEN_TO, "audit");
+        let p = Props::parse_stored(&bytes, 2).expect("a stored blob");
+        assert_eq!(p.public().bytes(), &bytes[..public_len]);
+        assert_eq!(p.tags().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(p.headers().count(), 1, "iteration ends at the broker's entries");
+        assert_eq!(p.broker_entry(PROP_ORIGIN_GROUP), Some("billing"));
+        assert_eq!(p.broker_entry(PROP_REDRIVEN_TO), Some("audit"));
+        assert_eq!(Props::parse(&bytes, 2, &PropsLimits::ANY).expect_err("a client's").code, ErrorCode::BadArgument);
+        assert_eq!(Props::trusted(&bytes[..public_len]).broker_entry(PROP_ORIGIN_GROUP), None);
+        // Out of place (a client property after one) or not a name: damage.
+        let mut after = bytes.clone();
+        put_tag(&mut after, "b");
+        assert!(Props::parse_stored(&after, 2).is_err());
+        assert!(Props::parse_stored(&[PROP_ORIGIN_GROUP, 0, 0], 2).is_err());
+        assert!(Props::parse_stored(&[PROP_ORIGIN_GROUP, 1, 0, 0xff], 2).is_err());
+        assert_eq!(Props::parse_stored(&bytes[..bytes.len() - 1], 2).expect_err("cut").code, ErrorCode::Malformed);
     }
 
     #[test]

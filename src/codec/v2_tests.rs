@@ -118,7 +118,7 @@ fn random_request(rng: &mut Rng) -> Request<'static> {
                     (props, &*rng.bytes(len).leak())
                 })
                 .collect();
-            Request::Produce { topic, batch: batch_of(&messages) }
+            Request::Produce { flags: 0, topic, batch: batch_of(&messages) }
         }
         1 => Request::Fetch { topic, group, max_messages: 3, max_bytes: 0, wait_ms: 9, ack_timeout_ms: 7 },
         2 => Request::Ack { topic, group, ids },
@@ -340,9 +340,9 @@ fn version_1_needs_no_group_and_no_properties() {
     let plain = Request::Ack { topic: "t", group: "", ids: ids_of(&[1]) };
     assert_eq!(plain.version_needed(), 1);
     assert_eq!(Request::Ack { topic: "t", group: "g", ids: ids_of(&[1]) }.version_needed(), 2);
-    let untagged = Request::Produce { topic: "t", batch: batch_of(&[(Props::EMPTY, b"x")]) };
+    let untagged = Request::Produce { flags: 0, topic: "t", batch: batch_of(&[(Props::EMPTY, b"x")]) };
     assert_eq!(untagged.version_needed(), 1, "a version-2 batch without properties fits version 1");
-    let tagged = Request::Produce { topic: "t", batch: batch_of(&[(props_of(&["a"], &[]), b"x")]) };
+    let tagged = Request::Produce { flags: 0, topic: "t", batch: batch_of(&[(props_of(&["a"], &[]), b"x")]) };
     assert_eq!(tagged.version_needed(), 2);
 }
 

@@ -184,11 +184,22 @@ impl Group {
         self.config = config;
     }
 
+    /// Whether the group decides per message at all: it has a filter, or
+    /// its topic has messages redriven to one group.
+    fn decides(&self, seq: &Seq) -> bool {
+        self.config.filter.is_some() || seq.tags().has_redriven()
+    }
+
     /// Whether the filter passes message `id` (untagged messages pass only
-    /// `*`), decided once per tag set.
+    /// `*`), decided once per tag set. A message redriven to one group
+    /// passes that group's (whatever its filter) and no other.
     pub fn passes(&mut self, seq: &Seq, id: MsgId) -> bool {
-        let Some(filter) = &self.config.filter else { return true };
-        let Some(set) = seq.tag_set(id) else { return matches!(filter, Filter::All) };
+        if !self.decides(seq) {
+            return true;
+        }
+        let Some(set) = seq.tag_set(id) else {
+            return self.config.filter.as_ref().is_none_or(|f| matches!(f, Filter::All));
+        };
         let epoch = seq.tags().epoch();
         if epoch != self.decisions_epoch {
             self.decisions.clear();
@@ -197,7 +208,10 @@ impl Group {
         if let Some(&d) = self.decisions.get(&set) {
             return d;
         }
-        let d = filter.matches_any(seq.tags().names(set));
+        let d = match seq.tags().redriven_to(set) {
+            Some(to) => to == &*self.name,
+            None => self.config.filter.as_ref().is_none_or(|f| f.matches_any(seq.tags().names(set))),
+        };
         self.decisions.insert(set, d);
         d
     }
@@ -253,6 +267,16 @@ impl Group {
     }
     pub fn inflight(&self) -> u64 {
         self.inflight.len() as u64
+    }
+    /// Whether message `id` is in flight to consumer `owner`.
+    pub fn holds(&self, id: MsgId, owner: ConsumerId) -> bool {
+        self.inflight.get(&id).is_some_and(|f| f.owner == owner)
+    }
+
+    /// Messages in flight to consumer `owner` (what a push subscription's
+    /// credit counts).
+    pub fn held_by(&self, owner: ConsumerId) -> u32 {
+        self.owners.get(&owner).map_or(0, |o| o.live)
     }
     pub fn delayed(&self) -> u64 {
         self.delayed.len() as u64
@@ -331,7 +355,7 @@ impl Group {
                 self.cursor = id + 1;
                 continue;
             }
-            if self.config.filter.is_none() || self.passes(seq, id) {
+            if !self.decides(seq) || self.passes(seq, id) {
                 return Some(id);
             }
             if skips == FILTER_SKIPS_PER_CALL_MAX {
@@ -343,6 +367,36 @@ impl Group {
             self.counters.filtered += 1;
             self.skipped.push(id);
         }
+    }
+
+    /// Ids back for retry, in the order they came back.
+    pub fn retry_ids(&self) -> Vec<MsgId> {
+        let mut ids: Vec<MsgId> = self.retry.iter().copied().filter(|id| self.retry_set.contains_key(id)).collect();
+        let mut seen = IdMap::default();
+        ids.retain(|id| seen.insert(*id, ()).is_none());
+        ids
+    }
+
+    /// Takes message `id` out of retry (a move: REDRIVE naming a group).
+    /// False if it is not back for retry.
+    pub fn take_retried(&mut self, id: MsgId) -> bool {
+        self.retry_set.remove(&id).is_some()
+    }
+
+    /// Takes message `id`, at or after the cursor, out of ready for a move
+    /// (REDRIVE naming a group), stepping the cursor past it: the messages
+    /// `passed` between the cursor and it (in id order) go back for retry,
+    /// so that they stay ready, still in id order. A restart rebuilds the
+    /// same: the cursor past the highest id the group is done with, what it
+    /// still needs below it back for retry.
+    pub fn take_ahead(&mut self, id: MsgId, passed: &mut Vec<MsgId>) {
+        debug_assert!(id >= self.cursor, "message {id} taken from below the cursor {}", self.cursor);
+        for p in passed.drain(..) {
+            let d = self.carried.remove(&p).unwrap_or(0);
+            self.requeue(p, d);
+        }
+        self.cursor = id + 1;
+        self.carried.remove(&id);
     }
 
     /// Takes the message `peek_ready` returned out of ready.

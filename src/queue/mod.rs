@@ -165,4 +165,6 @@ mod groups_tests;
 #[cfg(test)]
 mod props_tests;
 #[cfg(test)]
+mod redrive_tests;
+#[cfg(test)]
 mod tests;

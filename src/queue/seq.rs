@@ -19,8 +19,9 @@
 use std::collections::VecDeque;
 
 use super::schedule::Schedule;
-use super::tags::{TAG_SETS_MAX, TagSetId, Tags, TagsFull};
+use super::tags::{REDRIVEN_TO_PREFIX, TAG_SETS_MAX, TagSetId, Tags, TagsFull};
 use super::{IdMap, MsgId};
+use crate::codec::props::PROP_REDRIVEN_TO;
 use crate::codec::{DeadInfo, Props};
 
 /// Most messages in one block: 4096 keeps the live bitmap at 512 bytes and
@@ -415,7 +416,13 @@ impl Seq {
         if props.is_empty() {
             return Ok(None);
         }
-        self.tags.intern(|| props.tags(), max)
+        match props.broker_entry(PROP_REDRIVEN_TO) {
+            None => self.tags.intern(|| props.tags(), max),
+            Some(group) => {
+                let mark = format!("{REDRIVEN_TO_PREFIX}{group}");
+                self.tags.intern(|| props.tags().chain(std::iter::once(mark.as_str())), max)
+            }
+        }
     }
 
     /// `intern_tags` for a message that must be stored whatever the table

@@ -131,7 +131,8 @@ impl Topic {
     /// Where `start` puts a group: the first id it needs.
     pub fn start_cursor(&self, start: Start) -> MsgId {
         match start {
-            Start::Earliest => 0,
+            // The oldest message held (so that a reply names a real id).
+            Start::Earliest => self.seq.next_live(0, self.seq.next_id()).unwrap_or(self.seq.next_id()),
             Start::Latest => self.seq.next_id(),
             // An id past the newest starts with the next message produced.
             Start::Id(id) => id.min(self.seq.next_id()),
@@ -543,6 +544,15 @@ impl Topic {
     pub fn delayed(&self, g: GroupId) -> u64 {
         self.group(g).map_or(0, Group::delayed)
     }
+    /// Whether message `id` of group `g` is in flight to consumer `c`.
+    pub fn holds(&self, g: GroupId, id: MsgId, c: ConsumerId) -> bool {
+        self.group(g).is_some_and(|x| x.holds(id, c))
+    }
+
+    /// Messages of group `g` in flight to consumer `c`.
+    pub fn held_by(&self, g: GroupId, c: ConsumerId) -> u32 {
+        self.group(g).map_or(0, |x| x.held_by(c))
+    }
     /// Whether a FETCH for group `g` would find something now. Steps the
     /// group over messages its filter drops first (a bounded number).
     pub fn has_ready(&mut self, g: GroupId) -> bool {
@@ -697,6 +707,55 @@ impl Topic {
             n += 1;
         }
         self.release_skipped(g);
+        n
+    }
+
+    /// `drain_ready` of the messages `pick` chooses only (REDRIVE naming a
+    /// group): those back for retry, in order, then those from the cursor
+    /// on, in id order; the others stay ready where they are (see
+    /// `Group::take_ahead`). Reads every ready message of the group once
+    /// (as a REDRIVE of all would move them all). The group's filter is
+    /// not applied: a dead-letter topic's groups have none unless created
+    /// with one.
+    pub fn drain_ready_where(
+        &mut self,
+        g: GroupId,
+        max: u64,
+        mut pick: impl FnMut(&Stored<'_>) -> bool,
+        mut out: impl FnMut(Stored<'_>, Option<DeadInfo>) -> bool,
+    ) -> u64 {
+        let Some(group) = self.group(g) else { return 0 };
+        let (retry, mut at) = (group.retry_ids(), group.cursor());
+        let mut n = 0;
+        for id in retry {
+            let Some(m) = self.seq.get(id).filter(|m| n < max && pick(m)) else { continue };
+            if !out(m, self.seq.dead_info(id)) {
+                return n;
+            }
+            if let Some(x) = self.group_mut(g) {
+                x.take_retried(id);
+            }
+            self.done(g, id);
+            n += 1;
+        }
+        let mut passed = Vec::new();
+        while n < max {
+            let Some(id) = self.seq.next_live(at, self.seq.visible_id()) else { break };
+            at = id + 1;
+            let Some(m) = self.seq.get(id) else { break };
+            if !pick(&m) {
+                passed.push(id);
+                continue;
+            }
+            if !out(m, self.seq.dead_info(id)) {
+                break;
+            }
+            if let Some(x) = self.group_mut(g) {
+                x.take_ahead(id, &mut passed);
+            }
+            self.done(g, id);
+            n += 1;
+        }
         n
     }
 }

@@ -140,7 +140,7 @@ pub fn doc_frames() -> Vec<Named> {
         named(
             "produce-request",
             "PRODUCE a batch of two messages, hello and world, to the topic jobs.",
-            request(3, Request::Produce { topic: jobs, batch: batch(&[b"hello", b"world"]) }),
+            request(3, Request::Produce { flags: 0, topic: jobs, batch: batch(&[b"hello", b"world"]) }),
         ),
         named(
             "produce-reply",
@@ -300,7 +300,11 @@ pub fn doc_frames_v2() -> Vec<Named> {
             "PRODUCE (version 2) two messages to jobs: hello with the tag eu and the header trace = 7f, and world without properties.",
             request_v2(
                 2,
-                Request::Produce { topic: jobs, batch: batch_v2(&[(props, b"hello"), (Props::EMPTY, b"world")]) },
+                Request::Produce {
+                    flags: 0,
+                    topic: jobs,
+                    batch: batch_v2(&[(props, b"hello"), (Props::EMPTY, b"world")]),
+                },
             ),
         ),
         named(
@@ -448,14 +452,23 @@ pub fn encode_reply(out: &mut Vec<u8>, frame: &ReplyFrame<'_>) {
         Reply::Hello { version, limits, map_epoch } => encode_hello_reply(out, id, *version, limits, *map_epoch),
         Reply::Pong => encode_empty_reply(out, op, id),
         Reply::Produced { first_id, count } => encode_produce_reply(out, id, *first_id, *count),
-        Reply::Messages { topic, messages } => {
+        Reply::Messages { topic, messages } | Reply::Pushed { topic, messages } => {
             // Replies need no version: a message's flags say what it
             // carries, and the highest version writes whatever it has.
-            let mut w = MessagesWriter::begin(out, id, topic, CODEC_VERSION_MAX);
+            let mut w = if op == runnel::codec::op::PUSH {
+                MessagesWriter::begin_pushed(out, id, topic, CODEC_VERSION_MAX)
+            } else {
+                MessagesWriter::begin(out, id, topic, CODEC_VERSION_MAX)
+            };
             for m in messages {
                 w.push(out, m);
             }
             w.finish(out);
+        }
+        Reply::Subscribed { subscription } => encode_subscribed_reply(out, id, *subscription),
+        Reply::Credited { inflight } => encode_credit_reply(out, id, *inflight),
+        Reply::AckProduced { done, failed, outputs } => {
+            runnel::codec::ack_produce::encode_reply(out, id, *done, failed, outputs)
         }
         Reply::Ids { done, failed } => encode_ids_reply(out, op, id, *done, failed),
         Reply::Stats(sections) => {
@@ -519,7 +532,11 @@ pub fn doc_frames_schedule() -> Vec<Named> {
             "PRODUCE (version 3) two messages to jobs: hello, due a minute after the broker receives it, and later, due at 2026-01-01T01:00:00.123Z.",
             request_v3(
                 20,
-                Request::Produce { topic: jobs, batch: batch_v2(&[(in_a_minute, b"hello"), (at_one, b"later")]) },
+                Request::Produce {
+                    topic: jobs,
+                    flags: 0,
+                    batch: batch_v2(&[(in_a_minute, b"hello"), (at_one, b"later")]),
+                },
             ),
         ),
         named(

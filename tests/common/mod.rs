@@ -4,6 +4,7 @@
 
 pub mod frames;
 pub mod logdir;
+pub mod push_frames;
 pub mod wire;
 
 use std::net::SocketAddr;

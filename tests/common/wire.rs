@@ -66,7 +66,7 @@ pub fn batch_body<P: AsRef<[u8]>>(payloads: &[P]) -> Vec<u8> {
 }
 
 pub fn produce_req<'a>(topic: &'a str, body: &'a [u8], count: u32) -> Request<'a> {
-    Request::Produce { topic, batch: Batch { count, bytes: body, with_props: false } }
+    Request::Produce { flags: 0, topic, batch: Batch { count, bytes: body, with_props: false } }
 }
 
 pub fn ids_body(ids: &[u64]) -> Vec<u8> {

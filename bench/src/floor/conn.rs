@@ -183,7 +183,7 @@ mod tests {
     }
 
     fn produce<'a>(topic: &'a str, records: &'a [u8]) -> Request<'a> {
-        Request::Produce { topic, batch: Batch { count: 1, bytes: records, with_props: false } }
+        Request::Produce { flags: 0, topic, batch: Batch { count: 1, bytes: records, with_props: false } }
     }
 
     #[test]

@@ -216,7 +216,7 @@ impl Echo {
                 }
             }
             Request::Ping => codec::encode_empty_reply(out, op::PING, rid),
-            Request::Produce { topic, batch } => self.produce(topic, batch.bytes, batch.count, rid, out),
+            Request::Produce { topic, batch, .. } => self.produce(topic, batch.bytes, batch.count, rid, out),
             Request::Fetch { topic, max_messages, max_bytes, wait_ms, .. } => {
                 let fetch = Waiter { key, request_id: rid, max_messages, max_bytes, deadline_ms: 0 };
                 return self.fetch(topic, fetch, wait_ms, now_ms, out);
@@ -397,7 +397,7 @@ mod tests {
         encode_batch(&mut records, payloads);
         let batch = Batch { count: payloads.len() as u32, bytes: &records, with_props: false };
         let mut out = Vec::new();
-        let frame = Frame { request_id: 9, request: Request::Produce { topic, batch } };
+        let frame = Frame { request_id: 9, request: Request::Produce { flags: 0, topic, batch } };
         assert_eq!(echo.handle(1, &frame, 0, &mut out), Outcome::Done);
         out
     }
