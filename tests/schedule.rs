@@ -184,6 +184,7 @@ fn owned(r: Reply<'_>) -> Reply<'static> {
         Reply::Created { created } => Reply::Created { created },
         Reply::GroupCreated { created, cursor } => Reply::GroupCreated { created, cursor },
         Reply::Cursor(c) => Reply::Cursor(c),
+        Reply::AckProduced { done, failed, outputs } => Reply::AckProduced { done, failed, outputs },
         other => panic!("a reply these tests do not expect: {other:?}"),
     }
 }
@@ -476,4 +477,40 @@ fn a_nack_delay_survives_a_restart() {
     assert_eq!(h.stat("t", "delayed"), 1, "still delayed after compaction and a restart");
     h.tick(START_WALL_MS + 10_000);
     assert_eq!(h.drain("t", ""), [(id, 2, None)], "ready when the delay ends, its first delivery counted");
+}
+
+/// A message ACK_PRODUCE stores with a delivery time is scheduled as a
+/// PRODUCE's is, and stays so across a restart.
+#[test]
+fn ack_produce_schedules_its_outputs_as_produce_does() {
+    let dir = TempDir::new("schedule-ack-produce");
+    let mut h = open(dir.path(), start());
+    h.drain("in", "");
+    h.drain("out", "");
+    let mut plain = Vec::new();
+    codec::encode_message(&mut plain, &Props::EMPTY, b"job");
+    let batch = Batch { count: 1, bytes: &plain, with_props: true };
+    h.call(Request::Produce { topic: "in", flags: 0, batch });
+    let fetch = Request::Fetch { topic: "in", group: "", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 };
+    let Reply::Messages { messages, .. } = h.call(fetch) else { panic!("fetch") };
+    let mut blob = Vec::new();
+    props::put_time(&mut blob, PROP_DELAY, 5_000);
+    let p = Props::parse(&blob, 3, &PropsLimits::ANY).expect("valid");
+    let mut message = Vec::new();
+    codec::encode_message(&mut message, &p, b"next step");
+    let mut outputs = Vec::new();
+    codec::ack_produce::encode_output(&mut outputs, "out", &Batch { count: 1, bytes: &message, with_props: true });
+    let mut ids = Vec::new();
+    codec::encode_ids(&mut ids, &[messages[0].id]);
+    let outputs = codec::ack_produce::Outputs { count: 1, bytes: &outputs };
+    let req = Request::AckProduce { topic: "in", group: "", ids: Ids { bytes: &ids }, outputs };
+    let Reply::AckProduced { done: 1, outputs, .. } = h.call(req) else { panic!("ack_produce") };
+    let id = outputs[0].0;
+    assert_eq!(h.stat("out", "scheduled"), 1);
+    assert_eq!(h.drain("out", ""), [], "not before its time");
+    drop(h);
+    let mut h = open(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 1_000 });
+    assert_eq!(h.stat("out", "scheduled"), 1, "still scheduled after a restart");
+    h.tick(START_WALL_MS + 5_000);
+    assert_eq!(h.drain("out", ""), [(id, 1, Some(START_WALL_MS + 5_000))]);
 }

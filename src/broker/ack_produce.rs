@@ -62,6 +62,8 @@ impl Broker {
             ack_produce::encode_reply(out, rid, 0, &failed, &[]);
             return Ok(());
         }
+        // A delivery time past the limit refuses the whole request.
+        outputs.iter().try_for_each(|(_, batch)| self.check_schedules(&batch, now))?;
         let plan = self.plan_outputs(outputs)?;
         self.ack_all(tid, group, &ids);
         let mut w = AckProduceWriter::begin(&mut self.log, tid, group, &ids);
@@ -129,13 +131,23 @@ impl Broker {
         let Some(e) = self.topics.get_mut(p.topic) else { return (0, 0) };
         let first = e.topic.seq.next_id();
         w.output(&mut self.log, p.topic);
+        let (mut buf, mut scheduled) = (Vec::new(), false);
         for (i, (props, payload)) in p.batch.messages().enumerate() {
             let tag_set = p.tag_sets.get(i).copied().flatten();
+            // Scheduled as a PRODUCE's messages are (broker/schedule.rs).
+            let (props, due) = super::schedule::stored_props(props, now.wall_ms, &mut buf);
             let (id, born_ms) = e.topic.produce(now.wall_ms, Body { props, tag_set, payload });
+            if let Some(due) = due {
+                e.topic.schedule(id, due);
+                scheduled = true;
+            }
             w.push(&mut self.log, &MessageRecord { id, born_ms, deliveries: 0, dead: None, props, payload });
             self.compactor.note_client_produce(p.topic, id);
         }
         self.turn.mark_for_publish(e);
+        if scheduled {
+            self.arm_due(p.topic, now);
+        }
         (first, p.batch.count)
     }
 }
