@@ -192,7 +192,7 @@ pub fn encode_reply(f: &ReplyFrame<'_>) -> Vec<u8> {
         Reply::Topics(topics) => codec::encode_topics_reply(&mut out, rid, topics),
         Reply::GroupCreated { created, cursor } => codec::encode_group_created_reply(&mut out, rid, *created, *cursor),
         Reply::Groups(groups) => codec::encode_groups_reply(&mut out, rid, groups),
-        Reply::Cursor(cursor) => codec::encode_u64_reply(&mut out, f.op, rid, *cursor),
+        Reply::Cursor(cursor) | Reply::Due(cursor) => codec::encode_u64_reply(&mut out, f.op, rid, *cursor),
     }
     out
 }

@@ -17,6 +17,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use crate::codec::props::{self, PropsLimits};
+pub use crate::codec::schedule::When;
 use crate::codec::{self, DeadInfo, DecodeLimits, Decoded, ErrorCode, GroupSettings, GroupStats, Ids, Props};
 use crate::codec::{Reply, Request, Start, TopicSettings};
 
@@ -113,6 +114,13 @@ impl Delivered {
     pub fn header(&self, key: &str) -> Option<&[u8]> {
         self.parsed_props().header(key)
     }
+    /// The time it was scheduled for, if it was (version 3).
+    pub fn deliver_at_ms(&self) -> Option<u64> {
+        match self.parsed_props().schedule() {
+            Some(props::Prop::DeliverAt(at)) => Some(at),
+            _ => None,
+        }
+    }
 }
 
 /// A message to produce with properties (version 2): its payload, tags and
@@ -147,7 +155,19 @@ impl<'a> ProduceMessage<'a> {
         }
         self
     }
-    /// Whether it has tags or headers.
+    /// Delivers it at `at_ms`, wall-clock ms since the Unix epoch on the
+    /// broker's clock (version 3; a time not in the future delivers it at
+    /// once).
+    pub fn deliver_at(mut self, at_ms: u64) -> ProduceMessage<'a> {
+        props::put_time(&mut self.props, props::PROP_DELIVER_AT, at_ms);
+        self
+    }
+    /// Delivers it `delay_ms` after the broker receives it (version 3).
+    pub fn delay(mut self, delay_ms: u64) -> ProduceMessage<'a> {
+        props::put_time(&mut self.props, props::PROP_DELAY, delay_ms);
+        self
+    }
+    /// Whether it has properties.
     pub fn has_props(&self) -> bool {
         !self.props.is_empty()
     }
@@ -211,6 +231,8 @@ pub enum OwnedReply {
     Subscribed(u32),
     /// CREDIT: the group's messages in flight to this connection.
     Credited(u32),
+    /// CANCEL's and RESCHEDULE's time.
+    Due(u64),
     AckProduced(AckProduced),
 }
 
@@ -790,11 +812,29 @@ impl Client {
         }
     }
 
+    /// Cancels scheduled message `id`: it leaves the topic. Returns the
+    /// time it was due. Version 3.
+    pub fn cancel(&mut self, topic: &str, id: u64) -> Result<u64> {
+        match self.call(&Request::Cancel { topic, id })? {
+            OwnedReply::Due(at) => Ok(at),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Sets a subscription's credit (0 pauses it); returns how many of its
     /// group's messages this connection holds.
     pub fn credit(&mut self, subscription: u32, credit: u32) -> Result<u32> {
         match self.call(&Request::Credit { subscription, credit })? {
             OwnedReply::Credited(n) => Ok(n),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Moves scheduled message `id` to a new time; returns that time (ms
+    /// since the Unix epoch, the broker's clock). Version 3.
+    pub fn reschedule(&mut self, topic: &str, id: u64, when: When) -> Result<u64> {
+        match self.call(&Request::Reschedule { topic, id, when })? {
+            OwnedReply::Due(at) => Ok(at),
             other => Err(unexpected(&other)),
         }
     }
@@ -908,6 +948,7 @@ fn own(r: Reply<'_>) -> Result<OwnedReply> {
         Reply::Pushed { topic, messages } => {
             OwnedReply::Messages { topic: topic.to_string(), messages: messages.iter().map(own_message).collect() }
         }
+        Reply::Due(at) => OwnedReply::Due(at),
         Reply::Error { code, message } => return Err(Error::Broker { code, message: message.to_string() }),
     })
 }

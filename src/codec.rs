@@ -33,6 +33,7 @@ pub mod ack_produce;
 pub mod group;
 pub mod props;
 pub mod push;
+pub mod schedule;
 
 pub use group::{
     GROUP_FLAG_BROADCAST, GroupInfo, GroupSettings, GroupStats, Start, check_group_name, encode_group_created_reply,
@@ -45,8 +46,10 @@ pub use push::{SINCE_PUSH, encode_credit_reply, encode_subscribed_reply};
 pub const VERSION_MIN: u16 = 1;
 pub const VERSION_MAX: u16 = 3;
 /// The highest version this codec, and so the client, speaks. The broker
-/// raises VERSION_MAX to it once it serves every version-2 op.
+/// raises VERSION_MAX to it once it serves every op of that version.
 pub const CODEC_VERSION_MAX: u16 = 3;
+/// Version 3: time and identity (scheduled messages and their ops).
+pub const V3: u16 = 3;
 /// Bytes in a frame header.
 pub const HEADER_BYTES: usize = 12;
 /// Bit set in the op of every reply.
@@ -95,6 +98,8 @@ pub mod op {
     /// Not a request: the op of a pushed frame (sent as 0xEF, with the
     /// reply bit), which answers no request.
     pub const PUSH: u8 = 0x6F;
+    pub const CANCEL: u8 = 0x50;
+    pub const RESCHEDULE: u8 = 0x51;
 
     /// The first protocol version that has `op`, if any has.
     pub fn since(op: u8) -> Option<u16> {
@@ -103,6 +108,7 @@ pub mod op {
             CREATE_TOPIC | DELETE_TOPIC | PURGE_TOPIC | LIST_TOPICS | REDRIVE => Some(1),
             CREATE_GROUP | DELETE_GROUP | LIST_GROUPS | RESET_GROUP => Some(2),
             SUBSCRIBE | CREDIT | UNSUBSCRIBE | ACK_PRODUCE => Some(super::SINCE_PUSH),
+            CANCEL | RESCHEDULE => Some(super::V3),
             _ => None,
         }
     }
@@ -166,6 +172,10 @@ pub enum ErrorCode {
     /// Reserved, never sent by this build: a request names topics of
     /// several shards; the client splits it.
     CrossShard = 24,
+    /// The id names no scheduled message of the topic: it was never
+    /// scheduled, its time has come (it is ready or delivered), or it was
+    /// cancelled (version 3).
+    NotScheduled = 25,
 }
 
 impl ErrorCode {
@@ -196,6 +206,7 @@ impl ErrorCode {
             22 => TryAgain,
             23 => NotPrimary,
             24 => CrossShard,
+            25 => NotScheduled,
             _ => return None,
         })
     }
@@ -228,6 +239,7 @@ impl ErrorCode {
             TryAgain => "TRYAGAIN",
             NotPrimary => "NOT_PRIMARY",
             CrossShard => "CROSSSHARD",
+            NotScheduled => "NOT_SCHEDULED",
         }
     }
 }
@@ -499,6 +511,16 @@ pub enum Request<'a> {
     Unsubscribe {
         subscription: u32,
     },
+    /// Version 3 and later.
+    Cancel {
+        topic: &'a str,
+        id: u64,
+    },
+    Reschedule {
+        topic: &'a str,
+        id: u64,
+        when: schedule::When,
+    },
     /// Acks `ids` of `group` of `topic` and produces `outputs`, all of it
     /// or none (version 3).
     AckProduce {
@@ -532,6 +554,8 @@ impl Request<'_> {
             Request::Subscribe { .. } => op::SUBSCRIBE,
             Request::Credit { .. } => op::CREDIT,
             Request::Unsubscribe { .. } => op::UNSUBSCRIBE,
+            Request::Cancel { .. } => op::CANCEL,
+            Request::Reschedule { .. } => op::RESCHEDULE,
             Request::AckProduce { .. } => op::ACK_PRODUCE,
         }
     }
@@ -540,6 +564,13 @@ impl Request<'_> {
     /// (`op::since`); 2 for a group other than the default one, or a
     /// message with properties.
     pub fn version_needed(&self) -> u16 {
+        let v3 = match *self {
+            Request::Produce { batch, .. } => batch.messages().any(|(p, _)| !p.known_to(2) && p.known_to(V3)),
+            other => op::since(other.op()) == Some(V3),
+        };
+        if v3 {
+            return V3;
+        }
         let v2 = match *self {
             Request::Fetch { group, .. }
             | Request::Ack { group, .. }
@@ -794,6 +825,7 @@ fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits, version: u16) 
             group::parse_group_op(op, rd, limits)?
         }
         op::SUBSCRIBE | op::CREDIT | op::UNSUBSCRIBE => push::parse_push_op(op, rd, limits)?,
+        op::CANCEL | op::RESCHEDULE => schedule::parse_schedule_op(op, rd, limits)?,
         op::ACK_PRODUCE => ack_produce::parse(rd, limits, version)?,
         other => return Err(BodyError(ErrorCode::UnknownOp, format!("unknown opcode 0x{other:02x}"))),
     };
@@ -963,7 +995,8 @@ fn put_ids(out: &mut Vec<u8>, ids: &[u64]) {
 /// programmer error: the client checks before it sends.
 pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>, version: u16) {
     let v2 = version >= 2;
-    assert!(req.version_needed() <= version.max(1), "{req:?} needs protocol version 2, not {version}");
+    let needed = req.version_needed();
+    assert!(needed <= version.max(1), "{req:?} needs protocol version {needed}, not {version}");
     let start = begin_frame(out, req.op(), 0, request_id);
     let topic_group = |out: &mut Vec<u8>, topic: &str, group: &str| {
         put_str(out, topic.as_bytes());
@@ -994,21 +1027,18 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>, ver
         }
         Request::Ack { topic, group, ids } => {
             topic_group(out, topic, group);
-            put_u32(out, ids.len() as u32);
-            out.extend_from_slice(ids.bytes);
+            put_id_list(out, ids);
         }
         Request::Nack { topic, group, delay_ms, flags, ids } => {
             topic_group(out, topic, group);
             put_u32(out, delay_ms);
             out.push(flags);
-            put_u32(out, ids.len() as u32);
-            out.extend_from_slice(ids.bytes);
+            put_id_list(out, ids);
         }
         Request::Touch { topic, group, ack_timeout_ms, ids } => {
             topic_group(out, topic, group);
             put_u32(out, ack_timeout_ms);
-            put_u32(out, ids.len() as u32);
-            out.extend_from_slice(ids.bytes);
+            put_id_list(out, ids);
         }
         Request::Stats { topic } | Request::DeleteTopic { topic } | Request::PurgeTopic { topic } => {
             put_str(out, topic.as_bytes())
@@ -1030,8 +1060,15 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>, ver
         | Request::Credit { .. }
         | Request::Unsubscribe { .. }
         | Request::AckProduce { .. } => push::encode_push_op(out, req),
+        Request::Cancel { .. } | Request::Reschedule { .. } => schedule::encode_schedule_op(out, req),
     }
     end_frame(out, start);
+}
+
+/// Appends an id list: its count, then the ids.
+fn put_id_list(out: &mut Vec<u8>, ids: Ids<'_>) {
+    put_u32(out, ids.len() as u32);
+    out.extend_from_slice(ids.bytes);
 }
 
 /// Appends payloads as a PRODUCE batch body (for `Batch::bytes`).
@@ -1286,7 +1323,9 @@ fn message_flags(m: &Message<'_>, version: u16) -> u8 {
             flags |= MSG_FLAG_ORIGIN_GROUP;
         }
     }
-    if version >= 2 && !m.props.is_empty() {
+    // A later version's properties are left out for an earlier session,
+    // which would refuse them: a message with only those goes without.
+    if version >= 2 && !m.props.is_empty() && (version >= V3 || props::props_len_for(&m.props, version) > 0) {
         flags |= MSG_FLAG_PROPS;
     }
     flags
@@ -1307,7 +1346,7 @@ fn put_message(out: &mut Vec<u8>, m: &Message<'_>, version: u16) {
         put_str(out, m.origin_group.as_bytes());
     }
     if flags & MSG_FLAG_PROPS != 0 {
-        props::put_props(out, &m.props);
+        props::put_props_for(out, &m.props, version);
     }
     put_u32(out, m.payload.len() as u32);
     out.extend_from_slice(m.payload);
@@ -1324,7 +1363,7 @@ pub fn message_wire_bytes(m: &Message<'_>, version: u16) -> usize {
         n += 2 + m.origin_group.len();
     }
     if flags & MSG_FLAG_PROPS != 0 {
-        n += 2 + m.props.bytes().len();
+        n += 2 + if version >= V3 { m.props.bytes().len() } else { props::props_len_for(&m.props, version) };
     }
     n
 }
@@ -1441,6 +1480,9 @@ pub enum Reply<'a> {
     Groups(Vec<GroupInfo<'a>>),
     /// RESET_GROUP: the group's new cursor.
     Cursor(u64),
+    /// CANCEL: the time the message was due; RESCHEDULE: its new time (ms
+    /// since the Unix epoch).
+    Due(u64),
     Error {
         code: u8,
         message: &'a str,
@@ -1549,6 +1591,7 @@ fn parse_reply_body<'a>(op: u8, status: u8, rd: &mut Rd<'a>) -> Option<Reply<'a>
         }
         op::CREATE_GROUP => Reply::GroupCreated { created: rd.u8()? != 0, cursor: rd.u64()? },
         op::RESET_GROUP => Reply::Cursor(rd.u64()?),
+        op::CANCEL | op::RESCHEDULE => Reply::Due(rd.u64()?),
         op::LIST_GROUPS => {
             let n = rd.u32()?;
             let mut groups = Vec::with_capacity((n as usize).min(rd.buf.len() / group::GROUP_INFO_BYTES_MIN));

@@ -456,7 +456,7 @@ const MESSAGES: [Message<'static>; 7] = [
     },
 ];
 
-const ALL_ERROR_CODES: [ErrorCode; 24] = [
+const ALL_ERROR_CODES: [ErrorCode; 25] = [
     ErrorCode::Malformed,
     ErrorCode::UnknownOp,
     ErrorCode::Version,
@@ -481,6 +481,7 @@ const ALL_ERROR_CODES: [ErrorCode; 24] = [
     ErrorCode::TryAgain,
     ErrorCode::NotPrimary,
     ErrorCode::CrossShard,
+    ErrorCode::NotScheduled,
 ];
 
 /// The longest key a STATS pair can carry: its length is a u8.
@@ -799,7 +800,7 @@ fn error_codes_and_dead_reasons_have_stable_numbers_and_names() {
         assert!(names.insert(code.name()), "{} twice", code.name());
     }
     assert_eq!(ErrorCode::from_u8(0), None);
-    assert_eq!(ErrorCode::from_u8(25), None);
+    assert_eq!(ErrorCode::from_u8(26), None);
     assert_eq!(ErrorCode::from_u8(0xff), None);
     let reasons = [DeadReason::AckTimeout, DeadReason::Nacked, DeadReason::Rejected, DeadReason::ConsumerLost];
     let mut names = BTreeSet::new();

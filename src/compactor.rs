@@ -431,7 +431,11 @@ impl Compactor {
             };
             let Some(m) = t.seq.get(live) else { break };
             let (deliveries, dead) = (t.deliveries(GroupId::DEFAULT, live), t.seq.dead_info(live));
-            let (props, payload) = (m.props, m.payload);
+            // A copy of a message whose time came carries no delivery time:
+            // the Due record that said so may go with this segment.
+            let untimed = (m.props.schedule().is_some() && !t.seq.scheduled(live))
+                .then(|| crate::codec::props::without_schedule(&m.props));
+            let (props, payload) = (untimed.as_deref().map_or(m.props, crate::codec::Props::trusted), m.payload);
             w.push(log, &MessageRecord { id: live, born_ms: m.born_ms, deliveries, dead, props, payload });
             push_range(&mut self.turn_withdrawable_ranges, r.topic, live);
             budget.bytes += m.bytes() + RECORD_MESSAGE_OVERHEAD_BYTES;

@@ -305,6 +305,7 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--filter-compiled-bytes-max", "N", "most memory one compiled regular-expression filter may take"),
     ("--subscription-credit-max", "N", "most credit one push subscription may have"),
     ("--subscriptions-per-connection-max", "N", "most push subscriptions one connection may have"),
+    ("--schedule-ahead-ms-max", "N", "farthest ahead a message may be scheduled, ms"),
 ];
 
 /// `runnel serve`'s flags with their defaults.
@@ -460,7 +461,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 27] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 28] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -489,6 +490,7 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 27] {
         ("filter-compiled-bytes-max", l.filter_compiled_bytes_max.into()),
         ("subscription-credit-max", l.subscription_credit_max.into()),
         ("subscriptions-per-connection-max", l.subscriptions_per_connection_max.into()),
+        ("schedule-ahead-ms-max", l.schedule_ahead_ms_max),
     ]
 }
 
@@ -529,7 +531,8 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         filter_bytes_max,
         filter_compiled_bytes_max,
         subscription_credit_max,
-        subscriptions_per_connection_max
+        subscriptions_per_connection_max,
+        schedule_ahead_ms_max
     );
     Ok(())
 }

@@ -121,6 +121,13 @@ pub struct Limits {
     /// when its group gets messages; this bounds the table a connection can
     /// fill and the work its subscriptions add to a turn.
     pub subscriptions_per_connection_max: u32,
+    // Time and identity (protocol version 3).
+    /// Farthest ahead of the broker's clock a message may be scheduled, ms
+    /// (a delivery time or delay past it gets BAD_ARGUMENT). A year and a
+    /// day by default: a scheduled message holds its topic's room
+    /// (`topic_messages_max`, `topic_bytes_max`) until its time, so
+    /// schedules without an end would fill a topic for good.
+    pub schedule_ahead_ms_max: u64,
 }
 
 impl Default for Limits {
@@ -153,6 +160,7 @@ impl Default for Limits {
             filter_compiled_bytes_max: 256 << 10,
             subscription_credit_max: 8192,
             subscriptions_per_connection_max: 64,
+            schedule_ahead_ms_max: 366 * 24 * 3600 * 1000,
         }
     }
 }

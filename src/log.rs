@@ -29,6 +29,8 @@ use byteorder::{ByteOrder, LittleEndian};
 
 use crate::metrics::{Phase, PhaseNanos};
 
+#[path = "log_reader.rs"]
+pub mod reader;
 #[path = "recovery.rs"]
 mod recovery;
 #[path = "releaser.rs"]

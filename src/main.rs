@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use runnel::client::{Client, Delivered, Fetch, ProduceMessage};
 use runnel::codec::group::{GroupSettings, Start};
-use runnel::codec::{self, TopicSettings};
+use runnel::codec::{self, TopicSettings, props};
 use runnel::config::{Args, ArgsError, DEFAULT_ADDR, Flag, Serve, flag, serve_flags, switch};
 use runnel::log::{FsyncMode, Log};
 use runnel::reactor::Reactor;
@@ -60,14 +60,29 @@ struct Sub {
 }
 
 /// The subcommands, in the order `runnel --help` lists them.
-const COMMANDS: [&str; 11] =
-    ["serve", "produce", "consume", "stats", "topics", "create", "delete", "purge", "redrive", "groups", "group"];
+const COMMANDS: [&str; 12] = [
+    "serve", "produce", "consume", "stats", "topics", "create", "delete", "purge", "redrive", "groups", "group",
+    "cancel",
+];
 
 /// The start positions `--from` and `--to` take.
 const START_VALUES: &str = "earliest|latest|ID|@MS|TIME";
 
 /// What the client subcommands say about the token.
 const CLIENT_NOTES: &str = "RUNNEL_AUTH_TOKEN, if set, is the token presented in HELLO.";
+
+/// The flags `runnel group` takes, after `addr`.
+fn group_command_flags(addr: Flag) -> Vec<Flag> {
+    vec![
+        addr,
+        flag("--from", START_VALUES, "earliest", "create: where the group starts"),
+        flag("--to", START_VALUES, "none", "reset: where the group moves"),
+        flag("--tags", "EXPR", "*", "create: the tag filter: * | a || b | re:PATTERN"),
+        switch("--broadcast", "create: every consumer gets every message"),
+        flag("--ack-timeout-ms", "MS", "the topic's", "create: time to acknowledge a delivery"),
+        flag("--max-deliveries", "N", "the topic's", "create: deliveries before a dead letter"),
+    ]
+}
 
 /// The description of subcommand `name`, or None if there is none.
 fn sub(name: &str) -> Option<Sub> {
@@ -78,12 +93,7 @@ fn sub(name: &str) -> Option<Sub> {
         "produce" => (
             "TOPIC",
             "send each line of stdin to TOPIC as one message, until all are acknowledged",
-            vec![
-                addr(),
-                flag("--batch", "N", PRODUCE_BATCH_DEFAULT, "most lines in one PRODUCE frame"),
-                flag("--tag", "TAG", "none", "tag every message with TAG (repeatable; protocol version 2)"),
-                flag("--header", "KEY[=VALUE]", "none", "give every message this header (repeatable; version 2)"),
-            ],
+            produce_flags(addr()),
         ),
         "consume" => (
             "TOPIC",
@@ -104,15 +114,7 @@ fn sub(name: &str) -> Option<Sub> {
         "group" => (
             "create|delete|reset TOPIC GROUP",
             "create a consumer group (or change its settings), delete one, or move one",
-            vec![
-                addr(),
-                flag("--from", START_VALUES, "earliest", "create: where the group starts"),
-                flag("--to", START_VALUES, "none", "reset: where the group moves"),
-                flag("--tags", "EXPR", "*", "create: the tag filter: * | a || b | re:PATTERN"),
-                switch("--broadcast", "create: every consumer gets every message"),
-                flag("--ack-timeout-ms", "MS", "the topic's", "create: time to acknowledge a delivery"),
-                flag("--max-deliveries", "N", "the topic's", "create: deliveries before a dead letter"),
-            ],
+            group_command_flags(addr()),
         ),
         "stats" => (
             "[TOPIC]",
@@ -134,12 +136,33 @@ fn sub(name: &str) -> Option<Sub> {
         "redrive" => (
             "TOPIC",
             "move the messages of TOPIC.dlq back to TOPIC",
-            vec![addr(), flag("--count", "N", "all", "most messages to move")],
+            vec![
+                addr(),
+                flag("--count", "N", "all", "most messages to move"),
+                flag("--group", "G", "every group's", "move only G's dead letters, back to G alone (version 2)"),
+            ],
+        ),
+        "cancel" => (
+            "TOPIC ID",
+            "cancel scheduled message ID of TOPIC: it is never delivered (protocol version 3)",
+            vec![addr()],
         ),
         _ => return None,
     };
     let notes = if name == "serve" { SERVE_NOTES } else { CLIENT_NOTES };
     Some(Sub { name, words, about, notes, flags })
+}
+
+/// `runnel produce`'s flags, after `addr`.
+fn produce_flags(addr: Flag) -> Vec<Flag> {
+    vec![
+        addr,
+        flag("--batch", "N", PRODUCE_BATCH_DEFAULT, "most lines in one PRODUCE frame"),
+        flag("--tag", "TAG", "none", "tag every message with TAG (repeatable; protocol version 2)"),
+        flag("--header", "KEY[=VALUE]", "none", "give every message this header (repeatable; version 2)"),
+        flag("--delay-ms", "MS", "none", "deliver every message MS after the broker receives it (version 3)"),
+        flag("--at", "MS|TIME", "none", "deliver every message at this time, ms or UTC (version 3)"),
+    ]
 }
 
 /// What `runnel serve --help` says besides its flags.
@@ -292,6 +315,7 @@ fn run(cmd: &str, rest: &[String]) -> Result<(), Exit> {
         "stats" => stats(rest, &sub),
         "groups" => groups(rest, &sub),
         "group" => group(rest, &sub),
+        "cancel" => cancel(rest, &sub),
         _ => admin(rest, &sub),
     };
     match outcome {
@@ -415,6 +439,9 @@ struct ProduceProps {
     tags: Vec<String>,
     /// (key, value).
     headers: Vec<(String, String)>,
+    /// The delivery time: (property type, value), from `--delay-ms` or
+    /// `--at`.
+    time: Option<(u8, u64)>,
 }
 
 impl ProduceProps {
@@ -428,17 +455,35 @@ impl ProduceProps {
             }
             headers.push((k.to_string(), v.to_string()));
         }
-        Ok(ProduceProps { tags, headers })
+        let delay: Option<u64> = a.num("--delay-ms")?;
+        let at = a.take("--at").map(|v| deliver_at_ms(&v)).transpose()?;
+        let time = match (delay, at) {
+            (Some(_), Some(_)) => return Err(Exit::Usage("give --delay-ms or --at, not both".into())),
+            (Some(ms), None) => Some((props::PROP_DELAY, ms)),
+            (None, Some(ms)) => Some((props::PROP_DELIVER_AT, ms)),
+            (None, None) => None,
+        };
+        Ok(ProduceProps { tags, headers, time })
+    }
+    /// Whether the messages carry nothing but their payload.
+    fn is_empty(&self) -> bool {
+        self.tags.is_empty() && self.headers.is_empty() && self.time.is_none()
     }
     /// `payload` as a message with these properties.
     fn message<'a>(&'a self, payload: &'a [u8]) -> ProduceMessage<'a> {
         let m = self.tags.iter().fold(ProduceMessage::new(payload), |m, t| m.tag(t));
-        self.headers.iter().fold(m, |m, (k, v)| m.header(k, v.as_bytes()))
+        let m = self.headers.iter().fold(m, |m, (k, v)| m.header(k, v.as_bytes()));
+        match self.time {
+            Some((props::PROP_DELAY, ms)) => m.delay(ms),
+            Some((_, ms)) => m.deliver_at(ms),
+            None => m,
+        }
     }
     /// Bytes they add to each message on the wire, about.
     fn bytes(&self) -> usize {
         let tags: usize = self.tags.iter().map(|t| 3 + t.len()).sum();
-        tags + self.headers.iter().map(|(k, v)| 5 + k.len() + v.len()).sum::<usize>()
+        let time = if self.time.is_some() { 3 + props::PROP_TIME_BYTES } else { 0 };
+        tags + time + self.headers.iter().map(|(k, v)| 5 + k.len() + v.len()).sum::<usize>()
     }
 }
 
@@ -459,7 +504,7 @@ fn produce(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         if batch.is_empty() {
             return Ok(());
         }
-        let done = if props.tags.is_empty() && props.headers.is_empty() {
+        let done = if props.is_empty() {
             client.produce_batch(&topic, batch)
         } else {
             let messages: Vec<ProduceMessage<'_>> = batch.iter().map(|p| props.message(p)).collect();
@@ -496,6 +541,30 @@ fn parse_start(flag: &str, v: &str) -> Result<Start, Exit> {
         _ if v.bytes().all(|b| b.is_ascii_digit()) => Start::Id(v.parse().map_err(|_| bad())?),
         _ => Start::Time(utc_ms(v).ok_or_else(bad)?),
     })
+}
+
+/// The time `--at` names: `MS` or `@MS` (ms since the Unix epoch) or a UTC time
+/// `YYYY-MM-DDTHH:MM:SS[.mmm]Z`.
+fn deliver_at_ms(v: &str) -> Result<u64, Exit> {
+    let bad = || Exit::Usage(format!("--at {v:?}: give MS, @MS or YYYY-MM-DDTHH:MM:SS[.mmm]Z"));
+    let ms = v.strip_prefix('@').unwrap_or(v);
+    match ms.bytes().all(|b| b.is_ascii_digit()) {
+        true => ms.parse().map_err(|_| bad()),
+        false => utc_ms(v).ok_or_else(bad),
+    }
+}
+
+/// `runnel cancel TOPIC ID`: prints the time the message was due.
+fn cancel(raw: &[String], sub: &Sub) -> Result<(), Exit> {
+    let mut a = Args::parse(raw, &sub.flags)?;
+    let addr = addr(&mut a);
+    a.done()?;
+    let [topic, id] = a.words() else {
+        return Err(Exit::Usage("give the topic and the id of the scheduled message".into()));
+    };
+    let id: u64 = id.parse().map_err(|_| Exit::Usage(format!("message id {id:?} is not a number")))?;
+    let due = connect(&addr)?.cancel(topic, id).map_err(|e| Exit::Failed(e.to_string()))?;
+    emit(format!("cancelled, it was due at {due}\n").as_bytes())
 }
 
 /// Ms since the Unix epoch of `YYYY-MM-DDTHH:MM:SS[.mmm]Z`.
@@ -676,7 +745,7 @@ fn group(raw: &[String], sub: &Sub) -> Result<(), Exit> {
             let (created, cursor) = connect(&addr)?.create_group(topic, name, settings, start).map_err(e)?;
             format!("{} at {cursor}\n", if created { "created" } else { "updated" })
         }
-        "delete" => format!("deleted, it held {} messages\n", connect(&addr)?.delete_group(topic, name).map_err(e)?),
+        "delete" => format!("deleted, it held {}\n", messages(connect(&addr)?.delete_group(topic, name).map_err(e)?)),
         "reset" => {
             let to = to.ok_or_else(|| Exit::Usage("reset needs --to".into()))?;
             let start = parse_start("--to", &to)?;
@@ -741,6 +810,11 @@ fn json_escape(s: &str) -> String {
         .collect()
 }
 
+/// `n` messages, in words: "1 message", "2 messages".
+fn messages(n: u64) -> String {
+    if n == 1 { "1 message".into() } else { format!("{n} messages") }
+}
+
 /// `topics`, `create`, `delete`, `purge` and `redrive`: one request each.
 fn admin(raw: &[String], sub: &Sub) -> Result<(), Exit> {
     let mut a = Args::parse(raw, &sub.flags)?;
@@ -750,6 +824,7 @@ fn admin(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         max_deliveries: a.num("--max-deliveries")?.unwrap_or(0),
     };
     let count: u32 = a.num("--count")?.unwrap_or(0);
+    let group = a.take("--group").unwrap_or_default();
     a.done()?;
     let topic = match sub.name {
         "topics" => a.no_words().map(|()| "")?,
@@ -768,9 +843,10 @@ fn admin(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         "create" => {
             format!("{}\n", if client.create_topic(topic, settings).map_err(e)? { "created" } else { "updated" })
         }
-        "delete" => format!("deleted, {} messages removed\n", client.delete_topic(topic).map_err(e)?),
-        "purge" => format!("purged {} messages\n", client.purge_topic(topic).map_err(e)?),
-        "redrive" => format!("moved {} messages\n", client.redrive(topic, count).map_err(e)?),
+        "delete" => format!("deleted, {} removed\n", messages(client.delete_topic(topic).map_err(e)?)),
+        "purge" => format!("purged {}\n", messages(client.purge_topic(topic).map_err(e)?)),
+        "redrive" if group.is_empty() => format!("moved {}\n", messages(client.redrive(topic, count).map_err(e)?)),
+        "redrive" => format!("moved {}\n", messages(client.redrive_group(topic, &group, count).map_err(e)?)),
         other => unreachable!("run dispatches {other} elsewhere"),
     };
     emit(out.as_bytes())
@@ -810,5 +886,9 @@ mod tests {
         assert_eq!(start("@1500"), Some(Start::Time(1500)));
         assert_eq!(start("1970-01-01T00:00:01Z"), Some(Start::Time(1000)));
         assert_eq!(start("soon"), None);
+        assert_eq!(deliver_at_ms("@1500").ok(), Some(1500));
+        assert_eq!(deliver_at_ms("1970-01-01T00:00:01Z").ok(), Some(1000));
+        assert_eq!(deliver_at_ms("1500").ok(), Some(1500));
+        assert!(deliver_at_ms("soon").is_err());
     }
 }

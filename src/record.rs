@@ -20,7 +20,7 @@
 
 use byteorder::{ByteOrder, LittleEndian};
 
-use crate::codec::{self, DeadInfo, DeadReason, Props, PropsLimits};
+use crate::codec::{self, DeadInfo, DeadReason, Props};
 use crate::log::{Log, RECORD_HEADER_BYTES, RecordStart};
 use crate::queue::{Body, GroupId, MsgId, Settings};
 
@@ -73,6 +73,13 @@ pub enum RecordKind {
     /// A consumer group's whole state: its cursor and what it still needs
     /// below it (RESET_GROUP, and compaction's restatement).
     GroupState = 9,
+    /// Scheduled messages were cancelled: they left the topic.
+    Cancel = 10,
+    /// Scheduled messages were moved to a new time.
+    Reschedule = 11,
+    /// Scheduled messages' time came: each became ready for every group
+    /// past it.
+    Due = 12,
     /// ACK_PRODUCE: messages acked for a group and messages stored in
     /// other topics, in one record, so that a torn or lost record is
     /// neither (protocol version 3).
@@ -91,6 +98,9 @@ impl RecordKind {
             7 => RecordKind::Group,
             8 => RecordKind::GroupDelete,
             9 => RecordKind::GroupState,
+            10 => RecordKind::Cancel,
+            11 => RecordKind::Reschedule,
+            12 => RecordKind::Due,
             15 => RecordKind::AckProduce,
             _ => return None,
         })
@@ -104,6 +114,7 @@ impl RecordKind {
         match self {
             RecordKind::Delete | RecordKind::Purge => 1,
             RecordKind::Group | RecordKind::GroupDelete | RecordKind::GroupState => 1,
+            RecordKind::Cancel | RecordKind::Reschedule | RecordKind::Due => 1,
             // Its messages are laid out as in a Produce record of version 2.
             RecordKind::AckProduce => 1,
             // Version 2 names the consumer group; version 1 meant the
@@ -244,7 +255,7 @@ fn read_message<'a>(rd: &mut Reader<'a>, version: u8) -> Result<MessageRecord<'a
 fn read_props<'a>(rd: &mut Reader<'a>) -> Result<Props<'a>, String> {
     let len = rd.u16()? as usize;
     let blob = rd.bytes(len)?;
-    match Props::parse(blob, codec::CODEC_VERSION_MAX, &PropsLimits::ANY) {
+    match Props::parse_stored(blob, codec::CODEC_VERSION_MAX) {
         Ok(props) if !props.is_empty() => Ok(props),
         Ok(_) => Err("a message flagged with properties has none".into()),
         Err(e) => Err(format!("bad message properties: {}", e.message)),
@@ -528,6 +539,55 @@ impl GroupStateRecord<'_> {
     }
 }
 
+/// A Cancel or Due record: scheduled messages of topic `topic` were
+/// cancelled (they left the topic), or their time came.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduledRecord<'a> {
+    pub topic: TopicId,
+    pub ids: &'a [MsgId],
+}
+
+impl ScheduledRecord<'_> {
+    /// Writes version 1 of `kind` (Cancel or Due): `topic_id u32, count
+    /// u32, count x id u64`.
+    pub fn append(&self, kind: RecordKind, log: &mut Log) {
+        assert!(matches!(kind, RecordKind::Cancel | RecordKind::Due), "{kind:?} is not a Cancel or Due record");
+        let at = log.begin(kind);
+        let b = log.body();
+        codec::put_u32(b, self.topic.0);
+        codec::put_u32(b, self.ids.len() as u32);
+        for id in self.ids {
+            codec::put_u64(b, *id);
+        }
+        log.end(at);
+    }
+}
+
+/// A Reschedule record: scheduled messages of topic `topic` are due at new
+/// times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RescheduleRecord<'a> {
+    pub topic: TopicId,
+    /// (id, due ms since the Unix epoch).
+    pub entries: &'a [(MsgId, u64)],
+}
+
+impl RescheduleRecord<'_> {
+    /// Writes version 1: `topic_id u32, count u32, count x (id u64,
+    /// deliver_at_ms u64)`.
+    pub fn append(&self, log: &mut Log) {
+        let at = log.begin(RecordKind::Reschedule);
+        let b = log.body();
+        codec::put_u32(b, self.topic.0);
+        codec::put_u32(b, self.entries.len() as u32);
+        for (id, due) in self.entries {
+            codec::put_u64(b, *id);
+            codec::put_u64(b, *due);
+        }
+        log.end(at);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The decoder: one, dispatching on (kind, version).
 // ---------------------------------------------------------------------------
@@ -568,6 +628,18 @@ pub enum Record<'a> {
         group: GroupId,
         ids: Ids<'a>,
         outputs: Outputs<'a>,
+    },
+    Cancel {
+        topic: TopicId,
+        ids: Ids<'a>,
+    },
+    Reschedule {
+        topic: TopicId,
+        entries: Reschedules<'a>,
+    },
+    Due {
+        topic: TopicId,
+        ids: Ids<'a>,
     },
 }
 
@@ -625,6 +697,9 @@ impl<'a> Record<'a> {
                 let group = rd.group(version)?;
                 Record::Requeue { topic, group, entries: Requeues(rd.list(10)?) }
             }
+            RecordKind::Cancel => Record::Cancel { topic, ids: Ids(rd.list(8)?) },
+            RecordKind::Reschedule => Record::Reschedule { topic, entries: Reschedules(rd.list(16)?) },
+            RecordKind::Due => Record::Due { topic, ids: Ids(rd.list(8)?) },
             RecordKind::AckProduce => {
                 let (group, ids) = (GroupId(rd.u32()?), Ids(rd.list(8)?));
                 let left = u32::from(rd.u16()?);
@@ -766,6 +841,16 @@ pub struct Requeues<'a>(&'a [u8]);
 impl<'a> Requeues<'a> {
     pub fn iter(&self) -> impl Iterator<Item = (MsgId, u16)> + 'a {
         self.0.chunks_exact(10).map(|e| (LittleEndian::read_u64(e), LittleEndian::read_u16(&e[8..])))
+    }
+}
+
+/// The (id, due ms) entries of a Reschedule record.
+#[derive(Clone, Copy, Debug)]
+pub struct Reschedules<'a>(&'a [u8]);
+
+impl<'a> Reschedules<'a> {
+    pub fn iter(&self) -> impl Iterator<Item = (MsgId, u64)> + 'a {
+        self.0.chunks_exact(16).map(|e| (LittleEndian::read_u64(e), LittleEndian::read_u64(&e[8..])))
     }
 }
 

@@ -3,6 +3,7 @@
 //! bodies that do not match their layout are refused.
 
 use super::*;
+use crate::codec::PropsLimits;
 use crate::log::{LogOptions, ReadRecord};
 use crate::testkit::TempDir;
 
@@ -315,4 +316,25 @@ fn an_ack_produce_record_round_trips_with_its_outputs() {
         };
         assert!(refused, "a body cut at {cut} of {} bytes", body.len());
     }
+}
+
+#[test]
+fn the_records_of_scheduled_messages_round_trip() {
+    let ids = [3, 1 << 40];
+    for kind in [RecordKind::Cancel, RecordKind::Due] {
+        let (got_kind, version, body) = one(|log| ScheduledRecord { topic: TopicId(6), ids: &ids }.append(kind, log));
+        assert_eq!((got_kind, version), (kind, 1));
+        let got = match Record::decode(got_kind, version, &body) {
+            Ok(Record::Cancel { topic, ids } | Record::Due { topic, ids }) => (topic, ids.iter().collect::<Vec<_>>()),
+            other => panic!("{kind:?} decodes to {other:?}"),
+        };
+        assert_eq!(got, (TopicId(6), ids.to_vec()));
+    }
+    let entries = [(4, 1_767_225_600_123), (u64::MAX, 0)];
+    let (kind, version, body) = one(|log| RescheduleRecord { topic: TopicId(7), entries: &entries }.append(log));
+    let Ok(Record::Reschedule { topic, entries: got }) = Record::decode(kind, version, &body) else {
+        panic!("a Reschedule record decodes to Reschedule")
+    };
+    assert_eq!((topic, got.iter().collect::<Vec<_>>()), (TopicId(7), entries.to_vec()));
+    assert!(Record::decode(RecordKind::Due, 1, &body[..body.len() - 1]).is_err(), "a short body is refused");
 }

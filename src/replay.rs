@@ -45,6 +45,15 @@ struct GroupReplay {
 }
 
 impl GroupReplay {
+    /// A scheduled message's time came: a group past it gets it back for
+    /// retry, as `Topic::fall_due` gave it.
+    fn due(&mut self, id: MsgId) {
+        if id < self.floor && !self.done.contains_key(&id) {
+            let d = self.counts.get(&id).copied().unwrap_or(0);
+            self.pending.entry(id).or_insert(d);
+        }
+    }
+
     fn is_done_with(&self, id: MsgId) -> bool {
         self.done.contains_key(&id) || (id < self.floor && !self.pending.contains_key(&id))
     }
@@ -68,15 +77,16 @@ impl GroupReplay {
         let max_done = self.done.keys().filter(|&&d| d >= self.floor).max().map(|d| d + 1);
         let cursor = max_done.unwrap_or(self.floor).max(self.floor);
         let mut group = Group::with(id, &self.name, self.config, cursor);
+        // A scheduled message is no group's until its time comes.
         let mut retry: Vec<(MsgId, u16)> = self
             .pending
             .iter()
-            .filter(|(id, _)| t.seq.contains(**id) && !self.done.contains_key(id))
+            .filter(|(id, _)| t.seq.contains(**id) && !self.done.contains_key(id) && !t.seq.scheduled(**id))
             .map(|(id, d)| (*id, *d))
             .collect();
         let mut id = self.floor;
         while let Some(live) = t.seq.next_live(id, cursor) {
-            if !self.done.contains_key(&live) && group.passes(&t.seq, live) {
+            if !self.done.contains_key(&live) && !t.seq.scheduled(live) && group.passes(&t.seq, live) {
                 retry.push((live, self.counts.get(&live).copied().unwrap_or(0)));
             }
             id = live + 1;
@@ -126,11 +136,28 @@ pub(crate) struct Replay<'a> {
     strays: HashMap<TopicId, BTreeMap<MsgId, Stray>>,
     /// Each topic's groups, by group id, built into the topics at the end.
     groups: HashMap<TopicId, BTreeMap<u32, GroupReplay>>,
+    /// Scheduled messages whose time came, by a Due record: no longer
+    /// scheduled, whatever their delivery-time property says.
+    due: HashMap<TopicId, IdMap<()>>,
+    /// The wall clock at the start, ms since the Unix epoch: a message
+    /// whose time is still to come is scheduled again.
+    now_wall_ms: u64,
 }
+
+/// Scheduled messages whose time came while the broker was down (or
+/// before a Due record said so): the broker writes their Due records.
+pub(crate) type FellDue = Vec<(TopicId, Vec<MsgId>)>;
 
 impl<'a> Replay<'a> {
     pub fn new(topics: &'a mut Topics, notes: &'a mut Compactor) -> Replay<'a> {
-        Replay { topics, notes, strays: HashMap::new(), groups: HashMap::new() }
+        Replay { topics, notes, strays: HashMap::new(), groups: HashMap::new(), due: HashMap::new(), now_wall_ms: 0 }
+    }
+
+    /// Sets the wall clock scheduled messages are compared with (0 until
+    /// set: every delivery time is to come).
+    pub fn at_wall_ms(mut self, now_wall_ms: u64) -> Replay<'a> {
+        self.now_wall_ms = now_wall_ms;
+        self
     }
 
     /// The messages an AckProduce record stored in its output topics, as a
@@ -155,18 +182,7 @@ impl<'a> Replay<'a> {
     /// start.
     pub fn apply(&mut self, r: &ReadRecord<'_>) -> Result<(), String> {
         let record = Record::decode(r.kind, r.version, r.body)?;
-        let topic = match &record {
-            Record::Delete(_) => None,
-            Record::Topic(TopicRecord { topic, .. })
-            | Record::Purge(crate::record::PurgeRecord { topic, .. })
-            | Record::Produce { topic, .. }
-            | Record::Remove { topic, .. }
-            | Record::Requeue { topic, .. }
-            | Record::Group(GroupRecord { topic, .. })
-            | Record::GroupDelete(crate::record::GroupDeleteRecord { topic, .. })
-            | Record::GroupState { topic, .. }
-            | Record::AckProduce { topic, .. } => Some(*topic),
-        };
+        let topic = record_topic(&record);
         if let Some(topic) = topic
             && topic == TopicId::FLOOR
         {
@@ -221,8 +237,81 @@ impl<'a> Replay<'a> {
                 self.notes.replayed_group(r.segment, topic, group);
                 self.group(topic, group).checkpoint(cursor, entries);
             }
+            r @ (Record::Cancel { .. } | Record::Reschedule { .. } | Record::Due { .. }) => self.schedule_record(r),
         }
         Ok(())
+    }
+
+    /// A record of scheduled messages: Cancel, Reschedule or Due.
+    fn schedule_record(&mut self, record: Record<'_>) {
+        match record {
+            Record::Cancel { topic, ids } => ids.iter().for_each(|id| self.cancel(topic, id)),
+            Record::Reschedule { topic, entries } => {
+                for (id, due_ms) in entries.iter() {
+                    self.reschedule(topic, id, due_ms);
+                }
+            }
+            Record::Due { topic, ids } => {
+                for id in ids.iter() {
+                    self.due.entry(topic).or_default().insert(id, ());
+                    for g in self.groups.get_mut(&topic).into_iter().flat_map(|m| m.values_mut()) {
+                        g.due(id);
+                    }
+                }
+            }
+            _ => unreachable!("not a record of scheduled messages"),
+        }
+    }
+
+    /// A Cancel record: the scheduled message left the topic.
+    fn cancel(&mut self, topic: TopicId, id: MsgId) {
+        self.topics.nameless(topic).topic.seq.release(id);
+        if let Some(strays) = self.strays.get_mut(&topic) {
+            strays.remove(&id);
+        }
+        for g in self.groups.get_mut(&topic).into_iter().flat_map(|m| m.values_mut()) {
+            g.pending.remove(&id);
+            g.counts.remove(&id);
+        }
+    }
+
+    /// A Reschedule record: the message's delivery time is `due_ms`,
+    /// written into its stored property (a copy compaction wrote later
+    /// carries it already).
+    fn reschedule(&mut self, topic: TopicId, id: MsgId, due_ms: u64) {
+        if self.topics.nameless(topic).topic.seq.write_due(id, due_ms) {
+            return;
+        }
+        let Some(stray) = self.strays.get_mut(&topic).and_then(|s| s.get_mut(&id)) else { return };
+        if let Some(at) = crate::codec::Props::trusted(&stray.props).schedule_value_at() {
+            stray.props[at..at + 8].copy_from_slice(&due_ms.to_le_bytes());
+        }
+    }
+
+    /// Schedules again every message of topic `tid` whose time is still to
+    /// come, and gives the groups past it each one whose time came with
+    /// no Due record to say so (returned, for the broker to write them).
+    fn reschedule_all(&mut self, tid: TopicId) -> Vec<MsgId> {
+        let due = self.due.remove(&tid).unwrap_or_default();
+        let Some(e) = self.topics.get_mut(tid) else { return Vec::new() };
+        let mut times = Vec::new();
+        for m in e.topic.seq.iter_live().filter(|m| !m.props.is_empty() && !due.contains_key(&m.id)) {
+            if let Some(crate::codec::props::Prop::DeliverAt(at)) = m.props.schedule() {
+                times.push((m.id, at));
+            }
+        }
+        let mut fell_due = Vec::new();
+        for (id, at) in times {
+            if at > self.now_wall_ms {
+                e.topic.schedule(id, at);
+                continue;
+            }
+            fell_due.push(id);
+            for g in self.groups.get_mut(&tid).into_iter().flat_map(|m| m.values_mut()) {
+                g.due(id);
+            }
+        }
+        fell_due
     }
 
     /// Group `group` of topic `topic` as rebuilt so far (made, unnamed, if
@@ -343,8 +432,8 @@ impl<'a> Replay<'a> {
     /// Ends recovery: merges strays, drops topics whose Topic record never
     /// came (their records belonged to a deleted topic), builds each
     /// topic's groups, and releases what no group needs.
-    pub fn finish(mut self) {
-        for (tid, strays) in self.strays {
+    pub fn finish(mut self) -> FellDue {
+        for (tid, strays) in std::mem::take(&mut self.strays) {
             if let Some(e) = self.topics.get_mut(tid) {
                 e.topic.merge(strays.into_iter());
             }
@@ -356,6 +445,14 @@ impl<'a> Replay<'a> {
                     "recovery: dropped {} messages of topic id {tid}, whose topic record is missing from the log",
                     e.topic.seq.live()
                 );
+            }
+        }
+        let mut fell_due = FellDue::new();
+        let tids: Vec<TopicId> = self.topics.iter().map(|e| e.id).collect();
+        for tid in tids {
+            let ids = self.reschedule_all(tid);
+            if !ids.is_empty() {
+                fell_due.push((tid, ids));
             }
         }
         let mut floor = 0;
@@ -371,6 +468,7 @@ impl<'a> Replay<'a> {
             floor = floor.max(e.topic.seq.next_id());
         }
         self.topics.raise_id_floor(floor);
+        fell_due
     }
 }
 
@@ -382,6 +480,26 @@ impl Timers for NoTimers {
         unreachable!("recovery arms no timers")
     }
     fn disarm(&mut self, _: TimerKey) {}
+}
+
+/// The topic a record applies to, which must name a topic; None for a
+/// Delete record, whose topic id may be the id floor (`TopicId::FLOOR`).
+fn record_topic(record: &Record<'_>) -> Option<TopicId> {
+    match record {
+        Record::Delete(_) => None,
+        Record::Topic(TopicRecord { topic, .. })
+        | Record::Purge(crate::record::PurgeRecord { topic, .. })
+        | Record::Produce { topic, .. }
+        | Record::Remove { topic, .. }
+        | Record::Requeue { topic, .. }
+        | Record::Group(GroupRecord { topic, .. })
+        | Record::GroupDelete(crate::record::GroupDeleteRecord { topic, .. })
+        | Record::GroupState { topic, .. }
+        | Record::Cancel { topic, .. }
+        | Record::Reschedule { topic, .. }
+        | Record::Due { topic, .. }
+        | Record::AckProduce { topic, .. } => Some(*topic),
+    }
 }
 
 #[cfg(test)]

@@ -12,12 +12,16 @@ use std::time::{Duration, Instant};
 
 use common::{Server, TempDir};
 use runnel::broker::Config;
+use runnel::client::Fetch;
 use runnel::codec;
+use runnel::codec::group::{GroupSettings, Start};
 use runnel::limits::Limits;
 use runnel::log::{FsyncMode, LogOptions};
 
-const COMMANDS: [&str; 11] =
-    ["serve", "produce", "consume", "stats", "topics", "create", "delete", "purge", "redrive", "groups", "group"];
+const COMMANDS: [&str; 12] = [
+    "serve", "produce", "consume", "stats", "topics", "create", "delete", "purge", "redrive", "groups", "group",
+    "cancel",
+];
 
 /// Exit status when stdout's reader went away (128 + SIGPIPE).
 const STDOUT_CLOSED: i32 = 141;
@@ -109,6 +113,8 @@ fn every_flag_a_client_help_lists_is_accepted() {
             let first = usage.lines().next().unwrap();
             if first.ends_with(" TOPIC") {
                 args.push("t".into());
+            } else if first.ends_with(" TOPIC ID") {
+                args.extend(["t".into(), "1".into()]);
             } else if first.ends_with(" TOPIC GROUP") {
                 args.extend(["create".into(), "t".into(), "g".into()]);
             }
@@ -393,7 +399,7 @@ fn groups_from_the_command_line() {
     let names: Vec<&str> = listed.lines().skip(1).map(|l| l.split_whitespace().next().unwrap()).collect();
     assert_eq!(names, ["a", "b", "late"], "{listed}");
     assert!(listed.starts_with("group "), "{listed}");
-    assert_eq!(run(&["group", "reset", "--to", "earliest", "jobs", "a"], b""), "moved to 0\n");
+    assert_eq!(run(&["group", "reset", "--to", "earliest", "jobs", "a"], b""), "moved to 3\n", "nothing is held");
     assert_eq!(consume("a"), "", "every group had acked them: they are gone");
     // Nothing is left to start at: the next message produced.
     assert_eq!(run(&["group", "reset", "--to", "2026-01-01T00:00:00Z", "jobs", "b"], b""), "moved to 3\n");
@@ -426,6 +432,29 @@ fn consume_with_tags_gets_only_matching_messages() {
     );
 }
 
+/// `runnel redrive --group G` moves only G's dead letters, back to G alone;
+/// the counts are in words ("1 message").
+#[test]
+fn redrive_with_a_group_moves_its_dead_letters_back_to_it_alone() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    let mut c = srv.client_v2();
+    for g in ["a", "b"] {
+        c.create_group("t", g, GroupSettings::default(), Start::Earliest).expect("create group");
+    }
+    let id = c.produce("t", b"x").expect("produce");
+    let f = Fetch { max_messages: 1, ..Fetch::default() };
+    for g in ["a", "b"] {
+        assert_eq!(c.fetch_group("t", g, f).expect("fetch").len(), 1);
+        c.nack_group("t", g, &[id], 0, true).expect("dead-letter");
+    }
+    assert_eq!(runnel_ok(&["redrive", "--addr", &addr, "--group", "a", "t"], b""), "moved 1 message\n");
+    let consume = |g: &str| runnel_ok(&["consume", "--addr", &addr, "--wait-ms", "0", "--group", g, "t"], b"");
+    assert_eq!((consume("a"), consume("b")), ("x\n".to_string(), String::new()));
+    assert_eq!(runnel_ok(&["redrive", "--addr", &addr, "t"], b""), "moved 1 message\n", "b's");
+    assert_eq!(runnel_ok(&["purge", "--addr", &addr, "t"], b""), "purged 1 message\n");
+}
+
 /// `runnel consume --push`: a subscription prints what is pushed, acks
 /// it, and stops after `--count` or a wait with nothing; `--credit`
 /// implies `--push`.
@@ -439,4 +468,26 @@ fn consume_push_prints_what_is_pushed() {
     let rest = ["consume", "--addr", &addr, "--push", "--wait-ms", "200", "t"];
     assert_eq!(runnel_ok(&rest, b""), "three\n", "the first two were acked");
     assert_eq!(runnel_ok(&rest, b""), "");
+}
+
+/// `produce --delay-ms` and `--at` schedule every line; `cancel` removes a
+/// scheduled message and says when it was due, and a second one fails.
+#[test]
+fn produce_schedules_lines_and_cancel_removes_one() {
+    // Far enough ahead that the test never reaches it.
+    let (srv, _dir) = page_cache_broker(Limits { schedule_ahead_ms_max: 1 << 50, ..Limits::default() });
+    let addr = srv.addr.to_string();
+    runnel_ok(&["produce", "--addr", &addr, "--delay-ms", "3600000", "t"], b"later\n");
+    runnel_ok(&["produce", "--addr", &addr, "--at", "2100-01-01T00:00:00Z", "t"], b"much later\n");
+    let stats = runnel_ok(&["stats", "--addr", &addr, "--json", "t"], b"");
+    assert!(stats.contains("\"scheduled\":2"), "{stats}");
+    let consumed = runnel_ok(&["consume", "--addr", &addr, "--wait-ms", "0", "t"], b"");
+    assert_eq!(consumed, "", "nothing is due");
+    let out = runnel_ok(&["cancel", "--addr", &addr, "t", "2"], b"");
+    assert_eq!(out, "cancelled, it was due at 4102444800000\n");
+    let again = runnel(&["cancel", "--addr", &addr, "t", "2"]);
+    assert_eq!(again.status.code(), Some(1), "{}", text(&again.stderr));
+    assert!(text(&again.stderr).contains("NOT_SCHEDULED"), "{}", text(&again.stderr));
+    let both = runnel(&["produce", "--addr", &addr, "--delay-ms", "1", "--at", "@1", "t"]);
+    assert_eq!(both.status.code(), Some(2), "{}", text(&both.stderr));
 }

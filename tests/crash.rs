@@ -1053,6 +1053,69 @@ fn a_written_produce_survives_sigkill() {
     p.kill().unwrap_or_else(|e| panic!("seed {seed}: the last broker {e}"));
 }
 
+// ---------------------------------------------------------------------------
+// Scheduled messages through SIGKILL.
+// ---------------------------------------------------------------------------
+
+const SCHEDULE_TOPIC: &str = "crash-sched";
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What the scheduled-messages crash test knows.
+#[derive(Default)]
+struct Scheduled {
+    /// Each acknowledged produce's message: its id and delivery time.
+    due: HashMap<u64, u64>,
+    /// Messages whose ACK was answered.
+    acked: HashSet<u64>,
+    /// Messages delivered at least once.
+    delivered: HashSet<u64>,
+}
+
+impl Scheduled {
+    /// Checks a delivery seen at `seen_ms` (the client's clock, the
+    /// broker's too: one machine): never before its time, never after its
+    /// ACK was answered.
+    fn delivered(&mut self, id: u64, at: Option<u64>, seen_ms: u64, round: u64, seed: u64) {
+        assert!(!self.acked.contains(&id), "seed {seed}: round {round}: message {id} came back after its ACK");
+        if let Some(&due) = self.due.get(&id) {
+            assert!(seen_ms >= due, "seed {seed}: round {round}: message {id} due at {due} came at {seen_ms}");
+            // A time already past at the produce is stored as none, and a
+            // copy compaction made once its time had come carries none.
+            assert!(at.is_none_or(|at| at == due), "seed {seed}: round {round}: message {id} carries {at:?}");
+        }
+        self.delivered.insert(id);
+    }
+
+    /// Produces, fetches and acks until the broker is killed.
+    fn traffic(&mut self, c: &mut Client, rng: &mut Rng, round: u64, seed: u64) {
+        loop {
+            let base = wall_ms();
+            let dues: Vec<u64> = (0..rng.range(1u64, 20)).map(|_| base + rng.below(1500u64)).collect();
+            let messages: Vec<client::ProduceMessage<'_>> =
+                dues.iter().map(|&due| client::ProduceMessage::new(b"s").deliver_at(due)).collect();
+            let Ok((first, _)) = c.produce_messages(SCHEDULE_TOPIC, &messages) else { return };
+            for (i, due) in dues.into_iter().enumerate() {
+                self.due.insert(first + i as u64, due);
+            }
+            let f = Fetch { max_messages: 50, wait_ms: 20, ..Fetch::default() };
+            let Ok(got) = c.fetch(SCHEDULE_TOPIC, f) else { return };
+            let seen = wall_ms();
+            let ids: Vec<u64> = got.iter().map(|m| m.id).collect();
+            for m in &got {
+                self.delivered(m.id, m.deliver_at_ms(), seen, round, seed);
+            }
+            if !ids.is_empty() && rng.percent(80) {
+                let Ok(r) = c.ack(SCHEDULE_TOPIC, &ids) else { return };
+                assert_eq!(r.done as usize, ids.len(), "seed {seed}: round {round}: ack");
+                self.acked.extend(ids);
+            }
+        }
+    }
+}
+
 /// Inputs of one round of the ACK_PRODUCE crash test.
 const ACK_PRODUCE_INPUTS: usize = 200;
 
@@ -1069,6 +1132,59 @@ fn ack_produce_stream(addr: SocketAddr, topics: [String; 3]) {
             return;
         }
     }
+}
+
+/// Scheduled messages through SIGKILL: each is delivered at or after its
+/// time and never lost, and none comes back once its ACK was answered
+/// (docs/protocol.md, "Scheduled messages (version 3)", Restarts).
+#[test]
+fn scheduled_messages_survive_sigkill() {
+    let seed = common::seed(13);
+    let rounds = crash_rounds(8);
+    let mut rng = Rng::new(seed);
+    let dir = TempDir::new("crash-sched");
+    let logs = TempDir::new("crash-sched-logs");
+    let data = dir.path().join("data");
+    let mut rec = Scheduled::default();
+    for round in 0..=rounds {
+        let p = spawn_broker(&data, logs.path(), &format!("sched-{round}"), seed);
+        let mut c = client(p.addr).expect("connect");
+        assert_eq!(c.version, 3, "seed {seed}: the broker speaks version 3");
+        if round == rounds {
+            // Every time has come: each message not acked comes now.
+            let last = rec.due.values().max().copied().unwrap_or(0);
+            while wall_ms() <= last {
+                thread::sleep(Duration::from_millis(10));
+            }
+            loop {
+                let got = c.fetch(SCHEDULE_TOPIC, Fetch { max_messages: 500, wait_ms: 200, ..Fetch::default() });
+                let got = got.expect("final drain");
+                if got.is_empty() {
+                    break;
+                }
+                let seen = wall_ms();
+                let ids: Vec<u64> = got.iter().map(|m| m.id).collect();
+                for m in &got {
+                    rec.delivered(m.id, m.deliver_at_ms(), seen, round, seed);
+                }
+                c.ack(SCHEDULE_TOPIC, &ids).expect("final ack");
+                rec.acked.extend(ids);
+            }
+            break;
+        }
+        let delay = Duration::from_millis(rng.below(600u64));
+        let killer = thread::spawn(move || {
+            thread::sleep(delay);
+            p.kill()
+        });
+        rec.traffic(&mut c, &mut rng, round, seed);
+        drop(c);
+        let killed = killer.join().expect("killer thread");
+        assert!(killed.is_ok(), "seed {seed}: round {round}: the broker {}", killed.err().unwrap_or_default());
+    }
+    let lost: Vec<u64> = rec.due.keys().filter(|id| !rec.delivered.contains(id)).copied().collect();
+    assert!(lost.is_empty(), "seed {seed}: scheduled messages never delivered: {lost:?}");
+    eprintln!("seed {seed}: {} scheduled messages, {} acked", rec.due.len(), rec.acked.len());
 }
 
 /// Every payload of `topic`, as held now (fetched with a long timeout).

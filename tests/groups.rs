@@ -122,7 +122,7 @@ fn reset_moves_a_group_and_drops_what_it_had_in_flight() {
     c.ack_group("t", "a", &got[..2]).unwrap();
     // Back to the start: the keeper group still holds them, so a gets all
     // three again; its in-flight copy of the third is dropped.
-    assert_eq!(c.reset_group("t", "a", Start::Earliest).unwrap(), 0);
+    assert_eq!(c.reset_group("t", "a", Start::Earliest).unwrap(), first, "the oldest message held");
     assert_eq!(c.ack_group("t", "a", &[first + 2]).unwrap().failed, vec![first + 2]);
     assert_eq!(take(&mut c, "t", "a"), vec![first, first + 1, first + 2]);
     // Forward past everything: a is done with all of them.

@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::frames::{Expect, doc_frames, doc_frames_v2, encode, encode_reply};
+use common::frames::{Expect, doc_frames, doc_frames_schedule, doc_frames_v2, encode, encode_reply};
 use runnel::codec::*;
 use runnel::limits::Limits;
 
@@ -183,6 +183,7 @@ fn every_example_decodes_to_its_frame_and_encodes_back() {
     let mut expected = doc_frames();
     expected.extend(doc_frames_v2());
     expected.extend(common::push_frames::doc_frames_push());
+    expected.extend(doc_frames_schedule());
     let mut failures = Vec::new();
     for ex in &found {
         if !expected.iter().any(|f| f.name == ex.tag) {
@@ -215,16 +216,16 @@ fn error_table_names_every_code() {
     let doc = doc();
     let heading = "## Error codes";
     let rows = table_rows(&doc, heading);
-    for n in 1..=24u8 {
+    for n in 1..=25u8 {
         let code = ErrorCode::from_u8(n).unwrap_or_else(|| panic!("ErrorCode::from_u8({n}) is None"));
         assert_eq!(code as u8, n);
         assert_row(&rows, heading, &n.to_string(), code.name());
     }
     // The table lists exactly the codes there are.
     assert_eq!(ErrorCode::from_u8(0), None);
-    assert_eq!(ErrorCode::from_u8(25), None);
+    assert_eq!(ErrorCode::from_u8(26), None);
     let numbered = rows.iter().filter(|r| r[0].parse::<u8>().is_ok()).count();
-    assert_eq!(numbered, 24, "the error table has rows for codes that do not exist");
+    assert_eq!(numbered, 25, "the error table has rows for codes that do not exist");
 }
 
 #[test]
@@ -253,6 +254,8 @@ fn opcode_and_reason_tables_match_the_codec() {
         (op::SUBSCRIBE, "SUBSCRIBE"),
         (op::CREDIT, "CREDIT"),
         (op::UNSUBSCRIBE, "UNSUBSCRIBE"),
+        (op::CANCEL, "CANCEL"),
+        (op::RESCHEDULE, "RESCHEDULE"),
         (op::ACK_PRODUCE, "ACK_PRODUCE"),
     ];
     for (code, name) in ops {
@@ -273,7 +276,7 @@ fn limits_table_matches_the_defaults() {
     let heading = "## Limits";
     let rows = table_rows(&doc, heading);
     let d = Limits::default();
-    let limits: [(&str, u64); 25] = [
+    let limits: [(&str, u64); 26] = [
         ("frame_bytes_max", d.frame_bytes_max.into()),
         ("message_bytes_max", d.message_bytes_max.into()),
         ("batch_messages_max", d.batch_messages_max.into()),
@@ -299,6 +302,7 @@ fn limits_table_matches_the_defaults() {
         ("props_bytes_max", d.props_bytes_max.into()),
         ("filter_bytes_max", d.filter_bytes_max.into()),
         ("filter_compiled_bytes_max", d.filter_compiled_bytes_max.into()),
+        ("schedule_ahead_ms_max", d.schedule_ahead_ms_max),
     ];
     for (name, default) in limits {
         let row = rows

@@ -351,8 +351,50 @@ fn vectors(version: u16) -> Vec<Vector> {
             .chain(refusals())
             .chain(refusal_pairs())
             .collect(),
-        _ => doc_vectors(doc_frames_v2()).chain(frames_v2()).chain(refusals_v2()).collect(),
+        2 => doc_vectors(doc_frames_v2()).chain(frames_v2()).chain(refusals_v2()).collect(),
+        _ => doc_vectors(doc_frames_schedule())
+            .chain(doc_vectors(common::push_frames::doc_frames_push()))
+            .chain(refusals_schedule())
+            .collect(),
     }
+}
+
+/// Version-3 requests the broker refuses: two times on one message, and a
+/// time of the wrong size.
+fn refusals_schedule() -> Vec<Vector> {
+    let produce = |props: &[u8]| {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&(props.len() as u16).to_le_bytes());
+        bytes.extend_from_slice(props);
+        bytes.extend_from_slice(&1u32.to_le_bytes());
+        bytes.push(b'x');
+        let mut body = Vec::new();
+        body.extend_from_slice(&4u16.to_le_bytes());
+        body.extend_from_slice(b"jobs");
+        body.push(0); // flags: acknowledged once synced
+        body.extend_from_slice(&1u32.to_le_bytes());
+        body.extend_from_slice(&bytes);
+        raw(op::PRODUCE, 30, &body)
+    };
+    let mut delay = Vec::new();
+    props::put_time(&mut delay, props::PROP_DELAY, 1000);
+    let mut two = delay.clone();
+    props::put_time(&mut two, props::PROP_DELIVER_AT, BORN_MS);
+    let short = [props::PROP_DELAY, 4, 0, 0xe8, 0x03, 0, 0];
+    vec![
+        refused(
+            "two-times-request",
+            "A PRODUCE (version 3) whose message has both a delay_ms and a deliver_at_ms: BAD_ARGUMENT.",
+            produce(&two),
+            ErrorCode::BadArgument,
+        ),
+        refused(
+            "short-time-request",
+            "A PRODUCE (version 3) whose delay_ms property is 4 bytes, not 8: MALFORMED.",
+            produce(&short),
+            ErrorCode::Malformed,
+        ),
+    ]
 }
 
 fn encoded_v2(request_id: u32, request: Request<'_>) -> Vec<u8> {
@@ -627,6 +669,8 @@ fn op_name(op: u8) -> J {
         op::CREDIT => "CREDIT",
         op::UNSUBSCRIBE => "UNSUBSCRIBE",
         op::PUSH => "PUSH",
+        op::CANCEL => "CANCEL",
+        op::RESCHEDULE => "RESCHEDULE",
         op::ACK_PRODUCE => "ACK_PRODUCE",
         _ => return J::Null,
     };
@@ -703,6 +747,12 @@ fn props_json(props: &Props<'_>) -> J {
             ("key", text(key)),
             ("value", hex(value)),
         ]),
+        props::Prop::DeliverAt(at) => {
+            J::Obj(vec![("type", num(props::PROP_DELIVER_AT)), ("name", text("deliver_at_ms")), ("value", num(at))])
+        }
+        props::Prop::Delay(ms) => {
+            J::Obj(vec![("type", num(props::PROP_DELAY)), ("name", text("delay_ms")), ("value", num(ms))])
+        }
     };
     J::Arr(props.iter().map(entry).collect())
 }
@@ -776,6 +826,11 @@ fn request_fields(r: &Request<'_>) -> Vec<(&'static str, J)> {
             vec![("subscription", num(subscription)), ("credit", num(credit))]
         }
         Request::Unsubscribe { subscription } => vec![("subscription", num(subscription))],
+        Request::Cancel { topic: t, id } => vec![topic(t), ("id", num(id))],
+        Request::Reschedule { topic: t, id, when } => {
+            let (kind, value) = when.to_wire();
+            vec![topic(t), ("id", num(id)), ("kind", num(kind)), ("value", num(value))]
+        }
         Request::AckProduce { topic: t, ids, outputs, .. } => {
             let output = |(name, batch): (&str, Batch<'_>)| {
                 J::Obj(vec![("topic", text(name)), ("count", num(batch.count)), ("messages", batch_json(&batch))])
@@ -911,6 +966,7 @@ fn reply_body(r: &Reply<'_>) -> J {
         Reply::Cursor(cursor) => vec![("cursor", num(*cursor))],
         Reply::Subscribed { subscription } => vec![("subscription", num(*subscription))],
         Reply::Credited { inflight } => vec![("inflight", num(*inflight))],
+        Reply::Due(at) => vec![("deliver_at_ms", num(*at))],
         Reply::AckProduced { done, failed, outputs } => {
             let output = |&(first, count): &(u64, u32)| J::Obj(vec![("first_id", num(first)), ("count", num(count))]);
             vec![
@@ -1106,8 +1162,13 @@ fn the_version_2_vectors_file_is_what_the_codec_gives() {
 }
 
 #[test]
+fn the_version_3_vectors_file_is_what_the_codec_gives() {
+    check_file(3);
+}
+
+#[test]
 fn vector_names_are_unique() {
-    for version in [1, 2] {
+    for version in [1, 2, 3] {
         let all = vectors(version);
         for (i, v) in all.iter().enumerate() {
             assert!(!all[..i].iter().any(|w| w.name == v.name), "vector name {} is used twice", v.name);
@@ -1123,6 +1184,7 @@ fn every_op_has_a_request_and_a_reply() {
     check_ops(1, &|code| op::since(code) == Some(1));
     let relaid = [op::PRODUCE, op::FETCH, op::ACK, op::NACK, op::TOUCH, op::REDRIVE];
     check_ops(2, &|code| op::since(code) == Some(2) || relaid.contains(&code));
+    check_ops(3, &|code| op::since(code) == Some(3));
 }
 
 fn check_ops(version: u16, wanted: &dyn Fn(u8) -> bool) {
@@ -1136,7 +1198,7 @@ fn check_ops(version: u16, wanted: &dyn Fn(u8) -> bool) {
             "no request vector of op {code:#04x} in version {version}'s file"
         );
         // A reply version 2 does not lay out anew is in version 1's file.
-        let reply_version = if op::since(code) == Some(2) { 2 } else { 1 };
+        let reply_version = op::since(code).filter(|&v| v >= 2).unwrap_or(1);
         let ok_reply =
             |e: &Expect| matches!(e, Expect::Reply(f) if f.op == code && !matches!(f.reply, Reply::Error { .. }));
         let replies = vectors(reply_version);

@@ -56,7 +56,7 @@ pub(crate) fn group_counters(t: &Topic, g: &Group) -> Counters {
 fn unit_stats(t: &Topic, g: &Group, now: Now) -> GroupStats {
     GroupStats {
         cursor: g.cursor(),
-        lag: t.seq.live_in(g.cursor(), t.seq.visible_id()),
+        lag: g.lag(&t.seq),
         inflight: g.inflight(),
         retry: g.retry_len(),
         delayed: g.delayed(),

@@ -51,6 +51,7 @@ mod ack_produce;
 mod dead_letter;
 mod groups;
 mod requests;
+mod schedule;
 mod stats;
 mod subscriptions;
 pub(crate) mod topics;
@@ -137,7 +138,8 @@ pub struct Session {
     pub auth_failures: u32,
     /// The groups this connection has fetched from: where its in-flight
     /// messages can be, so a disconnect visits only those. It counts as a
-    /// consumer of each (`Group::consumers`).
+    /// consumer of each (`Group::consumers`). Bounded by pruning the
+    /// deleted ones (`Broker::prune_fetched`).
     pub fetched: Vec<(TopicId, GroupId)>,
     /// The protocol version HELLO negotiated (1 until then): the layout of
     /// every frame the connection sends and of every reply it gets.
@@ -183,6 +185,8 @@ enum Timer {
     Msg { topic: TopicId, group: GroupId, id: MsgId },
     /// The end of a parked FETCH's wait.
     Wait { waiter: WaiterKey },
+    /// The earliest scheduled message of a topic is due.
+    Due { topic: TopicId },
 }
 
 /// One group's view of the wheel: the timers `queue::Group` arms name it.
@@ -248,6 +252,8 @@ pub struct Broker {
     scratch: Scratch,
     /// Topics releasing, in slices, what no group needs any more.
     sweeps: Sweeps,
+    /// The timer of each topic with scheduled messages.
+    due_timers: schedule::DueTimers,
     pub stats: BrokerStats,
     /// What recovery found at start.
     pub recovery: Recovery,
@@ -270,10 +276,19 @@ impl Broker {
     ) -> Result<Broker, OpenError> {
         let mut topics = Topics::default();
         let mut compactor = Compactor::default();
-        let mut replay = Replay::new(&mut topics, &mut compactor);
+        let mut replay = Replay::new(&mut topics, &mut compactor).at_wall_ms(now.wall_ms);
         let (log, recovery) = Log::open_with(dir, log_options, opener, |r| replay.apply(r))?;
-        replay.finish();
-        Ok(Broker::assemble(config, topics, compactor, log, recovery, now))
+        let fell_due = replay.finish();
+        let mut broker = Broker::assemble(config, topics, compactor, log, recovery, now);
+        // What came due while the broker was down is ready now; the first
+        // turn writes that, so that no later restart makes it ready again
+        // for a group that has acked it since.
+        for (topic, ids) in &fell_due {
+            crate::record::ScheduledRecord { topic: *topic, ids }
+                .append(crate::record::RecordKind::Due, &mut broker.log);
+        }
+        broker.arm_all_due(now);
+        Ok(broker)
     }
 
     /// A broker whose log keeps nothing (`runnel serve --memory-only`): it
@@ -306,6 +321,7 @@ impl Broker {
             failures: FailureLog::default(),
             scratch: Scratch::default(),
             sweeps: Sweeps::default(),
+            due_timers: schedule::DueTimers::default(),
             stats: BrokerStats { recovery_ms: recovery.millis, started_mono_ms: now.mono_ms, ..BrokerStats::default() },
             recovery,
         }
@@ -362,10 +378,26 @@ impl Broker {
         }
     }
 
+    /// Drops from `session.fetched` the groups (and topics) deleted since
+    /// the connection fetched from them, each time the list reaches a power
+    /// of two from 64 on. Topic and group ids are never reused, so a stale
+    /// entry names nothing; the live ones are at most `topics_max` x
+    /// `groups_per_topic_max` (a broadcast member is one of its topic's
+    /// groups), so the list stays under twice that however many topics
+    /// and groups come and go in a connection's life.
+    fn prune_fetched(&self, session: &mut Session) {
+        let n = session.fetched.len();
+        if n < 64 || !n.is_power_of_two() {
+            return;
+        }
+        session.fetched.retain(|&(tid, g)| self.topics.get(tid).is_some_and(|e| e.topic.group(g).is_some()));
+    }
+
     /// Consumer `c` becomes a consumer of group `group` of `tid` (its first
     /// FETCH or SUBSCRIBE of it): its disconnect visits the group.
     fn join(&mut self, session: &mut Session, tid: TopicId, group: GroupId) {
         if !session.fetched.contains(&(tid, group)) {
+            self.prune_fetched(session);
             session.fetched.push((tid, group));
             if let Some(e) = self.topics.get_mut(tid) {
                 e.topic.join(group);

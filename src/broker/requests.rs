@@ -10,8 +10,9 @@
 use super::subscriptions::SubscribeArgs;
 use super::topics::{Entry, dead_letter_name, unknown, unknown_group};
 use super::waiters::Waiter;
-use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, stats};
+use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, schedule, stats};
 use crate::codec::group::Start;
+use crate::codec::props::PROP_ORIGIN_GROUP;
 use crate::codec::{self, Batch, DecodeError, ErrorCode, Frame, Ids, Message, Request, Skip, TopicSettings, op};
 use crate::queue::{
     Body, ConsumerId, Group, GroupConfig, GroupId, MsgId, Returned, Seq, Settings, TagSetId, Take, Topic,
@@ -54,6 +55,8 @@ impl Request<'_> {
             // Group changes are log records the reply promises, as a
             // topic's are.
             Request::CreateGroup { .. } | Request::DeleteGroup { .. } | Request::ResetGroup { .. } => true,
+            // A cancelled or moved schedule is a promise, as a produce is.
+            Request::Cancel { .. } | Request::Reschedule { .. } => true,
             // It produces: its reply says the messages are stored.
             Request::AckProduce { .. } => true,
         }
@@ -143,11 +146,7 @@ impl Broker {
             Request::DeleteTopic { topic } => self.delete_topic(topic, rid, out),
             Request::PurgeTopic { topic } => self.purge_topic(topic, rid, out),
             Request::Redrive { topic, group, max_messages } => {
-                if !group.is_empty() {
-                    let msg = "REDRIVE to one group is not served by this broker: send it with the empty group";
-                    return Err((ErrorCode::BadArgument, msg.into()));
-                }
-                let moved = self.redrive(topic, max_messages)?;
+                let moved = self.redrive(topic, group, max_messages)?;
                 codec::encode_u64_reply(out, op::REDRIVE, rid, moved);
                 Ok(Outcome::Held)
             }
@@ -186,10 +185,13 @@ impl Broker {
                 self.unsubscribe(at.conn, session, subscription, rid, out)?;
                 Ok(Outcome::Done)
             }
-            Request::AckProduce { topic, group, ids, outputs } => {
-                self.ack_produce((topic, group, session.consumer), ids, outputs, (rid, at.now), out)?;
-                Ok(Outcome::Held)
+            Request::Cancel { topic, id } => self.cancel_op(topic, id, rid, out).map(|()| Outcome::Held),
+            Request::Reschedule { topic, id, when } => {
+                self.reschedule_op((topic, id), when, at.now, rid, out).map(|()| Outcome::Held)
             }
+            Request::AckProduce { topic, group, ids, outputs } => self
+                .ack_produce((topic, group, session.consumer), ids, outputs, (rid, at.now), out)
+                .map(|()| Outcome::Held),
         }
     }
 
@@ -370,7 +372,6 @@ impl Broker {
     // -----------------------------------------------------------------------
     // Consumers.
     // -----------------------------------------------------------------------
-
     /// FETCH: delivers what is ready, or parks until something is (or the
     /// wait ends).
     fn fetch(
@@ -542,12 +543,21 @@ impl Broker {
         let t = &mut e.topic;
         let l = &self.config.limits;
         room_for(t, u64::from(batch.count), batch.payload_bytes(), l)?;
-        let tag_sets = intern_batch(&mut t.seq, &batch, l.tag_sets_per_topic_max)?;
+        self.check_schedules(&batch, at.now)?;
+        let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
+        let t = &mut e.topic;
+        let tag_sets = intern_batch(&mut t.seq, &batch, self.config.limits.tag_sets_per_topic_max)?;
         let first = t.seq.next_id();
         let mut w = ProduceWriter::begin(&mut self.log, tid);
+        let (mut buf, mut scheduled) = (Vec::new(), false);
         for (i, (props, payload)) in batch.messages().enumerate() {
             let tag_set = tag_sets.get(i).copied().flatten();
+            let (props, due) = schedule::stored_props(props, at.now.wall_ms, &mut buf);
             let (id, born_ms) = t.produce(at.now.wall_ms, Body { props, tag_set, payload });
+            if let Some(due) = due {
+                t.schedule(id, due);
+                scheduled = true;
+            }
             w.push(&mut self.log, &MessageRecord { id, born_ms, deliveries: 0, dead: None, props, payload });
             self.compactor.note_client_produce(tid, id);
         }
@@ -556,6 +566,9 @@ impl Broker {
         w.end_withdrawable(&mut self.log);
         self.turn.produced(tid, first, batch.count);
         self.turn.mark_for_publish(e);
+        if scheduled {
+            self.arm_due(tid, at.now);
+        }
         codec::encode_produce_reply(out, at.request_id, first, batch.count);
         Ok(Outcome::Held)
     }
@@ -815,8 +828,8 @@ pub(super) fn write_taken(
                 born_ms: m.born_ms,
                 delivery_count: d.deliveries,
                 dead,
-                origin_group: "",
-                props: m.props,
+                origin_group: m.props.broker_entry(PROP_ORIGIN_GROUP).unwrap_or(""),
+                props: m.props.public(),
                 payload: m.payload,
             };
             writer.push(out, &msg);

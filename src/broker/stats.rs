@@ -157,6 +157,7 @@ impl Broker {
                 ("waiters", self.waiters.waiting(e.id, g) as u64),
                 ("id", u64::from(e.id.0)),
                 ("tag_sets", u64::from(t.seq.tags().held())),
+                ("scheduled", t.seq.schedule().len()),
             ] {
                 w.kv(out, k, v);
             }

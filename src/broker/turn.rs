@@ -255,6 +255,7 @@ impl Broker {
                     }
                 }
                 Timer::Wait { waiter } => self.wait_over(waiter, outbox),
+                Timer::Due { topic } => self.due_fired(topic, now),
             }
         }
         self.scratch.expired = expired;

@@ -24,6 +24,28 @@ use super::{ErrorCode, put_u16};
 pub const PROP_TAG: u8 = 1;
 /// Property type: a header (a key string, then the value bytes).
 pub const PROP_HEADER: u8 = 2;
+/// The broker's own entries (a message's log record and queue copy carry
+/// them; no client sends or receives them): they come after every client
+/// property of the blob, so that what a client is sent is a prefix of it
+/// (`Props::public`), and a client's PRODUCE with one is refused, as any
+/// type its version lacks.
+///
+/// Broker entry: a dead letter's origin group (UTF-8 name, not empty),
+/// delivered as the FETCH reply's origin group field.
+pub const PROP_ORIGIN_GROUP: u8 = 10;
+/// Broker entry: a message redriven to one group only (UTF-8 name, not
+/// empty): every other group's filter drops it.
+pub const PROP_REDRIVEN_TO: u8 = 11;
+/// Property type (version 3): deliver the message at this wall-clock time,
+/// a `u64` of ms since the Unix epoch on the broker's clock.
+pub const PROP_DELIVER_AT: u8 = 3;
+/// Property type (version 3): deliver the message this many ms (`u64`)
+/// after the broker receives it. The broker stores it as `PROP_DELIVER_AT`.
+pub const PROP_DELAY: u8 = 4;
+/// The protocol version that adds the time properties.
+const SINCE_SCHEDULE: u16 = 3;
+/// Bytes of a time property's value.
+pub const PROP_TIME_BYTES: usize = 8;
 /// Bytes of an entry's type and length fields.
 pub const PROP_ENTRY_OVERHEAD_BYTES: usize = 1 + 2;
 
@@ -63,7 +85,14 @@ fn malformed(message: &str) -> PropsError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prop<'a> {
     Tag(&'a str),
-    Header { key: &'a str, value: &'a [u8] },
+    Header {
+        key: &'a str,
+        value: &'a [u8],
+    },
+    /// Deliver at this wall-clock time, ms since the Unix epoch.
+    DeliverAt(u64),
+    /// Deliver this many ms after the broker receives it.
+    Delay(u64),
 }
 
 /// A validated properties blob (possibly empty).
@@ -75,7 +104,23 @@ pub struct Props<'a> {
 
 /// Whether version `version` of the protocol knows property type `kind`.
 pub fn prop_type_known(kind: u8, version: u16) -> bool {
-    version >= 2 && matches!(kind, PROP_TAG | PROP_HEADER)
+    match kind {
+        PROP_TAG | PROP_HEADER => version >= 2,
+        PROP_DELIVER_AT | PROP_DELAY => version >= SINCE_SCHEDULE,
+        _ => false,
+    }
+}
+
+/// Checks a time property's value: exactly a `u64`.
+fn time_value(value: &[u8]) -> Result<u64, PropsError> {
+    let bytes: [u8; PROP_TIME_BYTES] =
+        value.try_into().map_err(|_| malformed("a deliver_at_ms or delay_ms property is not 8 bytes"))?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
+/// Whether `kind` is one of the broker's own entries.
+pub fn is_broker_prop(kind: u8) -> bool {
+    matches!(kind, PROP_ORIGIN_GROUP | PROP_REDRIVEN_TO)
 }
 
 /// Checks a tag: 1 to `tag_bytes_max` bytes of UTF-8 without `|`,
@@ -131,7 +176,7 @@ impl<'a> Props<'a> {
                 limits.props_bytes_max
             )));
         }
-        let (mut at, mut tags) = (0, 0u32);
+        let (mut at, mut tags, mut times) = (0, 0u32, 0u32);
         while at < bytes.len() {
             let (kind, value, n) =
                 entry(&bytes[at..]).ok_or_else(|| malformed("a property runs past the properties"))?;
@@ -145,12 +190,61 @@ impl<'a> Props<'a> {
                     return Err(bad(format!("more than tags_per_message_max ({max}) tags on a message")));
                 }
                 check_tag(value, limits.tag_bytes_max).map_err(bad)?;
-            } else {
+            } else if kind == PROP_HEADER {
                 header(value)?;
+            } else {
+                time_value(value)?;
+                times += 1;
+                if times > 1 {
+                    return Err(bad("a message has more than one deliver_at_ms or delay_ms property".into()));
+                }
             }
             at += n;
         }
         Ok(Props { bytes })
+    }
+
+    /// Validates a stored blob (a log record's): the client properties of
+    /// the newest version, then the broker's own entries, each a UTF-8
+    /// name, and nothing after them. Bounded by the format alone.
+    pub fn parse_stored(bytes: &'a [u8], version: u16) -> Result<Props<'a>, PropsError> {
+        let public = Props::trusted(bytes).public().bytes.len();
+        Props::parse(&bytes[..public], version, &PropsLimits::ANY)?;
+        let mut at = public;
+        while at < bytes.len() {
+            let (kind, value, n) =
+                entry(&bytes[at..]).ok_or_else(|| malformed("a property runs past the properties"))?;
+            if !is_broker_prop(kind) || value.is_empty() || std::str::from_utf8(value).is_err() {
+                return Err(bad(format!("stored property type {kind} is out of place or not a group name")));
+            }
+            at += n;
+        }
+        Ok(Props { bytes })
+    }
+
+    /// The client properties: the blob up to the broker's own entries
+    /// (what a FETCH reply carries).
+    pub fn public(&self) -> Props<'a> {
+        let mut at = 0;
+        while let Some((kind, _, n)) = entry(&self.bytes[at..]) {
+            if is_broker_prop(kind) {
+                break;
+            }
+            at += n;
+        }
+        Props { bytes: &self.bytes[..at] }
+    }
+
+    /// The value of the broker's entry `kind` (a group name), if present.
+    pub fn broker_entry(&self, kind: u8) -> Option<&'a str> {
+        let mut rest = &self.bytes[self.public().bytes.len()..];
+        while let Some((k, value, n)) = entry(rest) {
+            if k == kind {
+                return std::str::from_utf8(value).ok();
+            }
+            rest = &rest[n..];
+        }
+        None
     }
 
     /// A blob `parse` already validated (kept with the batch it came in,
@@ -177,7 +271,7 @@ impl<'a> Props<'a> {
     pub fn tags(&self) -> impl Iterator<Item = &'a str> + 'a {
         self.iter().filter_map(|p| match p {
             Prop::Tag(t) => Some(t),
-            Prop::Header { .. } => None,
+            _ => None,
         })
     }
 
@@ -185,8 +279,37 @@ impl<'a> Props<'a> {
     pub fn headers(&self) -> impl Iterator<Item = (&'a str, &'a [u8])> + 'a {
         self.iter().filter_map(|p| match p {
             Prop::Header { key, value } => Some((key, value)),
-            Prop::Tag(_) => None,
+            _ => None,
         })
+    }
+
+    /// The delivery time or delay the message carries (at most one).
+    pub fn schedule(&self) -> Option<Prop<'a>> {
+        self.iter().find(|p| matches!(p, Prop::DeliverAt(_) | Prop::Delay(_)))
+    }
+
+    /// Where in the blob the value of the time property is, if there is one.
+    pub fn schedule_value_at(&self) -> Option<usize> {
+        let mut at = 0;
+        while let Some((kind, _, n)) = entry(&self.bytes[at..]) {
+            if matches!(kind, PROP_DELIVER_AT | PROP_DELAY) {
+                return Some(at + PROP_ENTRY_OVERHEAD_BYTES);
+            }
+            at += n;
+        }
+        None
+    }
+
+    /// Whether every entry is of a type protocol version `version` knows.
+    pub fn known_to(&self, version: u16) -> bool {
+        let mut at = 0;
+        while let Some((kind, _, n)) = entry(&self.bytes[at..]) {
+            if !prop_type_known(kind, version) {
+                return false;
+            }
+            at += n;
+        }
+        true
     }
 
     /// The value of the first header named `key`.
@@ -204,11 +327,17 @@ impl<'a> Iterator for PropsIter<'a> {
     type Item = Prop<'a>;
     fn next(&mut self) -> Option<Prop<'a>> {
         // The blob was validated by `Props::parse`: every entry is whole and
-        // of a known type, so the `?`s below end only at the end.
+        // of a known type, so the `?`s below end only at the end (or at
+        // the broker's own entries, which are not the message's).
         let (kind, value, n) = entry(self.rest)?;
+        if is_broker_prop(kind) {
+            return None;
+        }
         self.rest = &self.rest[n..];
         Some(match kind {
             PROP_TAG => Prop::Tag(std::str::from_utf8(value).ok()?),
+            PROP_DELIVER_AT => Prop::DeliverAt(time_value(value).ok()?),
+            PROP_DELAY => Prop::Delay(time_value(value).ok()?),
             _ => {
                 let (key, value) = header(value).ok()?;
                 Prop::Header { key, value }
@@ -234,6 +363,71 @@ pub fn put_header(out: &mut Vec<u8>, key: &str, value: &[u8]) {
     put_u16(out, key.len() as u16);
     out.extend_from_slice(key.as_bytes());
     out.extend_from_slice(value);
+}
+
+/// Appends one of the broker's own entries (`kind`, a group name) to a
+/// blob being built; it must come after the client properties.
+pub fn put_broker_entry(out: &mut Vec<u8>, kind: u8, name: &str) {
+    assert!(is_broker_prop(kind) && !name.is_empty(), "broker entry {kind} with name {name:?}");
+    assert!(name.len() <= usize::from(u16::MAX), "a group name over 65535 bytes");
+    out.push(kind);
+    put_u16(out, name.len() as u16);
+    out.extend_from_slice(name.as_bytes());
+}
+
+/// Appends a time property entry: `PROP_DELIVER_AT` or `PROP_DELAY`.
+pub fn put_time(out: &mut Vec<u8>, kind: u8, ms: u64) {
+    assert!(matches!(kind, PROP_DELIVER_AT | PROP_DELAY), "not a time property: {kind}");
+    out.push(kind);
+    put_u16(out, PROP_TIME_BYTES as u16);
+    out.extend_from_slice(&ms.to_le_bytes());
+}
+
+/// Appends the entries of `props` that protocol version `version` knows
+/// (a later version's time properties are left out for an earlier
+/// session), with their u16 length.
+pub fn put_props_for(out: &mut Vec<u8>, props: &Props<'_>, version: u16) {
+    if props.known_to(version) {
+        return put_props(out, props);
+    }
+    let len_at = out.len();
+    put_u16(out, 0);
+    let mut at = 0;
+    while let Some((kind, _, n)) = entry(&props.bytes[at..]) {
+        if prop_type_known(kind, version) {
+            out.extend_from_slice(&props.bytes[at..at + n]);
+        }
+        at += n;
+    }
+    let len = (out.len() - len_at - 2) as u16;
+    out[len_at..len_at + 2].copy_from_slice(&len.to_le_bytes());
+}
+
+/// Bytes of the entries of `props` that version `version` knows.
+pub fn props_len_for(props: &Props<'_>, version: u16) -> usize {
+    let mut at = 0;
+    let mut len = 0;
+    while let Some((kind, _, n)) = entry(&props.bytes[at..]) {
+        if prop_type_known(kind, version) {
+            len += n;
+        }
+        at += n;
+    }
+    len
+}
+
+/// `props` without its time property, as an owned blob (a moved message,
+/// or a copy of one whose time has come, carries none).
+pub fn without_schedule(props: &Props<'_>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(props.bytes.len());
+    let mut at = 0;
+    while let Some((kind, _, n)) = entry(&props.bytes[at..]) {
+        if !matches!(kind, PROP_DELIVER_AT | PROP_DELAY) {
+            out.extend_from_slice(&props.bytes[at..at + n]);
+        }
+        at += n;
+    }
+    out
 }
 
 /// Appends a blob with its u16 length: the properties field of a message,
@@ -292,6 +486,8 @@ mod tests {
         assert!(!prop_type_known(PROP_TAG, 1));
         assert!(prop_type_known(PROP_HEADER, 2));
         assert!(!prop_type_known(3, 2), "a later version's type is refused, not skipped");
+        assert!(prop_type_known(PROP_DELIVER_AT, 3) && prop_type_known(PROP_DELAY, 3));
+        assert!(!prop_type_known(5, 3));
         assert_eq!(refused(&[3, 0, 0], &LIMITS), ErrorCode::BadArgument);
     }
 
@@ -304,6 +500,51 @@ mod tests {
         let big = [7u8; 59];
         assert!(Props::parse(&blob(&[], &[("k", &big[..58])]), 2, &LIMITS).is_ok(), "64 bytes");
         assert_eq!(refused(&blob(&[], &[("k", &big[..59])]), &LIMITS), ErrorCode::BadArgument, "65 bytes");
+    }
+
+    #[test]
+    fn the_brokers_own_entries_come_last_are_never_a_clients_and_are_not_sent() {
+        let mut bytes = blob(&["a"], &[("k", b"v")]);
+        let public_len = bytes.len();
+        put_broker_entry(&mut bytes, PROP_ORIGIN_GROUP, "billing");
+        put_broker_entry(&mut bytes, PROP_REDRIVEN_TO, "audit");
+        let p = Props::parse_stored(&bytes, 2).expect("a stored blob");
+        assert_eq!(p.public().bytes(), &bytes[..public_len]);
+        assert_eq!(p.tags().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(p.headers().count(), 1, "iteration ends at the broker's entries");
+        assert_eq!(p.broker_entry(PROP_ORIGIN_GROUP), Some("billing"));
+        assert_eq!(p.broker_entry(PROP_REDRIVEN_TO), Some("audit"));
+        assert_eq!(Props::parse(&bytes, 2, &PropsLimits::ANY).expect_err("a client's").code, ErrorCode::BadArgument);
+        assert_eq!(Props::trusted(&bytes[..public_len]).broker_entry(PROP_ORIGIN_GROUP), None);
+        // Out of place (a client property after one) or not a name: damage.
+        let mut after = bytes.clone();
+        put_tag(&mut after, "b");
+        assert!(Props::parse_stored(&after, 2).is_err());
+        assert!(Props::parse_stored(&[PROP_ORIGIN_GROUP, 0, 0], 2).is_err());
+        assert!(Props::parse_stored(&[PROP_ORIGIN_GROUP, 1, 0, 0xff], 2).is_err());
+        assert_eq!(Props::parse_stored(&bytes[..bytes.len() - 1], 2).expect_err("cut").code, ErrorCode::Malformed);
+    }
+
+    #[test]
+    fn time_properties_are_one_u64_and_left_out_for_earlier_versions() {
+        let mut bytes = blob(&["a"], &[]);
+        put_time(&mut bytes, PROP_DELAY, 1500);
+        let p = Props::parse(&bytes, 3, &LIMITS).expect("valid");
+        assert_eq!(p.schedule(), Some(Prop::Delay(1500)));
+        assert_eq!(p.tags().collect::<Vec<_>>(), ["a"]);
+        let at = p.schedule_value_at().expect("a time");
+        assert_eq!(&bytes[at..at + 8], &1500u64.to_le_bytes());
+        assert_eq!(Props::parse(&bytes, 2, &LIMITS).expect_err("v2").code, ErrorCode::BadArgument);
+        assert!(p.known_to(3) && !p.known_to(2));
+        let mut v2 = Vec::new();
+        put_props_for(&mut v2, &p, 2);
+        assert_eq!(v2[2..], blob(&["a"], &[])[..]);
+        assert_eq!(props_len_for(&p, 2) + 2, v2.len());
+        assert_eq!(without_schedule(&p), blob(&["a"], &[]));
+        let mut two = bytes.clone();
+        put_time(&mut two, PROP_DELIVER_AT, 7);
+        assert_eq!(Props::parse(&two, 3, &LIMITS).expect_err("two times").code, ErrorCode::BadArgument);
+        assert_eq!(Props::parse(&[PROP_DELAY, 1, 0, 0], 3, &LIMITS).expect_err("short").code, ErrorCode::Malformed);
     }
 
     #[test]

@@ -234,7 +234,7 @@ fn encode_like(out: &mut Vec<u8>, f: &ReplyFrame<'_>) {
             w.finish(out);
         }
         Reply::GroupCreated { created, cursor } => encode_group_created_reply(out, f.request_id, *created, *cursor),
-        Reply::Count(n) | Reply::Cursor(n) => encode_u64_reply(out, f.op, f.request_id, *n),
+        Reply::Count(n) | Reply::Cursor(n) | Reply::Due(n) => encode_u64_reply(out, f.op, f.request_id, *n),
         Reply::Groups(groups) => encode_groups_reply(out, f.request_id, groups),
         other => panic!("not a version-2 reply: {other:?}"),
     }

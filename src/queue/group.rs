@@ -33,6 +33,20 @@ use crate::wheel::TimerKey;
 /// about a millisecond of work.
 pub const FILTER_SKIPS_PER_CALL_MAX: u32 = 65_536;
 
+/// The first live, visible, unscheduled id at or after `from`, looking at
+/// no more than `FILTER_SKIPS_PER_CALL_MAX` scheduled ones.
+fn next_unscheduled(seq: &Seq, from: MsgId) -> Option<MsgId> {
+    let until = seq.visible_id();
+    let mut id = seq.next_live(from, until)?;
+    for _ in 0..FILTER_SKIPS_PER_CALL_MAX {
+        if !seq.scheduled(id) {
+            return Some(id);
+        }
+        id = seq.next_live(id + 1, until)?;
+    }
+    None
+}
+
 /// A group's settings (CREATE_GROUP; changed by a CREATE_GROUP naming an
 /// existing group).
 #[derive(Clone, Debug, Default)]
@@ -163,11 +177,22 @@ impl Group {
         self.config = config;
     }
 
+    /// Whether the group decides per message at all: it has a filter, or
+    /// its topic has messages redriven to one group.
+    fn decides(&self, seq: &Seq) -> bool {
+        self.config.filter.is_some() || seq.tags().has_redriven()
+    }
+
     /// Whether the filter passes message `id` (untagged messages pass only
-    /// `*`), decided once per tag set.
+    /// `*`), decided once per tag set. A message redriven to one group
+    /// passes that group's (whatever its filter) and no other.
     pub fn passes(&mut self, seq: &Seq, id: MsgId) -> bool {
-        let Some(filter) = &self.config.filter else { return true };
-        let Some(set) = seq.tag_set(id) else { return matches!(filter, Filter::All) };
+        if !self.decides(seq) {
+            return true;
+        }
+        let Some(set) = seq.tag_set(id) else {
+            return self.config.filter.as_ref().is_none_or(|f| matches!(f, Filter::All));
+        };
         let epoch = seq.tags().epoch();
         if epoch != self.decisions_epoch {
             self.decisions.clear();
@@ -176,7 +201,10 @@ impl Group {
         if let Some(&d) = self.decisions.get(&set) {
             return d;
         }
-        let d = filter.matches_any(seq.tags().names(set));
+        let d = match seq.tags().redriven_to(set) {
+            Some(to) => to == &*self.name,
+            None => self.config.filter.as_ref().is_none_or(|f| f.matches_any(seq.tags().names(set))),
+        };
         self.decisions.insert(set, d);
         d
     }
@@ -221,7 +249,14 @@ impl Group {
     /// retry. (Counted from the cursor, so it costs a walk of the blocks
     /// the group has not read: for STATS, not for every request.)
     pub fn ready(&self, seq: &Seq) -> u64 {
-        seq.live_in(self.cursor, seq.visible_id()) + self.retry_set.len() as u64
+        self.lag(seq) + self.retry_set.len() as u64
+    }
+    /// Messages not yet delivered: from the cursor on, visible, and not
+    /// scheduled (a walk of the blocks, and of the scheduled messages: for
+    /// STATS and LIST_GROUPS).
+    pub fn lag(&self, seq: &Seq) -> u64 {
+        let scheduled = if seq.schedule().is_empty() { 0 } else { seq.schedule().count_from(self.cursor) };
+        seq.live_in(self.cursor, seq.visible_id()).saturating_sub(scheduled)
     }
     pub fn inflight(&self) -> u64 {
         self.inflight.len() as u64
@@ -241,7 +276,7 @@ impl Group {
     }
     /// Whether a FETCH would find something now.
     pub fn has_ready(&self, seq: &Seq) -> bool {
-        !self.retry_set.is_empty() || seq.next_live(self.cursor, seq.visible_id()).is_some()
+        !self.retry_set.is_empty() || next_unscheduled(seq, self.cursor).is_some()
     }
 
     /// Moves up to `take.max_messages` ready messages (at least one if any,
@@ -302,7 +337,18 @@ impl Group {
         let mut skips = 0;
         loop {
             let id = seq.next_live(self.cursor, until)?;
-            if self.config.filter.is_none() || self.passes(seq, id) {
+            // A scheduled message is stepped over: when its time comes,
+            // every group whose cursor passed it gets it back for retry
+            // (`Topic::fall_due`).
+            if seq.scheduled(id) {
+                if skips == FILTER_SKIPS_PER_CALL_MAX {
+                    return None;
+                }
+                skips += 1;
+                self.cursor = id + 1;
+                continue;
+            }
+            if !self.decides(seq) || self.passes(seq, id) {
                 return Some(id);
             }
             if skips == FILTER_SKIPS_PER_CALL_MAX {
@@ -314,6 +360,36 @@ impl Group {
             self.counters.filtered += 1;
             self.skipped.push(id);
         }
+    }
+
+    /// Ids back for retry, in the order they came back.
+    pub fn retry_ids(&self) -> Vec<MsgId> {
+        let mut ids: Vec<MsgId> = self.retry.iter().copied().filter(|id| self.retry_set.contains_key(id)).collect();
+        let mut seen = IdMap::default();
+        ids.retain(|id| seen.insert(*id, ()).is_none());
+        ids
+    }
+
+    /// Takes message `id` out of retry (a move: REDRIVE naming a group).
+    /// False if it is not back for retry.
+    pub fn take_retried(&mut self, id: MsgId) -> bool {
+        self.retry_set.remove(&id).is_some()
+    }
+
+    /// Takes message `id`, at or after the cursor, out of ready for a move
+    /// (REDRIVE naming a group), stepping the cursor past it: the messages
+    /// `passed` between the cursor and it (in id order) go back for retry,
+    /// so that they stay ready, still in id order. A restart rebuilds the
+    /// same: the cursor past the highest id the group is done with, what it
+    /// still needs below it back for retry.
+    pub fn take_ahead(&mut self, id: MsgId, passed: &mut Vec<MsgId>) {
+        debug_assert!(id >= self.cursor, "message {id} taken from below the cursor {}", self.cursor);
+        for p in passed.drain(..) {
+            let d = self.carried.remove(&p).unwrap_or(0);
+            self.requeue(p, d);
+        }
+        self.cursor = id + 1;
+        self.carried.remove(&id);
     }
 
     /// Takes the message `peek_ready` returned out of ready.

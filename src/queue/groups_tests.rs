@@ -93,7 +93,7 @@ impl Run {
     /// The first id a group starting at `start` owes.
     fn model_start(&self, start: Start) -> MsgId {
         match start {
-            Start::Earliest => 0,
+            Start::Earliest => self.live.iter().next().copied().unwrap_or(self.t.seq.next_id()),
             Start::Latest => self.t.seq.next_id(),
             Start::Id(id) => id.min(self.t.seq.next_id()),
             Start::Time(ms) => {

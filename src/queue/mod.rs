@@ -5,6 +5,7 @@
 //! - `seq`: a topic's messages, packed in blocks (about 8.5 bytes of
 //!   overhead per queued message), with their per-message properties;
 //! - `tags`: a topic's interned tags and tag sets, by which groups filter;
+//! - `schedule`: a topic's scheduled messages, by due time and by id;
 //! - `group`: one consumer group's state over them (cursor, in flight,
 //!   retry, delayed, who holds what);
 //! - `topic`: a `Seq` and its groups, and the rule that ties them: a
@@ -21,11 +22,13 @@ use crate::codec::DeadInfo;
 use crate::wheel::TimerKey;
 
 mod group;
+mod schedule;
 mod seq;
 mod tags;
 mod topic;
 
 pub use group::{FILTER_SKIPS_PER_CALL_MAX, Group, GroupConfig, Policy};
+pub use schedule::Schedule;
 pub use seq::{Body, Seq, Stored};
 pub use tags::{TAG_SETS_MAX, TagId, TagSetId, Tags, TagsFull};
 pub use topic::{SWEEP_IDS_PER_STEP_MAX, Stray, Topic};
@@ -160,5 +163,7 @@ pub struct Delivery {
 mod groups_tests;
 #[cfg(test)]
 mod props_tests;
+#[cfg(test)]
+mod redrive_tests;
 #[cfg(test)]
 mod tests;

@@ -18,8 +18,10 @@
 
 use std::collections::VecDeque;
 
-use super::tags::{TAG_SETS_MAX, TagSetId, Tags, TagsFull};
+use super::schedule::Schedule;
+use super::tags::{REDRIVEN_TO_PREFIX, TAG_SETS_MAX, TagSetId, Tags, TagsFull};
 use super::{IdMap, MsgId};
+use crate::codec::props::PROP_REDRIVEN_TO;
 use crate::codec::{DeadInfo, Props};
 
 /// Most messages in one block: 4096 keeps the live bitmap at 512 bytes and
@@ -315,6 +317,9 @@ pub struct Seq {
     dead: IdMap<DeadInfo>,
     /// The tags and tag sets of the messages, interned.
     tags: Tags,
+    /// The messages whose delivery time is still to come (a per-message
+    /// property; empty in a topic without any).
+    schedule: Schedule,
 }
 
 impl Seq {
@@ -411,7 +416,13 @@ impl Seq {
         if props.is_empty() {
             return Ok(None);
         }
-        self.tags.intern(|| props.tags(), max)
+        match props.broker_entry(PROP_REDRIVEN_TO) {
+            None => self.tags.intern(|| props.tags(), max),
+            Some(group) => {
+                let mark = format!("{REDRIVEN_TO_PREFIX}{group}");
+                self.tags.intern(|| props.tags().chain(std::iter::once(mark.as_str())), max)
+            }
+        }
     }
 
     /// `intern_tags` for a message that must be stored whatever the table
@@ -456,6 +467,56 @@ impl Seq {
     }
     pub(super) fn set_tags(&mut self, tags: Tags) {
         self.tags = tags;
+    }
+
+    /// The scheduled messages.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// Whether message `id` is scheduled: stored, and delivered to no group
+    /// until its time.
+    #[inline]
+    pub fn scheduled(&self, id: MsgId) -> bool {
+        self.schedule.contains(id)
+    }
+
+    /// Schedules live message `id` at `due_ms` (or moves it there),
+    /// writing the time into its stored delivery-time property, so that
+    /// what is copied forward by compaction carries the time it has now.
+    pub fn schedule_at(&mut self, id: MsgId, due_ms: u64) {
+        if self.write_due(id, due_ms) {
+            self.schedule.insert(id, due_ms);
+        }
+    }
+
+    /// Writes `due_ms` into live message `id`'s delivery-time property
+    /// (recovery applies a Reschedule record with it). False if the
+    /// message is not live.
+    pub fn write_due(&mut self, id: MsgId, due_ms: u64) -> bool {
+        let Some(bi) = self.block_index(id) else { return false };
+        let b = &mut self.blocks[bi];
+        let i = (id - b.first_id) as usize;
+        if !b.is_live(i) {
+            return false;
+        }
+        let start = b.start_of(i);
+        let (props, _) = b.body(i);
+        if let Some(at) = props.schedule_value_at() {
+            let at = start + PROPS_LEN_BYTES + at;
+            b.bytes[at..at + 8].copy_from_slice(&due_ms.to_le_bytes());
+        }
+        true
+    }
+
+    /// Unschedules message `id` (its time came): returns when it was due.
+    pub fn unschedule(&mut self, id: MsgId) -> Option<u64> {
+        self.schedule.remove(id)
+    }
+
+    /// Takes the first scheduled message due at or before `now_ms`.
+    pub fn pop_due(&mut self, now_ms: u64) -> Option<(u64, MsgId)> {
+        self.schedule.pop_due(now_ms)
     }
 
     /// Stores message `id`'s dead-letter origin (it is a dead letter).
@@ -533,6 +594,7 @@ impl Seq {
         if !self.dead.is_empty() {
             self.dead.remove(&id);
         }
+        self.schedule.remove(id);
         Some(len)
     }
 

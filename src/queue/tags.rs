@@ -25,6 +25,13 @@ use std::num::NonZeroU16;
 /// per-block column takes two bytes a message and 0 means untagged.
 pub const TAG_SETS_MAX: u32 = u16::MAX as u32;
 
+/// How a message redriven to one group only (`PROP_REDRIVEN_TO`) is marked
+/// in its tag set: a tag of this prefix and the group's name. No client
+/// tag can begin with a control character, so the mark never meets one,
+/// and it makes the group's filter decision per set like any tag: every
+/// other group's filter drops the message, never reading it.
+pub const REDRIVEN_TO_PREFIX: &str = "\u{0}redriven-to:";
+
 /// A tag's number within its topic's table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TagId(pub u32);
@@ -100,6 +107,9 @@ pub struct Tags {
     epoch: u64,
     /// Scratch for a message's tag ids (no allocation per message).
     scratch: Vec<TagId>,
+    /// Some set was marked for one group (`REDRIVEN_TO_PREFIX`): from then
+    /// on groups without a filter decide per set too (until a restart).
+    redriven: bool,
 }
 
 impl Tags {
@@ -121,6 +131,18 @@ impl Tags {
     /// Changes whenever a set id may have been given to another set.
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+    /// Whether some message was redriven to one group only (its groups
+    /// must then decide every tagged message's set, filter or not).
+    pub fn has_redriven(&self) -> bool {
+        self.redriven
+    }
+    /// The group set `set` was redriven to, if it is so marked.
+    pub fn redriven_to(&self, set: TagSetId) -> Option<&str> {
+        if !self.redriven {
+            return None;
+        }
+        self.names(set).find_map(|t| t.strip_prefix(REDRIVEN_TO_PREFIX))
     }
     /// The tags of set `set`, by id, sorted by id.
     pub fn tags_of(&self, set: TagSetId) -> &[TagId] {
@@ -198,6 +220,7 @@ impl Tags {
         }
         ids.clear();
         for tag in tags {
+            self.redriven |= tag.starts_with(REDRIVEN_TO_PREFIX);
             let id = self.tag_id(tag);
             ids.push(id);
         }

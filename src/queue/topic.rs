@@ -131,7 +131,8 @@ impl Topic {
     /// Where `start` puts a group: the first id it needs.
     pub fn start_cursor(&self, start: Start) -> MsgId {
         match start {
-            Start::Earliest => 0,
+            // The oldest message held (so that a reply names a real id).
+            Start::Earliest => self.seq.next_live(0, self.seq.next_id()).unwrap_or(self.seq.next_id()),
             Start::Latest => self.seq.next_id(),
             // An id past the newest starts with the next message produced.
             Start::Id(id) => id.min(self.seq.next_id()),
@@ -258,7 +259,7 @@ impl Topic {
         let mut released = 0;
         for _ in 0..SWEEP_IDS_PER_STEP_MAX {
             let Some(live) = self.seq.next_live(id, self.seq.next_id()) else { return released };
-            if !self.groups.iter().any(|h| h.needs(live)) {
+            if !self.seq.scheduled(live) && !self.groups.iter().any(|h| h.needs(live)) {
                 self.release(live);
                 released += 1;
             }
@@ -389,7 +390,7 @@ impl Topic {
         }
         let mut id = from;
         while let Some(live) = self.seq.next_live(id, self.seq.visible_id()) {
-            if !self.groups.iter().any(|h| h.needs(live)) {
+            if !self.seq.scheduled(live) && !self.groups.iter().any(|h| h.needs(live)) {
                 self.release(live);
             }
             id = live + 1;
@@ -412,10 +413,82 @@ impl Topic {
     /// still needs it. O(groups), no memory per message.
     fn done(&mut self, g: GroupId, id: MsgId) {
         debug_assert!(!self.group(g).is_some_and(|x| x.needs(id)), "group {g:?} is done with {id} and still needs it");
-        if self.groups.iter().any(|h| h.id() != g && h.needs(id)) {
+        if self.seq.scheduled(id) || self.groups.iter().any(|h| h.id() != g && h.needs(id)) {
             return;
         }
         self.release(id);
+    }
+
+    // -----------------------------------------------------------------------
+    // Scheduled messages: stored, stepped over by every group's cursor
+    // until their time, then ready for every group that passed them.
+    // -----------------------------------------------------------------------
+
+    /// Schedules message `id` (just produced, or recovered) at `due_ms`.
+    pub fn schedule(&mut self, id: MsgId, due_ms: u64) {
+        self.seq.schedule_at(id, due_ms);
+    }
+
+    /// CANCEL: removes scheduled message `id` from the topic. Returns when
+    /// it was due; None if it is not scheduled.
+    pub fn cancel(&mut self, id: MsgId) -> Option<u64> {
+        let due = self.seq.schedule().due_ms(id)?;
+        self.release(id);
+        Some(due)
+    }
+
+    /// RESCHEDULE: moves scheduled message `id` to `due_ms`. False if it is
+    /// not scheduled.
+    pub fn reschedule(&mut self, id: MsgId, due_ms: u64) -> bool {
+        if !self.seq.scheduled(id) {
+            return false;
+        }
+        self.seq.schedule_at(id, due_ms);
+        true
+    }
+
+    /// Makes up to `max` scheduled messages due at `now_ms` (wall clock)
+    /// ready: each goes back for retry in every group whose cursor passed
+    /// it (and passes its filter); a group whose cursor has not reached it
+    /// gets it in turn. Calls `out` with each id. Returns how many came.
+    pub fn fall_due(&mut self, now_ms: u64, max: u32, mut out: impl FnMut(MsgId)) -> u32 {
+        let mut n = 0;
+        while n < max {
+            let Some((_, id)) = self.seq.pop_due(now_ms) else { break };
+            n += 1;
+            out(id);
+            // An unpublished message has no group past it: nothing is
+            // delivered before its produce is durable.
+            self.give_due(id);
+        }
+        n
+    }
+
+    /// Message `id`'s time came: every group past it gets it.
+    fn give_due(&mut self, id: MsgId) {
+        for g in &mut self.groups {
+            // A broadcast group itself needs nothing: its members do.
+            if g.cursor() <= id || (g.config.broadcast && !g.id().is_member()) {
+                continue;
+            }
+            if g.passes(&self.seq, id) {
+                let d = g.deliveries(id);
+                g.requeue(id, d);
+            } else {
+                g.counters.filtered += 1;
+            }
+        }
+        if !self.groups.is_empty() && !self.groups.iter().any(|h| h.needs(id)) {
+            self.release(id);
+        }
+    }
+
+    /// Recovery: message `id`'s time came while the broker was down or
+    /// before its log recorded that, and its groups were rebuilt without
+    /// it (their cursors passed it): as `fall_due` for it alone.
+    pub fn restore_due(&mut self, id: MsgId) {
+        self.seq.unschedule(id);
+        self.give_due(id);
     }
 
     /// Drops a message from the sequence and from what every group carries
@@ -619,6 +692,55 @@ impl Topic {
             n += 1;
         }
         self.release_skipped(g);
+        n
+    }
+
+    /// `drain_ready` of the messages `pick` chooses only (REDRIVE naming a
+    /// group): those back for retry, in order, then those from the cursor
+    /// on, in id order; the others stay ready where they are (see
+    /// `Group::take_ahead`). Reads every ready message of the group once
+    /// (as a REDRIVE of all would move them all). The group's filter is
+    /// not applied: a dead-letter topic's groups have none unless created
+    /// with one.
+    pub fn drain_ready_where(
+        &mut self,
+        g: GroupId,
+        max: u64,
+        mut pick: impl FnMut(&Stored<'_>) -> bool,
+        mut out: impl FnMut(Stored<'_>, Option<DeadInfo>) -> bool,
+    ) -> u64 {
+        let Some(group) = self.group(g) else { return 0 };
+        let (retry, mut at) = (group.retry_ids(), group.cursor());
+        let mut n = 0;
+        for id in retry {
+            let Some(m) = self.seq.get(id).filter(|m| n < max && pick(m)) else { continue };
+            if !out(m, self.seq.dead_info(id)) {
+                return n;
+            }
+            if let Some(x) = self.group_mut(g) {
+                x.take_retried(id);
+            }
+            self.done(g, id);
+            n += 1;
+        }
+        let mut passed = Vec::new();
+        while n < max {
+            let Some(id) = self.seq.next_live(at, self.seq.visible_id()) else { break };
+            at = id + 1;
+            let Some(m) = self.seq.get(id) else { break };
+            if !pick(&m) {
+                passed.push(id);
+                continue;
+            }
+            if !out(m, self.seq.dead_info(id)) {
+                break;
+            }
+            if let Some(x) = self.group_mut(g) {
+                x.take_ahead(id, &mut passed);
+            }
+            self.done(g, id);
+            n += 1;
+        }
         n
     }
 }

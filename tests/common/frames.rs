@@ -486,7 +486,7 @@ pub fn encode_reply(out: &mut Vec<u8>, frame: &ReplyFrame<'_>) {
         Reply::Topics(topics) => encode_topics_reply(out, id, topics),
         Reply::GroupCreated { created, cursor } => encode_group_created_reply(out, id, *created, *cursor),
         Reply::Groups(groups) => encode_groups_reply(out, id, groups),
-        Reply::Cursor(cursor) => encode_u64_reply(out, op, id, *cursor),
+        Reply::Cursor(cursor) | Reply::Due(cursor) => encode_u64_reply(out, op, id, *cursor),
         Reply::Error { code, message } => {
             let code = ErrorCode::from_u8(*code).unwrap_or_else(|| panic!("error code {code} is not an ErrorCode"));
             encode_error(out, op, id, code, message);
@@ -502,4 +502,64 @@ pub fn encode(expect: &Expect) -> Vec<u8> {
         Expect::Reply(f) => encode_reply(&mut out, f),
     }
     out
+}
+
+// ---------------------------------------------------------------------------
+// Scheduled messages (version 3): docs/protocol.md, "Scheduled messages
+// (version 3)".
+// ---------------------------------------------------------------------------
+
+/// A request in the version-3 layout.
+pub fn request_v3(request_id: u32, request: Request<'static>) -> Expect {
+    Expect::Request(Frame { request_id, request }, 3)
+}
+
+/// Properties holding one time property.
+fn time_props(kind: u8, ms: u64) -> Props<'static> {
+    let mut bytes = Vec::new();
+    props::put_time(&mut bytes, kind, ms);
+    Props::parse(bytes.leak(), 3, &PropsLimits::ANY).expect("valid properties") // ok: test data
+}
+
+/// The examples of scheduled messages, in the doc's order.
+pub fn doc_frames_schedule() -> Vec<Named> {
+    let jobs = "jobs";
+    let in_a_minute = time_props(props::PROP_DELAY, 60_000);
+    let at_one = time_props(props::PROP_DELIVER_AT, BORN_MS + 3_600_000);
+    vec![
+        named(
+            "produce-scheduled-request",
+            "PRODUCE (version 3) two messages to jobs: hello, due a minute after the broker receives it, and later, due at 2026-01-01T01:00:00.123Z.",
+            request_v3(
+                20,
+                Request::Produce {
+                    topic: jobs,
+                    flags: 0,
+                    batch: batch_v2(&[(in_a_minute, b"hello"), (at_one, b"later")]),
+                },
+            ),
+        ),
+        named(
+            "produce-scheduled-reply",
+            "Both are stored, as messages 1 and 2, and scheduled.",
+            reply(op::PRODUCE, 20, Reply::Produced { first_id: 1, count: 2 }),
+        ),
+        named(
+            "reschedule-request",
+            "RESCHEDULE message 2 of jobs to 2026-01-01T02:00:00.123Z.",
+            request_v3(21, Request::Reschedule { topic: jobs, id: 2, when: schedule::When::At(BORN_MS + 7_200_000) }),
+        ),
+        named("reschedule-reply", "Its new delivery time.", reply(op::RESCHEDULE, 21, Reply::Due(BORN_MS + 7_200_000))),
+        named("cancel-request", "CANCEL message 1 of jobs.", request_v3(22, Request::Cancel { topic: jobs, id: 1 })),
+        named(
+            "cancel-reply",
+            "It is gone; it was due at 2026-01-01T00:01:00.123Z (received at 00:00:00.123).",
+            reply(op::CANCEL, 22, Reply::Due(BORN_MS + 60_000)),
+        ),
+        named(
+            "not-scheduled-reply",
+            "An error reply (version 3): a second CANCEL of message 1 gets NOT_SCHEDULED (status 25). The message text is an example.",
+            error(op::CANCEL, 23, ErrorCode::NotScheduled, "message 1 of topic jobs is not scheduled"),
+        ),
+    ]
 }
