@@ -281,6 +281,44 @@ fn produce_version_2_refuses_unknown_flags_and_bad_properties() {
 }
 
 #[test]
+fn an_ack_produce_record_round_trips_with_its_outputs() {
+    let msgs = messages();
+    let (kind, version, body) = one(|log| {
+        let mut w = AckProduceWriter::begin(log, TopicId(2), GroupId(4), &[7, 9]);
+        w.output(log, TopicId(3));
+        for m in &msgs {
+            w.push(log, m);
+        }
+        w.output(log, TopicId(5));
+        w.push(log, &msgs[0]);
+        w.end(log);
+    });
+    assert_eq!((kind, version), (RecordKind::AckProduce, 1));
+    let Ok(Record::AckProduce { topic, group, ids, outputs }) = Record::decode(kind, version, &body) else {
+        panic!("an AckProduce record decodes to AckProduce")
+    };
+    assert_eq!((topic, group, ids.iter().collect::<Vec<_>>()), (TopicId(2), GroupId(4), vec![7, 9]));
+    let got: Vec<(TopicId, Vec<MessageRecord<'_>>)> = outputs
+        .map(|o| {
+            let (t, m) = o.expect("an output");
+            (t, m.collect::<Result<Vec<_>, _>>().expect("its messages"))
+        })
+        .collect();
+    assert_eq!(got, vec![(TopicId(3), msgs.clone()), (TopicId(5), vec![msgs[0]])]);
+    // A body cut short anywhere is refused, never misread.
+    for cut in 0..body.len() {
+        let refused = match Record::decode(kind, version, &body[..cut]) {
+            Err(_) => true,
+            Ok(Record::AckProduce { outputs, .. }) => outputs
+                .flat_map(|o| o.map(|(_, m)| m.collect::<Vec<_>>()).unwrap_or_else(|e| vec![Err(e)]))
+                .any(|m| m.is_err()),
+            Ok(_) => false,
+        };
+        assert!(refused, "a body cut at {cut} of {} bytes", body.len());
+    }
+}
+
+#[test]
 fn the_records_of_scheduled_messages_round_trip() {
     let ids = [3, 1 << 40];
     for kind in [RecordKind::Cancel, RecordKind::Due] {

@@ -323,3 +323,18 @@ fn a_subscriber_that_reads_late_is_paused_not_cut_off() {
     }
     assert_eq!(got, sent, "every message pushed, once");
 }
+
+#[test]
+fn a_scheduled_message_is_pushed_once_it_is_due() {
+    let (srv, _dir) = server();
+    let mut p = srv.client_v2();
+    let mut s = srv.client_v2();
+    s.subscribe("t", "g", 10, 0).expect("subscribe");
+    let later = [runnel::client::ProduceMessage::new(b"later").delay(100)];
+    let (id, _) = p.produce_messages("t", &later).expect("produce");
+    let now = produce(&mut p, "t", 1);
+    // Both come, the scheduled one when its timer fires (no assertion on
+    // when: the machine is shared).
+    let got: BTreeSet<u64> = (0..2).map(|_| s.next_pushed().expect("pushed").message.id).collect();
+    assert_eq!(got, [id, now[0]].into_iter().collect());
+}
