@@ -251,6 +251,11 @@ fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
         if w == "W2" {
             probe_disk(&scale, "before W2", &mut report);
         }
+        // W3's durable rows (fetch and push) are held to the disk's
+        // fdatasync p99: a run without W2 probes the disk before W3.
+        if w == "W3" && !opts.workloads.contains(&"W2") {
+            probe_disk(&scale, "before W3", &mut report);
+        }
         // Configuration by configuration, the brokers back to back, so a
         // drift in the machine's load touches every broker alike.
         for (order, config) in Config::all(w, &scale).into_iter().enumerate() {
