@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use crate::server::Kind;
 use crate::wire::Wire;
-use crate::{beanstalk_conn, redis_conn, runnel_conn};
+use crate::{beanstalk_conn, push_conn, redis_conn, runnel_conn};
 
 /// How long any blocking read may wait before the bench gives up on a
 /// broker (a stuck broker must fail the run, never hang it).
@@ -153,6 +153,15 @@ impl Target {
             Kind::Redis => Box::new(redis_conn::RedisConsumer::connect(self.addr, topic, redis_conn::GROUP, name)?),
             Kind::Beanstalkd => Box::new(beanstalk_conn::BeanstalkConsumer::connect(self.addr, topic)?),
         })
+    }
+
+    /// A push subscriber of `topic`'s default group with `credit` (runnel
+    /// only: the floor and the peers have no push subscriptions).
+    pub fn push_consumer(&self, topic: &str, credit: u32) -> Result<Box<dyn Consumer>, String> {
+        match self.kind {
+            Kind::Runnel => Ok(Box::new(push_conn::PushConsumer::connect(self.addr, topic, credit)?)),
+            other => Err(format!("{} has no push subscriptions", other.name())),
+        }
     }
 
     /// Makes the consumer groups of a fan-out (W6) before the first

@@ -11,6 +11,7 @@
 mod beanstalk_conn;
 mod conn;
 mod latency;
+mod push_conn;
 mod redis_conn;
 mod report;
 mod runnel_conn;
@@ -36,6 +37,7 @@ the echo floor of runnel's protocol (runnel-floor) they are measured against
 usage:
   runnel-bench [--quick] [--only runnel|redis|beanstalkd|floor,...] [--workloads W1,...]
                [--server-core N] [--client-core N] [--out DIR] [--runnel PATH]
+               [--push-credit N]
 
   --quick          a small version of every workload (well under a minute;
                    its numbers are not for comparison)
@@ -55,6 +57,8 @@ usage:
                    change only by `--out bench/results` on a full run; a quick
                    run is refused there
   --runnel PATH    the runnel binary (default: `runnel` beside this one)
+  --push-credit N  the credit of runnel's push consumers in W3, W3B and W4
+                   (default 1024: the most messages one fetch brings)
 
 Peers: apt-get install -y redis-server beanstalkd";
 
@@ -68,6 +72,8 @@ struct Options {
     /// Where the results go: `--out`, or a new temporary directory.
     out: PathBuf,
     runnel: Option<PathBuf>,
+    /// The push consumers' credit, if not the default.
+    push_credit: Option<u32>,
 }
 
 /// The committed results, which only a full run may write (`--out`).
@@ -99,6 +105,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
         client_core: None,
         out: PathBuf::new(),
         runnel: None,
+        push_credit: None,
     };
     let mut out = None;
     let mut it = args.iter();
@@ -132,6 +139,9 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
             "--client-core" => o.client_core = Some(value()?.parse().map_err(|_| "--client-core: not a number")?),
             "--out" => out = Some(PathBuf::from(value()?)),
             "--runnel" => o.runnel = Some(PathBuf::from(value()?)),
+            "--push-credit" => {
+                o.push_credit = Some(value()?.parse().map_err(|_| "--push-credit: not a number")?);
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -187,7 +197,10 @@ fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
     if let Some(c) = opts.client_core {
         sys::pin_current_thread(&[c]).map_err(|e| format!("--client-core: {e}"))?;
     }
-    let scale = Scale::new(opts.quick);
+    let mut scale = Scale::new(opts.quick);
+    if let Some(c) = opts.push_credit {
+        scale.push_credit = c;
+    }
     sys::progress(&format!("results will go to {}", opts.out.display()));
     let mut report = Report {
         meta: Meta {
@@ -237,6 +250,11 @@ fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
         // measured just before and just after it, since a shared disk drifts.
         if w == "W2" {
             probe_disk(&scale, "before W2", &mut report);
+        }
+        // W3's durable rows (fetch and push) are held to the disk's
+        // fdatasync p99: a run without W2 probes the disk before W3.
+        if w == "W3" && !opts.workloads.contains(&"W2") {
+            probe_disk(&scale, "before W3", &mut report);
         }
         // Configuration by configuration, the brokers back to back, so a
         // drift in the machine's load touches every broker alike.
@@ -320,12 +338,16 @@ fn run_config(spec: &Spec, config: Config, order: usize, scale: &Scale, report: 
             ok
         }
         Err(e) => {
-            let (w, kind, durability) =
-                (config.workload(), spec.kind.name(), report::durability_label(spec.kind, spec.durability));
+            let (w, kind, durability) = (
+                config.workload(),
+                report::broker_cell(spec.kind, config.consumer_label(spec.kind)),
+                report::durability_label(spec.kind, spec.durability),
+            );
             sys::progress(&format!("{w} {kind} {durability} {}: FAILED: {e}", config.label()));
             report.failures.push(Failure {
                 workload: w.to_string(),
                 broker: spec.kind,
+                consumer: config.consumer_label(spec.kind),
                 durability: spec.durability,
                 config: config.label(),
                 message: e,
@@ -367,7 +389,7 @@ fn progress_line(r: &workload::RunResult) -> String {
     format!(
         "{} {} {} {}{}: {:.0} msgs/s{lat}{v}{}",
         r.config.workload(),
-        r.broker.name(),
+        report::broker_cell(r.broker, r.config.consumer_label(r.broker)),
         report::durability_label(r.broker, r.durability),
         r.config.label(),
         if r.phase.is_empty() { String::new() } else { format!(" [{}]", r.phase) },

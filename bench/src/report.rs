@@ -37,6 +37,8 @@ pub struct Meta {
 pub struct Failure {
     pub workload: String,
     pub broker: Kind,
+    /// runnel's consumer in W3, W3B and W4 ("push" or "fetch").
+    pub consumer: Option<&'static str>,
     pub durability: Durability,
     pub config: String,
     pub message: String,
@@ -260,7 +262,10 @@ pub fn vs_floor(results: &[RunResult], r: &RunResult) -> Option<VsFloor> {
     if r.broker == Kind::Floor {
         return None;
     }
-    let f = results.iter().find(|f| f.broker == Kind::Floor && f.config == r.config && f.phase == r.phase)?;
+    // A push row is set against the floor's row of the same load, which
+    // fetches: the floor has no push subscriptions.
+    let config = r.config.fetching();
+    let f = results.iter().find(|f| f.broker == Kind::Floor && f.config == config && f.phase == r.phase)?;
     let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(a), Some(b)) if a > 0.0 && b > 0.0 => Some(a / b),
         _ => None,
@@ -303,6 +308,15 @@ const DURABILITY_LEGEND: &str = "
 | no log | (the echo floor: nothing kept, the floor of every row) | | | |
 ";
 
+/// The broker column: the broker's name, and for runnel's rows of W3, W3B
+/// and W4 its consumer ("runnel push", "runnel fetch").
+pub fn broker_cell(kind: Kind, consumer: Option<&str>) -> String {
+    match consumer {
+        Some(c) => format!("{} {c}", kind.name()),
+        None => kind.name().to_string(),
+    }
+}
+
 /// The durability column: the floor has no log to be durable with.
 pub fn durability_label(kind: Kind, durability: Durability) -> &'static str {
     if kind == Kind::Floor { "no log" } else { durability.name() }
@@ -324,8 +338,8 @@ fn config_key(r: &RunResult) -> (u64, u64) {
         Config::W1 { size, produce: Produce::Depth(d) } => (size as u64, d as u64),
         Config::W1 { size, produce: Produce::Batch(_) } => (size as u64, u64::MAX),
         Config::W2 { conns } => (conns as u64, 0),
-        Config::W3 { rate } | Config::W3Compact { rate } => (rate, 0),
-        Config::W3Spin { rate, spin_us } | Config::W3Busy { rate, spin_us } => (rate, u64::from(spin_us)),
+        Config::W3 { rate, .. } | Config::W3Compact { rate } => (rate, 0),
+        Config::W3Spin { rate, spin_us } | Config::W3Busy { rate, spin_us, .. } => (rate, u64::from(spin_us)),
         _ => (r.order as u64, 0),
     }
 }
@@ -393,7 +407,7 @@ pub fn markdown(report: &Report) -> String {
             let _ = writeln!(
                 s,
                 "| {} | {} | {} | FAILED | | | | | | |{} {} |",
-                f.broker.name(),
+                broker_cell(f.broker, f.consumer),
                 durability_label(f.broker, f.durability),
                 f.config,
                 if with_floor { " | |" } else { "" },
@@ -416,7 +430,7 @@ fn row_line(report: &Report, r: &RunResult, with_floor: bool) -> String {
     };
     format!(
         "| {} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} |{floor} {} |\n",
-        r.broker.name(),
+        broker_cell(r.broker, r.config.consumer_label(r.broker)),
         durability_label(r.broker, r.durability),
         config,
         fmt_count(r.msgs_per_s()),
@@ -529,13 +543,14 @@ pub fn json(report: &Report) -> String {
         let notes: Vec<String> = r.notes.iter().map(|n| jstr(n)).collect();
         let _ = write!(
             s,
-            "{}\n{{\"workload\":{},\"phase\":{},\"broker\":{},\"durability\":{},\"config\":{},\"server_cores\":{},\"messages\":{},\"message_bytes\":{},\"seconds\":{},\"msgs_per_s\":{},\"mb_per_s\":{},\"server_cpu_s\":{},\"server_cpu_s_per_million\":{},\"latency\":{},\"vs_floor\":{},\"extra\":{{{}}},\"notes\":[{}],\"verify\":{}}}",
+            "{}\n{{\"workload\":{},\"phase\":{},\"broker\":{},\"durability\":{},\"config\":{},\"consumer\":{},\"server_cores\":{},\"messages\":{},\"message_bytes\":{},\"seconds\":{},\"msgs_per_s\":{},\"mb_per_s\":{},\"server_cpu_s\":{},\"server_cpu_s_per_million\":{},\"latency\":{},\"vs_floor\":{},\"extra\":{{{}}},\"notes\":[{}],\"verify\":{}}}",
             if i > 0 { "," } else { "" },
             jstr(r.config.workload()),
             jstr(r.phase),
             jstr(r.broker.name()),
             jstr(durability_label(r.broker, r.durability)),
             jstr(&r.config.label()),
+            r.config.consumer_label(r.broker).map_or("null".into(), jstr),
             jstr(&r.server_cores),
             r.messages,
             r.size,
@@ -594,14 +609,17 @@ fn plots(report: &Report) -> BTreeMap<String, (String, Vec<Line>)> {
             continue;
         }
         let variant = r.config.plot_variant();
+        let consumer = r.config.consumer_label(r.broker);
+        // runnel's push line is the second of its broker and durability.
+        let pushed = consumer == Some("push");
         out.entry(key).or_insert_with(|| (title, Vec::new())).1.push(Line {
             label: match &variant {
                 Some(v) => format!("{} {v}", r.broker.name()),
-                None => format!("{} {}", r.broker.name(), durability_label(r.broker, r.durability)),
+                None => format!("{} {}", broker_cell(r.broker, consumer), durability_label(r.broker, r.durability)),
             },
             kind: r.broker,
             durability: r.durability,
-            variant: variant.is_some(),
+            variant: variant.is_some() || pushed,
             curve: l.curve.clone(),
         });
     }

@@ -7,8 +7,10 @@
 //!   runnel's batched PRODUCE), 16 B to 16 KiB messages, closed loop.
 //! - W2 fan-in: 1/16/256 connections at depth 1, driven by one epoll loop.
 //! - W3 end-to-end latency, open loop at fixed rates, measured from each
-//!   message's intended send time (no coordinated omission).
-//! - W4 work queue: producers and consumers on one topic at once.
+//!   message's intended send time (no coordinated omission); runnel with a
+//!   long-polling consumer and with a push subscriber (`Consume`).
+//! - W4 work queue: producers and consumers on one topic at once (runnel's
+//!   consumers fetching, and pushed to).
 //! - W5 backlog: fill a topic with small messages, then drain it.
 //! - W6 fan-out: one producer, 1/4/16 consumer groups of two consumers
 //!   each, durable; every group gets every message (and runnel with 16
@@ -19,7 +21,8 @@
 //! - W3S: W3 for runnel with `--fsync never` and `--spin-us` 0, 50 and 200.
 //! - W3B: W3 memory-only with a busy-polling client: one thread for both
 //!   connections that never sleeps (its core 100% busy by design); runnel
-//!   also with `--spin-us 200`, so both sides busy-poll.
+//!   also with `--spin-us 200`, so both sides busy-poll, and with a push
+//!   subscriber.
 //! - R1: recovery: fill a durable runnel with a large log, restart it
 //!   (page cache warm, then dropped), time until it answers a PING.
 
@@ -75,6 +78,9 @@ pub struct Scale {
     /// fill may take.
     pub r1_log_bytes: u64,
     pub r1_fill_time_max: Duration,
+    /// Push consumers' credit: the most messages each holds unacknowledged
+    /// (`--push-credit`; FETCH_MAX by default, what one fetch may bring).
+    pub push_credit: u32,
 }
 
 impl Scale {
@@ -99,6 +105,7 @@ impl Scale {
                 w3c_idle_msgs: 2_000,
                 r1_log_bytes: 16 << 20,
                 r1_fill_time_max: Duration::from_secs(10),
+                push_credit: FETCH_MAX,
             }
         } else {
             Scale {
@@ -120,6 +127,7 @@ impl Scale {
                 w3c_idle_msgs: 20_000,
                 r1_log_bytes: 1 << 30,
                 r1_fill_time_max: Duration::from_secs(120),
+                push_credit: FETCH_MAX,
             }
         }
     }
@@ -135,6 +143,17 @@ pub enum Produce {
     Batch(usize),
 }
 
+/// How the consumers of W3, W3B and W4 get their messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Consume {
+    /// FETCH with a long poll (every broker's way: XREADGROUP BLOCK,
+    /// reserve-with-timeout).
+    Fetch,
+    /// runnel's push subscription: SUBSCRIBE once with a credit, the broker
+    /// pushes each message as it becomes visible (`push_conn`).
+    Push,
+}
+
 /// One configuration of one workload.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Config {
@@ -147,10 +166,12 @@ pub enum Config {
     },
     W3 {
         rate: u64,
+        consume: Consume,
     },
     W4 {
         producers: usize,
         consumers: usize,
+        consume: Consume,
     },
     /// W5 with `groups` consumer groups at different positions (0: none,
     /// consumed as one queue).
@@ -178,6 +199,7 @@ pub enum Config {
     W3Busy {
         rate: u64,
         spin_us: u32,
+        consume: Consume,
     },
     /// Recovery of a durable log of `log_bytes` after a restart.
     R1 {
@@ -246,8 +268,18 @@ impl Config {
                 v
             }
             "W2" => [1, 16, 256].map(|conns| Config::W2 { conns }).to_vec(),
-            "W3" => [1_000, 10_000, 100_000].map(|rate| Config::W3 { rate }).to_vec(),
-            "W4" => vec![Config::W4 { producers: 4, consumers: 4 }],
+            "W3" => {
+                let mut v = Vec::new();
+                for rate in [1_000, 10_000, 100_000] {
+                    for consume in [Consume::Fetch, Consume::Push] {
+                        v.push(Config::W3 { rate, consume });
+                    }
+                }
+                v
+            }
+            "W4" => [Consume::Fetch, Consume::Push]
+                .map(|consume| Config::W4 { producers: 4, consumers: 4, consume })
+                .to_vec(),
             "W5" => [0, 1, 4, 16].map(|groups| Config::W5 { groups }).to_vec(),
             "W6" => {
                 let mut v: Vec<Config> = [1, 4, 16].map(|groups| Config::W6 { groups, tagged: false }).to_vec();
@@ -268,8 +300,9 @@ impl Config {
                 let mut v = Vec::new();
                 for rate in [1_000, 10_000] {
                     for spin_us in [0, W3B_SPIN_US] {
-                        v.push(Config::W3Busy { rate, spin_us });
+                        v.push(Config::W3Busy { rate, spin_us, consume: Consume::Fetch });
                     }
+                    v.push(Config::W3Busy { rate, spin_us: 0, consume: Consume::Push });
                 }
                 v
             }
@@ -284,6 +317,10 @@ impl Config {
     /// log rewrite), W3S (runnel's flag) or R1 (recovery), which measure
     /// what the floor leaves out.
     pub fn applies_to(&self, kind: Kind) -> bool {
+        // Push subscriptions are runnel's (the floor speaks version 1).
+        if self.consume() == Some(Consume::Push) {
+            return kind == Kind::Runnel;
+        }
         match self {
             Config::W1 { produce: Produce::Batch(_), .. } => kind.speaks_runnel(),
             Config::W3Spin { .. } | Config::R1 { .. } => kind == Kind::Runnel,
@@ -296,6 +333,35 @@ impl Config {
             // `--spin-us` is runnel's; every broker runs the plain loop.
             Config::W3Busy { spin_us, .. } => *spin_us == 0 || kind == Kind::Runnel,
             _ => true,
+        }
+    }
+
+    /// How this configuration's consumers get messages, where it has a
+    /// choice (W3, W3B, W4).
+    pub fn consume(&self) -> Option<Consume> {
+        match *self {
+            Config::W3 { consume, .. } | Config::W3Busy { consume, .. } | Config::W4 { consume, .. } => Some(consume),
+            _ => None,
+        }
+    }
+
+    /// The same configuration with fetching consumers.
+    pub fn fetching(&self) -> Config {
+        match *self {
+            Config::W3 { rate, .. } => Config::W3 { rate, consume: Consume::Fetch },
+            Config::W3Busy { rate, spin_us, .. } => Config::W3Busy { rate, spin_us, consume: Consume::Fetch },
+            Config::W4 { producers, consumers, .. } => Config::W4 { producers, consumers, consume: Consume::Fetch },
+            c => c,
+        }
+    }
+
+    /// What the broker column adds to `kind`'s name: runnel's rows of W3,
+    /// W3B and W4 say which consumer they ran ("push" or "fetch").
+    pub fn consumer_label(&self, kind: Kind) -> Option<&'static str> {
+        match (kind, self.consume()?) {
+            (Kind::Runnel, Consume::Fetch) => Some("fetch"),
+            (Kind::Runnel, Consume::Push) => Some("push"),
+            _ => None,
         }
     }
 
@@ -348,8 +414,8 @@ impl Config {
                 format!("{} B, batch {b} x{BATCH_DEPTH}", size_label(size))
             }
             Config::W2 { conns } => format!("{conns} conn{}, depth 1, {SIZE} B", if conns == 1 { "" } else { "s" }),
-            Config::W3 { rate } => format!("{} msgs/s open loop, {SIZE} B", rate_label(rate)),
-            Config::W4 { producers, consumers } => {
+            Config::W3 { rate, .. } => format!("{} msgs/s open loop, {SIZE} B", rate_label(rate)),
+            Config::W4 { producers, consumers, .. } => {
                 format!("{producers} producers (depth 16) + {consumers} consumers, {SIZE} B")
             }
             Config::W5 { groups: 0 } => format!("{W5_SIZE} B"),
@@ -370,11 +436,11 @@ impl Config {
             Config::W3Spin { rate, spin_us } => {
                 format!("{} msgs/s open loop, {SIZE} B, --spin-us {spin_us}", rate_label(rate))
             }
-            Config::W3Busy { rate, spin_us: 0 } => format!(
+            Config::W3Busy { rate, spin_us: 0, .. } => format!(
                 "{} msgs/s open loop, {SIZE} B, busy-polling client (1 thread, its core 100% busy)",
                 rate_label(rate)
             ),
-            Config::W3Busy { rate, spin_us } => format!(
+            Config::W3Busy { rate, spin_us, .. } => format!(
                 "{} msgs/s open loop, {SIZE} B, busy-polling client (1 thread, its core 100% busy) + server --spin-us {spin_us}",
                 rate_label(rate)
             ),
@@ -393,7 +459,7 @@ impl Config {
             Config::W2 { conns: 256 } => {
                 Some(("w2".into(), "W2: produce round trip, 256 connections at depth 1, 128 B".into()))
             }
-            Config::W3 { rate } => Some((
+            Config::W3 { rate, .. } => Some((
                 format!("w3-{}", rate_label(rate)),
                 format!("W3: end to end from intended send, {} msgs/s open loop", rate_label(rate)),
             )),
@@ -425,6 +491,7 @@ impl Config {
     pub fn plot_variant(&self) -> Option<String> {
         match *self {
             Config::W3Busy { spin_us, .. } if spin_us > 0 => Some(format!("--spin-us {spin_us}")),
+            Config::W3Busy { consume: Consume::Push, .. } => Some("push".into()),
             _ => None,
         }
     }
@@ -514,6 +581,15 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// A consumer of `topic` as this configuration asks: a push subscriber
+    /// with the run's credit, or the broker's fetching consumer.
+    fn consumer(&self, topic: &str, name: &str) -> Result<Box<dyn Consumer>, String> {
+        match self.config.consume() {
+            Some(Consume::Push) => self.target.push_consumer(topic, self.scale.push_credit),
+            _ => self.target.consumer(topic, name),
+        }
+    }
+
     /// How long this broker's consumers may run after producing stopped.
     fn consume_max(&self) -> Duration {
         if self.server.kind.is_ours() { self.scale.runnel_consume_max } else { self.scale.peer_consume_max }
@@ -525,10 +601,10 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
     match ctx.config {
         Config::W1 { size, produce } => w1(ctx, size, produce).map(|r| vec![r]),
         Config::W2 { conns } => w2(ctx, conns).map(|r| vec![r]),
-        Config::W3 { rate } | Config::W3Spin { rate, .. } => {
+        Config::W3 { rate, .. } | Config::W3Spin { rate, .. } => {
             w3(ctx, rate, &format!("w3-{rate}"), &mut |_| Ok(())).map(|r| vec![r])
         }
-        Config::W4 { producers, consumers } => w4(ctx, producers, consumers).map(|r| vec![r]),
+        Config::W4 { producers, consumers, .. } => w4(ctx, producers, consumers).map(|r| vec![r]),
         Config::W5 { groups } => w5(ctx, groups),
         Config::W6 { groups, tagged } => w6(ctx, groups, tagged).map(|r| vec![r]),
         Config::W3Compact { rate } => w3c(ctx, rate).map(|r| vec![r]),
@@ -967,7 +1043,7 @@ fn w3(
     let topic = topic.to_string();
     ctx.target.prepare(&topic)?;
     let mut p = ctx.target.producer(&topic)?;
-    let consumer = ctx.target.consumer(&topic, "c0")?;
+    let consumer = ctx.consumer(&topic, "c0")?;
     let mut sched = Schedule::new(rate, s);
     let done = Arc::new(AtomicBool::new(false));
     let expected = Arc::new(AtomicU64::new(u64::MAX));
@@ -1086,7 +1162,7 @@ fn w3b(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
     let topic = format!("w3b-{rate}");
     ctx.target.prepare(&topic)?;
     let mut p = ctx.target.producer(&topic)?;
-    let mut c = ctx.target.consumer(&topic, "c0")?;
+    let mut c = ctx.consumer(&topic, "c0")?;
     let mut sched = Schedule::new(rate, s);
     let warm_ns = sched.warm_ns;
     let mut lat = Samples::default();
@@ -1237,7 +1313,7 @@ fn w4(ctx: &Ctx<'_>, producers: usize, consumers: usize) -> Result<RunResult, St
     let window_end_ns = Arc::new(AtomicU64::new(u64::MAX));
     let mut chandles = Vec::new();
     for i in 0..consumers {
-        let c = ctx.target.consumer(&topic, &format!("c{i}"))?;
+        let c = ctx.consumer(&topic, &format!("c{i}"))?;
         let run = ConsumerRun {
             done: done.clone(),
             expected: expected.clone(),

@@ -54,6 +54,10 @@ fn quick_run_delivers_every_runnel_message() {
         assert!(json.contains(&row), "no runnel row {d}:\n{stderr}");
     }
     assert!(json.contains("\"vs_floor\":{"), "no row was given against the floor:\n{stdout}");
+    // runnel's push subscribers ran beside its fetching consumers.
+    for c in ["push", "fetch"] {
+        assert!(json.contains(&format!("\"consumer\":\"{c}\"")), "no runnel {c} row:\n{stderr}");
+    }
     assert!(out.join("results.md").is_file() && out.join("w3-10k.svg").is_file());
     let _ = std::fs::remove_dir_all(&out);
 }
