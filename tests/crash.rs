@@ -102,8 +102,9 @@ fn spawn_only_with(data: &Path, logs: &Path, tag: &str, port: u16, extra: &[&str
     Proc { child, addr, stderr }
 }
 
-/// Starts `runnel serve` on `data` and waits until it answers HELLO. Retries
-/// with another port if the chosen one was taken meanwhile.
+/// Starts `runnel serve` on `data` and waits until it says it listens and
+/// answers a PING. Retries with another port if the chosen one was taken
+/// meanwhile.
 fn spawn_broker(data: &Path, logs: &Path, tag: &str, seed: u64) -> Proc {
     spawn_broker_with(data, logs, tag, seed, &[])
 }
@@ -111,33 +112,56 @@ fn spawn_broker(data: &Path, logs: &Path, tag: &str, seed: u64) -> Proc {
 /// `spawn_broker` with more `runnel serve` arguments (later ones win).
 fn spawn_broker_with(data: &Path, logs: &Path, tag: &str, seed: u64, extra: &[&str]) -> Proc {
     for attempt in 0..20 {
-        let mut p = spawn_only_with(data, logs, &format!("{tag}-{attempt}"), free_port(), extra);
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Some(status) = p.child.try_wait().expect("try_wait") {
-                let err = read_stderr(&p.stderr);
-                if err.contains("cannot listen") {
-                    break; // the port was taken: try another
-                }
-                panic!("seed {seed}: broker {tag} exited with {status} while starting:\n{err}");
-            }
-            if let Ok(mut c) = Client::connect(p.addr)
-                && c.ping().is_ok()
-            {
-                return p;
-            }
-            if Instant::now() > deadline {
-                let _ = p.child.kill();
-                let _ = p.child.wait();
-                panic!(
-                    "seed {seed}: broker {tag} did not accept within {START_TIMEOUT:?}:\n{}",
-                    read_stderr(&p.stderr)
-                );
-            }
-            thread::sleep(Duration::from_millis(5));
+        if let Some(p) = start_on(data, logs, (&format!("{tag}-{attempt}"), seed), free_port(), extra) {
+            return p;
         }
     }
     panic!("seed {seed}: no free port for broker {tag} after 20 tries");
+}
+
+/// Starts `runnel serve` on `port` and waits until it says it listens there
+/// and answers a PING; None if the port was taken.
+fn start_on(data: &Path, logs: &Path, (tag, seed): (&str, u64), port: u16, extra: &[&str]) -> Option<Proc> {
+    let mut p = spawn_only_with(data, logs, tag, port, extra);
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Some(status) = p.child.try_wait().expect("try_wait") {
+            let err = read_stderr(&p.stderr);
+            if err.contains("cannot listen") {
+                return None; // the port was taken: try another
+            }
+            panic!("seed {seed}: broker {tag} exited with {status} while starting:\n{err}");
+        }
+        // Another broker may hold the port (taken after `free_port` let it
+        // go): it would answer the ping, and the test would then talk to it.
+        // Only the child's own word that it listens there makes the answer
+        // its own.
+        if read_stderr(&p.stderr).contains(&format!("runnel serving on {}", p.addr))
+            && let Ok(mut c) = Client::connect(p.addr)
+            && c.ping().is_ok()
+        {
+            return Some(p);
+        }
+        if Instant::now() > deadline {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+            panic!("seed {seed}: broker {tag} did not accept within {START_TIMEOUT:?}:\n{}", read_stderr(&p.stderr));
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A port another broker holds is not taken for the spawned one's, though
+/// that broker answers the ping: else a crash test would check another
+/// broker's queues (an ACK_PRODUCE round then looked acked with no output).
+#[test]
+fn a_broker_that_could_not_listen_is_not_taken_for_the_one_on_its_port() {
+    let (other, _other_dir) = common::Server::start(runnel::broker::Config::default());
+    let data = TempDir::new("taken-data");
+    let logs = TempDir::new("taken-logs");
+    let p = start_on(data.path(), logs.path(), ("taken", 0), other.addr.port(), &[]);
+    assert!(p.is_none(), "the spawned broker could not listen on {}, yet was taken as started", other.addr);
+    other.stop();
 }
 
 impl Proc {
