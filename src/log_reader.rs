@@ -4,11 +4,12 @@
 //! the files a topic's message id is without an entry per message.
 //!
 //! This is what serving retained messages from the files needs (replay: a
-//! group reading messages its topic no longer holds in memory): the loop
-//! reads at most `replay_read_bytes_per_turn_max` bytes a turn for all such
-//! readers together, so that a group replaying a gigabyte never stalls the
-//! other connections (as Kafka serves old segments through the page cache
-//! a fetch at a time, never a whole log at once). Only the log touches
+//! group reading messages its topic no longer holds in memory): the loop is
+//! to read a bounded number of bytes a turn for all such readers together
+//! (a limit that comes with retention, which this build does not have yet),
+//! so that a group replaying a gigabyte never stalls the other connections
+//! (as Kafka serves old segments through the page cache a fetch at a time,
+//! never a whole log at once). Only the log touches
 //! files: the reader is the log's, and hands out records as recovery does
 //! (`ReadRecord`), for `record::Record::decode`.
 //!
