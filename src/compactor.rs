@@ -119,7 +119,8 @@ pub(crate) struct Compactor {
     /// Groups with records in this turn's commit.
     turn_groups: Vec<(TopicId, GroupId)>,
     /// This turn's Produce records that a failed commit keeps (dead
-    /// letters, redrives), attached to a segment once committed.
+    /// letters, redrives, ACK_PRODUCE outputs), attached to a segment once
+    /// committed.
     turn_ranges: Vec<Range>,
     /// This turn's client produces and compaction copies: dropped with
     /// their records if the commit fails.

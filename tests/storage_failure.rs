@@ -578,3 +578,57 @@ fn on_a_full_disk_the_write_drops_only_the_produces() {
     assert_eq!(left.iter().map(|m| m.0).collect::<Vec<_>>(), ids[1..], "every message but the acked one");
     assert!(!left.iter().any(|m| m.1 == refused), "a refused produce was stored");
 }
+
+impl Harness {
+    /// ACK_PRODUCE (version 3) of `acked` in `topic`'s default group, with
+    /// one output of `payloads` to `to`.
+    fn ack_produce(&mut self, topic: &str, acked: &[u64], to: &str, payloads: &[&'static [u8]]) -> Reply<'static> {
+        let mut ids = Vec::new();
+        codec::encode_ids(&mut ids, acked);
+        let messages: Vec<_> = payloads.iter().map(|p| (codec::Props::default(), *p)).collect();
+        let mut outputs = Vec::new();
+        codec::ack_produce::encode_output(&mut outputs, to, &common::frames::batch_v2(&messages));
+        self.session.version = 3;
+        let outputs = codec::ack_produce::Outputs { count: 1, bytes: &outputs };
+        self.call(&Request::AckProduce { topic, group: "", ids: Ids { bytes: &ids }, outputs })
+    }
+}
+
+/// An ACK_PRODUCE whose commit fails is kept and written with the next
+/// commit, its outputs with it: the compactor counts them among the
+/// messages of the segment they land in, so removing that segment copies
+/// them forward rather than losing them.
+#[test]
+fn a_failed_ack_produce_keeps_its_outputs_through_compaction() {
+    let dir = TempDir::new("ack-produce-failed");
+    let mode = Arc::new(AtomicU8::new(OK));
+    let opener: Opener = {
+        let mode = mode.clone();
+        Box::new(move |p: &Path| -> io::Result<Box<dyn SegmentFile>> {
+            Ok(Box::new(Faulty { file: open_segment(p)?, mode: mode.clone() }))
+        })
+    };
+    let options = LogOptions { segment_bytes_max: 64 << 10, ..LogOptions::default() };
+    let mut h = Harness::open_with(dir.path(), Some(opener), options);
+    let Reply::Produced { first_id: job, .. } = h.produce("in", &[b"job"]) else { panic!("produce") };
+    assert_eq!(h.fetch_all("in").len(), 1);
+    mode.store(FAIL_SYNC, Ordering::SeqCst);
+    let r = h.ack_produce("in", &[job], "out", &[b"result"]);
+    assert!(storage_error(&r), "want STORAGE, got {r:?}");
+    mode.store(OK, Ordering::SeqCst);
+    // Dead messages fill segments until the one holding the record goes.
+    let pad = [7u8; 1024];
+    let mut turns = 0;
+    while h.broker.compactions() == 0 {
+        turns += 1;
+        assert!(turns < 2_000, "no compaction after {turns} rounds");
+        assert!(matches!(h.produce("pad", &[pad.as_slice(); 8]), Reply::Produced { .. }));
+        let ids: Vec<u64> = h.fetch_all("pad").into_iter().map(|m| m.0).collect();
+        assert!(matches!(h.ack("pad", &ids), Reply::Ids { .. }));
+    }
+    drop(h);
+    let mut h = Harness::open(dir.path(), None);
+    assert!(h.fetch_all("in").is_empty(), "the input was acked");
+    let out: Vec<Vec<u8>> = h.fetch_all("out").into_iter().map(|m| m.1).collect();
+    assert_eq!(out, vec![b"result".to_vec()], "the output of the kept ACK_PRODUCE");
+}

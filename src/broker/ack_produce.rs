@@ -142,7 +142,8 @@ impl Broker {
                 scheduled = true;
             }
             w.push(&mut self.log, &MessageRecord { id, born_ms, deliveries: 0, dead: None, props, payload });
-            self.compactor.note_client_produce(p.topic, id);
+            // Kept with the record if the commit fails, as the acks are.
+            self.compactor.note_produce(p.topic, id);
         }
         self.turn.mark_for_publish(e);
         if scheduled {
