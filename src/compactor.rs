@@ -119,13 +119,22 @@ pub(crate) struct Compactor {
     /// Groups with records in this turn's commit.
     turn_groups: Vec<(TopicId, GroupId)>,
     /// This turn's Produce records that a failed commit keeps (dead
-    /// letters, redrives), attached to a segment once committed.
+    /// letters, redrives, ACK_PRODUCE outputs), attached to a segment once
+    /// committed.
     turn_ranges: Vec<Range>,
     /// This turn's client produces and compaction copies: dropped with
     /// their records if the commit fails.
     turn_withdrawable_ranges: Vec<Range>,
     turn_topics: Vec<TopicId>,
     turn_deletes: bool,
+    /// The acks of ACK_PRODUCE records not yet committed (this turn's, and
+    /// those a failed commit keeps): topic, group, id, and its delivery
+    /// count before the ack. Until the record is durable, a restatement
+    /// states these messages as still pending, and a segment holding one
+    /// of them is not removed: a crash before the record's write must find
+    /// the input owed, as the lost record left it. As many as the acks of
+    /// the records the log holds for its next commit.
+    unwritten_acks: Vec<(TopicId, GroupId, MsgId, u16)>,
     /// The segment being cleaned.
     job: Option<Job>,
     /// A segment whose last copies are in this turn's commit.
@@ -163,6 +172,11 @@ impl Compactor {
     /// As `note_produce`, for a client's produce (withdrawn on failure).
     pub(crate) fn note_client_produce(&mut self, topic: TopicId, id: MsgId) {
         push_range(&mut self.turn_withdrawable_ranges, topic, id);
+    }
+    /// An AckProduce record acking `acks` (id, delivery count before the
+    /// ack) of group `group` of `topic` was appended this turn.
+    pub(crate) fn note_ack_produce(&mut self, topic: TopicId, group: GroupId, acks: &[(MsgId, u16)]) {
+        self.unwritten_acks.extend(acks.iter().map(|&(id, d)| (topic, group, id, d)));
     }
     /// A Topic record for `topic` was appended this turn.
     pub(crate) fn note_topic(&mut self, topic: TopicId) {
@@ -230,7 +244,11 @@ impl Compactor {
         if std::mem::take(&mut self.turn_deletes) {
             self.delete_segments.insert(segment, ());
         }
-        self.ready = self.copied.take();
+        self.unwritten_acks.clear();
+        // A segment held back for an ACK_PRODUCE stays ready.
+        if let Some(base) = self.copied.take() {
+            self.ready = Some(base);
+        }
         assert!(self.turn_ranges.is_empty() && self.turn_withdrawable_ranges.is_empty() && self.turn_topics.is_empty());
         assert!(self.turn_groups.is_empty());
     }
@@ -242,6 +260,7 @@ impl Compactor {
         self.turn_withdrawable_ranges.clear();
         self.turn_topics.clear();
         self.turn_deletes = false;
+        self.unwritten_acks.clear();
     }
 
     /// The turn's commit failed: the log dropped the client produces' and
@@ -258,9 +277,22 @@ impl Compactor {
     }
 
     /// Whether compaction wants another turn soon (the loop should not
-    /// sleep).
+    /// sleep). A segment held back for an ACK_PRODUCE whose commit failed waits
+    /// for the next commit without spinning the loop.
     pub(crate) fn busy(&self) -> bool {
-        self.job.is_some() || self.copied.is_some() || self.ready.is_some() || self.recheck
+        let ready = self.ready.is_some() && self.unwritten_acks.is_empty();
+        self.job.is_some() || self.copied.is_some() || ready || self.recheck
+    }
+
+    /// Whether segment `base` holds a message an ACK_PRODUCE not yet
+    /// written acks: acked in memory, it is not copied forward, so the
+    /// segment waits for the record (one turn, unless its commit fails).
+    fn holds_unwritten_ack(&self, base: u64) -> bool {
+        let Some(ranges) = self.manifests.get(&base) else { return false };
+        let held = |&(t, _, id, _): &(TopicId, GroupId, MsgId, u16)| {
+            ranges.iter().any(|r| r.topic == t && (r.lo..=r.hi).contains(&id))
+        };
+        self.unwritten_acks.iter().any(held)
     }
 
     /// Segment `base` was restated into `last`, ahead of its removal.
@@ -455,13 +487,17 @@ impl Compactor {
         // Only the oldest segment is cleaned, and nothing else removes one.
         let segments = p.log.segments();
         assert!(segments.len() >= 2 && segments[0].base == base, "segment {base} is not the oldest closed one");
+        if self.holds_unwritten_ack(base) {
+            self.ready = Some(base);
+            return;
+        }
         let aside = p.log.set_aside();
         let mut topics: Vec<TopicId> =
             self.topic_segment.iter().filter(|(_, s)| **s == base).map(|(t, _)| *t).collect();
         topics.retain(|&t| p.topics.record(t).map(|r| r.append(p.log)).is_some());
         let mut groups: Vec<(TopicId, GroupId)> =
             self.group_segment.iter().filter(|(_, s)| **s == base).map(|(g, _)| *g).collect();
-        groups.retain(|&(t, g)| restate_group(p.topics, p.log, t, g));
+        groups.retain(|&(t, g)| restate_group(p.topics, p.log, t, g, &self.unwritten_acks));
         let floor = self.delete_segments.contains_key(&base);
         if floor {
             DeleteRecord { topic: TopicId::FLOOR, next_id: p.topics.id_floor() }.append(p.log);
@@ -491,11 +527,23 @@ impl Compactor {
 }
 
 /// Appends a Group and a GroupState record stating group `g` of topic `t`
-/// as it is now. False if there is no such group.
-fn restate_group(topics: &Topics, log: &mut Log, t: TopicId, g: GroupId) -> bool {
+/// as it is now, but for the acks of `unwritten` (ACK_PRODUCE records not
+/// yet written), whose messages it states as pending. False if there is no
+/// such group.
+fn restate_group(
+    topics: &Topics,
+    log: &mut Log,
+    t: TopicId,
+    g: GroupId,
+    unwritten: &[(TopicId, GroupId, MsgId, u16)],
+) -> bool {
     let Some(group) = topics.get(t).and_then(|e| e.topic.group(g)) else { return false };
     group_record(t, group).append(log);
-    let entries = group.pending();
+    let mut entries = group.pending();
+    let owed = unwritten.iter().filter(|a| a.0 == t && a.1 == g).map(|a| (a.2, a.3));
+    entries.extend(owed);
+    entries.sort_unstable();
+    entries.dedup_by_key(|e| e.0);
     record::GroupStateRecord { topic: t, group: g, cursor: group.cursor(), entries: &entries }.append(log);
     // The GroupState lists its delayed messages without their delays.
     let delays = group.delays();

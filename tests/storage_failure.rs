@@ -28,6 +28,9 @@ const FAIL_SYNC: u8 = 1;
 const FAIL_WRITE: u8 = 2;
 /// Writes half the buffer, then fails (a torn write).
 const TORN_WRITE: u8 = 3;
+/// The next sync succeeds, then every write fails (the process dies
+/// between a sync and the write after it).
+const SYNC_THEN_FAIL_WRITE: u8 = 4;
 
 struct Faulty {
     file: std::fs::File,
@@ -48,6 +51,10 @@ impl SegmentFile for Faulty {
     fn sync_data(&mut self) -> io::Result<()> {
         match self.mode.load(Ordering::SeqCst) {
             FAIL_SYNC => Err(io::Error::other("injected: fdatasync failed")),
+            SYNC_THEN_FAIL_WRITE => {
+                self.mode.store(FAIL_WRITE, Ordering::SeqCst);
+                self.file.sync_data()
+            }
             _ => self.file.sync_data(),
         }
     }
@@ -82,14 +89,16 @@ fn open_segment(p: &Path) -> io::Result<File> {
     std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(p)
 }
 
+/// Opens segment files as `Faulty` ones, doing what `mode` says.
+fn faulty(mode: Arc<AtomicU8>) -> Opener {
+    Box::new(move |p: &Path| -> io::Result<Box<dyn SegmentFile>> {
+        Ok(Box::new(Faulty { file: open_segment(p)?, mode: mode.clone() }))
+    })
+}
+
 impl Harness {
     fn open(dir: &Path, mode: Option<Arc<AtomicU8>>) -> Harness {
-        let opener: Option<Opener> = mode.map(|mode| -> Opener {
-            Box::new(move |p: &Path| -> io::Result<Box<dyn SegmentFile>> {
-                Ok(Box::new(Faulty { file: open_segment(p)?, mode: mode.clone() }))
-            })
-        });
-        Harness::open_with(dir, opener, LogOptions::default())
+        Harness::open_with(dir, mode.map(faulty), LogOptions::default())
     }
 
     fn open_with(dir: &Path, opener: Option<Opener>, options: LogOptions) -> Harness {
@@ -577,4 +586,120 @@ fn on_a_full_disk_the_write_drops_only_the_produces() {
     let left: Vec<(u64, Vec<u8>)> = h.fetch_all("t");
     assert_eq!(left.iter().map(|m| m.0).collect::<Vec<_>>(), ids[1..], "every message but the acked one");
     assert!(!left.iter().any(|m| m.1 == refused), "a refused produce was stored");
+}
+
+impl Harness {
+    /// ACK_PRODUCE (version 3) of `acked` in `topic`'s default group, with
+    /// one output of `payloads` to `to`.
+    fn ack_produce(&mut self, topic: &str, acked: &[u64], to: &str, payloads: &[&'static [u8]]) -> Reply<'static> {
+        let (ids, outputs) = ack_produce_bodies(acked, to, payloads);
+        self.session.version = 3;
+        self.call(&ack_produce_request(topic, &ids, &outputs))
+    }
+}
+
+/// The ids and outputs of an ACK_PRODUCE with one output.
+fn ack_produce_bodies(acked: &[u64], to: &str, payloads: &[&'static [u8]]) -> (Vec<u8>, Vec<u8>) {
+    let mut ids = Vec::new();
+    codec::encode_ids(&mut ids, acked);
+    let messages: Vec<_> = payloads.iter().map(|p| (codec::Props::default(), *p)).collect();
+    let mut outputs = Vec::new();
+    codec::ack_produce::encode_output(&mut outputs, to, &common::frames::batch_v2(&messages));
+    (ids, outputs)
+}
+
+/// ACK_PRODUCE in `topic`'s default group, of the bodies above.
+fn ack_produce_request<'a>(topic: &'a str, ids: &'a [u8], outputs: &'a [u8]) -> Request<'a> {
+    let outputs = codec::ack_produce::Outputs { count: 1, bytes: outputs };
+    Request::AckProduce { topic, group: "", ids: Ids { bytes: ids }, outputs }
+}
+
+/// An ACK_PRODUCE whose commit fails is kept and written with the next
+/// commit, its outputs with it: the compactor counts them among the
+/// messages of the segment they land in, so removing that segment copies
+/// them forward rather than losing them.
+#[test]
+fn a_failed_ack_produce_keeps_its_outputs_through_compaction() {
+    let dir = TempDir::new("ack-produce-failed");
+    let mode = Arc::new(AtomicU8::new(OK));
+    let options = LogOptions { segment_bytes_max: 64 << 10, ..LogOptions::default() };
+    let mut h = Harness::open_with(dir.path(), Some(faulty(mode.clone())), options);
+    let Reply::Produced { first_id: job, .. } = h.produce("in", &[b"job"]) else { panic!("produce") };
+    assert_eq!(h.fetch_all("in").len(), 1);
+    mode.store(FAIL_SYNC, Ordering::SeqCst);
+    let r = h.ack_produce("in", &[job], "out", &[b"result"]);
+    assert!(storage_error(&r), "want STORAGE, got {r:?}");
+    mode.store(OK, Ordering::SeqCst);
+    // Dead messages fill segments until the one holding the record goes.
+    let pad = [7u8; 1024];
+    let mut turns = 0;
+    while h.broker.compactions() == 0 {
+        turns += 1;
+        assert!(turns < 2_000, "no compaction after {turns} rounds");
+        assert!(matches!(h.produce("pad", &[pad.as_slice(); 8]), Reply::Produced { .. }));
+        let ids: Vec<u64> = h.fetch_all("pad").into_iter().map(|m| m.0).collect();
+        assert!(matches!(h.ack("pad", &ids), Reply::Ids { .. }));
+    }
+    drop(h);
+    let mut h = Harness::open(dir.path(), None);
+    assert!(h.fetch_all("in").is_empty(), "the input was acked");
+    let out: Vec<Vec<u8>> = h.fetch_all("out").into_iter().map(|m| m.1).collect();
+    assert_eq!(out, vec![b"result".to_vec()], "the output of the kept ACK_PRODUCE");
+}
+
+/// A compaction that restates a group in the turn of an ACK_PRODUCE of
+/// that group syncs the restatement before the turn's records: the process
+/// dies between that sync and the turn's write (here the write fails, and
+/// the broker is dropped). After a restart the ACK_PRODUCE happened whole
+/// or not at all: the input is owed and no output exists, or the input is
+/// acked and its output is there. The input is in the segment removed, or
+/// in the next one (then only the group's state is restated).
+#[test]
+fn a_compaction_in_the_turn_of_an_ack_produce_keeps_it_whole() {
+    for input_in_removed in [true, false] {
+        compaction_in_the_turn_of_an_ack_produce(input_in_removed);
+    }
+}
+
+fn compaction_in_the_turn_of_an_ack_produce(input_in_removed: bool) {
+    let dir = TempDir::new("ack-produce-compaction");
+    let mode = Arc::new(AtomicU8::new(OK));
+    let options = LogOptions { segment_bytes_max: 64 << 10, ..LogOptions::default() };
+    let mut h = Harness::open_with(dir.path(), Some(faulty(mode.clone())), options);
+    // The group's first records are in the first segment.
+    let first = if input_in_removed { b"job".as_slice() } else { b"early" };
+    let Reply::Produced { first_id: mut job, .. } = h.produce("in", &[first]) else { panic!("produce") };
+    assert_eq!(h.fetch_all("in").len(), 1);
+    // Dead messages close the first segment.
+    let pad = [7u8; 1024];
+    while common::logdir::segments(dir.path()).len() < 2 {
+        assert!(matches!(h.produce("pad", &[pad.as_slice(); 8]), Reply::Produced { .. }));
+        let ids: Vec<u64> = h.fetch_all("pad").into_iter().map(|m| m.0).collect();
+        assert!(matches!(h.ack("pad", &ids), Reply::Ids { .. }));
+    }
+    if !input_in_removed {
+        assert!(matches!(h.ack("in", &[job]), Reply::Ids { done: 1, .. }));
+        let Reply::Produced { first_id, .. } = h.produce("in", &[b"job"]) else { panic!("produce") };
+        job = first_id;
+        assert_eq!(h.fetch_all("in").len(), 1);
+    }
+    assert_eq!(h.broker.compactions(), 0, "setup: the first segment holds a message in flight");
+    // One turn: the ACK_PRODUCE leaves the first segment dead, and a PURGE
+    // makes the compactor look at it at once.
+    let (ids, outputs) = ack_produce_bodies(&[job], "out", &[b"result"]);
+    h.session.version = 3;
+    h.send(&ack_produce_request("in", &ids, &outputs));
+    h.send(&Request::PurgeTopic { topic: "pad" });
+    mode.store(SYNC_THEN_FAIL_WRITE, Ordering::SeqCst);
+    let mut written = h.broker.write(h.now);
+    h.broker.sync(&mut written, h.now, &mut Outs::default());
+    drop(h);
+
+    let mut h = Harness::open(dir.path(), None);
+    let input: Vec<u64> = h.fetch_all("in").into_iter().map(|m| m.0).collect();
+    let out: Vec<Vec<u8>> = h.fetch_all("out").into_iter().map(|m| m.1).collect();
+    let whole = input.is_empty() && out == vec![b"result".to_vec()];
+    let nothing = input == vec![job] && out.is_empty();
+    let ctx = format!("input in the removed segment: {input_in_removed}");
+    assert!(whole || nothing, "{ctx}: half of the ACK_PRODUCE happened: input owed {input:?}, outputs {out:?}");
 }

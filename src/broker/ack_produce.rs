@@ -65,9 +65,14 @@ impl Broker {
         // A delivery time past the limit refuses the whole request.
         outputs.iter().try_for_each(|(_, batch)| self.check_schedules(&batch, now))?;
         let plan = self.plan_outputs(outputs)?;
+        let acks: Vec<(u64, u16)> = match self.topics.get(tid) {
+            Some(e) => ids.iter().map(|&id| (id, e.topic.deliveries(group, id))).collect(),
+            None => Vec::new(),
+        };
         self.ack_all(tid, group, &ids);
         let mut w = AckProduceWriter::begin(&mut self.log, tid, group, &ids);
         self.compactor.note_group(tid, group);
+        self.compactor.note_ack_produce(tid, group, &acks);
         let mut produced = Vec::with_capacity(plan.len());
         for p in plan {
             produced.push(self.produce_output(&mut w, p, now));
@@ -142,7 +147,8 @@ impl Broker {
                 scheduled = true;
             }
             w.push(&mut self.log, &MessageRecord { id, born_ms, deliveries: 0, dead: None, props, payload });
-            self.compactor.note_client_produce(p.topic, id);
+            // Kept with the record if the commit fails, as the acks are.
+            self.compactor.note_produce(p.topic, id);
         }
         self.turn.mark_for_publish(e);
         if scheduled {
