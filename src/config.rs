@@ -274,6 +274,7 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--no-auto-create", "", "PRODUCE and FETCH on a missing topic get UNKNOWN_TOPIC"),
     ("--ack-timeout-ms", "MS", "a new topic's time to acknowledge a delivery"),
     ("--max-deliveries", "N", "a new topic's deliveries before a message moves to its .dlq"),
+    ("--dedup-window-ms", "MS", "a new topic's dedup window; 0 for no deduplication"),
     ("--auth-token", "TOKEN", "the secret every HELLO must carry"),
     ("--metrics", "ADDR", "serve GET /metrics and /healthz over HTTP here"),
     ("--pin-core", "N", "pin the event loop to CPU N"),
@@ -306,6 +307,9 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--subscription-credit-max", "N", "most credit one push subscription may have"),
     ("--subscriptions-per-connection-max", "N", "most push subscriptions one connection may have"),
     ("--schedule-ahead-ms-max", "N", "farthest ahead a message may be scheduled, ms"),
+    ("--dedup-window-ms-max", "MS", "longest dedup window a topic may have"),
+    ("--dedup-entries-max", "N", "most dedup ids remembered, over all topics"),
+    ("--dedup-id-bytes-max", "N", "longest dedup id"),
 ];
 
 /// `runnel serve`'s flags with their defaults.
@@ -379,6 +383,7 @@ impl Serve {
             format!("no-auto-create = {}", !c.broker.auto_create),
             format!("ack-timeout-ms = {}", c.broker.defaults.ack_timeout_ms),
             format!("max-deliveries = {}", c.broker.defaults.max_deliveries),
+            format!("dedup-window-ms = {}", c.broker.defaults.dedup_window_ms.unwrap_or(0)),
             format!(
                 "# auth-token is {} (never printed)",
                 if c.broker.auth_token.is_some() { "set" } else { "not set" }
@@ -436,6 +441,9 @@ fn broker_flags(config: &mut Config, a: &mut Args) -> Result<(), ArgsError> {
     if let Some(v) = a.num("--max-deliveries")? {
         config.defaults.max_deliveries = v;
     }
+    if let Some(v) = a.num("--dedup-window-ms")? {
+        config.defaults.dedup_window_ms = Some(v);
+    }
     config.auth_token = a
         .take("--auth-token")
         .or_else(|| std::env::var("RUNNEL_AUTH_TOKEN").ok())
@@ -461,7 +469,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 28] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 31] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -491,6 +499,9 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 28] {
         ("subscription-credit-max", l.subscription_credit_max.into()),
         ("subscriptions-per-connection-max", l.subscriptions_per_connection_max.into()),
         ("schedule-ahead-ms-max", l.schedule_ahead_ms_max),
+        ("dedup-window-ms-max", l.dedup_window_ms_max.into()),
+        ("dedup-entries-max", l.dedup_entries_max.into()),
+        ("dedup-id-bytes-max", l.dedup_id_bytes_max.into()),
     ]
 }
 
@@ -532,7 +543,10 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         filter_compiled_bytes_max,
         subscription_credit_max,
         subscriptions_per_connection_max,
-        schedule_ahead_ms_max
+        schedule_ahead_ms_max,
+        dedup_window_ms_max,
+        dedup_entries_max,
+        dedup_id_bytes_max
     );
     Ok(())
 }

@@ -128,6 +128,22 @@ pub struct Limits {
     /// (`topic_messages_max`, `topic_bytes_max`) until its time, so
     /// schedules without an end would fill a topic for good.
     pub schedule_ahead_ms_max: u64,
+    // Idempotent produce (protocol version 4).
+    /// Longest dedup window a topic may ask for, ms (CREATE_TOPIC past it
+    /// gets BAD_ARGUMENT). A day by default: every dedup id is kept that
+    /// long, so a longer window holds more entries for no retry that
+    /// still needs them.
+    pub dedup_window_ms_max: u32,
+    /// Most dedup ids the broker remembers, over all topics (some 100
+    /// bytes each besides the id: the default is about 100 MiB at the
+    /// longest ids). Broker-wide, as `timers_max` is, because memory is the
+    /// broker's, not a topic's; a PRODUCE that would need one more gets
+    /// DEDUP_FULL rather than forgetting an id still in its window.
+    pub dedup_entries_max: u32,
+    /// Longest dedup id, bytes (BAD_ARGUMENT past it). An id is kept in
+    /// memory for its whole window: a producer id and a sequence number
+    /// fit in far less.
+    pub dedup_id_bytes_max: u32,
 }
 
 impl Default for Limits {
@@ -161,6 +177,9 @@ impl Default for Limits {
             subscription_credit_max: 8192,
             subscriptions_per_connection_max: 64,
             schedule_ahead_ms_max: 366 * 24 * 3600 * 1000,
+            dedup_window_ms_max: 24 * 3600 * 1000,
+            dedup_entries_max: 1_000_000,
+            dedup_id_bytes_max: 64,
         }
     }
 }
@@ -245,6 +264,9 @@ impl Limits {
         }
         if self.read_bytes_per_turn_max < 4096 {
             return Err("read-bytes-per-turn-max must be at least 4096".into());
+        }
+        if self.dedup_id_bytes_max == 0 || self.dedup_id_bytes_max > PROPS_BYTES_LIMIT {
+            return Err(format!("dedup-id-bytes-max must be between 1 and {PROPS_BYTES_LIMIT}"));
         }
         Ok(())
     }
