@@ -146,6 +146,15 @@ impl Target {
         })
     }
 
+    /// A producer that gives every message a dedup id (runnel, protocol
+    /// version 4); the peers' producers are their plain ones.
+    pub fn dedup_producer(&self, topic: &str) -> Result<Box<dyn Producer>, String> {
+        match self.kind {
+            Kind::Runnel => Ok(Box::new(runnel_conn::RunnelProducer::with_dedup(self.addr, topic)?)),
+            _ => self.producer(topic),
+        }
+    }
+
     /// A consumer; `name` tells consumers of one group apart (Redis).
     pub fn consumer(&self, topic: &str, name: &str) -> Result<Box<dyn Consumer>, String> {
         Ok(match self.kind {

@@ -37,7 +37,7 @@ the echo floor of runnel's protocol (runnel-floor) they are measured against
 usage:
   runnel-bench [--quick] [--only runnel|redis|beanstalkd|floor,...] [--workloads W1,...]
                [--server-core N] [--client-core N] [--out DIR] [--runnel PATH]
-               [--push-credit N]
+               [--push-credit N] [--dedup]
 
   --quick          a small version of every workload (well under a minute;
                    its numbers are not for comparison)
@@ -59,6 +59,9 @@ usage:
   --runnel PATH    the runnel binary (default: `runnel` beside this one)
   --push-credit N  the credit of runnel's push consumers in W3, W3B and W4
                    (default 1024: the most messages one fetch brings)
+  --dedup          W1's runnel producers give every message a dedup id (a
+                   producer id and a sequence number), to show what
+                   idempotent produce costs; the peers produce as without
 
 Peers: apt-get install -y redis-server beanstalkd";
 
@@ -74,6 +77,8 @@ struct Options {
     runnel: Option<PathBuf>,
     /// The push consumers' credit, if not the default.
     push_credit: Option<u32>,
+    /// W1's runnel producers give every message a dedup id.
+    dedup: bool,
 }
 
 /// The committed results, which only a full run may write (`--out`).
@@ -106,6 +111,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
         out: PathBuf::new(),
         runnel: None,
         push_credit: None,
+        dedup: false,
     };
     let mut out = None;
     let mut it = args.iter();
@@ -117,6 +123,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
         let mut value = || inline.clone().or_else(|| it.next().cloned()).ok_or_else(|| format!("{flag} needs a value"));
         match flag {
             "--quick" => o.quick = true,
+            "--dedup" => o.dedup = true,
             "--only" => {
                 o.brokers = value()?
                     .split(',')
@@ -201,6 +208,7 @@ fn run(opts: &Options, args: &[String]) -> Result<bool, String> {
     if let Some(c) = opts.push_credit {
         scale.push_credit = c;
     }
+    scale.dedup = opts.dedup;
     sys::progress(&format!("results will go to {}", opts.out.display()));
     let mut report = Report {
         meta: Meta {

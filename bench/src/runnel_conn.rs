@@ -27,18 +27,54 @@ pub struct RunnelProducer {
     tags: u32,
     /// A request `queue` could not encode, reported by the next `flush`.
     failed: Option<String>,
+    /// With dedup ids: the producer id and the next sequence number.
+    dedup: Option<(u64, u64)>,
 }
 
 impl RunnelProducer {
     pub fn connect(addr: SocketAddr, topic: &str) -> Result<RunnelProducer, String> {
-        Ok(RunnelProducer { client: connect(addr)?, topic: topic.to_string(), tags: 0, failed: None })
+        Ok(RunnelProducer { client: connect(addr)?, topic: topic.to_string(), tags: 0, failed: None, dedup: None })
+    }
+
+    /// A producer giving every message a dedup id: a producer id (the
+    /// process id and the time) and a sequence number, 16 bytes, as
+    /// `runnel::producer::IdempotentProducer` makes them.
+    pub fn with_dedup(addr: SocketAddr, topic: &str) -> Result<RunnelProducer, String> {
+        let client = connect(addr)?;
+        if client.version < codec::V4 {
+            return Err(format!("runnel at {addr} speaks protocol version {}: no dedup ids", client.version));
+        }
+        let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let producer_id = (started as u64) ^ (u64::from(std::process::id()) << 32);
+        let dedup = Some((producer_id, 0));
+        Ok(RunnelProducer { client, topic: topic.to_string(), tags: 0, failed: None, dedup })
+    }
+
+    /// Queues `payloads` as one PRODUCE, each with the next dedup id.
+    fn queue_dedup(&mut self, payloads: &[&[u8]]) {
+        let Some((producer_id, seq)) = self.dedup.as_mut() else { return };
+        let ids: Vec<[u8; 16]> = payloads
+            .iter()
+            .map(|_| {
+                let mut id = [0u8; 16];
+                id[..8].copy_from_slice(&producer_id.to_le_bytes());
+                id[8..].copy_from_slice(&seq.to_le_bytes());
+                *seq += 1;
+                id
+            })
+            .collect();
+        let messages: Vec<ProduceMessage<'_>> =
+            payloads.iter().zip(&ids).map(|(p, id)| ProduceMessage::new(p).dedup_id(id)).collect();
+        if let Err(e) = self.client.send_produce_messages(&self.topic, &messages) {
+            self.failed.get_or_insert(format!("runnel PRODUCE with dedup ids: {e}"));
+        }
     }
 
     /// A producer tagging each message with one of `tags` tags
     /// (`tag_of`).
     pub fn tagged(addr: SocketAddr, topic: &str, tags: u32) -> Result<RunnelProducer, String> {
         let client = version_2(connect(addr)?, addr, "tags")?;
-        Ok(RunnelProducer { client, topic: topic.to_string(), tags, failed: None })
+        Ok(RunnelProducer { client, topic: topic.to_string(), tags, failed: None, dedup: None })
     }
 }
 
@@ -66,6 +102,9 @@ fn produced(r: Result<OwnedReply, Error>) -> Result<u32, String> {
 
 impl Producer for RunnelProducer {
     fn queue(&mut self, payload: &[u8]) {
+        if self.dedup.is_some() {
+            return self.queue_dedup(&[payload]);
+        }
         if self.tags == 0 {
             self.client.send_produce(&self.topic, &[payload]);
             return;
@@ -76,6 +115,9 @@ impl Producer for RunnelProducer {
         }
     }
     fn queue_batch(&mut self, payloads: &[&[u8]]) {
+        if self.dedup.is_some() {
+            return self.queue_dedup(payloads);
+        }
         self.client.send_produce(&self.topic, payloads);
     }
     fn batch_native(&self) -> bool {

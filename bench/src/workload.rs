@@ -81,6 +81,8 @@ pub struct Scale {
     /// Push consumers' credit: the most messages each holds unacknowledged
     /// (`--push-credit`; FETCH_MAX by default, what one fetch may bring).
     pub push_credit: u32,
+    /// W1's runnel producers give every message a dedup id (`--dedup`).
+    pub dedup: bool,
 }
 
 impl Scale {
@@ -106,6 +108,7 @@ impl Scale {
                 r1_log_bytes: 16 << 20,
                 r1_fill_time_max: Duration::from_secs(10),
                 push_credit: FETCH_MAX,
+                dedup: false,
             }
         } else {
             Scale {
@@ -128,6 +131,7 @@ impl Scale {
                 r1_log_bytes: 1 << 30,
                 r1_fill_time_max: Duration::from_secs(120),
                 push_credit: FETCH_MAX,
+                dedup: false,
             }
         }
     }
@@ -823,7 +827,7 @@ fn w1(ctx: &Ctx<'_>, size: usize, produce: Produce) -> Result<RunResult, String>
     let s = ctx.scale;
     let topic = format!("w1-{size}");
     ctx.target.prepare(&topic)?;
-    let mut p = ctx.target.producer(&topic)?;
+    let mut p = if s.dedup { ctx.target.dedup_producer(&topic)? } else { ctx.target.producer(&topic)? };
     let (depth, batch) = match produce {
         Produce::Depth(d) => (d, 1),
         Produce::Batch(b) => (BATCH_DEPTH, b),
