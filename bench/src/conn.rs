@@ -153,7 +153,7 @@ impl Target {
     pub fn delayed_producer(&self, topic: &str, delay_ms: u64) -> Result<Box<dyn Producer>, String> {
         match self.kind {
             Kind::Runnel => Ok(Box::new(runnel_conn::RunnelProducer::delayed(self.addr, topic, delay_ms)?)),
-            Kind::Beanstalkd if delay_ms % 1000 == 0 => {
+            Kind::Beanstalkd if delay_ms.is_multiple_of(1000) => {
                 Ok(Box::new(beanstalk_conn::BeanstalkProducer::delayed(self.addr, topic, delay_ms / 1000)?))
             }
             other => Err(format!("{} has no scheduled delivery of {delay_ms} ms", other.name())),
