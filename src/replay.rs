@@ -147,6 +147,7 @@ pub(crate) fn group_config(r: &GroupRecord<'_>) -> GroupConfig {
         max_deliveries: r.max_deliveries,
         filter_text: r.filter.into(),
         filter,
+        ordered: false,
     }
 }
 

@@ -79,6 +79,7 @@ impl Broker {
             max_deliveries: s.max_deliveries,
             filter_text: s.filter.into(),
             filter: (!matches!(filter, Filter::All)).then_some(filter),
+            ordered: false,
         })
     }
 

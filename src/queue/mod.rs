@@ -23,6 +23,7 @@ use crate::wheel::TimerKey;
 
 mod delays;
 mod group;
+mod order;
 mod schedule;
 mod seq;
 mod tags;
@@ -162,6 +163,8 @@ pub struct Delivery {
 
 #[cfg(test)]
 mod groups_tests;
+#[cfg(test)]
+mod order_tests;
 #[cfg(test)]
 mod props_tests;
 #[cfg(test)]
