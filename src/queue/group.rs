@@ -259,12 +259,12 @@ impl Group {
             || self.order.holds_back(id)
     }
 
-    /// Ready messages of `seq`: never delivered and visible, back for
-    /// retry, or waiting behind their key. (Counted from the cursor, so it
+    /// Ready messages of `seq`: never delivered and visible (waiting
+    /// behind their key among them), or back for retry. (Counted from the cursor, so it
     /// costs a walk of the blocks the group has not read: for STATS, not
     /// for every request.)
     pub fn ready(&self, seq: &Seq) -> u64 {
-        self.lag(seq) + self.retry_set.len() as u64 + self.order.waiting_len() as u64
+        self.lag(seq) + self.retry_set.len() as u64
     }
 
     /// Ordered by key: messages waiting behind their key's holder, and
@@ -273,11 +273,11 @@ impl Group {
         (self.order.waiting_len() as u64, self.order.lines() as u64)
     }
     /// Messages not yet delivered: from the cursor on, visible, and not
-    /// scheduled (a walk of the blocks, and of the scheduled messages: for
-    /// STATS and LIST_GROUPS).
+    /// scheduled, and those waiting behind their key (a walk of the
+    /// blocks, and of the scheduled messages: for STATS and LIST_GROUPS).
     pub fn lag(&self, seq: &Seq) -> u64 {
         let scheduled = if seq.schedule().is_empty() { 0 } else { seq.schedule().count_from(self.cursor) };
-        seq.live_in(self.cursor, seq.visible_id()).saturating_sub(scheduled)
+        seq.live_in(self.cursor, seq.visible_id()).saturating_sub(scheduled) + self.order.waiting_len() as u64
     }
     pub fn inflight(&self) -> u64 {
         self.inflight.len() as u64
