@@ -44,10 +44,10 @@ pub use push::{SINCE_PUSH, encode_credit_reply, encode_subscribed_reply};
 
 /// The protocol versions the broker negotiates.
 pub const VERSION_MIN: u16 = 1;
-pub const VERSION_MAX: u16 = 3;
+pub const VERSION_MAX: u16 = 4;
 /// The highest version this codec, and so the client, speaks. The broker
 /// raises VERSION_MAX to it once it serves every op of that version.
-pub const CODEC_VERSION_MAX: u16 = 3;
+pub const CODEC_VERSION_MAX: u16 = 4;
 /// Version 3: time and identity (scheduled messages and their ops).
 pub const V3: u16 = 3;
 /// Version 4: keys, inspection, idempotent produce, retry policy, ordering
@@ -268,6 +268,9 @@ pub struct DecodeLimits {
     pub tag_bytes_max: u32,
     pub props_bytes_max: u32,
     pub filter_bytes_max: u32,
+    /// Longest message key (version 4). Not in the HELLO reply: a longer
+    /// key is refused with BAD_ARGUMENT naming the limit.
+    pub key_bytes_max: u32,
 }
 
 impl DecodeLimits {
@@ -285,13 +288,17 @@ impl DecodeLimits {
         tag_bytes_max: u32::MAX,
         props_bytes_max: u32::MAX,
         filter_bytes_max: u32::MAX,
+        key_bytes_max: u32::MAX,
     };
 
     /// These limits as a HELLO reply of `version` reports them: version 1
     /// carries the first four, and the others read as 0.
     pub fn reported(&self, version: u16) -> DecodeLimits {
+        // No HELLO reply carries `key_bytes_max`: a client reads it as
+        // the wire's bound.
+        let key_bytes_max = DecodeLimits::CLIENT.key_bytes_max;
         if version >= 2 {
-            return *self;
+            return DecodeLimits { key_bytes_max, ..*self };
         }
         DecodeLimits {
             output_bytes_max: 0,
@@ -302,6 +309,7 @@ impl DecodeLimits {
             tag_bytes_max: 0,
             props_bytes_max: 0,
             filter_bytes_max: 0,
+            key_bytes_max,
             ..*self
         }
     }
@@ -312,6 +320,7 @@ impl DecodeLimits {
             tags_per_message_max: self.tags_per_message_max,
             tag_bytes_max: self.tag_bytes_max,
             props_bytes_max: self.props_bytes_max,
+            key_bytes_max: self.key_bytes_max,
         }
     }
 }
@@ -331,6 +340,7 @@ impl From<&crate::limits::Limits> for DecodeLimits {
             tag_bytes_max: l.tag_bytes_max,
             props_bytes_max: l.props_bytes_max,
             filter_bytes_max: l.filter_bytes_max,
+            key_bytes_max: l.key_bytes_max,
         }
     }
 }
@@ -567,6 +577,13 @@ impl Request<'_> {
     /// (`op::since`); 2 for a group other than the default one, or a
     /// message with properties.
     pub fn version_needed(&self) -> u16 {
+        let v4 = match *self {
+            Request::Produce { batch, .. } => batch.messages().any(|(p, _)| !p.known_to(V3) && p.known_to(V4)),
+            other => op::since(other.op()) == Some(V4),
+        };
+        if v4 {
+            return V4;
+        }
         let v3 = match *self {
             Request::Produce { batch, .. } => batch.messages().any(|(p, _)| !p.known_to(2) && p.known_to(V3)),
             other => op::since(other.op()) == Some(V3),

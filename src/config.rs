@@ -306,6 +306,9 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--subscription-credit-max", "N", "most credit one push subscription may have"),
     ("--subscriptions-per-connection-max", "N", "most push subscriptions one connection may have"),
     ("--schedule-ahead-ms-max", "N", "farthest ahead a message may be scheduled, ms"),
+    ("--key-bytes-max", "N", "longest message key"),
+    ("--lookup-results-max", "N", "most messages the key index keeps per key (and LOOKUP returns)"),
+    ("--key-index-entries-per-topic-max", "N", "most keyed messages one topic's key index remembers"),
 ];
 
 /// `runnel serve`'s flags with their defaults.
@@ -461,7 +464,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 28] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 31] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -491,6 +494,9 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 28] {
         ("subscription-credit-max", l.subscription_credit_max.into()),
         ("subscriptions-per-connection-max", l.subscriptions_per_connection_max.into()),
         ("schedule-ahead-ms-max", l.schedule_ahead_ms_max),
+        ("key-bytes-max", l.key_bytes_max.into()),
+        ("lookup-results-max", l.lookup_results_max.into()),
+        ("key-index-entries-per-topic-max", l.key_index_entries_per_topic_max.into()),
     ]
 }
 
@@ -532,7 +538,10 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         filter_compiled_bytes_max,
         subscription_credit_max,
         subscriptions_per_connection_max,
-        schedule_ahead_ms_max
+        schedule_ahead_ms_max,
+        key_bytes_max,
+        lookup_results_max,
+        key_index_entries_per_topic_max
     );
     Ok(())
 }

@@ -164,6 +164,7 @@ fn produce_flags(addr: Flag) -> Vec<Flag> {
         flag("--header", "KEY[=VALUE]", "none", "give every message this header (repeatable; version 2)"),
         flag("--delay-ms", "MS", "none", "deliver every message MS after the broker receives it (version 3)"),
         flag("--at", "MS|TIME", "none", "deliver every message at this time, ms or UTC (version 3)"),
+        flag("--key", "K", "none", "give every message key K: lookup finds it by K (version 4)"),
     ]
 }
 
@@ -444,6 +445,8 @@ struct ProduceProps {
     /// The delivery time: (property type, value), from `--delay-ms` or
     /// `--at`.
     time: Option<(u8, u64)>,
+    /// The key, from `--key`.
+    key: Option<String>,
 }
 
 impl ProduceProps {
@@ -465,16 +468,24 @@ impl ProduceProps {
             (None, Some(ms)) => Some((props::PROP_DELIVER_AT, ms)),
             (None, None) => None,
         };
-        Ok(ProduceProps { tags, headers, time })
+        let key = a.take("--key");
+        if key.as_deref() == Some("") {
+            return Err(Exit::Usage("--key: give a key of at least one byte".into()));
+        }
+        Ok(ProduceProps { tags, headers, time, key })
     }
     /// Whether the messages carry nothing but their payload.
     fn is_empty(&self) -> bool {
-        self.tags.is_empty() && self.headers.is_empty() && self.time.is_none()
+        self.tags.is_empty() && self.headers.is_empty() && self.time.is_none() && self.key.is_none()
     }
     /// `payload` as a message with these properties.
     fn message<'a>(&'a self, payload: &'a [u8]) -> ProduceMessage<'a> {
         let m = self.tags.iter().fold(ProduceMessage::new(payload), |m, t| m.tag(t));
         let m = self.headers.iter().fold(m, |m, (k, v)| m.header(k, v.as_bytes()));
+        let m = match &self.key {
+            Some(k) => m.key(k.as_bytes()),
+            None => m,
+        };
         match self.time {
             Some((props::PROP_DELAY, ms)) => m.delay(ms),
             Some((_, ms)) => m.deliver_at(ms),
@@ -485,7 +496,8 @@ impl ProduceProps {
     fn bytes(&self) -> usize {
         let tags: usize = self.tags.iter().map(|t| 3 + t.len()).sum();
         let time = if self.time.is_some() { 3 + props::PROP_TIME_BYTES } else { 0 };
-        tags + time + self.headers.iter().map(|(k, v)| 5 + k.len() + v.len()).sum::<usize>()
+        let key = self.key.as_ref().map_or(0, |k| 3 + k.len());
+        tags + time + key + self.headers.iter().map(|(k, v)| 5 + k.len() + v.len()).sum::<usize>()
     }
 }
 

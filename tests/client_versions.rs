@@ -176,7 +176,8 @@ fn connect_v2() -> (Client, mpsc::Receiver<Received>) {
 fn the_client_negotiates_version_2_and_learns_every_limit() {
     let (c, _rx) = connect_v2();
     assert_eq!((c.version, c.map_epoch), (2, 5));
-    assert_eq!(c.limits, DecodeLimits::from(&Limits::default()));
+    // Every limit a HELLO reply carries (not key_bytes_max: none does).
+    assert_eq!(c.limits, DecodeLimits::from(&Limits::default()).reported(2));
 }
 
 #[test]

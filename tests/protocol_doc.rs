@@ -276,7 +276,7 @@ fn limits_table_matches_the_defaults() {
     let heading = "## Limits";
     let rows = table_rows(&doc, heading);
     let d = Limits::default();
-    let limits: [(&str, u64); 26] = [
+    let limits: [(&str, u64); 29] = [
         ("frame_bytes_max", d.frame_bytes_max.into()),
         ("message_bytes_max", d.message_bytes_max.into()),
         ("batch_messages_max", d.batch_messages_max.into()),
@@ -303,6 +303,9 @@ fn limits_table_matches_the_defaults() {
         ("filter_bytes_max", d.filter_bytes_max.into()),
         ("filter_compiled_bytes_max", d.filter_compiled_bytes_max.into()),
         ("schedule_ahead_ms_max", d.schedule_ahead_ms_max),
+        ("key_bytes_max", d.key_bytes_max.into()),
+        ("lookup_results_max", d.lookup_results_max.into()),
+        ("key_index_entries_per_topic_max", d.key_index_entries_per_topic_max.into()),
     ];
     for (name, default) in limits {
         let row = rows

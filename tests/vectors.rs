@@ -759,6 +759,7 @@ fn props_json(props: &Props<'_>) -> J {
         props::Prop::Delay(ms) => {
             J::Obj(vec![("type", num(props::PROP_DELAY)), ("name", text("delay_ms")), ("value", num(ms))])
         }
+        props::Prop::Key(k) => J::Obj(vec![("type", num(props::PROP_KEY)), ("name", text("key")), ("value", hex(k))]),
     };
     J::Arr(props.iter().map(entry).collect())
 }

@@ -275,6 +275,7 @@ impl Broker {
         now: Now,
     ) -> Result<Broker, OpenError> {
         let mut topics = Topics::default();
+        topics.set_key_bounds(&config.limits);
         let mut compactor = Compactor::default();
         let mut replay = Replay::new(&mut topics, &mut compactor).at_wall_ms(now.wall_ms);
         let (log, recovery) = Log::open_with(dir, log_options, opener, |r| replay.apply(r))?;
@@ -309,6 +310,8 @@ impl Broker {
         now: Now,
     ) -> Broker {
         let decode_limits = DecodeLimits::from(&config.limits);
+        let mut topics = topics;
+        topics.set_key_bounds(&config.limits);
         Broker {
             config,
             decode_limits,

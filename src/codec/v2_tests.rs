@@ -25,6 +25,7 @@ const LIMITS: DecodeLimits = DecodeLimits {
     tag_bytes_max: 4,
     props_bytes_max: 40,
     filter_bytes_max: 16,
+    key_bytes_max: 4,
 };
 
 fn seed_guard(test: &'static str, seed: u64) -> SeedGuard {

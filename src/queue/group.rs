@@ -213,12 +213,29 @@ impl Group {
         if let Some(&d) = self.decisions.get(&set) {
             return d;
         }
-        let d = match seq.tags().redriven_to(set) {
-            Some(to) => to == &*self.name,
-            None => self.config.filter.as_ref().is_none_or(|f| f.matches_any(seq.tags().names(set))),
-        };
+        let d = self.decide(seq, set);
         self.decisions.insert(set, d);
         d
+    }
+
+    /// The filter's decision for tag set `set`, decided afresh.
+    fn decide(&self, seq: &Seq, set: TagSetId) -> bool {
+        match seq.tags().redriven_to(set) {
+            Some(to) => to == &*self.name,
+            None => self.config.filter.as_ref().is_none_or(|f| f.matches_any(seq.tags().names(set))),
+        }
+    }
+
+    /// `passes`, decided afresh and kept nowhere (inspection reads, and
+    /// changes nothing).
+    pub(super) fn would_pass(&self, seq: &Seq, id: MsgId) -> bool {
+        if !self.decides(seq) {
+            return true;
+        }
+        match seq.tag_set(id) {
+            Some(set) => self.decide(seq, set),
+            None => self.config.filter.as_ref().is_none_or(|f| matches!(f, Filter::All)),
+        }
     }
 
     /// Every id the group still needs below its cursor and their

@@ -293,7 +293,7 @@ pub fn doc_frames_v2() -> Vec<Named> {
         named(
             "hello-v2-reply",
             "A broker that speaks version 2 chooses it and reports every limit a version-2 client needs.",
-            reply(op::HELLO, 1, Reply::Hello { version: 2, limits, map_epoch: 0 }),
+            reply(op::HELLO, 1, Reply::Hello { version: 2, limits: limits.reported(2), map_epoch: 0 }),
         ),
         named(
             "produce-v2-request",
