@@ -26,9 +26,9 @@ use crate::wheel::TimerKey;
 
 mod delays;
 mod group;
-mod order;
 mod inspect;
 mod keys;
+mod order;
 mod schedule;
 mod seq;
 mod tags;

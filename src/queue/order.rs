@@ -29,23 +29,6 @@ use std::hash::BuildHasher;
 use super::seq::Seq;
 use super::{FastMap, IdMap, MsgId};
 
-/// The key's property type (`codec::props`, version 4).
-const PROP_KEY: u8 = 5;
-
-/// The value of the key entry of a stored (validated) properties blob.
-fn key_in(blob: &[u8]) -> Option<&[u8]> {
-    let mut rest = blob;
-    while rest.len() >= 3 {
-        let len = usize::from(u16::from_le_bytes([rest[1], rest[2]]));
-        let value = rest.get(3..3 + len)?;
-        if rest[0] == PROP_KEY {
-            return Some(value);
-        }
-        rest = &rest[3 + len..];
-    }
-    None
-}
-
 /// One key's line.
 #[derive(Debug)]
 struct Line {
@@ -86,7 +69,7 @@ impl KeyOrder {
         if m.props.is_empty() {
             return None;
         }
-        Some(self.hasher.hash_one(key_in(m.props.bytes())?))
+        Some(self.hasher.hash_one(m.props.key()?))
     }
 
     /// Whether ready message `id` may be delivered now.
