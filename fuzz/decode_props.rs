@@ -33,6 +33,7 @@ pub const LIMIT_SETS: [DecodeLimits; 4] = [
         tag_bytes_max: 8,
         props_bytes_max: 48,
         filter_bytes_max: 32,
+        key_bytes_max: 8,
     },
     // The broker's defaults.
     DecodeLimits {
@@ -48,6 +49,7 @@ pub const LIMIT_SETS: [DecodeLimits; 4] = [
         tag_bytes_max: 128,
         props_bytes_max: 16 << 10,
         filter_bytes_max: 4096,
+        key_bytes_max: 128,
     },
     DecodeLimits::CLIENT,
     // Tiny: every bound is a few bytes away.
@@ -64,6 +66,7 @@ pub const LIMIT_SETS: [DecodeLimits; 4] = [
         tag_bytes_max: 2,
         props_bytes_max: 8,
         filter_bytes_max: 4,
+        key_bytes_max: 2,
     },
 ];
 

@@ -114,6 +114,10 @@ impl Delivered {
     pub fn header(&self, key: &str) -> Option<&[u8]> {
         self.parsed_props().header(key)
     }
+    /// Its key, if it has one (version 4).
+    pub fn key(&self) -> Option<&[u8]> {
+        self.parsed_props().key()
+    }
     /// The time it was scheduled for, if it was (version 3).
     pub fn deliver_at_ms(&self) -> Option<u64> {
         match self.parsed_props().schedule() {
@@ -162,6 +166,15 @@ impl<'a> ProduceMessage<'a> {
         props::put_time(&mut self.props, props::PROP_DELIVER_AT, at_ms);
         self
     }
+    /// Gives it a key (version 4): LOOKUP finds the topic's recent
+    /// messages by it. At most one, of 1 to `key_bytes_max` bytes.
+    pub fn key(mut self, key: &[u8]) -> ProduceMessage<'a> {
+        match u16::try_from(key.len()) {
+            Ok(_) => props::put_key(&mut self.props, key),
+            Err(_) => self.invalid = Some(format!("a key of {} bytes", key.len())),
+        }
+        self
+    }
     /// Delivers it `delay_ms` after the broker receives it (version 3).
     pub fn delay(mut self, delay_ms: u64) -> ProduceMessage<'a> {
         props::put_time(&mut self.props, props::PROP_DELAY, delay_ms);
@@ -193,6 +206,8 @@ pub struct GroupEntry {
     /// "" is the default group.
     pub name: String,
     pub broadcast: bool,
+    /// Ordered by key (version 4).
+    pub ordered: bool,
     /// The settings in effect (the topic's filled in).
     pub ack_timeout_ms: u32,
     pub max_deliveries: u16,
@@ -952,6 +967,7 @@ fn own_group(g: &codec::GroupInfo<'_>) -> GroupEntry {
     GroupEntry {
         name: g.name.to_string(),
         broadcast: g.settings.broadcast,
+        ordered: g.settings.ordered,
         ack_timeout_ms: g.settings.ack_timeout_ms,
         max_deliveries: g.settings.max_deliveries,
         filter: g.settings.filter.to_string(),

@@ -52,6 +52,8 @@ pub const VERSION_MAX: u16 = 4;
 pub const CODEC_VERSION_MAX: u16 = 4;
 /// Version 3: time and identity (scheduled messages and their ops).
 pub const V3: u16 = 3;
+/// Version 4: keys, inspection, idempotent produce, retry policy, ordering
+/// by key.
 pub const V4: u16 = 4;
 /// Bytes in a frame header.
 pub const HEADER_BYTES: usize = 12;
@@ -278,6 +280,9 @@ pub struct DecodeLimits {
     pub tag_bytes_max: u32,
     pub props_bytes_max: u32,
     pub filter_bytes_max: u32,
+    /// Longest message key (version 4). Not in the HELLO reply: a longer
+    /// key is refused with BAD_ARGUMENT naming the limit.
+    pub key_bytes_max: u32,
 }
 
 impl DecodeLimits {
@@ -295,13 +300,17 @@ impl DecodeLimits {
         tag_bytes_max: u32::MAX,
         props_bytes_max: u32::MAX,
         filter_bytes_max: u32::MAX,
+        key_bytes_max: u32::MAX,
     };
 
     /// These limits as a HELLO reply of `version` reports them: version 1
     /// carries the first four, and the others read as 0.
     pub fn reported(&self, version: u16) -> DecodeLimits {
+        // No HELLO reply carries `key_bytes_max`: a client reads it as
+        // the wire's bound.
+        let key_bytes_max = DecodeLimits::CLIENT.key_bytes_max;
         if version >= 2 {
-            return *self;
+            return DecodeLimits { key_bytes_max, ..*self };
         }
         DecodeLimits {
             output_bytes_max: 0,
@@ -312,6 +321,7 @@ impl DecodeLimits {
             tag_bytes_max: 0,
             props_bytes_max: 0,
             filter_bytes_max: 0,
+            key_bytes_max,
             ..*self
         }
     }
@@ -322,6 +332,7 @@ impl DecodeLimits {
             tags_per_message_max: self.tags_per_message_max,
             tag_bytes_max: self.tag_bytes_max,
             props_bytes_max: self.props_bytes_max,
+            key_bytes_max: self.key_bytes_max,
         }
     }
 }
@@ -341,6 +352,7 @@ impl From<&crate::limits::Limits> for DecodeLimits {
             tag_bytes_max: l.tag_bytes_max,
             props_bytes_max: l.props_bytes_max,
             filter_bytes_max: l.filter_bytes_max,
+            key_bytes_max: l.key_bytes_max,
         }
     }
 }
@@ -840,7 +852,7 @@ fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits, version: u16) 
             Request::Redrive { topic, group, max_messages: rd.u32().ok_or_else(short)? }
         }
         op::CREATE_GROUP | op::DELETE_GROUP | op::LIST_GROUPS | op::RESET_GROUP => {
-            group::parse_group_op(op, rd, limits)?
+            group::parse_group_op(op, rd, limits, version)?
         }
         op::SUBSCRIBE | op::CREDIT | op::UNSUBSCRIBE => push::parse_push_op(op, rd, limits)?,
         op::CANCEL | op::RESCHEDULE => schedule::parse_schedule_op(op, rd, limits)?,

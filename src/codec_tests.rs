@@ -80,6 +80,7 @@ const SMALL: DecodeLimits = DecodeLimits {
     tag_bytes_max: 8,
     props_bytes_max: 48,
     filter_bytes_max: 32,
+    key_bytes_max: 8,
 };
 
 /// A name of exactly `SMALL.topic_name_bytes_max` bytes, every kind of byte allowed.
@@ -1745,6 +1746,7 @@ fn garbage_never_panics_and_the_decoders_agree_with_the_bytes() {
         tag_bytes_max: 2,
         props_bytes_max: 8,
         filter_bytes_max: 4,
+        key_bytes_max: 2,
     };
     let limit_sets = [SMALL, default_limits(), DecodeLimits::CLIENT, tiny];
     for seed in seeds(1000) {

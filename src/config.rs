@@ -310,6 +310,9 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--dedup-window-ms-max", "MS", "longest dedup window a topic may have"),
     ("--dedup-entries-max", "N", "most dedup ids remembered, over all topics"),
     ("--dedup-id-bytes-max", "N", "longest dedup id"),
+    ("--key-bytes-max", "N", "longest message key"),
+    ("--lookup-results-max", "N", "most messages the key index keeps per key (and LOOKUP returns)"),
+    ("--key-index-entries-per-topic-max", "N", "most keyed messages one topic's key index remembers"),
 ];
 
 /// `runnel serve`'s flags with their defaults.
@@ -469,7 +472,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 31] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 34] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -502,6 +505,9 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 31] {
         ("dedup-window-ms-max", l.dedup_window_ms_max.into()),
         ("dedup-entries-max", l.dedup_entries_max.into()),
         ("dedup-id-bytes-max", l.dedup_id_bytes_max.into()),
+        ("key-bytes-max", l.key_bytes_max.into()),
+        ("lookup-results-max", l.lookup_results_max.into()),
+        ("key-index-entries-per-topic-max", l.key_index_entries_per_topic_max.into()),
     ]
 }
 
@@ -546,7 +552,10 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         schedule_ahead_ms_max,
         dedup_window_ms_max,
         dedup_entries_max,
-        dedup_id_bytes_max
+        dedup_id_bytes_max,
+        key_bytes_max,
+        lookup_results_max,
+        key_index_entries_per_topic_max
     );
     Ok(())
 }

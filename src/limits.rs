@@ -144,6 +144,19 @@ pub struct Limits {
     /// memory for its whole window: a producer id and a sequence number
     /// fit in far less.
     pub dedup_id_bytes_max: u32,
+    // Keys and inspection (protocol version 4).
+    /// Longest message key, bytes. Keys are kept in memory by the key
+    /// index, once per distinct key, so short keys keep it small.
+    pub key_bytes_max: u32,
+    /// Most ids the key index keeps per key, newest kept (the oldest is
+    /// forgotten first): the most messages one LOOKUP returns. Bounds the
+    /// reply and the index's list for a key that many messages share.
+    pub lookup_results_max: u32,
+    /// Most entries (keyed messages) the key index of one topic keeps;
+    /// past it the oldest is forgotten. The index is a cache of the log
+    /// for LOOKUP, never needed for delivery, so it is bounded rather than
+    /// allowed to refuse a produce.
+    pub key_index_entries_per_topic_max: u32,
 }
 
 impl Default for Limits {
@@ -180,6 +193,9 @@ impl Default for Limits {
             dedup_window_ms_max: 24 * 3600 * 1000,
             dedup_entries_max: 1_000_000,
             dedup_id_bytes_max: 64,
+            key_bytes_max: 128,
+            lookup_results_max: 32,
+            key_index_entries_per_topic_max: 1_000_000,
         }
     }
 }
@@ -198,6 +214,10 @@ const PRODUCE_MESSAGE_OVERHEAD_BYTES: u64 = 2 + 4;
 pub const FETCH_MESSAGE_OVERHEAD_BYTES: u32 = crate::codec::MESSAGE_WIRE_OVERHEAD_BYTES_MAX as u32;
 /// Most bytes of properties a message can have: their length is a u16.
 pub const PROPS_BYTES_LIMIT: u32 = u16::MAX as u32;
+/// Most results one LOOKUP may be set to return: each carries its
+/// message's properties and every group's state, so the reply stays well
+/// under `output_bytes_max`.
+const LOOKUP_RESULTS_LIMIT: u32 = 1024;
 /// Most bytes of a topic or group name (a u16 string; kept well under it).
 const NAME_BYTES_LIMIT: u32 = 1000;
 
@@ -307,6 +327,24 @@ impl Limits {
         if self.subscription_credit_max == 0 || self.subscriptions_per_connection_max == 0 {
             return Err("subscription-credit-max and subscriptions-per-connection-max must be at least 1".into());
         }
+        self.check_keys()
+    }
+
+    /// The key limits: a key entry (type, u16 length, key) must fit in the
+    /// properties, and a LOOKUP reply must stay small.
+    fn check_keys(&self) -> Result<(), String> {
+        if self.key_bytes_max == 0 || u64::from(self.key_bytes_max) + 3 > u64::from(self.props_bytes_max) {
+            return Err(format!(
+                "key-bytes-max ({}) must be at least 1, and props-bytes-max ({}) must hold one key of it with its 3-byte type and length",
+                self.key_bytes_max, self.props_bytes_max
+            ));
+        }
+        if self.lookup_results_max == 0 || self.lookup_results_max > LOOKUP_RESULTS_LIMIT {
+            return Err(format!("lookup-results-max must be between 1 and {LOOKUP_RESULTS_LIMIT}"));
+        }
+        if self.key_index_entries_per_topic_max < self.lookup_results_max {
+            return Err("key-index-entries-per-topic-max must be at least lookup-results-max".into());
+        }
         Ok(())
     }
 }
@@ -352,7 +390,14 @@ mod tests {
         refused(Limits { props_bytes_max: 65536, ..Limits::default() }, "props-bytes-max");
         refused(Limits { tag_bytes_max: 0, ..Limits::default() }, "tag-bytes-max");
         refused(Limits { tag_bytes_max: 100, props_bytes_max: 102, ..Limits::default() }, "tag-bytes-max");
-        assert_eq!(Limits { tag_bytes_max: 100, props_bytes_max: 103, ..Limits::default() }.check(), Ok(()));
+        let short_keys = Limits { key_bytes_max: 100, ..Limits::default() };
+        assert_eq!(Limits { tag_bytes_max: 100, props_bytes_max: 103, ..short_keys.clone() }.check(), Ok(()));
+        refused(Limits { key_bytes_max: 0, ..Limits::default() }, "key-bytes-max");
+        refused(Limits { props_bytes_max: 102, tag_bytes_max: 10, ..short_keys }, "key-bytes-max");
+        refused(Limits { lookup_results_max: 0, ..Limits::default() }, "lookup-results-max");
+        refused(Limits { lookup_results_max: 1025, ..Limits::default() }, "lookup-results-max");
+        let index = Limits { key_index_entries_per_topic_max: 31, ..Limits::default() };
+        refused(index, "key-index-entries-per-topic-max");
         refused(Limits { tag_sets_per_topic_max: 0, ..Limits::default() }, "tag-sets-per-topic-max");
         refused(Limits { tag_sets_per_topic_max: 65536, ..Limits::default() }, "tag-sets-per-topic-max");
         assert_eq!(Limits { tag_sets_per_topic_max: 65535, ..Limits::default() }.check(), Ok(()));

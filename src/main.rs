@@ -79,6 +79,7 @@ fn group_command_flags(addr: Flag) -> Vec<Flag> {
         flag("--to", START_VALUES, "none", "reset: where the group moves"),
         flag("--tags", "EXPR", "*", "create: the tag filter: * | a || b | re:PATTERN"),
         switch("--broadcast", "create: every consumer gets every message"),
+        switch("--ordered", "create: messages with the same key one at a time, in order (protocol version 4)"),
         flag("--ack-timeout-ms", "MS", "the topic's", "create: time to acknowledge a delivery"),
         flag("--max-deliveries", "N", "the topic's", "create: deliveries before a dead letter"),
     ]
@@ -106,6 +107,7 @@ fn sub(name: &str) -> Option<Sub> {
                 flag("--from", START_VALUES, "earliest", "where a group created now starts"),
                 flag("--tags", "EXPR", "*", "the group's tag filter: * | a || b | re:PATTERN"),
                 switch("--broadcast", "a broadcast group: every consumer gets every message"),
+                switch("--ordered", "a group ordered by key: one message of a key at a time, in order"),
                 switch("--push", "subscribe: the broker pushes messages (protocol version 3)"),
                 flag("--credit", "N", CONSUME_CREDIT_DEFAULT, "most messages held unacknowledged (implies --push)"),
             ],
@@ -163,6 +165,7 @@ fn produce_flags(addr: Flag) -> Vec<Flag> {
         flag("--delay-ms", "MS", "none", "deliver every message MS after the broker receives it (version 3)"),
         flag("--at", "MS|TIME", "none", "deliver every message at this time, ms or UTC (version 3)"),
         flag("--dedup", "ID", "none", "give line N the dedup id ID:N, so a rerun stores each line once (version 4)"),
+        flag("--key", "K", "none", "give every message key K: lookup finds it by K (version 4)"),
     ]
 }
 
@@ -445,6 +448,8 @@ struct ProduceProps {
     time: Option<(u8, u64)>,
     /// `--dedup ID`: line N of the input gets the dedup id `ID:N`.
     dedup: Option<String>,
+    /// The key, from `--key`.
+    key: Option<String>,
 }
 
 impl ProduceProps {
@@ -466,15 +471,23 @@ impl ProduceProps {
             (None, Some(ms)) => Some((props::PROP_DELIVER_AT, ms)),
             (None, None) => None,
         };
+        let key = a.take("--key");
+        if key.as_deref() == Some("") {
+            return Err(Exit::Usage("--key: give a key of at least one byte".into()));
+        }
         let dedup = a.take("--dedup");
         if dedup.as_deref() == Some("") {
             return Err(Exit::Usage("--dedup: give a non-empty ID".into()));
         }
-        Ok(ProduceProps { tags, headers, time, dedup })
+        Ok(ProduceProps { tags, headers, time, key, dedup })
     }
     /// Whether the messages carry nothing but their payload.
     fn is_empty(&self) -> bool {
-        self.tags.is_empty() && self.headers.is_empty() && self.time.is_none() && self.dedup.is_none()
+        self.tags.is_empty()
+            && self.headers.is_empty()
+            && self.time.is_none()
+            && self.key.is_none()
+            && self.dedup.is_none()
     }
     /// `payload`, line `line` of the input, as a message with these
     /// properties.
@@ -486,6 +499,10 @@ impl ProduceProps {
         };
         let m = self.tags.iter().fold(m, |m, t| m.tag(t));
         let m = self.headers.iter().fold(m, |m, (k, v)| m.header(k, v.as_bytes()));
+        let m = match &self.key {
+            Some(k) => m.key(k.as_bytes()),
+            None => m,
+        };
         match self.time {
             Some((props::PROP_DELAY, ms)) => m.delay(ms),
             Some((_, ms)) => m.deliver_at(ms),
@@ -496,8 +513,9 @@ impl ProduceProps {
     fn bytes(&self) -> usize {
         let tags: usize = self.tags.iter().map(|t| 3 + t.len()).sum();
         let time = if self.time.is_some() { 3 + props::PROP_TIME_BYTES } else { 0 };
+        let key = self.key.as_ref().map_or(0, |k| 3 + k.len());
         let dedup = self.dedup.as_ref().map_or(0, |id| 3 + id.len() + 21);
-        tags + time + dedup + self.headers.iter().map(|(k, v)| 5 + k.len() + v.len()).sum::<usize>()
+        tags + time + key + dedup + self.headers.iter().map(|(k, v)| 5 + k.len() + v.len()).sum::<usize>()
     }
 }
 
@@ -604,8 +622,8 @@ fn utc_ms(v: &str) -> Option<u64> {
 }
 
 /// A group's settings and start from `--from`/`--to`, `--tags`,
-/// `--broadcast`, `--ack-timeout-ms` and `--max-deliveries`: None if none
-/// was given (a consume then leaves the group as it is).
+/// `--broadcast`, `--ordered`, `--ack-timeout-ms` and `--max-deliveries`:
+/// None if none was given (a consume then leaves the group as it is).
 fn group_flags<'a>(
     a: &mut Args,
     from_flag: &str,
@@ -614,9 +632,16 @@ fn group_flags<'a>(
     let from = a.take(from_flag);
     let tags = a.take("--tags");
     let broadcast = a.switch("--broadcast");
+    let ordered = a.switch("--ordered");
     let ack_timeout_ms: Option<u32> = a.num("--ack-timeout-ms")?;
     let max_deliveries: Option<u16> = a.num("--max-deliveries")?;
-    if from.is_none() && tags.is_none() && !broadcast && ack_timeout_ms.is_none() && max_deliveries.is_none() {
+    if from.is_none()
+        && tags.is_none()
+        && !broadcast
+        && !ordered
+        && ack_timeout_ms.is_none()
+        && max_deliveries.is_none()
+    {
         return Ok(None);
     }
     let start = from.map_or(Ok(Start::Earliest), |v| parse_start(from_flag, &v))?;
@@ -626,6 +651,7 @@ fn group_flags<'a>(
         ack_timeout_ms: ack_timeout_ms.unwrap_or(0),
         max_deliveries: max_deliveries.unwrap_or(0),
         filter: filter.as_str(),
+        ordered,
     };
     Ok(Some((settings, start)))
 }
@@ -737,7 +763,9 @@ fn groups(raw: &[String], sub: &Sub) -> Result<(), Exit> {
             out += &format!(" {v:>13}");
         }
         let filter = if g.filter.is_empty() { "*" } else { &g.filter };
-        out += &format!(" {filter:>13}{}\n", if g.broadcast { " broadcast" } else { "" });
+        let modes = [(g.broadcast, " broadcast"), (g.ordered, " ordered")];
+        let modes: String = modes.iter().filter(|m| m.0).map(|m| m.1).collect();
+        out += &format!(" {filter:>13}{modes}\n");
     }
     emit(out.as_bytes())
 }

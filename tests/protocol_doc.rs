@@ -279,7 +279,7 @@ fn limits_table_matches_the_defaults() {
     let heading = "## Limits";
     let rows = table_rows(&doc, heading);
     let d = Limits::default();
-    let limits: [(&str, u64); 29] = [
+    let limits: [(&str, u64); 32] = [
         ("frame_bytes_max", d.frame_bytes_max.into()),
         ("message_bytes_max", d.message_bytes_max.into()),
         ("batch_messages_max", d.batch_messages_max.into()),
@@ -309,6 +309,9 @@ fn limits_table_matches_the_defaults() {
         ("dedup_window_ms_max", d.dedup_window_ms_max.into()),
         ("dedup_entries_max", d.dedup_entries_max.into()),
         ("dedup_id_bytes_max", d.dedup_id_bytes_max.into()),
+        ("key_bytes_max", d.key_bytes_max.into()),
+        ("lookup_results_max", d.lookup_results_max.into()),
+        ("key_index_entries_per_topic_max", d.key_index_entries_per_topic_max.into()),
     ];
     for (name, default) in limits {
         let row = rows

@@ -11,39 +11,14 @@
 //! (README, "Memory"): its `deliver_at_ms` property is 11 bytes, plus the
 //! 2-byte properties length if it has no other property.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
+
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::LIVE_BYTES;
 
 use runnel::queue::Schedule;
 use runnel::testkit::Rng;
-
-/// Live heap bytes of this test binary.
-static LIVE_BYTES: AtomicI64 = AtomicI64::new(0);
-
-struct Counting;
-
-// SAFETY: every call is forwarded to the system allocator unchanged; the
-// counter is only arithmetic on the sizes asked for.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE_BYTES.fetch_add(layout.size() as i64, Ordering::Relaxed);
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE_BYTES.fetch_sub(layout.size() as i64, Ordering::Relaxed);
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE_BYTES.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
 
 /// Heap bytes per message of a schedule of `n` messages with ids in
 /// produce order and due times spread over a day, as a topic gets them.

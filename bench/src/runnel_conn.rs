@@ -25,6 +25,9 @@ pub struct RunnelProducer {
     /// Tags each message with one of this many tags, `t0`, `t1`, ..., by
     /// its sequence number (0: untagged).
     tags: u32,
+    /// Schedules each message this many ms after the broker receives it
+    /// (property `delay_ms`, version 3; 0: delivered at once).
+    delay_ms: u64,
     /// A request `queue` could not encode, reported by the next `flush`.
     failed: Option<String>,
     /// With dedup ids: the producer id and the next sequence number.
@@ -33,7 +36,14 @@ pub struct RunnelProducer {
 
 impl RunnelProducer {
     pub fn connect(addr: SocketAddr, topic: &str) -> Result<RunnelProducer, String> {
-        Ok(RunnelProducer { client: connect(addr)?, topic: topic.to_string(), tags: 0, failed: None, dedup: None })
+        Ok(RunnelProducer {
+            client: connect(addr)?,
+            topic: topic.to_string(),
+            tags: 0,
+            delay_ms: 0,
+            failed: None,
+            dedup: None,
+        })
     }
 
     /// A producer giving every message a dedup id: a producer id (the
@@ -47,7 +57,7 @@ impl RunnelProducer {
         let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let producer_id = (started as u64) ^ (u64::from(std::process::id()) << 32);
         let dedup = Some((producer_id, 0));
-        Ok(RunnelProducer { client, topic: topic.to_string(), tags: 0, failed: None, dedup })
+        Ok(RunnelProducer { client, topic: topic.to_string(), tags: 0, delay_ms: 0, failed: None, dedup })
     }
 
     /// Queues `payloads` as one PRODUCE, each with the next dedup id.
@@ -70,11 +80,20 @@ impl RunnelProducer {
         }
     }
 
+    /// A producer scheduling each message `delay_ms` ahead (W7).
+    pub fn delayed(addr: SocketAddr, topic: &str, delay_ms: u64) -> Result<RunnelProducer, String> {
+        let client = connect(addr)?;
+        if client.version < 3 {
+            return Err(format!("runnel at {addr} speaks protocol version {}: no scheduled messages", client.version));
+        }
+        Ok(RunnelProducer { client, topic: topic.to_string(), tags: 0, delay_ms, failed: None, dedup: None })
+    }
+
     /// A producer tagging each message with one of `tags` tags
     /// (`tag_of`).
     pub fn tagged(addr: SocketAddr, topic: &str, tags: u32) -> Result<RunnelProducer, String> {
         let client = version_2(connect(addr)?, addr, "tags")?;
-        Ok(RunnelProducer { client, topic: topic.to_string(), tags, failed: None, dedup: None })
+        Ok(RunnelProducer { client, topic: topic.to_string(), tags, delay_ms: 0, failed: None, dedup: None })
     }
 }
 
@@ -104,6 +123,13 @@ impl Producer for RunnelProducer {
     fn queue(&mut self, payload: &[u8]) {
         if self.dedup.is_some() {
             return self.queue_dedup(&[payload]);
+        }
+        if self.delay_ms > 0 {
+            let m = ProduceMessage::new(payload).delay(self.delay_ms);
+            if let Err(e) = self.client.send_produce_messages(&self.topic, &[m]) {
+                self.failed.get_or_insert(format!("runnel PRODUCE with a delay: {e}"));
+            }
+            return;
         }
         if self.tags == 0 {
             self.client.send_produce(&self.topic, &[payload]);

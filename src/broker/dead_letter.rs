@@ -51,6 +51,7 @@ impl Broker {
         w.end(&mut self.log);
         self.compactor.note_produce(dlq, new_id);
         src.topic.dead_lettered(group, id);
+        src.topic.note_dead(group, id, info);
         self.turn.mark_for_publish(dst);
         if !group.is_member() {
             RemoveRecord { topic: tid, group, reason: RemoveReason::DeadLettered, ids: &[id] }.append(&mut self.log);

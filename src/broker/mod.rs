@@ -278,6 +278,7 @@ impl Broker {
         now: Now,
     ) -> Result<Broker, OpenError> {
         let mut topics = Topics::default();
+        topics.set_key_bounds(&config.limits);
         let mut compactor = Compactor::default();
         let mut dedup = dedup::Dedup::default();
         let window_ms_max = u64::from(config.limits.dedup_window_ms_max);
@@ -316,6 +317,8 @@ impl Broker {
         now: Now,
     ) -> Broker {
         let decode_limits = DecodeLimits::from(&config.limits);
+        let mut topics = topics;
+        topics.set_key_bounds(&config.limits);
         Broker {
             config,
             decode_limits,

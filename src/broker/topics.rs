@@ -44,11 +44,23 @@ pub(crate) struct Topics {
     id_floor: MsgId,
     /// Topics that are not dead-letter topics (what topics_max counts).
     user_topics: u32,
+    /// The key index bounds of every topic (`lookup_results_max`,
+    /// `key_index_entries_per_topic_max`); None: the default limits'.
+    key_bounds: Option<(u32, u32)>,
 }
 
 /// The name of topic `name`'s dead-letter topic.
 pub(crate) fn dead_letter_name(name: &str) -> String {
     format!("{name}{}", codec::DEAD_LETTER_SUFFIX)
+}
+
+/// A new topic, its key index held to `key_bounds` (`Topics::key_bounds`).
+fn new_topic(key_bounds: Option<(u32, u32)>, name: &str, settings: Settings, first_id: MsgId) -> Topic {
+    let mut topic = Topic::new(name, is_dead_letter_name(name), settings, first_id);
+    if let Some((per_key, entries)) = key_bounds {
+        topic.set_key_bounds(per_key, entries);
+    }
+    topic
 }
 
 /// Whether `name` is a dead-letter topic's.
@@ -105,6 +117,15 @@ impl Topics {
     pub fn id_floor(&self) -> MsgId {
         self.id_floor
     }
+    /// Bounds every topic's key index, now and when created, by `l`.
+    pub fn set_key_bounds(&mut self, l: &crate::limits::Limits) {
+        let bounds = (l.lookup_results_max, l.key_index_entries_per_topic_max);
+        self.key_bounds = Some(bounds);
+        for e in self.by_id.values_mut() {
+            e.topic.set_key_bounds(bounds.0, bounds.1);
+        }
+    }
+
     /// Recovery met an id floor (a Topic or Delete record).
     pub fn raise_id_floor(&mut self, floor: MsgId) {
         self.id_floor = self.id_floor.max(floor);
@@ -161,7 +182,7 @@ impl Topics {
     /// first message id is at least `first_id` and the id floor.
     pub fn insert(&mut self, id: TopicId, name: &str, settings: Settings, first_id: MsgId) {
         assert!(id <= TopicId::MAX, "topic id {id} is the floor's");
-        let topic = Topic::new(name, is_dead_letter_name(name), settings, first_id.max(self.id_floor));
+        let topic = new_topic(self.key_bounds, name, settings, first_id.max(self.id_floor));
         self.id_floor = self.id_floor.max(topic.seq.next_id());
         self.by_id.insert(id, Entry { topic, id, to_publish: false });
         self.name(id, name);
@@ -203,8 +224,9 @@ impl Topics {
     pub fn nameless(&mut self, id: TopicId) -> &mut Entry {
         assert!(id <= TopicId::MAX, "topic id {id} is the floor's");
         self.note_id(id);
+        let bounds = self.key_bounds;
         self.by_id.entry(id).or_insert_with(|| Entry {
-            topic: Topic::new("", false, Settings::default(), 1),
+            topic: new_topic(bounds, "", Settings::default(), 1),
             id,
             to_publish: false,
         })

@@ -8,6 +8,8 @@
 //! type 1 tag:    the value is the tag, UTF-8
 //! type 2 header: the value is a key (u16 len, UTF-8) then the header's
 //!                value, the bytes up to the end of the entry
+//! type 3, 4:     a delivery time or delay, u64 ms (version 3)
+//! type 5 key:    the message's key, 1 to key_bytes_max bytes (version 4)
 //! ```
 //!
 //! The blob is validated once, when it is decoded (`Props::parse`), so that
@@ -51,6 +53,13 @@ pub const PROP_DEDUP_ID: u8 = 6;
 const SINCE_DEDUP: u16 = 4;
 /// The protocol version that adds the time properties.
 const SINCE_SCHEDULE: u16 = 3;
+/// Property type (version 4): the message's key, any bytes, at most one
+/// per message. LOOKUP finds a topic's recent messages by it (docs/
+/// protocol.md, "Keys and inspection (version 4)"); a later change
+/// delivers the messages of one key in order by it.
+pub const PROP_KEY: u8 = 5;
+/// The protocol version that adds the key property.
+const SINCE_KEY: u16 = super::V4;
 /// Bytes of a time property's value.
 pub const PROP_TIME_BYTES: usize = 8;
 /// Bytes of an entry's type and length fields.
@@ -65,12 +74,18 @@ pub struct PropsLimits {
     pub tag_bytes_max: u32,
     /// Most bytes of the whole blob, its entries' type and length included.
     pub props_bytes_max: u32,
+    /// Longest key, bytes.
+    pub key_bytes_max: u32,
 }
 
 impl PropsLimits {
     /// Bounds only the wire format sets: for reading what a broker sent.
-    pub const ANY: PropsLimits =
-        PropsLimits { tags_per_message_max: u32::MAX, tag_bytes_max: u32::MAX, props_bytes_max: u32::MAX };
+    pub const ANY: PropsLimits = PropsLimits {
+        tags_per_message_max: u32::MAX,
+        tag_bytes_max: u32::MAX,
+        props_bytes_max: u32::MAX,
+        key_bytes_max: u32::MAX,
+    };
 }
 
 /// Why a properties blob was refused: the error code and a sentence.
@@ -102,6 +117,8 @@ pub enum Prop<'a> {
     Delay(u64),
     /// The message's dedup id (version 4).
     DedupId(&'a [u8]),
+    /// The message's key (version 4).
+    Key(&'a [u8]),
 }
 
 /// A validated properties blob (possibly empty).
@@ -117,6 +134,7 @@ pub fn prop_type_known(kind: u8, version: u16) -> bool {
         PROP_TAG | PROP_HEADER => version >= 2,
         PROP_DELIVER_AT | PROP_DELAY => version >= SINCE_SCHEDULE,
         PROP_DEDUP_ID => version >= SINCE_DEDUP,
+        PROP_KEY => version >= SINCE_KEY,
         _ => false,
     }
 }
@@ -126,6 +144,21 @@ fn time_value(value: &[u8]) -> Result<u64, PropsError> {
     let bytes: [u8; PROP_TIME_BYTES] =
         value.try_into().map_err(|_| malformed("a deliver_at_ms or delay_ms property is not 8 bytes"))?;
     Ok(u64::from_le_bytes(bytes))
+}
+
+/// Checks a key, the `nth` of its message: 1 to `key_bytes_max` bytes, and
+/// the only one.
+fn check_key(key: &[u8], nth: u32, key_bytes_max: u32) -> Result<(), PropsError> {
+    if nth > 1 {
+        return Err(bad("a message has more than one key".into()));
+    }
+    if key.is_empty() {
+        return Err(bad("a key is empty".into()));
+    }
+    if key.len() > key_bytes_max as usize {
+        return Err(bad(format!("a key is {} bytes, more than key_bytes_max ({key_bytes_max})", key.len())));
+    }
+    Ok(())
 }
 
 /// Whether `kind` is one of the broker's own entries.
@@ -186,7 +219,7 @@ impl<'a> Props<'a> {
                 limits.props_bytes_max
             )));
         }
-        let (mut at, mut tags, mut times, mut dedups) = (0, 0u32, 0u32, 0u32);
+        let (mut at, mut tags, mut times, mut keys, mut dedups) = (0, 0u32, 0u32, 0u32, 0u32);
         while at < bytes.len() {
             let (kind, value, n) =
                 entry(&bytes[at..]).ok_or_else(|| malformed("a property runs past the properties"))?;
@@ -207,6 +240,9 @@ impl<'a> Props<'a> {
                 if value.is_empty() || dedups > 1 {
                     return Err(bad("a dedup id is empty, or a message has more than one".into()));
                 }
+            } else if kind == PROP_KEY {
+                keys += 1;
+                check_key(value, keys, limits.key_bytes_max)?;
             } else {
                 time_value(value)?;
                 times += 1;
@@ -311,6 +347,15 @@ impl<'a> Props<'a> {
         })
     }
 
+    /// The message's key, if it has one (version 4): at most one, 1 to
+    /// `key_bytes_max` bytes, any bytes (`Props::parse` checked).
+    pub fn key(&self) -> Option<&'a [u8]> {
+        self.iter().find_map(|p| match p {
+            Prop::Key(k) => Some(k),
+            _ => None,
+        })
+    }
+
     /// Where in the blob the value of the time property is, if there is one.
     pub fn schedule_value_at(&self) -> Option<usize> {
         let mut at = 0;
@@ -362,6 +407,7 @@ impl<'a> Iterator for PropsIter<'a> {
             PROP_DELIVER_AT => Prop::DeliverAt(time_value(value).ok()?),
             PROP_DELAY => Prop::Delay(time_value(value).ok()?),
             PROP_DEDUP_ID => Prop::DedupId(value),
+            PROP_KEY => Prop::Key(value),
             _ => {
                 let (key, value) = header(value).ok()?;
                 Prop::Header { key, value }
@@ -387,6 +433,15 @@ pub fn put_header(out: &mut Vec<u8>, key: &str, value: &[u8]) {
     put_u16(out, key.len() as u16);
     out.extend_from_slice(key.as_bytes());
     out.extend_from_slice(value);
+}
+
+/// Appends a key entry to a blob being built. The caller keeps it within
+/// `key_bytes_max`; the decoder refuses a longer or empty one.
+pub fn put_key(out: &mut Vec<u8>, key: &[u8]) {
+    assert!(key.len() <= usize::from(u16::MAX), "a key over 65535 bytes");
+    out.push(PROP_KEY);
+    put_u16(out, key.len() as u16);
+    out.extend_from_slice(key);
 }
 
 /// Appends one of the broker's own entries (`kind`, a group name) to a
@@ -475,7 +530,8 @@ pub fn put_props(out: &mut Vec<u8>, props: &Props<'_>) {
 mod tests {
     use super::*;
 
-    const LIMITS: PropsLimits = PropsLimits { tags_per_message_max: 2, tag_bytes_max: 5, props_bytes_max: 64 };
+    const LIMITS: PropsLimits =
+        PropsLimits { tags_per_message_max: 2, tag_bytes_max: 5, props_bytes_max: 64, key_bytes_max: 4 };
 
     fn blob(tags: &[&str], headers: &[(&str, &[u8])]) -> Vec<u8> {
         let mut out = Vec::new();
@@ -578,6 +634,31 @@ mod tests {
         put_time(&mut two, PROP_DELIVER_AT, 7);
         assert_eq!(Props::parse(&two, 3, &LIMITS).expect_err("two times").code, ErrorCode::BadArgument);
         assert_eq!(Props::parse(&[PROP_DELAY, 1, 0, 0], 3, &LIMITS).expect_err("short").code, ErrorCode::Malformed);
+    }
+
+    #[test]
+    fn a_key_is_one_short_value_of_version_4() {
+        let mut bytes = blob(&["a"], &[]);
+        put_key(&mut bytes, b"k\xff7");
+        let p = Props::parse(&bytes, 4, &LIMITS).expect("valid");
+        assert_eq!(p.key(), Some(&b"k\xff7"[..]), "any bytes");
+        assert_eq!(p.iter().nth(1), Some(Prop::Key(b"k\xff7")));
+        assert_eq!(p.tags().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(Props::parse(&blob(&["a"], &[]), 4, &LIMITS).expect("no key").key(), None);
+        assert_eq!(Props::parse(&bytes, 3, &LIMITS).expect_err("v3").code, ErrorCode::BadArgument);
+        assert!(p.known_to(4) && !p.known_to(3));
+        let mut v3 = Vec::new();
+        put_props_for(&mut v3, &p, 3);
+        assert_eq!(v3[2..], blob(&["a"], &[])[..], "left out for an earlier session");
+        let mut four = Vec::new();
+        put_key(&mut four, b"abcd");
+        assert!(Props::parse(&four, 4, &LIMITS).is_ok(), "key_bytes_max");
+        let mut five = Vec::new();
+        put_key(&mut five, b"abcde");
+        assert_eq!(Props::parse(&five, 4, &LIMITS).expect_err("long").code, ErrorCode::BadArgument);
+        put_key(&mut four, b"x");
+        assert_eq!(Props::parse(&four, 4, &LIMITS).expect_err("two").code, ErrorCode::BadArgument);
+        assert_eq!(Props::parse(&[PROP_KEY, 0, 0], 4, &LIMITS).expect_err("empty").code, ErrorCode::BadArgument);
     }
 
     #[test]

@@ -8,6 +8,9 @@
 //! - `schedule`: a topic's scheduled messages, by due time and by id;
 //! - `group`: one consumer group's state over them (cursor, in flight,
 //!   retry, delayed, who holds what);
+//! - `keys`: a topic's keyed messages by key, for LOOKUP (a cache of the
+//!   log);
+//! - `inspect`: one message's state in every group, for PEEK and LOOKUP;
 //! - `topic`: a `Seq` and its groups, and the rule that ties them: a
 //!   message leaves the sequence once every group is done with it (and a
 //!   topic with no group keeps every message).
@@ -24,6 +27,9 @@ use crate::wheel::TimerKey;
 mod dedup;
 mod delays;
 mod group;
+mod inspect;
+mod keys;
+mod order;
 mod schedule;
 mod seq;
 mod tags;
@@ -31,6 +37,8 @@ mod topic;
 
 pub use dedup::DedupWindow;
 pub use group::{FILTER_SKIPS_PER_CALL_MAX, Group, GroupConfig, Policy};
+pub use inspect::{DEAD_NOTES_PER_TOPIC_MAX, GroupInspection, GroupState, Inspection};
+pub use keys::KeyIndex;
 pub use schedule::Schedule;
 pub use seq::{Body, Seq, Stored};
 pub use tags::{TAG_SETS_MAX, TagId, TagSetId, Tags, TagsFull};
@@ -173,6 +181,8 @@ pub struct Delivery {
 
 #[cfg(test)]
 mod groups_tests;
+#[cfg(test)]
+mod order_tests;
 #[cfg(test)]
 mod props_tests;
 #[cfg(test)]

@@ -11,6 +11,8 @@
 //! bounded slices (`Topic::sweep`).
 
 use super::group::{Group, GroupConfig, Policy};
+use super::inspect::DeadNotes;
+use super::keys::KeyIndex;
 use super::seq::{Body, Seq};
 use super::{ConsumerId, Counters, Delivery, GroupId, MsgId, Returned, Settings, Stored, Take, Timers};
 use crate::codec::group::Start;
@@ -57,6 +59,11 @@ pub struct Topic {
     produced: u64,
     /// Whether it is a dead-letter topic: its messages never dead-letter.
     is_dlq: bool,
+    /// Its keyed messages by key (LOOKUP), a cache of the log.
+    keys: KeyIndex,
+    /// Its recent dead letters, by group (what PEEK and LOOKUP say of a
+    /// message a group dead-lettered).
+    pub(super) dead_notes: DeadNotes,
 }
 
 impl Topic {
@@ -74,6 +81,25 @@ impl Topic {
             sweep_from: None,
             produced: 0,
             is_dlq,
+            keys: KeyIndex::default(),
+            dead_notes: DeadNotes::default(),
+        }
+    }
+
+    /// The key index.
+    pub fn keys(&self) -> &KeyIndex {
+        &self.keys
+    }
+
+    /// Bounds the key index (`KeyIndex::set_bounds`).
+    pub fn set_key_bounds(&mut self, per_key_max: u32, entries_max: u32) {
+        self.keys.set_bounds(per_key_max, entries_max);
+    }
+
+    /// Indexes message `id` by its key, if it has one.
+    fn index_key(&mut self, id: MsgId, props: &Props<'_>) {
+        if let Some(key) = props.key() {
+            self.keys.insert(key, id);
         }
     }
 
@@ -303,7 +329,10 @@ impl Topic {
     /// below the topic's last one).
     pub fn produce<'b>(&mut self, born_ms: u64, m: impl Into<Body<'b>>) -> (MsgId, u64) {
         self.produced += 1;
-        self.seq.append(born_ms, m)
+        let m = m.into();
+        let (id, born_ms) = self.seq.append(born_ms, m);
+        self.index_key(id, &m.props);
+        (id, born_ms)
     }
 
     /// Appends a message moved from another topic (dead-lettered, with
@@ -320,6 +349,7 @@ impl Topic {
         if let Some(d) = dead {
             self.seq.set_dead_info(id, d);
         }
+        self.index_key(id, &m.props);
         id
     }
 
@@ -333,6 +363,7 @@ impl Topic {
         if let Some(d) = dead {
             self.seq.set_dead_info(id, d);
         }
+        self.index_key(id, &m.props);
     }
 
     /// Recovery: stores a stray (`merge`).
@@ -400,6 +431,11 @@ impl Topic {
     /// Withdraws the unpublished messages with ids in `first..first+count`
     /// (their produce was not made durable). Their ids are not reused.
     pub fn withdraw(&mut self, first: MsgId, count: u32) {
+        for id in first..first + u64::from(count) {
+            if let Some(key) = self.seq.get(id).and_then(|m| m.props.key()) {
+                self.keys.forget(key, id);
+            }
+        }
         self.produced -= self.seq.withdraw(first, count);
     }
 
@@ -413,6 +449,9 @@ impl Topic {
     /// still needs it. O(groups), no memory per message.
     fn done(&mut self, g: GroupId, id: MsgId) {
         debug_assert!(!self.group(g).is_some_and(|x| x.needs(id)), "group {g:?} is done with {id} and still needs it");
+        if let Some(group) = self.group_mut(g).filter(|x| x.config.ordered) {
+            group.done_with(id);
+        }
         if self.seq.scheduled(id) || self.groups.iter().any(|h| h.id() != g && h.needs(id)) {
             return;
         }
