@@ -23,6 +23,7 @@ use crate::wheel::TimerKey;
 
 mod delays;
 mod group;
+mod retry;
 mod schedule;
 mod seq;
 mod tags;
