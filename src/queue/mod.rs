@@ -30,6 +30,7 @@ mod tags;
 mod topic;
 
 pub use group::{FILTER_SKIPS_PER_CALL_MAX, Group, GroupConfig, Policy};
+pub use retry::{RETRY_MULTIPLIER_PCT_MAX, RetryPolicy};
 pub use schedule::Schedule;
 pub use seq::{Body, Seq, Stored};
 pub use tags::{TAG_SETS_MAX, TagId, TagSetId, Tags, TagsFull};
