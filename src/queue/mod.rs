@@ -23,6 +23,7 @@ use crate::wheel::TimerKey;
 
 mod delays;
 mod group;
+mod order;
 mod retry;
 mod schedule;
 mod seq;
@@ -164,6 +165,8 @@ pub struct Delivery {
 
 #[cfg(test)]
 mod groups_tests;
+#[cfg(test)]
+mod order_tests;
 #[cfg(test)]
 mod props_tests;
 #[cfg(test)]
