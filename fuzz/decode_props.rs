@@ -161,6 +161,9 @@ pub fn encode_reply(f: &ReplyFrame<'_>) -> Vec<u8> {
         }
         Reply::Pong => codec::encode_empty_reply(&mut out, f.op, rid),
         Reply::Produced { first_id, count } => codec::encode_produce_reply(&mut out, rid, *first_id, *count),
+        Reply::Deduplicated { first_id, count, duplicates } => {
+            codec::encode_dedup_produce_reply(&mut out, rid, *first_id, *count, duplicates)
+        }
         Reply::Messages { topic, messages } | Reply::Pushed { topic, messages } => {
             // Replies need no version: the highest writes whatever a
             // message carries, and only that.

@@ -134,9 +134,9 @@ impl SimConfig {
             limits.output_bytes_max = least_output_bytes_max(&limits);
         }
         let defaults = if flags & 16 != 0 {
-            Settings { ack_timeout_ms: 10, max_deliveries: 1 }
+            Settings { ack_timeout_ms: 10, max_deliveries: 1, dedup_window_ms: None }
         } else {
-            Settings { ack_timeout_ms: 1000, max_deliveries: 3 }
+            Settings { ack_timeout_ms: 1000, max_deliveries: 3, dedup_window_ms: None }
         };
         let broker = Config {
             limits,
@@ -547,7 +547,11 @@ impl Sim {
         codec::encode_batch(&mut batch, &[payload]);
         let bytes = self.session(&[
             Request::DeleteTopic { topic: CHECK_TOPIC },
-            Request::CreateTopic { topic: CHECK_TOPIC, settings: TopicSettings::default() },
+            Request::CreateTopic {
+                topic: CHECK_TOPIC,
+                settings: TopicSettings::default(),
+                options: Default::default(),
+            },
             Request::Produce {
                 flags: 0,
                 topic: CHECK_TOPIC,
@@ -599,7 +603,11 @@ impl Sim {
         // The stream may have produced to (or deleted) this topic too: it
         // starts afresh, so the checks see only what churn does.
         let delete = Request::DeleteTopic { topic: CHURN_TOPIC };
-        let create = Request::CreateTopic { topic: CHURN_TOPIC, settings: TopicSettings::default() };
+        let create = Request::CreateTopic {
+            topic: CHURN_TOPIC,
+            settings: TopicSettings::default(),
+            options: Default::default(),
+        };
         let mut frames = vec![delete, create];
         for _ in 0..6 {
             frames.extend([produce, purge]);

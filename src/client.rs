@@ -19,7 +19,7 @@ use std::time::Duration;
 use crate::codec::props::{self, PropsLimits};
 pub use crate::codec::schedule::When;
 use crate::codec::{self, DeadInfo, DecodeLimits, Decoded, ErrorCode, GroupSettings, GroupStats, Ids, Props};
-use crate::codec::{Reply, Request, Start, TopicSettings};
+use crate::codec::{Reply, Request, Start, TopicOptions, TopicSettings};
 
 /// Why a call failed.
 #[derive(Debug)]
@@ -180,6 +180,20 @@ impl<'a> ProduceMessage<'a> {
         props::put_time(&mut self.props, props::PROP_DELAY, delay_ms);
         self
     }
+    /// Gives it a dedup id (version 4): within its topic's dedup window, a
+    /// second message with it is not stored (docs/protocol.md, "Idempotent
+    /// produce (version 4)").
+    pub fn dedup_id(mut self, id: &[u8]) -> ProduceMessage<'a> {
+        match u16::try_from(id.len()) {
+            Ok(n) if n > 0 => props::put_dedup_id(&mut self.props, id),
+            _ => self.invalid = Some(format!("a dedup id of {} bytes", id.len())),
+        }
+        self
+    }
+    /// Whether it has a dedup id.
+    pub fn has_dedup_id(&self) -> bool {
+        self.invalid.is_none() && Props::trusted(&self.props).dedup_id().is_some()
+    }
     /// Whether it has properties.
     pub fn has_props(&self) -> bool {
         !self.props.is_empty()
@@ -226,6 +240,13 @@ pub enum OwnedReply {
     Produced {
         first_id: u64,
         count: u32,
+    },
+    /// A PRODUCE reply naming duplicates (version 4): (index in the batch,
+    /// the original message's id) for each.
+    Deduplicated {
+        first_id: u64,
+        count: u32,
+        duplicates: Vec<(u32, u64)>,
     },
     Messages {
         topic: String,
@@ -647,6 +668,15 @@ impl Client {
         produced(self.recv())
     }
 
+    /// Produces messages atomically, some with dedup ids (version 4);
+    /// returns each message's id, a duplicate's being the original's.
+    pub fn produce_messages_ids(&mut self, topic: &str, messages: &[ProduceMessage<'_>]) -> Result<Vec<u64>> {
+        self.no_pipelined_replies()?;
+        self.send_produce_messages(topic, messages)?;
+        let reply = self.recv()?;
+        crate::producer::message_ids(messages.len(), &reply).ok_or_else(|| unexpected(&reply))
+    }
+
     /// FETCH for the default group.
     pub fn fetch(&mut self, topic: &str, f: Fetch) -> Result<Vec<Delivered>> {
         self.fetch_group(topic, "", f)
@@ -741,7 +771,15 @@ impl Client {
 
     /// Creates a topic or updates its settings; true if it was created.
     pub fn create_topic(&mut self, topic: &str, settings: TopicSettings) -> Result<bool> {
-        match self.call(&Request::CreateTopic { topic, settings })? {
+        self.create_topic_with(topic, settings, TopicOptions::default())
+    }
+
+    /// CREATE_TOPIC with the settings list of version 4 (a dedup window):
+    /// `Error::Version` from a broker that does not speak it.
+    pub fn create_topic_with(&mut self, topic: &str, settings: TopicSettings, options: TopicOptions) -> Result<bool> {
+        let req = Request::CreateTopic { topic, settings, options };
+        self.require(req.version_needed())?;
+        match self.call(&req)? {
             OwnedReply::Created(c) => Ok(c),
             other => Err(unexpected(&other)),
         }
@@ -942,6 +980,7 @@ fn own(r: Reply<'_>) -> Result<OwnedReply> {
         Reply::Hello { version, limits, map_epoch } => OwnedReply::Hello { version, limits, map_epoch },
         Reply::Pong => OwnedReply::Pong,
         Reply::Produced { first_id, count } => OwnedReply::Produced { first_id, count },
+        Reply::Deduplicated { first_id, count, duplicates } => OwnedReply::Deduplicated { first_id, count, duplicates },
         Reply::Messages { topic, messages } => {
             OwnedReply::Messages { topic: topic.to_string(), messages: messages.iter().map(own_message).collect() }
         }

@@ -34,6 +34,7 @@ pub mod group;
 pub mod props;
 pub mod push;
 pub mod schedule;
+pub mod topic_settings;
 
 pub use group::{
     GROUP_FLAG_BROADCAST, GroupInfo, GroupSettings, GroupStats, Start, check_group_name, encode_group_created_reply,
@@ -41,6 +42,7 @@ pub use group::{
 };
 pub use props::{Props, PropsLimits};
 pub use push::{SINCE_PUSH, encode_credit_reply, encode_subscribed_reply};
+pub use topic_settings::TopicOptions;
 
 /// The protocol versions the broker negotiates.
 pub const VERSION_MIN: u16 = 1;
@@ -72,6 +74,11 @@ pub const SINCE_PRODUCE_FLAGS: u16 = 3;
 /// Bit in PRODUCE's flags (version 3): acknowledge once the batch is
 /// written to the log, before the `fdatasync` that makes it durable.
 pub const PRODUCE_FLAG_WRITTEN: u8 = 0x01;
+/// Bit in a reply header's `flags` (version 4): the PRODUCE reply's body
+/// has the list of duplicates after its version-1 fields. A flag, not a
+/// length, announces it, so that bytes after a reply's layout stay
+/// ignorable ("Replies may grow").
+pub const REPLY_FLAG_DUPLICATES: u16 = 0x0001;
 /// Every PRODUCE flag this codec knows; another is MALFORMED.
 const PRODUCE_FLAGS_KNOWN: u8 = PRODUCE_FLAG_WRITTEN;
 
@@ -179,6 +186,9 @@ pub enum ErrorCode {
     /// scheduled, its time has come (it is ready or delivered), or it was
     /// cancelled (version 3).
     NotScheduled = 25,
+    /// The broker holds `dedup_entries_max` dedup ids: the PRODUCE would
+    /// need one more; nothing of its batch was stored (version 4).
+    DedupFull = 29,
 }
 
 impl ErrorCode {
@@ -210,6 +220,7 @@ impl ErrorCode {
             23 => NotPrimary,
             24 => CrossShard,
             25 => NotScheduled,
+            29 => DedupFull,
             _ => return None,
         })
     }
@@ -243,6 +254,7 @@ impl ErrorCode {
             NotPrimary => "NOT_PRIMARY",
             CrossShard => "CROSSSHARD",
             NotScheduled => "NOT_SCHEDULED",
+            DedupFull => "DEDUP_FULL",
         }
     }
 }
@@ -476,6 +488,8 @@ pub enum Request<'a> {
     CreateTopic {
         topic: &'a str,
         settings: TopicSettings,
+        /// The settings list of version 4 (none in earlier layouts).
+        options: TopicOptions,
     },
     DeleteTopic {
         topic: &'a str,
@@ -579,6 +593,8 @@ impl Request<'_> {
     pub fn version_needed(&self) -> u16 {
         let v4 = match *self {
             Request::Produce { batch, .. } => batch.messages().any(|(p, _)| !p.known_to(V3) && p.known_to(V4)),
+            Request::CreateTopic { options, .. } => !options.is_empty(),
+            Request::CreateGroup { settings, .. } => settings.ordered,
             other => op::since(other.op()) == Some(V4),
         };
         if v4 {
@@ -828,12 +844,7 @@ fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits, version: u16) 
             Request::Touch { topic, group, ack_timeout_ms, ids: ids(rd, limits)? }
         }
         op::STATS => Request::Stats { topic: topic(rd, limits, true)? },
-        op::CREATE_TOPIC => {
-            let topic = topic(rd, limits, false)?;
-            let ack_timeout_ms = rd.u32().ok_or_else(short)?;
-            let max_deliveries = rd.u16().ok_or_else(short)?;
-            Request::CreateTopic { topic, settings: TopicSettings { ack_timeout_ms, max_deliveries } }
-        }
+        op::CREATE_TOPIC => parse_create_topic(rd, limits, version)?,
         op::DELETE_TOPIC => Request::DeleteTopic { topic: topic(rd, limits, false)? },
         op::PURGE_TOPIC => Request::PurgeTopic { topic: topic(rd, limits, false)? },
         op::LIST_TOPICS => Request::ListTopics,
@@ -853,6 +864,21 @@ fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits, version: u16) 
         return Err(malformed("bytes left over after the body"));
     }
     Ok(req)
+}
+
+/// CREATE_TOPIC's body: the topic, its version-1 settings and (version 4)
+/// the settings list, which runs to the end of the body.
+fn parse_create_topic<'a>(rd: &mut Rd<'a>, limits: &DecodeLimits, version: u16) -> Result<Request<'a>, BodyError> {
+    let short = || malformed("body too short");
+    let topic = topic(rd, limits, false)?;
+    let ack_timeout_ms = rd.u32().ok_or_else(short)?;
+    let max_deliveries = rd.u16().ok_or_else(short)?;
+    let options = if version >= V4 {
+        topic_settings::parse(rd.bytes(rd.buf.len() - rd.pos).unwrap_or(&[]))?
+    } else {
+        TopicOptions::default()
+    };
+    Ok(Request::CreateTopic { topic, settings: TopicSettings { ack_timeout_ms, max_deliveries }, options })
 }
 
 /// Refuses an op the session's version lacks, before its body is read.
@@ -1063,10 +1089,11 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>, ver
         Request::Stats { topic } | Request::DeleteTopic { topic } | Request::PurgeTopic { topic } => {
             put_str(out, topic.as_bytes())
         }
-        Request::CreateTopic { topic, settings } => {
+        Request::CreateTopic { topic, settings, options } => {
             put_str(out, topic.as_bytes());
             put_u32(out, settings.ack_timeout_ms);
             put_u16(out, settings.max_deliveries);
+            topic_settings::put_options(out, &options);
         }
         Request::Redrive { topic, group, max_messages } => {
             topic_group(out, topic, group);
@@ -1182,9 +1209,32 @@ pub fn encode_empty_reply(out: &mut Vec<u8>, op: u8, request_id: u32) {
 
 /// Appends the reply to PRODUCE: ids `first_id .. first_id + count`.
 pub fn encode_produce_reply(out: &mut Vec<u8>, request_id: u32, first_id: u64, count: u32) {
+    encode_dedup_produce_reply(out, request_id, first_id, count, &[]);
+}
+
+/// Appends the reply to a PRODUCE some of whose messages were duplicates
+/// (version 4): `count` messages stored with ids from `first_id`, then,
+/// if there are any, the duplicates as (index in the batch, the original
+/// message's id), in batch order. Without duplicates it is version 1's
+/// reply, byte for byte.
+pub fn encode_dedup_produce_reply(
+    out: &mut Vec<u8>,
+    request_id: u32,
+    first_id: u64,
+    count: u32,
+    duplicates: &[(u32, u64)],
+) {
     let start = begin_frame(out, op::PRODUCE | REPLY_BIT, 0, request_id);
     put_u64(out, first_id);
     put_u32(out, count);
+    if !duplicates.is_empty() {
+        out[start + 6..start + 8].copy_from_slice(&REPLY_FLAG_DUPLICATES.to_le_bytes());
+        put_u32(out, duplicates.len() as u32);
+        for &(index, id) in duplicates {
+            put_u32(out, index);
+            put_u64(out, id);
+        }
+    }
     end_frame(out, start);
 }
 
@@ -1454,6 +1504,15 @@ pub enum Reply<'a> {
         first_id: u64,
         count: u32,
     },
+    /// A PRODUCE reply that names duplicates (version 4): `count` messages
+    /// stored with ids from `first_id` (0 when none was), and the others,
+    /// as (index in the batch, the id of the message first produced with
+    /// its dedup id), in batch order.
+    Deduplicated {
+        first_id: u64,
+        count: u32,
+        duplicates: Vec<(u32, u64)>,
+    },
     Messages {
         topic: &'a str,
         messages: Vec<Message<'a>>,
@@ -1551,6 +1610,21 @@ fn parse_message<'a>(rd: &mut Rd<'a>) -> Option<Message<'a>> {
     Some(Message { id, born_ms, delivery_count, dead, origin_group, props, payload: rd.bytes(len as usize)? })
 }
 
+/// A PRODUCE reply: version 1's fields, then the duplicates if the
+/// header's flags announce them (version 4).
+fn parse_produce_reply<'a>(rd: &mut Rd<'_>, flags: u16) -> Option<Reply<'a>> {
+    let (first_id, count) = (rd.u64()?, rd.u32()?);
+    if flags & REPLY_FLAG_DUPLICATES == 0 {
+        return Some(Reply::Produced { first_id, count });
+    }
+    let n = rd.u32()? as usize;
+    let mut duplicates = Vec::with_capacity(n.min(rd.buf.len() / 12));
+    for _ in 0..n {
+        duplicates.push((rd.u32()?, rd.u64()?));
+    }
+    Some(Reply::Deduplicated { first_id, count, duplicates })
+}
+
 /// The body of a FETCH reply or a pushed frame: the topic and messages.
 fn parse_messages<'a>(rd: &mut Rd<'a>) -> Option<(&'a str, Vec<Message<'a>>)> {
     let topic = str_field(rd)?;
@@ -1564,14 +1638,14 @@ fn parse_messages<'a>(rd: &mut Rd<'a>) -> Option<(&'a str, Vec<Message<'a>>)> {
     Some((topic, messages))
 }
 
-fn parse_reply_body<'a>(op: u8, status: u8, rd: &mut Rd<'a>) -> Option<Reply<'a>> {
+fn parse_reply_body<'a>(op: u8, (status, flags): (u8, u16), rd: &mut Rd<'a>) -> Option<Reply<'a>> {
     if status != 0 {
         return Some(Reply::Error { code: status, message: str_field(rd)? });
     }
     let reply = match op {
         op::HELLO => parse_hello_reply(rd)?,
         op::PING => Reply::Pong,
-        op::PRODUCE => Reply::Produced { first_id: rd.u64()?, count: rd.u32()? },
+        op::PRODUCE => parse_produce_reply(rd, flags)?,
         op::FETCH => {
             let (topic, messages) = parse_messages(rd)?;
             Reply::Messages { topic, messages }
@@ -1659,7 +1733,7 @@ pub fn decode_reply(buf: &[u8], frame_bytes_max: usize) -> Result<Decoded<ReplyF
     }
     let op = header.op & !REPLY_BIT;
     let mut rd = Rd { buf: &buf[HEADER_BYTES..header.frame_bytes], pos: 0 };
-    match parse_reply_body(op, header.status, &mut rd) {
+    match parse_reply_body(op, (header.status, header.flags), &mut rd) {
         Some(reply) => Ok(Decoded::Frame(ReplyFrame { op, request_id: header.request_id, reply }, header.frame_bytes)),
         None => Err(format!("malformed reply to op 0x{op:02x}")),
     }

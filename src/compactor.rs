@@ -46,6 +46,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::broker::dedup::Dedup;
 use crate::broker::topics::Topics;
 use crate::broker::{Now, TopicId};
 use crate::failure_log::FailureLog;
@@ -118,6 +119,14 @@ pub(crate) struct Compactor {
     group_segment: HashMap<(TopicId, GroupId), u64>,
     /// Groups with records in this turn's commit.
     turn_groups: Vec<(TopicId, GroupId)>,
+    /// The oldest segment holding a record of each topic's dedup window (a
+    /// Produce record of a message with a dedup id, or a Dedup record):
+    /// before it goes, the topic's whole window is restated in a Dedup
+    /// record, so that no id is forgotten inside its window when the
+    /// records of acked messages go (protocol version 4).
+    dedup_segment: HashMap<TopicId, u64>,
+    /// Topics with dedup ids in this turn's commit.
+    turn_dedup: Vec<TopicId>,
     /// This turn's Produce records that a failed commit keeps (dead
     /// letters, redrives, ACK_PRODUCE outputs), attached to a segment once
     /// committed.
@@ -191,6 +200,16 @@ impl Compactor {
         self.note_group(topic, group);
         self.unwritten_deliveries.extend(ids.iter().map(|&id| (topic, group, id)));
     }
+    /// A message with a dedup id was produced to `topic` this turn.
+    pub(crate) fn note_dedup(&mut self, topic: TopicId) {
+        if !self.dedup_segment.contains_key(&topic) && !self.turn_dedup.contains(&topic) {
+            self.turn_dedup.push(topic);
+        }
+    }
+    /// Recovery met a record of `topic`'s dedup window in `segment`.
+    pub(crate) fn replayed_dedup(&mut self, segment: u64, topic: TopicId) {
+        self.dedup_segment.entry(topic).or_insert(segment);
+    }
     /// A Topic record for `topic` was appended this turn.
     pub(crate) fn note_topic(&mut self, topic: TopicId) {
         self.turn_topics.push(topic);
@@ -224,6 +243,8 @@ impl Compactor {
     /// A topic was deleted: its Topic records need no restating.
     pub(crate) fn forget_topic(&mut self, topic: TopicId) {
         self.topic_segment.remove(&topic);
+        self.dedup_segment.remove(&topic);
+        self.turn_dedup.retain(|t| *t != topic);
         self.group_segment.retain(|(t, _), _| *t != topic);
         self.turn_groups.retain(|(t, _)| *t != topic);
     }
@@ -254,6 +275,9 @@ impl Compactor {
         for g in self.turn_groups.drain(..) {
             self.group_segment.entry(g).or_insert(segment);
         }
+        for t in self.turn_dedup.drain(..) {
+            self.dedup_segment.entry(t).or_insert(segment);
+        }
         if std::mem::take(&mut self.turn_deletes) {
             self.delete_segments.insert(segment, ());
         }
@@ -273,6 +297,7 @@ impl Compactor {
         self.turn_ranges.clear();
         self.turn_withdrawable_ranges.clear();
         self.turn_topics.clear();
+        self.turn_dedup.clear();
         self.turn_deletes = false;
         self.unwritten_acks.clear();
         self.unwritten_deliveries.clear();
@@ -330,6 +355,7 @@ impl Compactor {
 /// What a compaction step works on, lent by the broker for the step.
 struct Parts<'a> {
     topics: &'a Topics,
+    dedup: &'a Dedup,
     log: &'a mut Log,
     failures: &'a mut FailureLog,
 }
@@ -339,8 +365,14 @@ impl Compactor {
     /// copies are written, or copies a slice of the oldest segment's live
     /// messages into this turn's records. Called by `Broker::write`, before
     /// the turn's records are written.
-    pub(crate) fn step(&mut self, topics: &Topics, log: &mut Log, failures: &mut FailureLog, now: Now) {
-        let mut p = Parts { topics, log, failures };
+    pub(crate) fn step(
+        &mut self,
+        (topics, dedup): (&Topics, &Dedup),
+        log: &mut Log,
+        failures: &mut FailureLog,
+        now: Now,
+    ) {
+        let mut p = Parts { topics, dedup, log, failures };
         if let Some(base) = self.ready.take() {
             self.finish_segment(&mut p, base, now);
             return;
@@ -380,6 +412,7 @@ impl Compactor {
         // Nothing due: look again in a while rather than every turn.
         self.countdown = CHECK_EVERY_TURNS;
         let (live, restate) = live_and_restate_bytes(p.topics);
+        let restate = restate + p.dedup.restate_bytes();
         p.log.set_headroom_bytes(restate);
         if short && !self.close_active_if_dead(p, live, now) {
             return None;
@@ -514,6 +547,7 @@ impl Compactor {
             self.group_segment.iter().filter(|(_, s)| **s == base).map(|(g, _)| *g).collect();
         let unwritten = Unwritten { acks: &self.unwritten_acks, deliveries: &self.unwritten_deliveries };
         groups.retain(|&(t, g)| restate_group(p.topics, p.log, t, g, unwritten));
+        let windows = self.restate_dedup(p, base);
         let floor = self.delete_segments.contains_key(&base);
         if floor {
             DeleteRecord { topic: TopicId::FLOOR, next_id: p.topics.id_floor() }.append(p.log);
@@ -525,6 +559,9 @@ impl Compactor {
         }
         let last = p.log.segments().last().map_or(0, |s| s.base);
         self.restated(base, last, &topics, &groups, floor);
+        for t in windows {
+            self.dedup_segment.insert(t, last);
+        }
         match p.log.remove_oldest(base) {
             Ok(()) => {
                 self.compactions += 1;
@@ -570,6 +607,26 @@ impl Unwritten<'_> {
                 *c = c.saturating_sub(1);
             }
         }
+    }
+}
+
+impl Compactor {
+    /// Appends a Dedup record for each topic whose oldest dedup record is
+    /// in segment `base`, stating its window as it is now; returns the
+    /// topics restated (those whose window is empty need none any more).
+    fn restate_dedup(&mut self, p: &mut Parts<'_>, base: u64) -> Vec<TopicId> {
+        let mut topics: Vec<TopicId> =
+            self.dedup_segment.iter().filter(|(_, s)| **s == base).map(|(t, _)| *t).collect();
+        topics.retain(|&t| {
+            let live = p.dedup.entries_of(t) > 0 && p.topics.get(t).is_some();
+            if live {
+                record::DedupRecord::append(t, p.dedup.entries_in(t), p.log);
+            } else {
+                self.dedup_segment.remove(&t);
+            }
+            live
+        });
+        topics
     }
 }
 

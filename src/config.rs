@@ -274,6 +274,7 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--no-auto-create", "", "PRODUCE and FETCH on a missing topic get UNKNOWN_TOPIC"),
     ("--ack-timeout-ms", "MS", "a new topic's time to acknowledge a delivery"),
     ("--max-deliveries", "N", "a new topic's deliveries before a message moves to its .dlq"),
+    ("--dedup-window-ms", "MS", "a new topic's dedup window; 0 for no deduplication"),
     ("--auth-token", "TOKEN", "the secret every HELLO must carry"),
     ("--metrics", "ADDR", "serve GET /metrics and /healthz over HTTP here"),
     ("--pin-core", "N", "pin the event loop to CPU N"),
@@ -309,6 +310,9 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--key-bytes-max", "N", "longest message key"),
     ("--lookup-results-max", "N", "most messages the key index keeps per key (and LOOKUP returns)"),
     ("--key-index-entries-per-topic-max", "N", "most keyed messages one topic's key index remembers"),
+    ("--dedup-window-ms-max", "MS", "longest dedup window a topic may have"),
+    ("--dedup-entries-max", "N", "most dedup ids remembered, over all topics"),
+    ("--dedup-id-bytes-max", "N", "longest dedup id"),
 ];
 
 /// `runnel serve`'s flags with their defaults.
@@ -382,6 +386,7 @@ impl Serve {
             format!("no-auto-create = {}", !c.broker.auto_create),
             format!("ack-timeout-ms = {}", c.broker.defaults.ack_timeout_ms),
             format!("max-deliveries = {}", c.broker.defaults.max_deliveries),
+            format!("dedup-window-ms = {}", c.broker.defaults.dedup_window_ms.unwrap_or(0)),
             format!(
                 "# auth-token is {} (never printed)",
                 if c.broker.auth_token.is_some() { "set" } else { "not set" }
@@ -439,6 +444,9 @@ fn broker_flags(config: &mut Config, a: &mut Args) -> Result<(), ArgsError> {
     if let Some(v) = a.num("--max-deliveries")? {
         config.defaults.max_deliveries = v;
     }
+    if let Some(v) = a.num("--dedup-window-ms")? {
+        config.defaults.dedup_window_ms = Some(v);
+    }
     config.auth_token = a
         .take("--auth-token")
         .or_else(|| std::env::var("RUNNEL_AUTH_TOKEN").ok())
@@ -464,7 +472,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 31] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 34] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -497,6 +505,9 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 31] {
         ("key-bytes-max", l.key_bytes_max.into()),
         ("lookup-results-max", l.lookup_results_max.into()),
         ("key-index-entries-per-topic-max", l.key_index_entries_per_topic_max.into()),
+        ("dedup-window-ms-max", l.dedup_window_ms_max.into()),
+        ("dedup-entries-max", l.dedup_entries_max.into()),
+        ("dedup-id-bytes-max", l.dedup_id_bytes_max.into()),
     ]
 }
 
@@ -541,7 +552,10 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         schedule_ahead_ms_max,
         key_bytes_max,
         lookup_results_max,
-        key_index_entries_per_topic_max
+        key_index_entries_per_topic_max,
+        dedup_window_ms_max,
+        dedup_entries_max,
+        dedup_id_bytes_max
     );
     Ok(())
 }

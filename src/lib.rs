@@ -50,6 +50,7 @@ pub mod http;
 pub mod limits;
 pub mod log;
 pub mod metrics;
+pub mod producer;
 pub mod queue;
 pub mod reactor;
 pub mod record;

@@ -141,6 +141,22 @@ pub struct Limits {
     /// for LOOKUP, never needed for delivery, so it is bounded rather than
     /// allowed to refuse a produce.
     pub key_index_entries_per_topic_max: u32,
+    // Idempotent produce (protocol version 4).
+    /// Longest dedup window a topic may ask for, ms (CREATE_TOPIC past it
+    /// gets BAD_ARGUMENT). A day by default: every dedup id is kept that
+    /// long, so a longer window holds more entries for no retry that
+    /// still needs them.
+    pub dedup_window_ms_max: u32,
+    /// Most dedup ids the broker remembers, over all topics (some 100
+    /// bytes each besides the id: the default is about 100 MiB at the
+    /// longest ids). Broker-wide, as `timers_max` is, because memory is the
+    /// broker's, not a topic's; a PRODUCE that would need one more gets
+    /// DEDUP_FULL rather than forgetting an id still in its window.
+    pub dedup_entries_max: u32,
+    /// Longest dedup id, bytes (BAD_ARGUMENT past it). An id is kept in
+    /// memory for its whole window: a producer id and a sequence number
+    /// fit in far less.
+    pub dedup_id_bytes_max: u32,
 }
 
 impl Default for Limits {
@@ -177,6 +193,9 @@ impl Default for Limits {
             key_bytes_max: 128,
             lookup_results_max: 32,
             key_index_entries_per_topic_max: 1_000_000,
+            dedup_window_ms_max: 24 * 3600 * 1000,
+            dedup_entries_max: 1_000_000,
+            dedup_id_bytes_max: 64,
         }
     }
 }
@@ -265,6 +284,9 @@ impl Limits {
         }
         if self.read_bytes_per_turn_max < 4096 {
             return Err("read-bytes-per-turn-max must be at least 4096".into());
+        }
+        if self.dedup_id_bytes_max == 0 || self.dedup_id_bytes_max > PROPS_BYTES_LIMIT {
+            return Err(format!("dedup-id-bytes-max must be between 1 and {PROPS_BYTES_LIMIT}"));
         }
         Ok(())
     }

@@ -165,6 +165,7 @@ fn produce_flags(addr: Flag) -> Vec<Flag> {
         flag("--delay-ms", "MS", "none", "deliver every message MS after the broker receives it (version 3)"),
         flag("--at", "MS|TIME", "none", "deliver every message at this time, ms or UTC (version 3)"),
         flag("--key", "K", "none", "give every message key K: lookup finds it by K (version 4)"),
+        flag("--dedup", "ID", "none", "give line N the dedup id ID:N, so a rerun stores each line once (version 4)"),
     ]
 }
 
@@ -447,6 +448,8 @@ struct ProduceProps {
     time: Option<(u8, u64)>,
     /// The key, from `--key`.
     key: Option<String>,
+    /// `--dedup ID`: line N of the input gets the dedup id `ID:N`.
+    dedup: Option<String>,
 }
 
 impl ProduceProps {
@@ -472,15 +475,29 @@ impl ProduceProps {
         if key.as_deref() == Some("") {
             return Err(Exit::Usage("--key: give a key of at least one byte".into()));
         }
-        Ok(ProduceProps { tags, headers, time, key })
+        let dedup = a.take("--dedup");
+        if dedup.as_deref() == Some("") {
+            return Err(Exit::Usage("--dedup: give a non-empty ID".into()));
+        }
+        Ok(ProduceProps { tags, headers, time, key, dedup })
     }
     /// Whether the messages carry nothing but their payload.
     fn is_empty(&self) -> bool {
-        self.tags.is_empty() && self.headers.is_empty() && self.time.is_none() && self.key.is_none()
+        self.tags.is_empty()
+            && self.headers.is_empty()
+            && self.time.is_none()
+            && self.key.is_none()
+            && self.dedup.is_none()
     }
-    /// `payload` as a message with these properties.
-    fn message<'a>(&'a self, payload: &'a [u8]) -> ProduceMessage<'a> {
-        let m = self.tags.iter().fold(ProduceMessage::new(payload), |m, t| m.tag(t));
+    /// `payload`, line `line` of the input, as a message with these
+    /// properties.
+    fn message<'a>(&'a self, payload: &'a [u8], line: u64) -> ProduceMessage<'a> {
+        let m = ProduceMessage::new(payload);
+        let m = match &self.dedup {
+            Some(id) => m.dedup_id(format!("{id}:{line}").as_bytes()),
+            None => m,
+        };
+        let m = self.tags.iter().fold(m, |m, t| m.tag(t));
         let m = self.headers.iter().fold(m, |m, (k, v)| m.header(k, v.as_bytes()));
         let m = match &self.key {
             Some(k) => m.key(k.as_bytes()),
@@ -497,7 +514,8 @@ impl ProduceProps {
         let tags: usize = self.tags.iter().map(|t| 3 + t.len()).sum();
         let time = if self.time.is_some() { 3 + props::PROP_TIME_BYTES } else { 0 };
         let key = self.key.as_ref().map_or(0, |k| 3 + k.len());
-        tags + time + key + self.headers.iter().map(|(k, v)| 5 + k.len() + v.len()).sum::<usize>()
+        let dedup = self.dedup.as_ref().map_or(0, |id| 3 + id.len() + 21);
+        tags + time + key + dedup + self.headers.iter().map(|(k, v)| 5 + k.len() + v.len()).sum::<usize>()
     }
 }
 
@@ -519,10 +537,11 @@ fn produce(raw: &[String], sub: &Sub) -> Result<(), Exit> {
             return Ok(());
         }
         let done = if props.is_empty() {
-            client.produce_batch(&topic, batch)
+            client.produce_batch(&topic, batch).map(|_| ())
         } else {
-            let messages: Vec<ProduceMessage<'_>> = batch.iter().map(|p| props.message(p)).collect();
-            client.produce_messages(&topic, &messages)
+            let messages: Vec<ProduceMessage<'_>> =
+                batch.iter().zip(sent..).map(|(p, line)| props.message(p, line)).collect();
+            client.produce_messages_ids(&topic, &messages).map(|_| ())
         };
         done.map_err(|e| format!("after {sent} acknowledged messages: {e}"))?;
         sent += batch.len() as u64;

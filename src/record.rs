@@ -91,6 +91,11 @@ pub enum RecordKind {
     /// other topics, in one record, so that a torn or lost record is
     /// neither (protocol version 3).
     AckProduce = 15,
+    /// A topic's dedup window restated by compaction (protocol version 4):
+    /// the dedup ids still remembered, with their messages and produce
+    /// times, so that removing the Produce records that carried them
+    /// forgets none.
+    Dedup = 17,
 }
 
 impl RecordKind {
@@ -111,6 +116,7 @@ impl RecordKind {
             13 => RecordKind::Delay,
             14 => RecordKind::Deliver,
             15 => RecordKind::AckProduce,
+            17 => RecordKind::Dedup,
             _ => return None,
         })
     }
@@ -127,16 +133,19 @@ impl RecordKind {
             RecordKind::Deliver => 1,
             // Its messages are laid out as in a Produce record of version 2.
             RecordKind::AckProduce => 1,
+            RecordKind::Dedup => 1,
             // Version 2 names the consumer group; version 1 meant the
             // default group.
             RecordKind::Remove | RecordKind::Requeue => 2,
             // Version 2 carries each message's properties (flag bit 0x02);
             // version 1 has none.
             RecordKind::Produce => 2,
-            // Version 2 carries the next group id, and the topic's groups
-            // come in Group records; version 1 meant a topic with the
-            // default group and no other.
-            RecordKind::Topic => 2,
+            // Version 3 adds the topic's settings list (protocol version 4's
+            // CREATE_TOPIC list, as on the wire) after the name; versions 1
+            // and 2 have none: the broker's defaults. Version 2 carries the
+            // next group id, and the topic's groups come in Group records;
+            // version 1 meant a topic with the default group and no other.
+            RecordKind::Topic => 3,
         }
     }
 
@@ -292,12 +301,14 @@ pub struct TopicRecord<'a> {
 impl TopicRecord<'_> {
     /// Log bytes of a Topic record whose name has `name_bytes` bytes,
     /// header included.
+    /// The most bytes its settings list takes (`TOPIC_SETTINGS_BYTES_MAX`).
     pub const fn bytes(name_bytes: usize) -> u64 {
-        (RECORD_HEADER_BYTES + 4 + 8 + 4 + 2 + 4 + 2 + name_bytes) as u64
+        (RECORD_HEADER_BYTES + 4 + 8 + 4 + 2 + 4 + 2 + name_bytes + 2 + TOPIC_SETTINGS_BYTES_MAX) as u64
     }
 
-    /// Writes version 2: `topic_id u32, next_id u64, ack_timeout_ms u32,
-    /// max_deliveries u16, next_group_id u32, name str`.
+    /// Writes version 3: `topic_id u32, next_id u64, ack_timeout_ms u32,
+    /// max_deliveries u16, next_group_id u32, name str, settings_len u16,
+    /// settings` (the list of `codec::topic_settings`).
     pub fn append(&self, log: &mut Log) {
         let at = log.begin(RecordKind::Topic);
         let b = log.body();
@@ -307,9 +318,19 @@ impl TopicRecord<'_> {
         codec::put_u16(b, self.settings.max_deliveries);
         codec::put_u32(b, self.next_group_id.unwrap_or(1));
         codec::put_str(b, self.name.as_bytes());
+        let len_at = b.len();
+        codec::put_u16(b, 0);
+        let options = codec::TopicOptions { dedup_window_ms: self.settings.dedup_window_ms };
+        codec::topic_settings::put_options(b, &options);
+        let len = (b.len() - len_at - 2) as u16;
+        b[len_at..len_at + 2].copy_from_slice(&len.to_le_bytes());
         log.end(at);
     }
 }
+
+/// Bytes of the settings a Topic record carries, at most: the dedup
+/// window's entry.
+const TOPIC_SETTINGS_BYTES_MAX: usize = 3 + 4;
 
 /// A Delete record: the topic and its messages are gone, and no id below
 /// `next_id` is handed out again by any topic created later.
@@ -605,6 +626,60 @@ impl RescheduleRecord<'_> {
     }
 }
 
+/// A Dedup record: topic `topic`'s dedup window holds these entries.
+#[derive(Clone, Copy, Debug)]
+pub struct DedupRecord;
+
+impl DedupRecord {
+    /// Log bytes of a Dedup record with `entries` entries whose dedup ids
+    /// take `id_bytes` bytes in all.
+    pub const fn bytes(entries: usize, id_bytes: usize) -> u64 {
+        (RECORD_HEADER_BYTES + 4 + 4 + (8 + 8 + 2) * entries + id_bytes) as u64
+    }
+
+    /// Writes version 1: `topic_id u32, count u32, count x (produced_ms
+    /// u64, id u64, dedup_id_len u16, dedup_id)`. Nothing for no entries.
+    pub fn append<'a>(topic: TopicId, entries: impl Iterator<Item = (&'a [u8], MsgId, u64)>, log: &mut Log) {
+        let at = log.begin(RecordKind::Dedup);
+        let b = log.body();
+        codec::put_u32(b, topic.0);
+        let count_at = b.len();
+        codec::put_u32(b, 0);
+        let mut count = 0u32;
+        for (dedup_id, id, produced_ms) in entries {
+            codec::put_u64(b, produced_ms);
+            codec::put_u64(b, id);
+            codec::put_str(b, dedup_id);
+            count += 1;
+        }
+        if count == 0 {
+            log.abandon(at);
+            return;
+        }
+        b[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
+        log.end(at);
+    }
+}
+
+/// The entries of a Dedup record, decoded as they are read: (dedup id,
+/// message id, produced ms).
+#[derive(Clone, Debug)]
+pub struct DedupEntries<'a> {
+    rd: Reader<'a>,
+    left: u32,
+}
+
+impl<'a> Iterator for DedupEntries<'a> {
+    type Item = Result<(&'a [u8], MsgId, u64), String>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.rd.entry(&mut self.left, |rd| {
+            let (produced_ms, id) = (rd.u64()?, rd.u64()?);
+            let len = rd.u16()? as usize;
+            Ok((rd.bytes(len)?, id, produced_ms))
+        })
+    }
+}
+
 /// A Delay record: messages of topic `topic` went back to group `group`,
 /// each ready again at a wall-clock time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -701,6 +776,10 @@ pub enum Record<'a> {
         group: GroupId,
         ids: DeliveredIds<'a>,
     },
+    Dedup {
+        topic: TopicId,
+        entries: DedupEntries<'a>,
+    },
 }
 
 impl<'a> Record<'a> {
@@ -714,12 +793,7 @@ impl<'a> Record<'a> {
         let mut rd = Reader { b: body, pos: 0 };
         let topic = TopicId(rd.u32()?);
         let record = match kind {
-            RecordKind::Topic => {
-                let next_id = rd.u64()?;
-                let settings = Settings { ack_timeout_ms: rd.u32()?, max_deliveries: rd.u16()? };
-                let next_group_id = if version == 1 { None } else { Some(rd.u32()?) };
-                Record::Topic(TopicRecord { topic, next_id, settings, next_group_id, name: rd.str()? })
-            }
+            RecordKind::Topic => Record::Topic(read_topic(&mut rd, topic, version)?),
             RecordKind::Group => {
                 let group = GroupId(rd.u32()?);
                 let flags = rd.u8()?;
@@ -766,6 +840,10 @@ impl<'a> Record<'a> {
                 Record::Delay { topic, group, entries: Delays(rd.list(18)?) }
             }
             RecordKind::Deliver => return crate::record_deliver::decode(topic, &rd.b[rd.pos..]),
+            RecordKind::Dedup => {
+                let left = rd.u32()?;
+                return Ok(Record::Dedup { topic, entries: DedupEntries { rd, left } });
+            }
             RecordKind::AckProduce => {
                 let (group, ids) = (GroupId(rd.u32()?), Ids(rd.list(8)?));
                 let left = u32::from(rd.u16()?);
@@ -778,6 +856,23 @@ impl<'a> Record<'a> {
         }
         Ok(record)
     }
+}
+
+/// The rest of a Topic record of `version` after its topic id.
+fn read_topic<'a>(rd: &mut Reader<'a>, topic: TopicId, version: u8) -> Result<TopicRecord<'a>, String> {
+    let next_id = rd.u64()?;
+    let (ack_timeout_ms, max_deliveries) = (rd.u32()?, rd.u16()?);
+    let next_group_id = if version == 1 { None } else { Some(rd.u32()?) };
+    let name = rd.str()?;
+    // Version 3 adds the settings list; before it, the broker's defaults.
+    let options = if version >= 3 {
+        let len = rd.u16()? as usize;
+        codec::topic_settings::parse_stored(rd.bytes(len)?)?
+    } else {
+        codec::TopicOptions::default()
+    };
+    let settings = Settings { ack_timeout_ms, max_deliveries, dedup_window_ms: options.dedup_window_ms };
+    Ok(TopicRecord { topic, next_id, settings, next_group_id, name })
 }
 
 /// The messages of a Produce record, decoded as they are read.

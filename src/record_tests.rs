@@ -33,7 +33,7 @@ fn one(write: impl FnOnce(&mut Log)) -> (RecordKind, u8, Vec<u8>) {
 
 #[test]
 fn every_kind_round_trips_at_its_version() {
-    let settings = Settings { ack_timeout_ms: 1234, max_deliveries: 7 };
+    let settings = Settings { ack_timeout_ms: 1234, max_deliveries: 7, dedup_window_ms: None };
     let topic = TopicRecord { topic: TopicId(3), next_id: 99, settings, next_group_id: Some(5), name: "orders.dlq" };
     let (kind, version, body) = one(|log| topic.append(log));
     assert_eq!((kind, version), (RecordKind::Topic, RecordKind::Topic.version()));

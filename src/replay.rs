@@ -13,12 +13,13 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::broker::TopicId;
+use crate::broker::dedup::Dedup;
 use crate::broker::topics::Topics;
 use crate::compactor::Compactor;
 use crate::filter::Filter;
 use crate::log::ReadRecord;
 use crate::queue::{Group, GroupConfig, GroupId, IdMap, MsgId, Stray, Timers, Topic};
-use crate::record::{GroupRecord, MessageRecord, Record, Requeues, TopicRecord};
+use crate::record::{DedupEntries, GroupRecord, MessageRecord, Record, Requeues, TopicRecord};
 use crate::wheel::TimerKey;
 
 /// A consumer group as recovery rebuilds it: what its records said so
@@ -197,6 +198,9 @@ pub(crate) struct Replay<'a> {
     /// The wall clock at the start, ms since the Unix epoch: a message
     /// whose time is still to come is scheduled again.
     now_wall_ms: u64,
+    /// The dedup windows being rebuilt (protocol version 4), and the
+    /// longest window, ms: an entry older than that is not kept.
+    dedup: Option<(&'a mut Dedup, u64)>,
 }
 
 /// Scheduled messages whose time came while the broker was down (or
@@ -205,7 +209,43 @@ pub(crate) type FellDue = Vec<(TopicId, Vec<MsgId>)>;
 
 impl<'a> Replay<'a> {
     pub fn new(topics: &'a mut Topics, notes: &'a mut Compactor) -> Replay<'a> {
-        Replay { topics, notes, strays: HashMap::new(), groups: HashMap::new(), due: HashMap::new(), now_wall_ms: 0 }
+        Replay {
+            topics,
+            notes,
+            strays: HashMap::new(),
+            groups: HashMap::new(),
+            due: HashMap::new(),
+            now_wall_ms: 0,
+            dedup: None,
+        }
+    }
+
+    /// Rebuilds the dedup windows into `dedup` too, keeping the entries
+    /// younger than `window_ms_max` at the wall clock `at_wall_ms` sets
+    /// (the broker then expires each by its topic's window).
+    pub fn with_dedup(mut self, dedup: &'a mut Dedup, window_ms_max: u64) -> Replay<'a> {
+        self.dedup = Some((dedup, window_ms_max));
+        self
+    }
+
+    /// A Dedup record: the window of `topic` as compaction restated it.
+    fn dedup_record(&mut self, segment: u64, topic: TopicId, entries: DedupEntries<'_>) -> Result<(), String> {
+        self.notes.replayed_dedup(segment, topic);
+        for e in entries {
+            let (dedup_id, id, produced_ms) = e?;
+            self.dedup_entry(topic, dedup_id, id, produced_ms);
+        }
+        Ok(())
+    }
+
+    /// Message `id` of `topic` came with `dedup_id` at `produced_ms`.
+    fn dedup_entry(&mut self, topic: TopicId, dedup_id: &[u8], id: MsgId, produced_ms: u64) {
+        let now = self.now_wall_ms;
+        if let Some((dedup, max)) = self.dedup.as_mut()
+            && produced_ms.saturating_add(*max) > now
+        {
+            dedup.restore(topic, dedup_id, id, produced_ms);
+        }
     }
 
     /// Sets the wall clock scheduled messages are compared with (0 until
@@ -246,6 +286,9 @@ impl<'a> Replay<'a> {
         match record {
             Record::Topic(t) => self.topic(&t, r.segment),
             Record::Delete(d) => {
+                if let Some((dedup, _)) = self.dedup.as_mut() {
+                    dedup.forget_topic(d.topic);
+                }
                 self.topics.raise_id_floor(d.next_id);
                 self.topics.remove(d.topic);
                 self.strays.remove(&d.topic);
@@ -257,6 +300,9 @@ impl<'a> Replay<'a> {
                 for m in messages {
                     let m = m?;
                     self.notes.replayed_produce(r.segment, topic, m.id);
+                    if m.props.dedup_id().is_some() {
+                        self.notes.replayed_dedup(r.segment, topic);
+                    }
                     self.message(topic, &m);
                 }
             }
@@ -300,6 +346,7 @@ impl<'a> Replay<'a> {
                 self.group(topic, group).checkpoint(cursor, entries);
             }
             r @ (Record::Cancel { .. } | Record::Reschedule { .. } | Record::Due { .. }) => self.schedule_record(r),
+            Record::Dedup { topic, entries } => self.dedup_record(r.segment, topic, entries)?,
         }
         Ok(())
     }
@@ -473,6 +520,10 @@ impl<'a> Replay<'a> {
     /// copy moved forward by compaction). Its delivery count is the default
     /// group's.
     fn message(&mut self, topic: TopicId, m: &MessageRecord<'_>) {
+        // A client's produce: a dead letter's copy is not one.
+        if let Some(dedup_id) = m.props.dedup_id().filter(|_| m.dead.is_none()) {
+            self.dedup_entry(topic, dedup_id, m.id, m.born_ms);
+        }
         if m.deliveries > 0 {
             self.group(topic, GroupId::DEFAULT).counts.insert(m.id, m.deliveries);
         }
@@ -564,7 +615,8 @@ fn record_topic(record: &Record<'_>) -> Option<TopicId> {
         | Record::Due { topic, .. }
         | Record::Delay { topic, .. }
         | Record::Deliver { topic, .. }
-        | Record::AckProduce { topic, .. } => Some(*topic),
+        | Record::AckProduce { topic, .. }
+        | Record::Dedup { topic, .. } => Some(*topic),
     }
 }
 

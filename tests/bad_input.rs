@@ -230,7 +230,10 @@ fn truncated_bodies_and_trailing_bytes_are_malformed() {
     );
     let ids = ids_body(&[1, 2]);
     let ack = encode(21, &Request::Ack { topic: "t", group: "", ids: Ids { bytes: &ids } });
-    let create = encode(22, &Request::CreateTopic { topic: "c", settings: TopicSettings::default() });
+    let create = encode(
+        22,
+        &Request::CreateTopic { topic: "c", settings: TopicSettings::default(), options: Default::default() },
+    );
     let body = batch_body(&[b"abc".as_slice(), b"defg"]);
     let produce = encode(23, &produce_req("t", &body, 2));
     let nack = encode(24, &Request::Nack { topic: "t", group: "", delay_ms: 0, flags: 0, ids: Ids { bytes: &ids } });
@@ -283,7 +286,7 @@ fn bad_topic_names_get_bad_topic() {
             Request::Ack { topic: name, group: "", ids: Ids { bytes: &ids } },
             Request::Nack { topic: name, group: "", delay_ms: 0, flags: 0, ids: Ids { bytes: &ids } },
             Request::Touch { topic: name, group: "", ack_timeout_ms: 0, ids: Ids { bytes: &ids } },
-            Request::CreateTopic { topic: name, settings: TopicSettings::default() },
+            Request::CreateTopic { topic: name, settings: TopicSettings::default(), options: Default::default() },
             Request::DeleteTopic { topic: name },
             Request::PurgeTopic { topic: name },
             Request::Redrive { topic: name, group: "", max_messages: 0 },
@@ -298,7 +301,10 @@ fn bad_topic_names_get_bad_topic() {
         }
     }
     // A byte that is not UTF-8 at all.
-    let mut f = encode(40, &Request::CreateTopic { topic: "ab", settings: TopicSettings::default() });
+    let mut f = encode(
+        40,
+        &Request::CreateTopic { topic: "ab", settings: TopicSettings::default(), options: Default::default() },
+    );
     f[14] = 0xff;
     assert_eq!(raw_error(&mut c, 40, &f), ErrorCode::BadTopic);
     assert!(c.list_topics().unwrap().is_empty(), "no bad name created a topic");

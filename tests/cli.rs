@@ -491,3 +491,16 @@ fn produce_schedules_lines_and_cancel_removes_one() {
     let both = runnel(&["produce", "--addr", &addr, "--delay-ms", "1", "--at", "@1", "t"]);
     assert_eq!(both.status.code(), Some(2), "{}", text(&both.stderr));
 }
+
+/// `produce --dedup ID` gives line N the dedup id `ID:N`: running it again
+/// on the same input, and more, stores only the new lines.
+#[test]
+fn produce_with_dedup_stores_a_rerun_once() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    runnel_ok(&["produce", "--addr", &addr, "--dedup", "run-7", "t"], b"a\nb\n");
+    runnel_ok(&["produce", "--addr", &addr, "--dedup", "run-7", "t"], b"a\nb\nc\n");
+    runnel_ok(&["produce", "--addr", &addr, "--dedup", "run-8", "t"], b"a\n");
+    let consumed = runnel_ok(&["consume", "--addr", &addr, "--wait-ms", "0", "t"], b"");
+    assert_eq!(consumed, "a\nb\nc\na\n");
+}

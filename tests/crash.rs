@@ -1387,3 +1387,157 @@ fn a_last_delivery_cut_by_sigkill_dead_letters_the_message() {
     assert!(c.fetch("exhausted", now).expect("fetch").is_empty(), "seed {seed}: back after a second restart");
     p.kill().unwrap_or_else(|e| panic!("seed {seed}: the last broker {e}"));
 }
+
+// ---------------------------------------------------------------------------
+// Idempotent produce (protocol version 4): a window that survives SIGKILL.
+// ---------------------------------------------------------------------------
+
+const DEDUP_TOPIC: &str = "dedup";
+/// Messages per batch of the dedup crash tests.
+const DEDUP_BATCH: usize = 4;
+
+/// Batch `b` of the dedup crash tests: (dedup id, payload) per message.
+fn dedup_batch(b: usize) -> Vec<(String, String)> {
+    (0..DEDUP_BATCH).map(|j| (format!("id-{b}-{j}"), format!("payload-{b}-{j}"))).collect()
+}
+
+/// Produces batch `b` with its dedup ids; each message's id.
+fn produce_dedup_batch(c: &mut Client, b: usize) -> client::Result<Vec<u64>> {
+    let batch = dedup_batch(b);
+    let messages: Vec<client::ProduceMessage<'_>> =
+        batch.iter().map(|(id, p)| client::ProduceMessage::new(p.as_bytes()).dedup_id(id.as_bytes())).collect();
+    c.produce_messages_ids(DEDUP_TOPIC, &messages)
+}
+
+/// Every message of the dedup topic, fetched and acked: (payload, id).
+fn drain_dedup(addr: SocketAddr) -> Vec<(String, u64)> {
+    let mut c = client(addr).expect("connect to drain");
+    let mut got = Vec::new();
+    loop {
+        let f = Fetch { max_messages: 8192, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 600_000 };
+        let batch = c.fetch(DEDUP_TOPIC, f).expect("fetch");
+        if batch.is_empty() {
+            return got;
+        }
+        let ids: Vec<u64> = batch.iter().map(|m| m.id).collect();
+        got.extend(batch.into_iter().map(|m| (String::from_utf8_lossy(&m.payload).into_owned(), m.id)));
+        c.ack(DEDUP_TOPIC, &ids).expect("ack");
+    }
+}
+
+/// Waits until the producer thread has had `n` batches acknowledged.
+fn wait_for_batches(progress: &AtomicI64, n: i64, seed: u64) {
+    let deadline = Instant::now() + REPLY_TIMEOUT;
+    while progress.load(Ordering::Relaxed) < n {
+        assert!(Instant::now() < deadline, "seed {seed}: the producer did not get {n} batches acknowledged");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Checks that the topic holds each message of `batches` batches exactly
+/// once, with the ids the producer was told.
+fn check_stored_once(got: &[(String, u64)], batches: usize, told: &HashMap<String, u64>, seed: u64) {
+    let mut seen: HashMap<&str, u64> = HashMap::new();
+    for (payload, id) in got {
+        assert!(seen.insert(payload, *id).is_none(), "seed {seed}: {payload} stored twice");
+    }
+    for b in 0..batches {
+        for (_, payload) in dedup_batch(b) {
+            let id = seen.get(payload.as_str()).unwrap_or_else(|| panic!("seed {seed}: {payload} lost"));
+            if let Some(t) = told.get(&payload) {
+                assert_eq!(id, t, "seed {seed}: {payload} stored with another id than its producer was told");
+            }
+        }
+    }
+    assert_eq!(got.len(), batches * DEDUP_BATCH, "seed {seed}");
+}
+
+/// Messages with dedup ids are produced while the broker is SIGKILLed at a
+/// random moment; after the restart every batch is sent again, acknowledged
+/// or not. Each message is stored exactly once, and the ones acknowledged
+/// before the kill keep the ids they were acknowledged with.
+#[test]
+fn sigkill_then_resending_everything_stores_each_dedup_message_once() {
+    let seed = common::seed(0xd3d0_0001);
+    println!("seed {seed}");
+    let mut rng = Rng(seed);
+    let batches = 300;
+    // One round per data directory: its ids are remembered for its window.
+    for round in 0..3 {
+        let (data, logs) = (TempDir::new("dedup-crash-data"), TempDir::new("dedup-crash-logs"));
+        let p = spawn_broker(data.path(), logs.path(), &format!("dedup-{round}"), seed);
+        let addr = p.addr;
+        let progress = Arc::new(AtomicI64::new(0));
+        let done = Arc::clone(&progress);
+        let producer = thread::spawn(move || {
+            let mut told = HashMap::new();
+            let Ok(mut c) = client(addr) else { return told };
+            for b in 0..batches {
+                let Ok(ids) = produce_dedup_batch(&mut c, b) else { break };
+                told.extend(dedup_batch(b).into_iter().map(|(_, p)| p).zip(ids));
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            told
+        });
+        // The kill comes after a random number of acknowledged batches,
+        // while the next one is on its way.
+        wait_for_batches(&progress, rng.range(1u64, batches as u64 - 1) as i64, seed);
+        p.kill().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        let told = producer.join().expect("producer thread");
+        let p = spawn_broker(data.path(), logs.path(), &format!("dedup-{round}-again"), seed);
+        let mut c = client(p.addr).expect("connect after restart");
+        let mut resent = HashMap::new();
+        for b in 0..batches {
+            let ids = produce_dedup_batch(&mut c, b).unwrap_or_else(|e| panic!("seed {seed}: resend {b}: {e}"));
+            resent.extend(dedup_batch(b).into_iter().map(|(_, p)| p).zip(ids));
+        }
+        for (payload, id) in &told {
+            assert_eq!(resent.get(payload), Some(id), "seed {seed}: {payload} answered with another id");
+        }
+        let got = drain_dedup(p.addr);
+        check_stored_once(&got, batches, &resent, seed);
+        p.kill().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    }
+}
+
+/// `IdempotentProducer` keeps producing while its broker is SIGKILLed and
+/// started again on the same address: it reconnects and resends, and every
+/// message is stored exactly once, with the id it returned.
+#[test]
+fn the_idempotent_producer_stores_each_message_once_across_a_broker_restart() {
+    use runnel::producer::{IdempotentProducer, ProduceOptions};
+    let seed = common::seed(0xd3d0_0002);
+    println!("seed {seed}");
+    let mut rng = Rng(seed);
+    let (data, logs) = (TempDir::new("producer-crash-data"), TempDir::new("producer-crash-logs"));
+    let p = spawn_broker(data.path(), logs.path(), "producer-0", seed);
+    let addr = p.addr;
+    let batches = 300;
+    let options = ProduceOptions { retries_max: 200, retry_backoff_ms: 10 };
+    let mut producer = IdempotentProducer::connect(addr, b"", options).expect("connect");
+    let progress = Arc::new(AtomicI64::new(0));
+    let done = Arc::clone(&progress);
+    let thread = thread::spawn(move || {
+        let mut told = HashMap::new();
+        for b in 0..batches {
+            let payloads: Vec<String> = dedup_batch(b).into_iter().map(|(_, p)| p).collect();
+            let ids = producer.produce(DEDUP_TOPIC, &payloads).unwrap_or_else(|e| panic!("batch {b}: {e}"));
+            told.extend(payloads.into_iter().zip(ids));
+            done.fetch_add(1, Ordering::Relaxed);
+        }
+        told
+    });
+    wait_for_batches(&progress, rng.range(1u64, batches as u64 - 1) as i64, seed);
+    p.kill().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    let p = (0..200)
+        .find_map(|i| {
+            thread::sleep(Duration::from_millis(10));
+            start_on(data.path(), logs.path(), (&format!("producer-1-{i}"), seed), addr.port(), &[])
+        })
+        .unwrap_or_else(|| panic!("seed {seed}: could not start the broker again on {addr}"));
+    let told = thread.join().expect("producer thread");
+    assert_eq!(told.len(), batches * DEDUP_BATCH);
+    let got = drain_dedup(p.addr);
+    check_stored_once(&got, batches, &told, seed);
+    p.kill().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+}

@@ -92,7 +92,7 @@ fn stats_all() -> Vec<u8> {
 fn create_topics(c: &mut Client, n: usize) {
     let names: Vec<String> = (0..n).map(|i| format!("topic-{i:04}")).collect();
     for name in &names {
-        c.send(&Request::CreateTopic { topic: name, settings: TopicSettings::default() });
+        c.send(&Request::CreateTopic { topic: name, settings: TopicSettings::default(), options: Default::default() });
     }
     for _ in &names {
         assert!(matches!(c.recv().expect("CREATE_TOPIC"), OwnedReply::Created(true)));

@@ -136,7 +136,7 @@ impl Rig {
         for conn in 0..3 {
             assert_eq!(rig.handle(conn, 1, hello), Outcome::Done);
         }
-        let create = Request::CreateTopic { topic: "t", settings: Default::default() };
+        let create = Request::CreateTopic { topic: "t", settings: Default::default(), options: Default::default() };
         assert_eq!(rig.handle(SAFE, 2, create), Outcome::Held);
         rig.commit();
         rig.outs.outs = Default::default();

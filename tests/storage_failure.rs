@@ -477,7 +477,10 @@ fn many_topics_are_restated_on_a_full_disk() {
     let names: Vec<String> = (0..TOPICS).map(|i| format!("{i:0>100}")).collect();
     for name in &names {
         let settings = codec::TopicSettings { ack_timeout_ms: 0, max_deliveries: 0 };
-        assert!(matches!(h.call(&Request::CreateTopic { topic: name, settings }), Reply::Created { created: true }));
+        assert!(matches!(
+            h.call(&Request::CreateTopic { topic: name, settings, options: Default::default() }),
+            Reply::Created { created: true }
+        ));
     }
     // Small messages, so that acking them all takes more than the 1 MiB
     // kept for acks (8 bytes each).

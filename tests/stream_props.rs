@@ -167,6 +167,7 @@ fn valid_frame(rng: &mut Rng, request_id: u32, token: &[u8]) -> Vec<u8> {
                 ack_timeout_ms: if rng.one_in(2) { short_ms(rng) } else { rng.u32() },
                 max_deliveries: rng.pick(&[0, 1, 2, 5, u16::MAX]),
             },
+            options: Default::default(),
         },
         op::DELETE_TOPIC => Request::DeleteTopic { topic: &topic },
         op::PURGE_TOPIC => Request::PurgeTopic { topic: &topic },

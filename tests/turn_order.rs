@@ -113,7 +113,7 @@ fn setup(broker: &mut Broker, events: &Events) -> [Session; 3] {
     for (conn, s) in sessions.iter_mut().enumerate() {
         handle(broker, conn, s, 1, hello);
     }
-    let create = Request::CreateTopic { topic: "t", settings: Default::default() };
+    let create = Request::CreateTopic { topic: "t", settings: Default::default(), options: Default::default() };
     let mut out = Vec::new();
     let frame = Frame { request_id: 2, request: create };
     assert_eq!(

@@ -352,11 +352,51 @@ fn vectors(version: u16) -> Vec<Vector> {
             .chain(refusal_pairs())
             .collect(),
         2 => doc_vectors(doc_frames_v2()).chain(frames_v2()).chain(refusals_v2()).collect(),
+        4 => doc_vectors(common::dedup_frames::doc_frames_dedup()).chain(refusals_dedup()).collect(),
         _ => doc_vectors(doc_frames_schedule())
             .chain(doc_vectors(common::push_frames::doc_frames_push()))
             .chain(refusals_schedule())
             .collect(),
     }
+}
+
+/// Version-4 requests the broker's decoder refuses: an unknown topic
+/// setting, a setting of the wrong size, an empty dedup id.
+fn refusals_dedup() -> Vec<Vector> {
+    let create = |settings: &[u8]| {
+        let mut body = vec![4, 0];
+        body.extend_from_slice(b"jobs");
+        body.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+        body.extend_from_slice(settings);
+        raw(op::CREATE_TOPIC, 34, &body)
+    };
+    let mut produce = vec![4, 0];
+    produce.extend_from_slice(b"jobs");
+    produce.push(0); // flags: acknowledged once synced
+    produce.extend_from_slice(&1u32.to_le_bytes());
+    produce.extend_from_slice(&[3, 0, props::PROP_DEDUP_ID, 0, 0]); // an empty dedup id
+    produce.extend_from_slice(&1u32.to_le_bytes());
+    produce.push(b'x');
+    vec![
+        refused(
+            "create-topic-unknown-setting-request",
+            "CREATE_TOPIC (version 4) with topic setting id 9, which this version does not define: BAD_ARGUMENT, never skipped.",
+            create(&[9, 0, 0]),
+            ErrorCode::BadArgument,
+        ),
+        refused(
+            "create-topic-short-setting-request",
+            "CREATE_TOPIC (version 4) whose dedup_window_ms setting is 2 bytes, not 4: BAD_ARGUMENT.",
+            create(&[1, 2, 0, 0x10, 0x27]),
+            ErrorCode::BadArgument,
+        ),
+        refused(
+            "produce-empty-dedup-id-request",
+            "PRODUCE (version 4) of a message whose dedup id is empty: BAD_ARGUMENT.",
+            raw(op::PRODUCE, 35, &produce),
+            ErrorCode::BadArgument,
+        ),
+    ]
 }
 
 /// Version-3 requests the broker refuses: two times on one message, and a
@@ -760,6 +800,9 @@ fn props_json(props: &Props<'_>) -> J {
             J::Obj(vec![("type", num(props::PROP_DELAY)), ("name", text("delay_ms")), ("value", num(ms))])
         }
         props::Prop::Key(k) => J::Obj(vec![("type", num(props::PROP_KEY)), ("name", text("key")), ("value", hex(k))]),
+        props::Prop::DedupId(id) => {
+            J::Obj(vec![("type", num(props::PROP_DEDUP_ID)), ("name", text("dedup_id")), ("value", hex(id))])
+        }
     };
     J::Arr(props.iter().map(entry).collect())
 }
@@ -804,11 +847,19 @@ fn request_fields(r: &Request<'_>) -> Vec<(&'static str, J)> {
         Request::Stats { topic: t } | Request::DeleteTopic { topic: t } | Request::PurgeTopic { topic: t } => {
             vec![topic(t)]
         }
-        Request::CreateTopic { topic: t, settings } => vec![
-            topic(t),
-            ("ack_timeout_ms", num(settings.ack_timeout_ms)),
-            ("max_deliveries", num(settings.max_deliveries)),
-        ],
+        Request::CreateTopic { topic: t, settings, options } => {
+            let mut fields = vec![
+                topic(t),
+                ("ack_timeout_ms", num(settings.ack_timeout_ms)),
+                ("max_deliveries", num(settings.max_deliveries)),
+            ];
+            // Version 4's settings list, when it names any.
+            if let Some(ms) = options.dedup_window_ms {
+                let entry = J::Obj(vec![("id", num(1u8)), ("name", text("dedup_window_ms")), ("value", num(ms))]);
+                fields.push(("settings", J::Arr(vec![entry])));
+            }
+            fields
+        }
         Request::Redrive { topic: t, max_messages, .. } => vec![topic(t), ("max_messages", num(max_messages))],
         Request::CreateGroup { topic: t, settings: g, start, .. } => {
             let mut fields = vec![topic(t), ("flags", num(u8::from(g.broadcast)))];
@@ -932,6 +983,15 @@ fn reply_body(r: &Reply<'_>) -> J {
         }
         Reply::Pong => vec![],
         Reply::Produced { first_id, count } => vec![("first_id", num(*first_id)), ("count", num(*count))],
+        Reply::Deduplicated { first_id, count, duplicates } => {
+            let dup = |&(index, id): &(u32, u64)| J::Obj(vec![("index", num(index)), ("id", num(id))]);
+            vec![
+                ("first_id", num(*first_id)),
+                ("count", num(*count)),
+                ("duplicate_count", num(duplicates.len() as u64)),
+                ("duplicates", J::Arr(duplicates.iter().map(dup).collect())),
+            ]
+        }
         Reply::Messages { topic, messages } | Reply::Pushed { topic, messages } => vec![
             ("topic", text(topic)),
             ("count", num(messages.len() as u64)),
@@ -1174,8 +1234,13 @@ fn the_version_3_vectors_file_is_what_the_codec_gives() {
 }
 
 #[test]
+fn the_version_4_vectors_file_is_what_the_codec_gives() {
+    check_file(4);
+}
+
+#[test]
 fn vector_names_are_unique() {
-    for version in [1, 2, 3] {
+    for version in [1, 2, 3, 4] {
         let all = vectors(version);
         for (i, v) in all.iter().enumerate() {
             assert!(!all[..i].iter().any(|w| w.name == v.name), "vector name {} is used twice", v.name);
@@ -1192,6 +1257,7 @@ fn every_op_has_a_request_and_a_reply() {
     let relaid = [op::PRODUCE, op::FETCH, op::ACK, op::NACK, op::TOUCH, op::REDRIVE];
     check_ops(2, &|code| op::since(code) == Some(2) || relaid.contains(&code));
     check_ops(3, &|code| op::since(code) == Some(3));
+    check_ops(4, &|code| op::since(code) == Some(4));
 }
 
 fn check_ops(version: u16, wanted: &dyn Fn(u8) -> bool) {

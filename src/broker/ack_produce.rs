@@ -62,8 +62,10 @@ impl Broker {
             ack_produce::encode_reply(out, rid, 0, &failed, &[]);
             return Ok(());
         }
-        // A delivery time past the limit refuses the whole request.
+        // A delivery time past the limit refuses the whole request, and so
+        // does a dedup id: an output is produced once, with its ack.
         outputs.iter().try_for_each(|(_, batch)| self.check_schedules(&batch, now))?;
+        outputs.iter().try_for_each(|(_, batch)| super::dedup::refuse_ids(&batch))?;
         let plan = self.plan_outputs(outputs)?;
         let acks: Vec<(u64, u16)> = match self.topics.get(tid) {
             Some(e) => ids.iter().map(|&id| (id, e.topic.deliveries(group, id))).collect(),

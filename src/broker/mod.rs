@@ -49,6 +49,7 @@ use crate::wheel::{TimerKey, Wheel};
 
 mod ack_produce;
 mod dead_letter;
+pub(crate) mod dedup;
 mod deliveries;
 mod groups;
 mod requests;
@@ -258,6 +259,8 @@ pub struct Broker {
     sweeps: Sweeps,
     /// The timer of each topic with scheduled messages.
     due_timers: schedule::DueTimers,
+    /// Every topic's dedup window (protocol version 4).
+    dedup: dedup::Dedup,
     pub stats: BrokerStats,
     /// What recovery found at start.
     pub recovery: Recovery,
@@ -281,10 +284,14 @@ impl Broker {
         let mut topics = Topics::default();
         topics.set_key_bounds(&config.limits);
         let mut compactor = Compactor::default();
-        let mut replay = Replay::new(&mut topics, &mut compactor).at_wall_ms(now.wall_ms);
+        let mut dedup = dedup::Dedup::default();
+        let window_ms_max = u64::from(config.limits.dedup_window_ms_max);
+        let mut replay =
+            Replay::new(&mut topics, &mut compactor).at_wall_ms(now.wall_ms).with_dedup(&mut dedup, window_ms_max);
         let (log, recovery) = Log::open_with(dir, log_options, opener, |r| replay.apply(r))?;
         let fell_due = replay.finish();
         let mut broker = Broker::assemble(config, topics, compactor, log, recovery, now);
+        broker.restore_dedup(dedup, now);
         // What came due while the broker was down is ready now; the first
         // turn writes that, so that no later restart makes it ready again
         // for a group that has acked it since.
@@ -331,6 +338,7 @@ impl Broker {
             scratch: Scratch::default(),
             sweeps: Sweeps::default(),
             due_timers: schedule::DueTimers::default(),
+            dedup: dedup::Dedup::default(),
             stats: BrokerStats { recovery_ms: recovery.millis, started_mono_ms: now.mono_ms, ..BrokerStats::default() },
             recovery,
         }

@@ -10,10 +10,12 @@
 use super::subscriptions::SubscribeArgs;
 use super::topics::{Entry, dead_letter_name, unknown, unknown_group};
 use super::waiters::Waiter;
-use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, schedule, stats};
+use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, dedup, schedule, stats};
 use crate::codec::group::Start;
 use crate::codec::props::PROP_ORIGIN_GROUP;
-use crate::codec::{self, Batch, DecodeError, ErrorCode, Frame, Ids, Message, Request, Skip, TopicSettings, op};
+use crate::codec::{
+    self, Batch, DecodeError, ErrorCode, Frame, Ids, Message, Request, Skip, TopicOptions, TopicSettings, op,
+};
 use crate::queue::{
     Body, ConsumerId, Group, GroupConfig, GroupId, MsgId, Returned, Seq, Settings, TagSetId, Take, Topic,
 };
@@ -142,7 +144,7 @@ impl Broker {
             Request::Stats { topic } => self.stats(topic, session.version, at, out),
             Request::ListTopics => self.list_topics(at, out),
             Request::Produce { topic, batch, .. } => self.produce(topic, batch, at, out),
-            Request::CreateTopic { topic, settings } => self.create_topic(topic, settings, rid, out),
+            Request::CreateTopic { topic, settings: s, options: o } => self.create_topic(topic, (s, o), rid, out),
             Request::DeleteTopic { topic } => self.delete_topic(topic, rid, out),
             Request::PurgeTopic { topic } => self.purge_topic(topic, rid, out),
             Request::Redrive { topic, group, max_messages } => {
@@ -556,11 +558,14 @@ impl Broker {
     /// validated them), invisible until the sync; QUEUE_FULL if the topic
     /// has no room for it, or for the tag sets it brings.
     fn produce(&mut self, topic: &str, batch: Batch<'_>, at: At<'_>, out: &mut Vec<u8>) -> Result<Outcome, Refusal> {
+        dedup::check_ids(&batch, &self.config.limits)?;
         let tid = self.topic_for(topic, self.config.auto_create)?;
         let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
         let t = &mut e.topic;
         let l = &self.config.limits;
-        room_for(t, u64::from(batch.count), batch.payload_bytes(), l)?;
+        let window_ms = dedup::window_ms(&t.settings, &self.config.defaults, l);
+        let plan = self.dedup.plan(tid, &batch, (t.seq.next_id(), at.now.wall_ms, window_ms), l)?;
+        room_for(t, u64::from(plan.count), plan.bytes, l)?;
         self.check_schedules(&batch, at.now)?;
         let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
         let t = &mut e.topic;
@@ -570,8 +575,16 @@ impl Broker {
         let (mut buf, mut scheduled) = (Vec::new(), false);
         for (i, (props, payload)) in batch.messages().enumerate() {
             let tag_set = tag_sets.get(i).copied().flatten();
+            if plan.duplicate(i) {
+                t.seq.untake_tags(tag_set);
+                continue;
+            }
             let (props, due) = schedule::stored_props(props, at.now.wall_ms, &mut buf);
             let (id, born_ms) = t.produce(at.now.wall_ms, Body { props, tag_set, payload });
+            if let Some(dedup_id) = props.dedup_id().filter(|_| window_ms > 0) {
+                self.dedup.insert(tid, dedup_id, id, born_ms);
+                self.compactor.note_dedup(tid);
+            }
             if let Some(due) = due {
                 t.schedule(id, due);
                 scheduled = true;
@@ -582,12 +595,15 @@ impl Broker {
         // If the commit fails, this record goes (the produce is answered
         // STORAGE and withdrawn); the turn's others stay.
         w.end_withdrawable(&mut self.log);
-        self.turn.produced(tid, first, batch.count);
-        self.turn.mark_for_publish(e);
+        if plan.count > 0 {
+            self.turn.produced(tid, first, plan.count);
+            self.turn.mark_for_publish(e);
+        }
         if scheduled {
             self.arm_due(tid, at.now);
         }
-        codec::encode_produce_reply(out, at.request_id, first, batch.count);
+        let first_id = if plan.count > 0 { first } else { 0 };
+        codec::encode_dedup_produce_reply(out, at.request_id, first_id, plan.count, &plan.duplicates);
         Ok(Outcome::Held)
     }
 
@@ -596,22 +612,30 @@ impl Broker {
     fn create_topic(
         &mut self,
         topic: &str,
-        settings: TopicSettings,
+        (settings, options): (TopicSettings, TopicOptions),
         rid: u32,
         out: &mut Vec<u8>,
     ) -> Result<Outcome, Refusal> {
+        let max = self.config.limits.dedup_window_ms_max;
+        if let Some(ms) = options.dedup_window_ms.filter(|&ms| ms > max) {
+            let msg = format!("dedup_window_ms {ms} is more than dedup_window_ms_max ({max})");
+            return Err((ErrorCode::BadArgument, msg));
+        }
         let exists = self.topics.id(topic);
         let tid = match exists {
             Some(tid) => tid,
             None => self.topics.create(topic, self.config.defaults, self.config.limits.topics_max)?,
         };
         let d = self.config.defaults;
-        let s = Settings {
-            ack_timeout_ms: if settings.ack_timeout_ms == 0 { d.ack_timeout_ms } else { settings.ack_timeout_ms },
-            max_deliveries: if settings.max_deliveries == 0 { d.max_deliveries } else { settings.max_deliveries },
-        };
         if let Some(e) = self.topics.get_mut(tid) {
-            e.topic.settings = s;
+            // A window the request does not name stays as it is (a new
+            // topic has the broker's default).
+            let window = options.dedup_window_ms.or(e.topic.settings.dedup_window_ms);
+            e.topic.settings = Settings {
+                ack_timeout_ms: if settings.ack_timeout_ms == 0 { d.ack_timeout_ms } else { settings.ack_timeout_ms },
+                max_deliveries: if settings.max_deliveries == 0 { d.max_deliveries } else { settings.max_deliveries },
+                dedup_window_ms: window,
+            };
         }
         self.log_topic(tid);
         codec::encode_u64_reply(out, op::CREATE_TOPIC, rid, u64::from(exists.is_none()));
@@ -708,6 +732,7 @@ impl Broker {
         self.compactor.forget_topic(tid);
         self.compactor.nudge();
         self.turn.forget_topic(tid);
+        self.dedup.forget_topic(tid);
         for w in self.waiters.drain_topic(tid) {
             self.wheel.cancel(w.timer);
             let message = format!("topic {} was deleted", e.topic.name);

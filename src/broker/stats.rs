@@ -136,6 +136,11 @@ impl Broker {
         for (k, v) in self.broker_section(now, loops) {
             w.kv(out, k, v);
         }
+        // Version 4's keys, for the sessions that speak it.
+        if version >= crate::codec::V4 {
+            w.kv(out, "dedup_entries", self.dedup.entries());
+            w.kv(out, "dedup_entries_max", self.config.limits.dedup_entries_max.into());
+        }
         let g = GroupId::DEFAULT;
         for e in self.topics.sorted(only) {
             let t = &e.topic;
@@ -160,6 +165,11 @@ impl Broker {
                 ("scheduled", t.seq.schedule().len()),
             ] {
                 w.kv(out, k, v);
+            }
+            if version >= crate::codec::V4 {
+                let window_ms = super::dedup::window_ms(&t.settings, &self.config.defaults, &self.config.limits);
+                w.kv(out, "dedup_window_ms", window_ms);
+                w.kv(out, "dedup_entries", self.dedup.entries_of(e.id));
             }
             if version >= 2 {
                 self.write_group_sections(e.id, t, now, &mut w, out);

@@ -275,6 +275,7 @@ impl Broker {
             self.compactor.note_group(chunk[0].0, chunk[0].1);
         }
         self.sweep();
+        self.expire_dedup(now);
     }
 
     /// A slice of each pending sweep: releases messages no group needs any
@@ -330,7 +331,7 @@ impl Broker {
         if !self.log.memory_only() {
             let in_files = self.log.phases().total();
             let started = Instant::now();
-            self.compactor.step(&self.topics, &mut self.log, &mut self.failures, now);
+            self.compactor.step((&self.topics, &self.dedup), &mut self.log, &mut self.failures, now);
             let step_nanos = started.elapsed().as_nanos() as u64;
             self.turn.compact_nanos = step_nanos.saturating_sub(self.log.phases().total() - in_files);
         }
@@ -369,6 +370,7 @@ impl Broker {
                 if let Some(e) = self.topics.get_mut(tid) {
                     e.topic.withdraw(first, count);
                 }
+                self.dedup.withdraw(tid, first);
             }
         }
         self.turn.produced = produced;

@@ -44,6 +44,13 @@ pub const PROP_DELIVER_AT: u8 = 3;
 /// Property type (version 3): deliver the message this many ms (`u64`)
 /// after the broker receives it. The broker stores it as `PROP_DELIVER_AT`.
 pub const PROP_DELAY: u8 = 4;
+/// Property type (version 4): the message's dedup id, 1 to
+/// `dedup_id_bytes_max` opaque bytes. Within its topic's dedup window a
+/// second message with the same id is not stored (docs/protocol.md,
+/// "Idempotent produce (version 4)").
+pub const PROP_DEDUP_ID: u8 = 6;
+/// The protocol version that adds dedup ids.
+const SINCE_DEDUP: u16 = 4;
 /// The protocol version that adds the time properties.
 const SINCE_SCHEDULE: u16 = 3;
 /// Property type (version 4): the message's key, any bytes, at most one
@@ -110,6 +117,8 @@ pub enum Prop<'a> {
     Delay(u64),
     /// The message's key (version 4).
     Key(&'a [u8]),
+    /// The message's dedup id (version 4).
+    DedupId(&'a [u8]),
 }
 
 /// A validated properties blob (possibly empty).
@@ -125,6 +134,7 @@ pub fn prop_type_known(kind: u8, version: u16) -> bool {
         PROP_TAG | PROP_HEADER => version >= 2,
         PROP_DELIVER_AT | PROP_DELAY => version >= SINCE_SCHEDULE,
         PROP_KEY => version >= SINCE_KEY,
+        PROP_DEDUP_ID => version >= SINCE_DEDUP,
         _ => false,
     }
 }
@@ -209,7 +219,7 @@ impl<'a> Props<'a> {
                 limits.props_bytes_max
             )));
         }
-        let (mut at, mut tags, mut times, mut keys) = (0, 0u32, 0u32, 0u32);
+        let (mut at, mut tags, mut times, mut keys, mut dedups) = (0, 0u32, 0u32, 0u32, 0u32);
         while at < bytes.len() {
             let (kind, value, n) =
                 entry(&bytes[at..]).ok_or_else(|| malformed("a property runs past the properties"))?;
@@ -228,6 +238,11 @@ impl<'a> Props<'a> {
             } else if kind == PROP_KEY {
                 keys += 1;
                 check_key(value, keys, limits.key_bytes_max)?;
+            } else if kind == PROP_DEDUP_ID {
+                dedups += 1;
+                if value.is_empty() || dedups > 1 {
+                    return Err(bad("a dedup id is empty, or a message has more than one".into()));
+                }
             } else {
                 time_value(value)?;
                 times += 1;
@@ -333,6 +348,14 @@ impl<'a> Props<'a> {
         })
     }
 
+    /// The message's dedup id (version 4), if it has one.
+    pub fn dedup_id(&self) -> Option<&'a [u8]> {
+        self.iter().find_map(|p| match p {
+            Prop::DedupId(id) => Some(id),
+            _ => None,
+        })
+    }
+
     /// Where in the blob the value of the time property is, if there is one.
     pub fn schedule_value_at(&self) -> Option<usize> {
         let mut at = 0;
@@ -384,6 +407,7 @@ impl<'a> Iterator for PropsIter<'a> {
             PROP_DELIVER_AT => Prop::DeliverAt(time_value(value).ok()?),
             PROP_DELAY => Prop::Delay(time_value(value).ok()?),
             PROP_KEY => Prop::Key(value),
+            PROP_DEDUP_ID => Prop::DedupId(value),
             _ => {
                 let (key, value) = header(value).ok()?;
                 Prop::Header { key, value }
@@ -428,6 +452,15 @@ pub fn put_broker_entry(out: &mut Vec<u8>, kind: u8, name: &str) {
     out.push(kind);
     put_u16(out, name.len() as u16);
     out.extend_from_slice(name.as_bytes());
+}
+
+/// Appends a dedup id entry (version 4). The caller keeps it within
+/// `dedup_id_bytes_max`; the broker refuses a longer one.
+pub fn put_dedup_id(out: &mut Vec<u8>, id: &[u8]) {
+    assert!(!id.is_empty() && id.len() <= usize::from(u16::MAX), "a dedup id of {} bytes", id.len());
+    out.push(PROP_DEDUP_ID);
+    put_u16(out, id.len() as u16);
+    out.extend_from_slice(id);
 }
 
 /// Appends a time property entry: `PROP_DELIVER_AT` or `PROP_DELAY`.

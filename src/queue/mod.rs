@@ -24,6 +24,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use crate::codec::DeadInfo;
 use crate::wheel::TimerKey;
 
+mod dedup;
 mod delays;
 mod group;
 mod inspect;
@@ -35,6 +36,7 @@ mod seq;
 mod tags;
 mod topic;
 
+pub use dedup::DedupWindow;
 pub use group::{FILTER_SKIPS_PER_CALL_MAX, Group, GroupConfig, Policy};
 pub use inspect::{DEAD_NOTES_PER_TOPIC_MAX, GroupInspection, GroupState, Inspection};
 pub use keys::KeyIndex;
@@ -126,11 +128,20 @@ pub enum Returned {
 pub struct Settings {
     pub ack_timeout_ms: u32,
     pub max_deliveries: u16,
+    /// How long a dedup id is remembered after its message is produced, ms
+    /// (0: no deduplication); None for a topic whose record predates the
+    /// setting: it has the broker's default (`Config::defaults`).
+    pub dedup_window_ms: Option<u32>,
 }
+
+/// The dedup window a topic gets unless it asks for another: 2 minutes, as
+/// NATS JetStream's duplicate window, long enough to cover a client's
+/// reconnect and retry, short enough to keep the entries few.
+pub const DEDUP_WINDOW_MS_DEFAULT: u32 = 120_000;
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { ack_timeout_ms: 30_000, max_deliveries: 16 }
+        Settings { ack_timeout_ms: 30_000, max_deliveries: 16, dedup_window_ms: Some(DEDUP_WINDOW_MS_DEFAULT) }
     }
 }
 

@@ -218,7 +218,10 @@ pub fn doc_frames() -> Vec<Named> {
         named(
             "create-topic-request",
             "CREATE_TOPIC mail with a 60 s ack timeout and 5 deliveries.",
-            request(11, Request::CreateTopic { topic: "mail", settings: settings(60_000, 5) }),
+            request(
+                11,
+                Request::CreateTopic { topic: "mail", settings: settings(60_000, 5), options: Default::default() },
+            ),
         ),
         named("create-topic-reply", "The topic is new.", reply(op::CREATE_TOPIC, 11, Reply::Created { created: true })),
         named("list-topics-request", "LIST_TOPICS.", request(12, Request::ListTopics)),
@@ -458,6 +461,9 @@ pub fn encode_reply(out: &mut Vec<u8>, frame: &ReplyFrame<'_>) {
         Reply::Hello { version, limits, map_epoch } => encode_hello_reply(out, id, *version, limits, *map_epoch),
         Reply::Pong => encode_empty_reply(out, op, id),
         Reply::Produced { first_id, count } => encode_produce_reply(out, id, *first_id, *count),
+        Reply::Deduplicated { first_id, count, duplicates } => {
+            runnel::codec::encode_dedup_produce_reply(out, id, *first_id, *count, duplicates)
+        }
         Reply::Messages { topic, messages } | Reply::Pushed { topic, messages } => {
             // Replies need no version: a message's flags say what it
             // carries, and the highest version writes whatever it has.
