@@ -285,16 +285,7 @@ impl<'a> Replay<'a> {
         }
         match record {
             Record::Topic(t) => self.topic(&t, r.segment),
-            Record::Delete(d) => {
-                if let Some((dedup, _)) = self.dedup.as_mut() {
-                    dedup.forget_topic(d.topic);
-                }
-                self.topics.raise_id_floor(d.next_id);
-                self.topics.remove(d.topic);
-                self.strays.remove(&d.topic);
-                self.groups.remove(&d.topic);
-                self.notes.replayed_delete(r.segment);
-            }
+            Record::Delete(d) => self.delete(d.topic, d.next_id, r.segment),
             Record::Purge(p) => self.purge(p.topic, p.below_id),
             Record::Produce { topic, messages } => {
                 for m in messages {
@@ -349,6 +340,19 @@ impl<'a> Replay<'a> {
             Record::Dedup { topic, entries } => self.dedup_record(r.segment, topic, entries)?,
         }
         Ok(())
+    }
+
+    /// A Delete record: topic `topic` is gone, and no id below `next_id`
+    /// is given again.
+    fn delete(&mut self, topic: TopicId, next_id: MsgId, segment: u64) {
+        if let Some((dedup, _)) = self.dedup.as_mut() {
+            dedup.forget_topic(topic);
+        }
+        self.topics.raise_id_floor(next_id);
+        self.topics.remove(topic);
+        self.strays.remove(&topic);
+        self.groups.remove(&topic);
+        self.notes.replayed_delete(segment);
     }
 
     /// A record of scheduled messages: Cancel, Reschedule or Due.
