@@ -594,6 +594,7 @@ impl Request<'_> {
         let v4 = match *self {
             Request::Produce { batch, .. } => batch.messages().any(|(p, _)| !p.known_to(V3) && p.known_to(V4)),
             Request::CreateTopic { options, .. } => !options.is_empty(),
+            Request::CreateGroup { settings, .. } => settings.ordered,
             other => op::since(other.op()) == Some(V4),
         };
         if v4 {

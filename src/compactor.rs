@@ -144,6 +144,13 @@ pub(crate) struct Compactor {
     /// the input owed, as the lost record left it. As many as the acks of
     /// the records the log holds for its next commit.
     unwritten_acks: Vec<(TopicId, GroupId, MsgId, u16)>,
+    /// The deliveries of Deliver records not yet committed (kept across a
+    /// failed commit, as the records are), by topic, group and id. A
+    /// restatement written ahead of them states each message's count
+    /// without them, since replay adds one per delivery it reads after the
+    /// restatement. As many as the ids of the records the log holds for
+    /// its next commit.
+    unwritten_deliveries: Vec<(TopicId, GroupId, MsgId)>,
     /// The segment being cleaned.
     job: Option<Job>,
     /// A segment whose last copies are in this turn's commit.
@@ -186,6 +193,12 @@ impl Compactor {
     /// ack) of group `group` of `topic` was appended this turn.
     pub(crate) fn note_ack_produce(&mut self, topic: TopicId, group: GroupId, acks: &[(MsgId, u16)]) {
         self.unwritten_acks.extend(acks.iter().map(|&(id, d)| (topic, group, id, d)));
+    }
+    /// A Deliver record of group `group` of `topic` naming `ids` was
+    /// appended.
+    pub(crate) fn note_delivered(&mut self, topic: TopicId, group: GroupId, ids: &[MsgId]) {
+        self.note_group(topic, group);
+        self.unwritten_deliveries.extend(ids.iter().map(|&id| (topic, group, id)));
     }
     /// A message with a dedup id was produced to `topic` this turn.
     pub(crate) fn note_dedup(&mut self, topic: TopicId) {
@@ -269,6 +282,7 @@ impl Compactor {
             self.delete_segments.insert(segment, ());
         }
         self.unwritten_acks.clear();
+        self.unwritten_deliveries.clear();
         // A segment held back for an ACK_PRODUCE stays ready.
         if let Some(base) = self.copied.take() {
             self.ready = Some(base);
@@ -286,6 +300,7 @@ impl Compactor {
         self.turn_dedup.clear();
         self.turn_deletes = false;
         self.unwritten_acks.clear();
+        self.unwritten_deliveries.clear();
     }
 
     /// The turn's commit failed: the log dropped the client produces' and
@@ -530,7 +545,8 @@ impl Compactor {
         topics.retain(|&t| p.topics.record(t).map(|r| r.append(p.log)).is_some());
         let mut groups: Vec<(TopicId, GroupId)> =
             self.group_segment.iter().filter(|(_, s)| **s == base).map(|(g, _)| *g).collect();
-        groups.retain(|&(t, g)| restate_group(p.topics, p.log, t, g, &self.unwritten_acks));
+        let unwritten = Unwritten { acks: &self.unwritten_acks, deliveries: &self.unwritten_deliveries };
+        groups.retain(|&(t, g)| restate_group(p.topics, p.log, t, g, unwritten));
         let windows = self.restate_dedup(p, base);
         let floor = self.delete_segments.contains_key(&base);
         if floor {
@@ -563,6 +579,37 @@ impl Compactor {
     }
 }
 
+/// What the log's turn buffer holds and a restatement written ahead of it
+/// must not state yet: the acks of ACK_PRODUCE records (topic, group, id,
+/// delivery count before the ack) and the deliveries of Deliver records
+/// (topic, group, id).
+#[derive(Clone, Copy)]
+struct Unwritten<'a> {
+    acks: &'a [(TopicId, GroupId, MsgId, u16)],
+    deliveries: &'a [(TopicId, GroupId, MsgId)],
+}
+
+impl Unwritten<'_> {
+    /// Takes the unwritten deliveries of group `g` of `t` off the counts of
+    /// `entries` (sorted by id), whose first field is the id and whose
+    /// count `count` gets.
+    fn uncount<E>(
+        &self,
+        t: TopicId,
+        g: GroupId,
+        entries: &mut [E],
+        id_of: impl Fn(&E) -> MsgId,
+        count: impl Fn(&mut E) -> &mut u16,
+    ) {
+        for d in self.deliveries.iter().filter(|d| d.0 == t && d.1 == g) {
+            if let Ok(i) = entries.binary_search_by_key(&d.2, &id_of) {
+                let c = count(&mut entries[i]);
+                *c = c.saturating_sub(1);
+            }
+        }
+    }
+}
+
 impl Compactor {
     /// Appends a Dedup record for each topic whose oldest dedup record is
     /// in segment `base`, stating its window as it is now; returns the
@@ -584,27 +631,25 @@ impl Compactor {
 }
 
 /// Appends a Group and a GroupState record stating group `g` of topic `t`
-/// as it is now, but for the acks of `unwritten` (ACK_PRODUCE records not
-/// yet written), whose messages it states as pending. False if there is no
-/// such group.
-fn restate_group(
-    topics: &Topics,
-    log: &mut Log,
-    t: TopicId,
-    g: GroupId,
-    unwritten: &[(TopicId, GroupId, MsgId, u16)],
-) -> bool {
+/// as it is now, but for what `unwritten` holds: the acks of ACK_PRODUCE
+/// records not yet written, whose messages it states as pending, and the
+/// deliveries of Deliver records not yet written, which it leaves out of
+/// the counts (replay adds them when it reads the records). False if
+/// there is no such group.
+fn restate_group(topics: &Topics, log: &mut Log, t: TopicId, g: GroupId, unwritten: Unwritten<'_>) -> bool {
     let Some(group) = topics.get(t).and_then(|e| e.topic.group(g)) else { return false };
     group_record(t, group).append(log);
     let mut entries = group.pending();
-    let owed = unwritten.iter().filter(|a| a.0 == t && a.1 == g).map(|a| (a.2, a.3));
+    let owed = unwritten.acks.iter().filter(|a| a.0 == t && a.1 == g).map(|a| (a.2, a.3));
     entries.extend(owed);
     entries.sort_unstable();
     entries.dedup_by_key(|e| e.0);
+    unwritten.uncount(t, g, &mut entries, |e| e.0, |e| &mut e.1);
     record::GroupStateRecord { topic: t, group: g, cursor: group.cursor(), entries: &entries }.append(log);
     // The GroupState lists its delayed messages without their delays.
-    let delays = group.delays();
+    let mut delays = group.delays();
     if !delays.is_empty() {
+        unwritten.uncount(t, g, &mut delays, |e| e.0, |e| &mut e.1);
         record::DelayRecord { topic: t, group: g, entries: &delays }.append(log);
     }
     true

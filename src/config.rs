@@ -307,12 +307,12 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--subscription-credit-max", "N", "most credit one push subscription may have"),
     ("--subscriptions-per-connection-max", "N", "most push subscriptions one connection may have"),
     ("--schedule-ahead-ms-max", "N", "farthest ahead a message may be scheduled, ms"),
-    ("--dedup-window-ms-max", "MS", "longest dedup window a topic may have"),
-    ("--dedup-entries-max", "N", "most dedup ids remembered, over all topics"),
-    ("--dedup-id-bytes-max", "N", "longest dedup id"),
     ("--key-bytes-max", "N", "longest message key"),
     ("--lookup-results-max", "N", "most messages the key index keeps per key (and LOOKUP returns)"),
     ("--key-index-entries-per-topic-max", "N", "most keyed messages one topic's key index remembers"),
+    ("--dedup-window-ms-max", "MS", "longest dedup window a topic may have"),
+    ("--dedup-entries-max", "N", "most dedup ids remembered, over all topics"),
+    ("--dedup-id-bytes-max", "N", "longest dedup id"),
 ];
 
 /// `runnel serve`'s flags with their defaults.
@@ -502,12 +502,12 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 34] {
         ("subscription-credit-max", l.subscription_credit_max.into()),
         ("subscriptions-per-connection-max", l.subscriptions_per_connection_max.into()),
         ("schedule-ahead-ms-max", l.schedule_ahead_ms_max),
-        ("dedup-window-ms-max", l.dedup_window_ms_max.into()),
-        ("dedup-entries-max", l.dedup_entries_max.into()),
-        ("dedup-id-bytes-max", l.dedup_id_bytes_max.into()),
         ("key-bytes-max", l.key_bytes_max.into()),
         ("lookup-results-max", l.lookup_results_max.into()),
         ("key-index-entries-per-topic-max", l.key_index_entries_per_topic_max.into()),
+        ("dedup-window-ms-max", l.dedup_window_ms_max.into()),
+        ("dedup-entries-max", l.dedup_entries_max.into()),
+        ("dedup-id-bytes-max", l.dedup_id_bytes_max.into()),
     ]
 }
 
@@ -550,12 +550,12 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         subscription_credit_max,
         subscriptions_per_connection_max,
         schedule_ahead_ms_max,
-        dedup_window_ms_max,
-        dedup_entries_max,
-        dedup_id_bytes_max,
         key_bytes_max,
         lookup_results_max,
-        key_index_entries_per_topic_max
+        key_index_entries_per_topic_max,
+        dedup_window_ms_max,
+        dedup_entries_max,
+        dedup_id_bytes_max
     );
     Ok(())
 }

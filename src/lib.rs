@@ -54,6 +54,7 @@ pub mod producer;
 pub mod queue;
 pub mod reactor;
 pub mod record;
+mod record_deliver;
 mod replay;
 #[allow(unsafe_code)] // the one place for it: each block has its SAFETY note
 pub mod sys;

@@ -128,6 +128,19 @@ pub struct Limits {
     /// (`topic_messages_max`, `topic_bytes_max`) until its time, so
     /// schedules without an end would fill a topic for good.
     pub schedule_ahead_ms_max: u64,
+    // Keys and inspection (protocol version 4).
+    /// Longest message key, bytes. Keys are kept in memory by the key
+    /// index, once per distinct key, so short keys keep it small.
+    pub key_bytes_max: u32,
+    /// Most ids the key index keeps per key, newest kept (the oldest is
+    /// forgotten first): the most messages one LOOKUP returns. Bounds the
+    /// reply and the index's list for a key that many messages share.
+    pub lookup_results_max: u32,
+    /// Most entries (keyed messages) the key index of one topic keeps;
+    /// past it the oldest is forgotten. The index is a cache of the log
+    /// for LOOKUP, never needed for delivery, so it is bounded rather than
+    /// allowed to refuse a produce.
+    pub key_index_entries_per_topic_max: u32,
     // Idempotent produce (protocol version 4).
     /// Longest dedup window a topic may ask for, ms (CREATE_TOPIC past it
     /// gets BAD_ARGUMENT). A day by default: every dedup id is kept that
@@ -144,19 +157,6 @@ pub struct Limits {
     /// memory for its whole window: a producer id and a sequence number
     /// fit in far less.
     pub dedup_id_bytes_max: u32,
-    // Keys and inspection (protocol version 4).
-    /// Longest message key, bytes. Keys are kept in memory by the key
-    /// index, once per distinct key, so short keys keep it small.
-    pub key_bytes_max: u32,
-    /// Most ids the key index keeps per key, newest kept (the oldest is
-    /// forgotten first): the most messages one LOOKUP returns. Bounds the
-    /// reply and the index's list for a key that many messages share.
-    pub lookup_results_max: u32,
-    /// Most entries (keyed messages) the key index of one topic keeps;
-    /// past it the oldest is forgotten. The index is a cache of the log
-    /// for LOOKUP, never needed for delivery, so it is bounded rather than
-    /// allowed to refuse a produce.
-    pub key_index_entries_per_topic_max: u32,
 }
 
 impl Default for Limits {
@@ -190,12 +190,12 @@ impl Default for Limits {
             subscription_credit_max: 8192,
             subscriptions_per_connection_max: 64,
             schedule_ahead_ms_max: 366 * 24 * 3600 * 1000,
-            dedup_window_ms_max: 24 * 3600 * 1000,
-            dedup_entries_max: 1_000_000,
-            dedup_id_bytes_max: 64,
             key_bytes_max: 128,
             lookup_results_max: 32,
             key_index_entries_per_topic_max: 1_000_000,
+            dedup_window_ms_max: 24 * 3600 * 1000,
+            dedup_entries_max: 1_000_000,
+            dedup_id_bytes_max: 64,
         }
     }
 }

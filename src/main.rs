@@ -164,8 +164,8 @@ fn produce_flags(addr: Flag) -> Vec<Flag> {
         flag("--header", "KEY[=VALUE]", "none", "give every message this header (repeatable; version 2)"),
         flag("--delay-ms", "MS", "none", "deliver every message MS after the broker receives it (version 3)"),
         flag("--at", "MS|TIME", "none", "deliver every message at this time, ms or UTC (version 3)"),
-        flag("--dedup", "ID", "none", "give line N the dedup id ID:N, so a rerun stores each line once (version 4)"),
         flag("--key", "K", "none", "give every message key K: lookup finds it by K (version 4)"),
+        flag("--dedup", "ID", "none", "give line N the dedup id ID:N, so a rerun stores each line once (version 4)"),
     ]
 }
 
@@ -446,10 +446,10 @@ struct ProduceProps {
     /// The delivery time: (property type, value), from `--delay-ms` or
     /// `--at`.
     time: Option<(u8, u64)>,
-    /// `--dedup ID`: line N of the input gets the dedup id `ID:N`.
-    dedup: Option<String>,
     /// The key, from `--key`.
     key: Option<String>,
+    /// `--dedup ID`: line N of the input gets the dedup id `ID:N`.
+    dedup: Option<String>,
 }
 
 impl ProduceProps {

@@ -23,6 +23,7 @@ use byteorder::{ByteOrder, LittleEndian};
 use crate::codec::{self, DeadInfo, DeadReason, Props};
 use crate::log::{Log, RECORD_HEADER_BYTES, RecordStart};
 use crate::queue::{Body, GroupId, MsgId, Settings};
+pub use crate::record_deliver::{DeliverRecord, DeliveredIds};
 
 /// A topic's number in the log: assigned at creation, never reused.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -83,6 +84,9 @@ pub enum RecordKind {
     /// Messages went back to a group after a failed delivery, delayed
     /// until a wall-clock time (a NACK with a delay).
     Delay = 13,
+    /// Messages a consumer group delivered, each once more
+    /// (`record_deliver.rs`).
+    Deliver = 14,
     /// ACK_PRODUCE: messages acked for a group and messages stored in
     /// other topics, in one record, so that a torn or lost record is
     /// neither (protocol version 3).
@@ -110,6 +114,7 @@ impl RecordKind {
             11 => RecordKind::Reschedule,
             12 => RecordKind::Due,
             13 => RecordKind::Delay,
+            14 => RecordKind::Deliver,
             15 => RecordKind::AckProduce,
             17 => RecordKind::Dedup,
             _ => return None,
@@ -125,6 +130,7 @@ impl RecordKind {
             RecordKind::Delete | RecordKind::Purge => 1,
             RecordKind::Group | RecordKind::GroupDelete | RecordKind::GroupState => 1,
             RecordKind::Cancel | RecordKind::Reschedule | RecordKind::Due | RecordKind::Delay => 1,
+            RecordKind::Deliver => 1,
             // Its messages are laid out as in a Produce record of version 2.
             RecordKind::AckProduce => 1,
             RecordKind::Dedup => 1,
@@ -765,6 +771,11 @@ pub enum Record<'a> {
         group: GroupId,
         entries: Delays<'a>,
     },
+    Deliver {
+        topic: TopicId,
+        group: GroupId,
+        ids: DeliveredIds<'a>,
+    },
     Dedup {
         topic: TopicId,
         entries: DedupEntries<'a>,
@@ -828,6 +839,7 @@ impl<'a> Record<'a> {
                 let group = GroupId(rd.u32()?);
                 Record::Delay { topic, group, entries: Delays(rd.list(18)?) }
             }
+            RecordKind::Deliver => return crate::record_deliver::decode(topic, &rd.b[rd.pos..]),
             RecordKind::Dedup => {
                 let left = rd.u32()?;
                 return Ok(Record::Dedup { topic, entries: DedupEntries { rd, left } });

@@ -69,6 +69,19 @@ impl GroupReplay {
         };
     }
 
+    /// A Deliver record: the group delivered `id` once more. An id the
+    /// group is done with is left alone: a restatement that compaction
+    /// wrote ahead of the record's turn states it acked already.
+    fn delivered(&mut self, id: MsgId) {
+        if self.done.contains_key(&id) {
+            return;
+        }
+        let count = if id < self.floor { self.pending.get_mut(&id) } else { Some(self.counts.entry(id).or_insert(0)) };
+        if let Some(d) = count {
+            *d = d.saturating_add(1);
+        }
+    }
+
     fn is_done_with(&self, id: MsgId) -> bool {
         self.done.contains_key(&id) || (id < self.floor && !self.pending.contains_key(&id))
     }
@@ -86,6 +99,21 @@ impl GroupReplay {
         }
     }
 
+    /// Past the highest id at or above the floor whose deliveries reached
+    /// the group's `max_deliveries` (its last delivery was in flight at
+    /// the crash), or 0: the cursor goes past it, so that such a message
+    /// comes back for retry, where the broker takes it to the dead-letter
+    /// topic (`Topic::take_exhausted`).
+    fn exhausted_past(&self, t: &Topic) -> MsgId {
+        if t.is_dlq() || self.config.broadcast {
+            return 0;
+        }
+        let own = self.config.max_deliveries;
+        let max = if own == 0 { t.settings.max_deliveries } else { own };
+        let exhausted = |(id, d): (&MsgId, &u16)| *id >= self.floor && *d >= max && t.seq.contains(*id);
+        self.counts.iter().filter(|e| exhausted(*e) && !t.seq.scheduled(*e.0)).map(|(id, _)| id + 1).max().unwrap_or(0)
+    }
+
     /// Builds the group over the recovered messages of `t`: its cursor goes
     /// past the highest id it was done with; what it still needs below
     /// that comes back for retry, in id order.
@@ -93,7 +121,7 @@ impl GroupReplay {
         // A delayed message was delivered: the cursor had passed it.
         let passed = self.done.keys().chain(self.delays.keys());
         let max_done = passed.filter(|&&d| d >= self.floor).max().map(|d| d + 1);
-        let cursor = max_done.unwrap_or(self.floor).max(self.floor);
+        let cursor = max_done.unwrap_or(self.floor).max(self.floor).max(self.exhausted_past(t));
         let mut group = Group::with(id, &self.name, self.config, cursor);
         // A scheduled message is no group's until its time comes; a delayed
         // one is delayed again for what is left of its delay.
@@ -257,16 +285,7 @@ impl<'a> Replay<'a> {
         }
         match record {
             Record::Topic(t) => self.topic(&t, r.segment),
-            Record::Delete(d) => {
-                if let Some((dedup, _)) = self.dedup.as_mut() {
-                    dedup.forget_topic(d.topic);
-                }
-                self.topics.raise_id_floor(d.next_id);
-                self.topics.remove(d.topic);
-                self.strays.remove(&d.topic);
-                self.groups.remove(&d.topic);
-                self.notes.replayed_delete(r.segment);
-            }
+            Record::Delete(d) => self.delete(d.topic, d.next_id, r.segment),
             Record::Purge(p) => self.purge(p.topic, p.below_id),
             Record::Produce { topic, messages } => {
                 for m in messages {
@@ -301,6 +320,11 @@ impl<'a> Replay<'a> {
                 let g = self.group(topic, group);
                 entries.iter().for_each(|(id, d, at)| g.requeued(id, d, Some(at)));
             }
+            Record::Deliver { topic, group, ids } => {
+                self.notes.replayed_group(r.segment, topic, group);
+                let g = self.group(topic, group);
+                ids.iter().for_each(|id| g.delivered(id));
+            }
             Record::Group(g) => self.group_record(&g, r.segment),
             Record::GroupDelete(d) => {
                 if let Some(groups) = self.groups.get_mut(&d.topic) {
@@ -316,6 +340,19 @@ impl<'a> Replay<'a> {
             Record::Dedup { topic, entries } => self.dedup_record(r.segment, topic, entries)?,
         }
         Ok(())
+    }
+
+    /// A Delete record: topic `topic` is gone, and no id below `next_id`
+    /// is given again.
+    fn delete(&mut self, topic: TopicId, next_id: MsgId, segment: u64) {
+        if let Some((dedup, _)) = self.dedup.as_mut() {
+            dedup.forget_topic(topic);
+        }
+        self.topics.raise_id_floor(next_id);
+        self.topics.remove(topic);
+        self.strays.remove(&topic);
+        self.groups.remove(&topic);
+        self.notes.replayed_delete(segment);
     }
 
     /// A record of scheduled messages: Cancel, Reschedule or Due.
@@ -581,6 +618,7 @@ fn record_topic(record: &Record<'_>) -> Option<TopicId> {
         | Record::Reschedule { topic, .. }
         | Record::Due { topic, .. }
         | Record::Delay { topic, .. }
+        | Record::Deliver { topic, .. }
         | Record::AckProduce { topic, .. }
         | Record::Dedup { topic, .. } => Some(*topic),
     }
@@ -754,6 +792,45 @@ mod tests {
         let t = &topics.get(T).expect("t").topic;
         assert!(t.group(GroupId(2)).is_none());
         assert_eq!(t.next_group_id(), 3, "a deleted group's id is not reused");
+    }
+
+    fn delivered(log: &mut Log, g: u32, ids: &[MsgId]) {
+        crate::record::DeliverRecord { topic: T, group: GroupId(g), ids }.append(log);
+    }
+
+    #[test]
+    fn each_deliver_record_counts_one_delivery_of_each_id() {
+        let topics = replayed(|log| {
+            topic(log, Some(2));
+            group(log, 1, "a", 0, "");
+            produce(log, 1..=4, 0);
+            delivered(log, 1, &[1, 2, 3]);
+            acked(log, 1, &[2]);
+            RequeueRecord { topic: T, group: GroupId(1), entries: &[(3, 1)] }.append(log);
+            // 3 again (a retry comes before the cursor's), then 1 again.
+            delivered(log, 1, &[3, 4, 1]);
+            delivered(log, 1, &[2]);
+        });
+        assert_eq!(state(&topics, 1, 1).2, 2, "1 was delivered twice and never acked");
+        assert_eq!(state(&topics, 1, 3).2, 2, "3: requeued at 1, delivered again");
+        assert_eq!(state(&topics, 1, 4).2, 1);
+        assert_eq!(live(&topics), [1, 3, 4], "2 is acked: a later Deliver record does not bring it back");
+    }
+
+    #[test]
+    fn a_deliver_record_after_a_group_state_adds_to_what_it_states() {
+        let topics = replayed(|log| {
+            topic(log, Some(2));
+            group(log, 1, "a", 0, "");
+            produce(log, 1..=4, 0);
+            // Delivered 1 and 2 (each once, stated without the delivery of
+            // the turn the restatement was written ahead of); 3 acked.
+            GroupStateRecord { topic: T, group: GroupId(1), cursor: 4, entries: &[(1, 1), (2, 0)] }.append(log);
+            delivered(log, 1, &[2, 3]);
+        });
+        assert_eq!(state(&topics, 1, 1).2, 1);
+        assert_eq!(state(&topics, 1, 2).2, 1, "stated at 0, then its Deliver record");
+        assert_eq!(live(&topics), [1, 2, 4], "3 is done: its Deliver record is ignored");
     }
 
     #[test]

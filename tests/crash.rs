@@ -1263,6 +1263,132 @@ fn ack_produce_is_all_or_nothing_across_sigkill() {
 }
 
 // ---------------------------------------------------------------------------
+// Deliveries counted across SIGKILL.
+// ---------------------------------------------------------------------------
+
+/// The ways a message reaches a consumer, each with its own place in the
+/// loop's turn: a FETCH answered at once, a parked FETCH answered at the
+/// publish, and a push at the publish.
+const DELIVERY_WAYS: [&str; 3] = ["fetch", "long-poll", "push"];
+
+/// Produces one message to `topic` and has it delivered the `way` given;
+/// returns its id and delivery count as the consumer saw them. The
+/// consumer connection is returned too, so that it is still open (its
+/// message in flight) when the broker is killed.
+fn deliver_one(addr: SocketAddr, topic: &str, way: &str, produce: bool, seed: u64) -> (Client, u64, u16) {
+    let mut c = client(addr).unwrap_or_else(|e| panic!("seed {seed}: connect: {e}"));
+    let mut p = client(addr).unwrap_or_else(|e| panic!("seed {seed}: connect: {e}"));
+    let hold = Fetch { max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 600_000 };
+    let m = match way {
+        "fetch" => {
+            if produce {
+                p.produce(topic, b"counted").expect("produce");
+            }
+            c.fetch(topic, hold).expect("fetch").pop().expect("a message")
+        }
+        "long-poll" => {
+            let wait = Request::Fetch {
+                topic,
+                group: "",
+                max_messages: 1,
+                max_bytes: 0,
+                wait_ms: 30_000,
+                ack_timeout_ms: 600_000,
+            };
+            c.send(&wait);
+            c.flush().expect("send the FETCH");
+            common::wire::wait_until("the FETCH parks", || p.stat(topic, "waiters").ok().flatten() == Some(1));
+            p.produce(topic, b"counted").expect("produce");
+            match c.recv() {
+                Ok(OwnedReply::Messages { mut messages, .. }) => messages.pop().expect("a message"),
+                other => panic!("seed {seed}: the parked FETCH got {other:?}"),
+            }
+        }
+        _ => {
+            c.subscribe(topic, "", 1, 600_000).expect("subscribe");
+            p.produce(topic, b"counted").expect("produce");
+            c.next_pushed().expect("a pushed message").message
+        }
+    };
+    (c, m.id, m.delivery_count)
+}
+
+/// A delivery the consumer has read is counted after a SIGKILL of the
+/// broker, whichever way it went out: the message, never acked, comes back
+/// with one more delivery each round. (The parked FETCH and the push are
+/// answered after the turn's write, at the publish: their Deliver records
+/// are written by a write of their own before the flush.)
+#[test]
+fn a_delivery_read_before_sigkill_is_counted_after_the_restart() {
+    let seed = common::seed(0xde11_7e12);
+    println!("seed {seed}");
+    let data = TempDir::new("counted-data");
+    let logs = TempDir::new("counted-logs");
+    let mut p = spawn_broker(data.path(), logs.path(), "counted0", seed);
+    let mut restarts = 0;
+    for way in DELIVERY_WAYS {
+        let topic = format!("counted-{way}");
+        for round in 1..=3u16 {
+            // The first round delivers a new message; later ones, the same
+            // message back after the restart (fetched at once: a parked
+            // FETCH or a subscription gets it as soon as it asks).
+            let (c, id, count) = if round == 1 {
+                deliver_one(p.addr, &topic, way, true, seed)
+            } else {
+                deliver_one(p.addr, &topic, "fetch", false, seed)
+            };
+            assert_eq!(count, round, "seed {seed}: {way}: message {id} in round {round}");
+            p.kill().unwrap_or_else(|e| panic!("seed {seed}: {way}: the broker {e}"));
+            drop(c);
+            restarts += 1;
+            p = spawn_broker(data.path(), logs.path(), &format!("counted{restarts}"), seed);
+        }
+    }
+    p.kill().unwrap_or_else(|e| panic!("seed {seed}: the last broker {e}"));
+}
+
+/// A message whose last allowed delivery was in flight when the broker was
+/// killed is dead-lettered at the restart (as if its consumer was lost),
+/// not delivered once more than `max_deliveries` allows.
+#[test]
+fn a_last_delivery_cut_by_sigkill_dead_letters_the_message() {
+    let seed = common::seed(0xde11_7e13);
+    println!("seed {seed}");
+    let data = TempDir::new("exhausted-data");
+    let logs = TempDir::new("exhausted-logs");
+    let mut p = spawn_broker(data.path(), logs.path(), "exhausted0", seed);
+    let mut c = client(p.addr).unwrap_or_else(|e| panic!("seed {seed}: connect: {e}"));
+    let settings = codec::TopicSettings { ack_timeout_ms: 600_000, max_deliveries: 2 };
+    c.create_topic("exhausted", settings).expect("create the topic");
+    let id = c.produce("exhausted", b"twice at most").expect("produce");
+    drop(c);
+    let now = Fetch { max_messages: 10, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 600_000 };
+    for round in 1..=2u16 {
+        let mut c = client(p.addr).unwrap_or_else(|e| panic!("seed {seed}: connect: {e}"));
+        let got: Vec<(u64, u16)> =
+            c.fetch("exhausted", now).expect("fetch").iter().map(|m| (m.id, m.delivery_count)).collect();
+        assert_eq!(got, [(id, round)], "seed {seed}: round {round}");
+        p.kill().unwrap_or_else(|e| panic!("seed {seed}: the broker {e}"));
+        p = spawn_broker(data.path(), logs.path(), &format!("exhausted{round}"), seed);
+    }
+    let mut c = client(p.addr).unwrap_or_else(|e| panic!("seed {seed}: connect: {e}"));
+    assert!(c.fetch("exhausted", now).expect("fetch").is_empty(), "seed {seed}: delivered a third time");
+    let dead = c.fetch("exhausted.dlq", now).expect("fetch the dead letter");
+    let info = dead.first().and_then(|m| m.dead).unwrap_or_else(|| panic!("seed {seed}: no dead letter: {dead:?}"));
+    assert_eq!(
+        (info.origin_id, info.origin_deliveries, info.reason),
+        (id, 2, codec::DeadReason::ConsumerLost),
+        "seed {seed}"
+    );
+    // The move is in the log: a second restart keeps it.
+    p.kill().unwrap_or_else(|e| panic!("seed {seed}: the broker {e}"));
+    p = spawn_broker(data.path(), logs.path(), "exhausted3", seed);
+    let mut c = client(p.addr).unwrap_or_else(|e| panic!("seed {seed}: connect: {e}"));
+    assert!(c.fetch("exhausted", now).expect("fetch").is_empty(), "seed {seed}: back after a second restart");
+    p.kill().unwrap_or_else(|e| panic!("seed {seed}: the last broker {e}"));
+}
+
+// ---------------------------------------------------------------------------
 // Idempotent produce (protocol version 4): a window that survives SIGKILL.
 // ---------------------------------------------------------------------------
 

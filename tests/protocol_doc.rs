@@ -306,12 +306,12 @@ fn limits_table_matches_the_defaults() {
         ("filter_bytes_max", d.filter_bytes_max.into()),
         ("filter_compiled_bytes_max", d.filter_compiled_bytes_max.into()),
         ("schedule_ahead_ms_max", d.schedule_ahead_ms_max),
-        ("dedup_window_ms_max", d.dedup_window_ms_max.into()),
-        ("dedup_entries_max", d.dedup_entries_max.into()),
-        ("dedup_id_bytes_max", d.dedup_id_bytes_max.into()),
         ("key_bytes_max", d.key_bytes_max.into()),
         ("lookup_results_max", d.lookup_results_max.into()),
         ("key_index_entries_per_topic_max", d.key_index_entries_per_topic_max.into()),
+        ("dedup_window_ms_max", d.dedup_window_ms_max.into()),
+        ("dedup_entries_max", d.dedup_entries_max.into()),
+        ("dedup_id_bytes_max", d.dedup_id_bytes_max.into()),
     ];
     for (name, default) in limits {
         let row = rows

@@ -243,10 +243,10 @@ fn messages_that_return_together_keep_the_order_of_the_event() {
 // Restart.
 // ---------------------------------------------------------------------------
 
-/// After a restart every unacknowledged message is ready, in id order. A
-/// delivery whose end the broker recorded (an ack deadline that passed, a
-/// NACK) is counted; one still in flight at the stop (touched or not), or
-/// ended by its consumer's disconnect, is not. A NACK's delay survives:
+/// After a restart every unacknowledged message is ready, in id order.
+/// Every delivery is counted: one whose end the broker recorded (an ack
+/// deadline that passed, a NACK), one still in flight at the stop (touched
+/// or not), and one ended by its consumer's disconnect. A NACK's delay survives:
 /// the message stays delayed until it ends.
 #[test]
 fn a_restart_makes_every_message_ready_in_id_order() {
@@ -277,6 +277,10 @@ fn a_restart_makes_every_message_ready_in_id_order() {
     assert_eq!((stat(&mut c, "r", "ready"), stat(&mut c, "r", "delayed")), (4, 1));
     let seen = |got: Vec<Delivered>| got.iter().map(|m| (m.id, m.delivery_count)).collect::<Vec<_>>();
     let r = seen(c.fetch("r", now(10)).unwrap());
-    assert_eq!(r, vec![(1, 1), (3, 1), (4, 2), (5, 1)], "(id, delivery_count): 2 is still delayed");
-    assert_eq!(seen(c.fetch("q", now(10)).unwrap()), vec![(1, 1)], "the disconnected delivery is not counted");
+    assert_eq!(
+        r,
+        vec![(1, 2), (3, 2), (4, 2), (5, 1)],
+        "(id, delivery_count): the deliveries in flight at the stop count; 2 is still delayed"
+    );
+    assert_eq!(seen(c.fetch("q", now(10)).unwrap()), vec![(1, 2)], "the disconnected delivery counts");
 }

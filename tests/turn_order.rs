@@ -190,8 +190,8 @@ fn a_turn_writes_then_syncs_then_delivers_then_acknowledges() {
     broker.sync(&mut written, NOW, &mut turn);
     assert_eq!(
         take(&events),
-        [Event::Sync, Event::Out(WAITER_CONN), Event::Out(PRODUCER_CONN)],
-        "sync, then the delivery, then the PRODUCE's reply"
+        [Event::Sync, Event::Out(WAITER_CONN), Event::Write(32), Event::Out(PRODUCER_CONN)],
+        "sync, then the delivery and the write of its Deliver record, then the PRODUCE's reply"
     );
     assert!(!turn.outs[WAITER_CONN].is_empty(), "the parked FETCH got the message");
     assert!(!turn.outs[PRODUCER_CONN].is_empty(), "the PRODUCE got its reply");

@@ -799,10 +799,10 @@ fn props_json(props: &Props<'_>) -> J {
         props::Prop::Delay(ms) => {
             J::Obj(vec![("type", num(props::PROP_DELAY)), ("name", text("delay_ms")), ("value", num(ms))])
         }
+        props::Prop::Key(k) => J::Obj(vec![("type", num(props::PROP_KEY)), ("name", text("key")), ("value", hex(k))]),
         props::Prop::DedupId(id) => {
             J::Obj(vec![("type", num(props::PROP_DEDUP_ID)), ("name", text("dedup_id")), ("value", hex(id))])
         }
-        props::Prop::Key(k) => J::Obj(vec![("type", num(props::PROP_KEY)), ("name", text("key")), ("value", hex(k))]),
     };
     J::Arr(props.iter().map(entry).collect())
 }

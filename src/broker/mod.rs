@@ -50,6 +50,7 @@ use crate::wheel::{TimerKey, Wheel};
 mod ack_produce;
 mod dead_letter;
 pub(crate) mod dedup;
+mod deliveries;
 mod groups;
 mod requests;
 mod schedule;
@@ -216,6 +217,9 @@ struct Scratch {
     failed_ids: Vec<u64>,
     /// The timers that fired this turn.
     expired: Vec<(u64, Timer)>,
+    /// Ids delivered by the reply or pushed batch at hand, for its Deliver
+    /// record (`deliveries.rs`).
+    delivered: Vec<MsgId>,
 }
 
 /// Topics whose sweep is under way (`Topic::sweep`): a few slices run
@@ -297,6 +301,7 @@ impl Broker {
         }
         broker.arm_all_due(now);
         broker.arm_restored_delays(now);
+        broker.dead_letter_exhausted();
         Ok(broker)
     }
 

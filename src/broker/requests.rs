@@ -403,7 +403,8 @@ impl Broker {
             return Err(self.timers_full());
         }
         if args.wait_ms == 0 || ready {
-            deliver(e, &mut self.wheel, &w, at.now, timers_max, out);
+            deliver(e, &mut self.wheel, &w, at.now, timers_max, (out, &mut self.scratch.delivered));
+            self.log_delivered(tid, group);
             return Ok(Outcome::Done);
         }
         let wait_ms = args.wait_ms.min(self.config.limits.fetch_wait_ms_max);
@@ -833,36 +834,39 @@ pub(super) fn timer_room(timers_max: u32, wheel: &Wheel<Timer>) -> u32 {
 }
 
 /// Writes a FETCH reply for `w` from the ready messages of `e`: as many as
-/// it asks for and the wheel has timers for (`timers_max`).
+/// it asks for and the wheel has timers for (`timers_max`). The ids
+/// delivered are added to `delivered` (for their Deliver record).
 pub(super) fn deliver(
     e: &mut Entry,
     wheel: &mut Wheel<Timer>,
     w: &Waiter,
     now: Now,
     timers_max: u32,
-    out: &mut Vec<u8>,
+    (out, delivered): (&mut Vec<u8>, &mut Vec<MsgId>),
 ) {
     let timeout = e.topic.ack_timeout_ms(w.group, w.ack_timeout_ms);
     let deadline = now.mono_ms + u64::from(timeout);
     let max_messages = w.max_messages.min(timer_room(timers_max, wheel));
     let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, w.version);
     let take = Take { owner: w.consumer, max_messages, max_bytes: w.max_bytes, deadline_ms: deadline };
-    write_taken(e, wheel, w.group, take, &mut writer, out);
+    write_taken(e, wheel, w.group, take, &mut writer, (out, delivered));
     writer.finish(out);
 }
 
 /// Takes what `take` says from group `group`'s ready messages into flight
-/// and appends each to `writer`'s frame (a FETCH reply or a pushed frame).
+/// and appends each to `writer`'s frame (a FETCH reply or a pushed frame),
+/// and its id to `delivered`.
 pub(super) fn write_taken(
     e: &mut Entry,
     wheel: &mut Wheel<Timer>,
     group: GroupId,
     take: Take,
     writer: &mut codec::MessagesWriter,
-    out: &mut Vec<u8>,
+    (out, delivered): (&mut Vec<u8>, &mut Vec<MsgId>),
 ) {
     let mut timers = GroupTimers { wheel, topic: e.id, group };
     e.topic.fetch(group, take, &mut timers, |seq, d| {
+        delivered.push(d.id);
         if let Some(m) = seq.get(d.id) {
             let dead = seq.dead_info(d.id);
             let msg = Message {

@@ -298,7 +298,7 @@ impl Broker {
                     frames[i].get_or_insert_with(|| MessagesWriter::begin_pushed(out, id, &e.topic.name, s.version));
                 let deadline_ms = now.mono_ms + u64::from(e.topic.ack_timeout_ms(group, s.ack_timeout_ms));
                 let take = Take { owner: s.consumer, max_messages: 1, max_bytes: u64::MAX, deadline_ms };
-                write_taken(e, &mut self.wheel, group, take, frame, out);
+                write_taken(e, &mut self.wheel, group, take, frame, (out, &mut self.scratch.delivered));
                 *grown_bytes += out.capacity().saturating_sub(before) as u64;
                 pushed = true;
             }
@@ -313,6 +313,7 @@ impl Broker {
                 w.finish(out);
             }
         }
+        self.log_delivered(tid, group);
         self.subs.rotate(tid, group);
         if held_back && !self.subs.held_back.contains(&(tid, group)) {
             self.subs.held_back.push((tid, group));

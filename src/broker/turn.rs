@@ -68,6 +68,9 @@ pub(super) struct Turn {
     /// Compaction's own work this turn (its calls on the log's files
     /// left out: the log times those), ns.
     compact_nanos: u64,
+    /// Deliver records appended since the turn's write: the publish's,
+    /// which `Broker::write_published` writes before the flush.
+    pub(super) delivered_records: u32,
 }
 
 impl Turn {
@@ -322,6 +325,8 @@ impl Broker {
     pub fn write(&mut self, now: Now) -> Written {
         self.turn.assert_open("a second write");
         self.turn.written = true;
+        // This write covers the Deliver records appended so far.
+        self.turn.delivered_records = 0;
         // A memory-only log has nothing to compact.
         if !self.log.memory_only() {
             let in_files = self.log.phases().total();
@@ -371,6 +376,7 @@ impl Broker {
         self.turn.produced = produced;
         self.turn.produced.clear();
         self.publish(now, outbox);
+        self.write_published();
         self.send_held(stored, outbox, &mut report);
         report.phases = self.log.take_phases();
         report.phases.add(Phase::Compact, std::mem::take(&mut self.turn.compact_nanos));
@@ -484,12 +490,15 @@ impl Broker {
                     self.stats.busy_replies += 1;
                     codec::encode_error(out, op::FETCH, w.request_id, ErrorCode::Busy, stats::BUSY_MESSAGE);
                 } else {
-                    super::requests::deliver(e, &mut self.wheel, &w, now, self.config.limits.timers_max, out);
+                    let timers_max = self.config.limits.timers_max;
+                    let delivered = &mut self.scratch.delivered;
+                    super::requests::deliver(e, &mut self.wheel, &w, now, timers_max, (out, delivered));
                 }
                 *grown_bytes += out.capacity().saturating_sub(before) as u64;
             }
             outbox.unblock(w.conn);
         }
+        self.log_delivered(tid, group);
     }
 
     /// Sends the held replies to their connections (a durable one becomes
@@ -538,8 +547,10 @@ impl Broker {
             if let Some(e) = self.topics.get_mut(w.topic)
                 && let Some(out) = outbox.out(w.conn)
             {
-                super::requests::deliver(e, &mut self.wheel, &w, now, self.config.limits.timers_max, out);
+                let (timers_max, delivered) = (self.config.limits.timers_max, &mut self.scratch.delivered);
+                super::requests::deliver(e, &mut self.wheel, &w, now, timers_max, (out, delivered));
             }
+            self.log_delivered(w.topic, w.group);
             outbox.unblock(w.conn);
         }
     }

@@ -115,10 +115,10 @@ pub enum Prop<'a> {
     DeliverAt(u64),
     /// Deliver this many ms after the broker receives it.
     Delay(u64),
-    /// The message's dedup id (version 4).
-    DedupId(&'a [u8]),
     /// The message's key (version 4).
     Key(&'a [u8]),
+    /// The message's dedup id (version 4).
+    DedupId(&'a [u8]),
 }
 
 /// A validated properties blob (possibly empty).
@@ -133,8 +133,8 @@ pub fn prop_type_known(kind: u8, version: u16) -> bool {
     match kind {
         PROP_TAG | PROP_HEADER => version >= 2,
         PROP_DELIVER_AT | PROP_DELAY => version >= SINCE_SCHEDULE,
-        PROP_DEDUP_ID => version >= SINCE_DEDUP,
         PROP_KEY => version >= SINCE_KEY,
+        PROP_DEDUP_ID => version >= SINCE_DEDUP,
         _ => false,
     }
 }
@@ -235,14 +235,14 @@ impl<'a> Props<'a> {
                 check_tag(value, limits.tag_bytes_max).map_err(bad)?;
             } else if kind == PROP_HEADER {
                 header(value)?;
+            } else if kind == PROP_KEY {
+                keys += 1;
+                check_key(value, keys, limits.key_bytes_max)?;
             } else if kind == PROP_DEDUP_ID {
                 dedups += 1;
                 if value.is_empty() || dedups > 1 {
                     return Err(bad("a dedup id is empty, or a message has more than one".into()));
                 }
-            } else if kind == PROP_KEY {
-                keys += 1;
-                check_key(value, keys, limits.key_bytes_max)?;
             } else {
                 time_value(value)?;
                 times += 1;
@@ -339,19 +339,19 @@ impl<'a> Props<'a> {
         self.iter().find(|p| matches!(p, Prop::DeliverAt(_) | Prop::Delay(_)))
     }
 
-    /// The message's dedup id (version 4), if it has one.
-    pub fn dedup_id(&self) -> Option<&'a [u8]> {
-        self.iter().find_map(|p| match p {
-            Prop::DedupId(id) => Some(id),
-            _ => None,
-        })
-    }
-
     /// The message's key, if it has one (version 4): at most one, 1 to
     /// `key_bytes_max` bytes, any bytes (`Props::parse` checked).
     pub fn key(&self) -> Option<&'a [u8]> {
         self.iter().find_map(|p| match p {
             Prop::Key(k) => Some(k),
+            _ => None,
+        })
+    }
+
+    /// The message's dedup id (version 4), if it has one.
+    pub fn dedup_id(&self) -> Option<&'a [u8]> {
+        self.iter().find_map(|p| match p {
+            Prop::DedupId(id) => Some(id),
             _ => None,
         })
     }
@@ -406,8 +406,8 @@ impl<'a> Iterator for PropsIter<'a> {
             PROP_TAG => Prop::Tag(std::str::from_utf8(value).ok()?),
             PROP_DELIVER_AT => Prop::DeliverAt(time_value(value).ok()?),
             PROP_DELAY => Prop::Delay(time_value(value).ok()?),
-            PROP_DEDUP_ID => Prop::DedupId(value),
             PROP_KEY => Prop::Key(value),
+            PROP_DEDUP_ID => Prop::DedupId(value),
             _ => {
                 let (key, value) = header(value).ok()?;
                 Prop::Header { key, value }

@@ -230,7 +230,7 @@ impl Run {
 
 fn run(seed: u64, steps: usize) {
     let _guard = SeedGuard { test: "ordered_by_key", seed, replay: "cargo test --release --lib ordered_by_key" };
-    let settings = Settings { ack_timeout_ms: 40, max_deliveries: MAX_DELIVERIES, dedup_window_ms: None };
+    let settings = Settings { ack_timeout_ms: 40, max_deliveries: MAX_DELIVERIES, ..Settings::default() };
     let mut t = Topic::new("t", false, settings, 1);
     let g = t.add_group("ordered", GroupConfig { ordered: true, ..GroupConfig::default() }, 1);
     assert_eq!(g, G);
@@ -269,7 +269,7 @@ fn ordered_by_key_delivers_each_key_in_produce_order_one_at_a_time() {
 /// the rest of its key.
 #[test]
 fn a_key_in_flight_holds_back_only_its_own_key() {
-    let mut t = Topic::new("t", false, Settings { ack_timeout_ms: 40, max_deliveries: 5, dedup_window_ms: None }, 1);
+    let mut t = Topic::new("t", false, Settings { ack_timeout_ms: 40, max_deliveries: 5, ..Settings::default() }, 1);
     let g = t.add_group("o", GroupConfig { ordered: true, ..GroupConfig::default() }, 1);
     let mut wheel = Wheel::new(0);
     let blobs = [key_blob(1), key_blob(1), key_blob(2), Vec::new(), key_blob(1)];

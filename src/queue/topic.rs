@@ -134,7 +134,7 @@ impl Topic {
         self.groups.get(i).map(Group::id)
     }
 
-    fn group_mut(&mut self, g: GroupId) -> Option<&mut Group> {
+    pub(super) fn group_mut(&mut self, g: GroupId) -> Option<&mut Group> {
         self.groups.iter_mut().find(|x| x.id() == g)
     }
 
@@ -297,7 +297,7 @@ impl Topic {
 
     /// Group `g`'s settings, as its failed deliveries see them: its own
     /// max deliveries, or the topic's.
-    fn policy(&self, g: GroupId) -> Policy {
+    pub(super) fn policy(&self, g: GroupId) -> Policy {
         let own = self.group(g).map_or(0, |x| x.config.max_deliveries);
         let max_deliveries = if own == 0 { self.settings.max_deliveries } else { own };
         Policy { max_deliveries, dead_letters: !self.is_dlq }
