@@ -184,6 +184,7 @@ fn every_example_decodes_to_its_frame_and_encodes_back() {
     expected.extend(doc_frames_v2());
     expected.extend(common::push_frames::doc_frames_push());
     expected.extend(doc_frames_schedule());
+    expected.extend(common::inspect_frames::doc_frames_inspect());
     let mut failures = Vec::new();
     for ex in &found {
         if !expected.iter().any(|f| f.name == ex.tag) {
@@ -216,7 +217,7 @@ fn error_table_names_every_code() {
     let doc = doc();
     let heading = "## Error codes";
     let rows = table_rows(&doc, heading);
-    for n in 1..=25u8 {
+    for n in (1..=25u8).chain([27]) {
         let code = ErrorCode::from_u8(n).unwrap_or_else(|| panic!("ErrorCode::from_u8({n}) is None"));
         assert_eq!(code as u8, n);
         assert_row(&rows, heading, &n.to_string(), code.name());
@@ -224,8 +225,9 @@ fn error_table_names_every_code() {
     // The table lists exactly the codes there are.
     assert_eq!(ErrorCode::from_u8(0), None);
     assert_eq!(ErrorCode::from_u8(26), None);
+    assert_eq!(ErrorCode::from_u8(28), None);
     let numbered = rows.iter().filter(|r| r[0].parse::<u8>().is_ok()).count();
-    assert_eq!(numbered, 25, "the error table has rows for codes that do not exist");
+    assert_eq!(numbered, 26, "the error table has rows for codes that do not exist");
 }
 
 #[test]
@@ -257,6 +259,8 @@ fn opcode_and_reason_tables_match_the_codec() {
         (op::CANCEL, "CANCEL"),
         (op::RESCHEDULE, "RESCHEDULE"),
         (op::ACK_PRODUCE, "ACK_PRODUCE"),
+        (op::LOOKUP, "LOOKUP"),
+        (op::PEEK, "PEEK"),
     ];
     for (code, name) in ops {
         assert_row(&rows, heading, &format!("0x{code:02x}"), name);

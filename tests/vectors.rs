@@ -352,11 +352,52 @@ fn vectors(version: u16) -> Vec<Vector> {
             .chain(refusal_pairs())
             .collect(),
         2 => doc_vectors(doc_frames_v2()).chain(frames_v2()).chain(refusals_v2()).collect(),
-        _ => doc_vectors(doc_frames_schedule())
+        3 => doc_vectors(doc_frames_schedule())
             .chain(doc_vectors(common::push_frames::doc_frames_push()))
             .chain(refusals_schedule())
             .collect(),
+        // Version 4: version 3's frames, and what version 4 adds.
+        _ => vectors(3)
+            .into_iter()
+            .chain(doc_vectors(common::inspect_frames::doc_frames_inspect()))
+            .chain(refusals_inspect())
+            .collect(),
     }
+}
+
+/// Version-4 requests the broker refuses: a LOOKUP with an empty key, and
+/// a message with two keys.
+fn refusals_inspect() -> Vec<Vector> {
+    let mut lookup = Vec::new();
+    lookup.extend_from_slice(&6u16.to_le_bytes());
+    lookup.extend_from_slice(b"orders");
+    lookup.extend_from_slice(&0u16.to_le_bytes());
+    let mut keys = Vec::new();
+    props::put_key(&mut keys, b"a");
+    props::put_key(&mut keys, b"b");
+    let mut body = Vec::new();
+    body.extend_from_slice(&6u16.to_le_bytes());
+    body.extend_from_slice(b"orders");
+    body.push(0); // flags: acknowledged once synced
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.extend_from_slice(&(keys.len() as u16).to_le_bytes());
+    body.extend_from_slice(&keys);
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.push(b'x');
+    vec![
+        refused(
+            "empty-key-request",
+            "A LOOKUP (version 4) with an empty key: BAD_ARGUMENT.",
+            raw(op::LOOKUP, 40, &lookup),
+            ErrorCode::BadArgument,
+        ),
+        refused(
+            "two-keys-request",
+            "A PRODUCE (version 4) whose message has two keys: BAD_ARGUMENT.",
+            raw(op::PRODUCE, 41, &body),
+            ErrorCode::BadArgument,
+        ),
+    ]
 }
 
 /// Version-3 requests the broker refuses: two times on one message, and a
@@ -672,6 +713,8 @@ fn op_name(op: u8) -> J {
         op::CANCEL => "CANCEL",
         op::RESCHEDULE => "RESCHEDULE",
         op::ACK_PRODUCE => "ACK_PRODUCE",
+        op::LOOKUP => "LOOKUP",
+        op::PEEK => "PEEK",
         _ => return J::Null,
     };
     text(name)
@@ -827,7 +870,8 @@ fn request_fields(r: &Request<'_>) -> Vec<(&'static str, J)> {
             vec![("subscription", num(subscription)), ("credit", num(credit))]
         }
         Request::Unsubscribe { subscription } => vec![("subscription", num(subscription))],
-        Request::Cancel { topic: t, id } => vec![topic(t), ("id", num(id))],
+        Request::Cancel { topic: t, id } | Request::Peek { topic: t, id } => vec![topic(t), ("id", num(id))],
+        Request::Lookup { topic: t, key } => vec![topic(t), ("key", hex(key))],
         Request::Reschedule { topic: t, id, when } => {
             let (kind, value) = when.to_wire();
             vec![topic(t), ("id", num(id)), ("kind", num(kind)), ("value", num(value))]
@@ -968,6 +1012,12 @@ fn reply_body(r: &Reply<'_>) -> J {
         Reply::Subscribed { subscription } => vec![("subscription", num(*subscription))],
         Reply::Credited { inflight } => vec![("inflight", num(*inflight))],
         Reply::Due(at) => vec![("deliver_at_ms", num(*at))],
+        Reply::Inspected(entries) => {
+            vec![
+                ("count", num(entries.len() as u64)),
+                ("entries", J::Arr(entries.iter().map(inspected_json).collect())),
+            ]
+        }
         Reply::AckProduced { done, failed, outputs } => {
             let output = |&(first, count): &(u64, u32)| J::Obj(vec![("first_id", num(first)), ("count", num(count))]);
             vec![
@@ -979,6 +1029,47 @@ fn reply_body(r: &Reply<'_>) -> J {
             ]
         }
     })
+}
+
+/// An entry of a LOOKUP or PEEK reply, its fields in layout order.
+fn inspected_json(e: &inspect::Inspected<'_>) -> J {
+    let held = e.message.map_or(0, |m| {
+        inspect::INSPECT_FLAG_HELD
+            | if m.dead.is_some() { inspect::INSPECT_FLAG_DEAD } else { 0 }
+            | if m.payload.is_some() { inspect::INSPECT_FLAG_PAYLOAD } else { 0 }
+    });
+    let mut fields = vec![("id", num(e.id)), ("flags", num(held))];
+    if let Some(m) = e.message {
+        fields.push(("born_ms", num(m.born_ms)));
+        if let Some(d) = m.dead {
+            fields.extend([
+                ("origin_id", num(d.origin_id)),
+                ("origin_deliveries", num(d.origin_deliveries)),
+                ("reason", num(d.reason as u8)),
+                ("reason_name", text(d.reason.name())),
+            ]);
+        }
+        fields.extend([("props_len", num(m.props.bytes().len() as u64)), ("props", props_json(&m.props))]);
+        fields.push(("len", num(m.len)));
+        if let Some(p) = m.payload {
+            fields.push(("payload", hex(p)));
+        }
+    }
+    let line = |g: &inspect::GroupLine<'_>| {
+        J::Obj(vec![
+            ("name", text(g.name)),
+            ("state", num(g.state as u8)),
+            ("state_name", text(g.state.name())),
+            ("deliveries", num(g.deliveries)),
+            ("until_ms", num(g.until_ms)),
+            ("consumer", num(g.consumer)),
+            ("dead_reason", num(g.dead_reason)),
+            ("last_nack_reason", text(g.last_nack_reason)),
+        ])
+    };
+    fields
+        .extend([("group_count", num(e.groups.len() as u64)), ("groups", J::Arr(e.groups.iter().map(line).collect()))]);
+    J::Obj(fields)
 }
 
 fn status_name(status: u8) -> J {
@@ -1168,8 +1259,13 @@ fn the_version_3_vectors_file_is_what_the_codec_gives() {
 }
 
 #[test]
+fn the_version_4_vectors_file_is_what_the_codec_gives() {
+    check_file(4);
+}
+
+#[test]
 fn vector_names_are_unique() {
-    for version in [1, 2, 3] {
+    for version in [1, 2, 3, 4] {
         let all = vectors(version);
         for (i, v) in all.iter().enumerate() {
             assert!(!all[..i].iter().any(|w| w.name == v.name), "vector name {} is used twice", v.name);
@@ -1186,6 +1282,7 @@ fn every_op_has_a_request_and_a_reply() {
     let relaid = [op::PRODUCE, op::FETCH, op::ACK, op::NACK, op::TOUCH, op::REDRIVE];
     check_ops(2, &|code| op::since(code) == Some(2) || relaid.contains(&code));
     check_ops(3, &|code| op::since(code) == Some(3));
+    check_ops(4, &|code| op::since(code) == Some(4));
 }
 
 fn check_ops(version: u16, wanted: &dyn Fn(u8) -> bool) {

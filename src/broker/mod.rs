@@ -22,7 +22,9 @@
 //!   numbers a group shows;
 //! - `requests`: one short function per op behind a thin match, and which
 //!   requests wait for the sync (`Request::waits_for_sync`);
-//! - `stats`: the counters, STATS and the metrics' view of the topics.
+//! - `stats`: the counters, STATS and the metrics' view of the topics;
+//! - `inspect`: LOOKUP and PEEK, which read a message's state in every
+//!   group.
 //!
 //! Recovery (`replay.rs`) and compaction (`compactor.rs`) are siblings: they
 //! read and change the topic table through its interface.
@@ -50,6 +52,7 @@ use crate::wheel::{TimerKey, Wheel};
 mod ack_produce;
 mod dead_letter;
 mod groups;
+mod inspect;
 mod requests;
 mod schedule;
 mod stats;

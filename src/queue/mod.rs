@@ -170,6 +170,8 @@ pub struct Delivery {
 #[cfg(test)]
 mod groups_tests;
 #[cfg(test)]
+mod inspect_tests;
+#[cfg(test)]
 mod props_tests;
 #[cfg(test)]
 mod redrive_tests;

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod frames;
+pub mod inspect_frames;
 pub mod logdir;
 pub mod push_frames;
 pub mod wire;
