@@ -245,6 +245,8 @@ pub struct GroupEntry {
     /// "" is the default group.
     pub name: String,
     pub broadcast: bool,
+    /// Ordered by key (version 4).
+    pub ordered: bool,
     /// The settings in effect (the topic's filled in).
     pub ack_timeout_ms: u32,
     pub max_deliveries: u16,
@@ -1022,6 +1024,7 @@ fn own_group(g: &codec::GroupInfo<'_>) -> GroupEntry {
     GroupEntry {
         name: g.name.to_string(),
         broadcast: g.settings.broadcast,
+        ordered: g.settings.ordered,
         ack_timeout_ms: g.settings.ack_timeout_ms,
         max_deliveries: g.settings.max_deliveries,
         filter: g.settings.filter.to_string(),

@@ -51,7 +51,8 @@ pub const VERSION_MAX: u16 = 4;
 pub const CODEC_VERSION_MAX: u16 = 4;
 /// Version 3: time and identity (scheduled messages and their ops).
 pub const V3: u16 = 3;
-/// Version 4: keys and inspection, retry policies, idempotent produce.
+/// Version 4: keys, inspection, idempotent produce, retry policy, ordering
+/// by key.
 pub const V4: u16 = 4;
 /// Bytes in a frame header.
 pub const HEADER_BYTES: usize = 12;
@@ -860,7 +861,7 @@ fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits, version: u16) 
             let (topic, group) = (topic(rd, limits, false)?, group_of(rd, limits, version)?);
             Request::Redrive { topic, group, max_messages: rd.u32().ok_or_else(short)? }
         }
-        op::CREATE_GROUP..=op::RESET_GROUP => group::parse_group_op(op, rd, limits)?,
+        op::CREATE_GROUP..=op::RESET_GROUP => group::parse_group_op(op, rd, limits, version)?,
         op::SUBSCRIBE | op::CREDIT | op::UNSUBSCRIBE => push::parse_push_op(op, rd, limits)?,
         op::CANCEL | op::RESCHEDULE => schedule::parse_schedule_op(op, rd, limits)?,
         op::LOOKUP | op::PEEK => inspect::parse_inspect_op(op, rd, limits)?,

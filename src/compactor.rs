@@ -560,6 +560,7 @@ pub(crate) fn group_record(t: TopicId, group: &crate::queue::Group) -> record::G
         topic: t,
         group: group.id(),
         broadcast: c.broadcast,
+        ordered: c.ordered,
         ack_timeout_ms: c.ack_timeout_ms,
         max_deliveries: c.max_deliveries,
         cursor: group.cursor(),

@@ -79,6 +79,7 @@ fn group_command_flags(addr: Flag) -> Vec<Flag> {
         flag("--to", START_VALUES, "none", "reset: where the group moves"),
         flag("--tags", "EXPR", "*", "create: the tag filter: * | a || b | re:PATTERN"),
         switch("--broadcast", "create: every consumer gets every message"),
+        switch("--ordered", "create: messages with the same key one at a time, in order (protocol version 4)"),
         flag("--ack-timeout-ms", "MS", "the topic's", "create: time to acknowledge a delivery"),
         flag("--max-deliveries", "N", "the topic's", "create: deliveries before a dead letter"),
     ]
@@ -106,6 +107,7 @@ fn sub(name: &str) -> Option<Sub> {
                 flag("--from", START_VALUES, "earliest", "where a group created now starts"),
                 flag("--tags", "EXPR", "*", "the group's tag filter: * | a || b | re:PATTERN"),
                 switch("--broadcast", "a broadcast group: every consumer gets every message"),
+                switch("--ordered", "a group ordered by key: one message of a key at a time, in order"),
                 switch("--push", "subscribe: the broker pushes messages (protocol version 3)"),
                 flag("--credit", "N", CONSUME_CREDIT_DEFAULT, "most messages held unacknowledged (implies --push)"),
             ],
@@ -702,8 +704,8 @@ fn utc_ms(v: &str) -> Option<u64> {
 }
 
 /// A group's settings and start from `--from`/`--to`, `--tags`,
-/// `--broadcast`, `--ack-timeout-ms` and `--max-deliveries`: None if none
-/// was given (a consume then leaves the group as it is).
+/// `--broadcast`, `--ordered`, `--ack-timeout-ms` and `--max-deliveries`:
+/// None if none was given (a consume then leaves the group as it is).
 fn group_flags<'a>(
     a: &mut Args,
     from_flag: &str,
@@ -712,9 +714,16 @@ fn group_flags<'a>(
     let from = a.take(from_flag);
     let tags = a.take("--tags");
     let broadcast = a.switch("--broadcast");
+    let ordered = a.switch("--ordered");
     let ack_timeout_ms: Option<u32> = a.num("--ack-timeout-ms")?;
     let max_deliveries: Option<u16> = a.num("--max-deliveries")?;
-    if from.is_none() && tags.is_none() && !broadcast && ack_timeout_ms.is_none() && max_deliveries.is_none() {
+    if from.is_none()
+        && tags.is_none()
+        && !broadcast
+        && !ordered
+        && ack_timeout_ms.is_none()
+        && max_deliveries.is_none()
+    {
         return Ok(None);
     }
     let start = from.map_or(Ok(Start::Earliest), |v| parse_start(from_flag, &v))?;
@@ -724,6 +733,7 @@ fn group_flags<'a>(
         ack_timeout_ms: ack_timeout_ms.unwrap_or(0),
         max_deliveries: max_deliveries.unwrap_or(0),
         filter: filter.as_str(),
+        ordered,
     };
     Ok(Some((settings, start)))
 }
@@ -835,7 +845,9 @@ fn groups(raw: &[String], sub: &Sub) -> Result<(), Exit> {
             out += &format!(" {v:>13}");
         }
         let filter = if g.filter.is_empty() { "*" } else { &g.filter };
-        out += &format!(" {filter:>13}{}\n", if g.broadcast { " broadcast" } else { "" });
+        let modes = [(g.broadcast, " broadcast"), (g.ordered, " ordered")];
+        let modes: String = modes.iter().filter(|m| m.0).map(|m| m.1).collect();
+        out += &format!(" {filter:>13}{modes}\n");
     }
     emit(out.as_bytes())
 }

@@ -235,7 +235,7 @@ pub fn render(broker: &Broker, loops: &LoopStats, lm: &LoopMetrics, now: Now) ->
     lm.produce_ack.render(
         &mut out,
         "runnel_produce_ack_latency_seconds",
-        "From the turn a PRODUCE was read in to its acknowledgement.",
+        "From the turn a PRODUCE was read in to its acknowledgement (after the sync, or the write for a written one).",
     );
     lm.render_turns(&mut out);
     render_topics(&mut out, &broker.topic_metrics(now));

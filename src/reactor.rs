@@ -1081,7 +1081,11 @@ impl TurnSteps for ReactorTurn<'_> {
     fn write(&mut self, now: Now) -> Written {
         let r = &mut *self.reactor;
         let written = r.broker.write(now);
-        r.broker.send_written(&written, &mut Lent::new(&mut r.conns, &mut r.hot, &mut r.dirty, &r.loops, now));
+        let acked =
+            r.broker.send_written(&written, &mut Lent::new(&mut r.conns, &mut r.hot, &mut r.dirty, &r.loops, now));
+        if acked > 0 {
+            r.loop_metrics.produce_ack.observe(self.started.elapsed().as_nanos() as u64, acked);
+        }
         written
     }
     fn flush(&mut self, now: Now, written: &Written) {

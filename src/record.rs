@@ -446,6 +446,8 @@ impl RequeueRecord<'_> {
 
 /// Bit in a Group record's flags: a broadcast group.
 pub const GROUP_RECORD_BROADCAST: u8 = 0x01;
+/// Bit in a Group record's flags: ordered by key (older builds wrote 0).
+pub const GROUP_RECORD_ORDERED: u8 = 0x02;
 
 /// A Group record: group `group` of topic `topic` exists with this name
 /// and these settings; created at `cursor` (a group already known keeps
@@ -455,6 +457,8 @@ pub struct GroupRecord<'a> {
     pub topic: TopicId,
     pub group: GroupId,
     pub broadcast: bool,
+    /// Ordered by key.
+    pub ordered: bool,
     /// 0 = the topic's.
     pub ack_timeout_ms: u32,
     /// 0 = the topic's.
@@ -480,7 +484,10 @@ impl GroupRecord<'_> {
         let b = log.body();
         codec::put_u32(b, self.topic.0);
         codec::put_u32(b, self.group.0);
-        b.push(if self.broadcast { GROUP_RECORD_BROADCAST } else { 0 });
+        b.push(
+            (if self.broadcast { GROUP_RECORD_BROADCAST } else { 0 })
+                | (if self.ordered { GROUP_RECORD_ORDERED } else { 0 }),
+        );
         codec::put_u32(b, self.ack_timeout_ms);
         codec::put_u16(b, self.max_deliveries);
         codec::put_u64(b, self.cursor);
@@ -712,6 +719,7 @@ impl<'a> Record<'a> {
                     topic,
                     group,
                     broadcast,
+                    ordered: flags & GROUP_RECORD_ORDERED != 0,
                     ack_timeout_ms,
                     max_deliveries,
                     cursor,

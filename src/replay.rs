@@ -147,6 +147,7 @@ pub(crate) fn group_config(r: &GroupRecord<'_>) -> GroupConfig {
         max_deliveries: r.max_deliveries,
         filter_text: r.filter.into(),
         filter,
+        ordered: r.ordered,
     }
 }
 
@@ -611,7 +612,18 @@ mod tests {
     fn group(log: &mut Log, g: u32, name: &str, cursor: MsgId, filter: &str) {
         let (broadcast, ack_timeout_ms, max_deliveries) = (false, 0, 0);
         let group = GroupId(g);
-        GroupRecord { topic: T, group, broadcast, ack_timeout_ms, max_deliveries, cursor, name, filter }.append(log);
+        GroupRecord {
+            topic: T,
+            group,
+            broadcast,
+            ordered: false,
+            ack_timeout_ms,
+            max_deliveries,
+            cursor,
+            name,
+            filter,
+        }
+        .append(log);
     }
 
     fn produce(log: &mut Log, ids: std::ops::RangeInclusive<MsgId>, deliveries: u16) {

@@ -138,7 +138,13 @@ fn answer(out: &mut Vec<u8>, f: &Frame<'_>, version: u16, limits: &DecodeLimits)
         Request::CreateGroup { .. } => encode_group_created_reply(out, rid, true, 1),
         Request::ListGroups { .. } => {
             let stats = GroupStats { cursor: 3, lag: 4, consumers: 2, ..GroupStats::default() };
-            let settings = GroupSettings { broadcast: true, ack_timeout_ms: 9, max_deliveries: 2, filter: "a || b" };
+            let settings = GroupSettings {
+                broadcast: true,
+                ack_timeout_ms: 9,
+                max_deliveries: 2,
+                filter: "a || b",
+                ordered: false,
+            };
             encode_groups_reply(out, rid, &[GroupInfo { name: "billing", settings, stats }]);
         }
         Request::DeleteGroup { .. } | Request::ResetGroup { .. } | Request::Redrive { .. } => {
@@ -250,7 +256,8 @@ fn group_calls_send_their_group_and_deliveries_carry_their_properties() {
 #[test]
 fn group_admin_calls_round_trip() {
     let (mut c, rx) = connect_v2();
-    let settings = GroupSettings { broadcast: true, ack_timeout_ms: 9, max_deliveries: 2, filter: "a || b" };
+    let settings =
+        GroupSettings { broadcast: true, ack_timeout_ms: 9, max_deliveries: 2, filter: "a || b", ordered: false };
     assert_eq!(c.create_group("t", "billing", settings, Start::Time(7)).expect("create"), (true, 1));
     assert_sent(&rx, &Request::CreateGroup { topic: "t", group: "billing", settings, start: Start::Time(7) });
     let groups = c.list_groups("t").expect("list");

@@ -212,3 +212,23 @@ fn metrics_listener_answers_bad_and_slow_requests_with_4xx() {
     slow.read_to_string(&mut resp).unwrap();
     assert!(resp.starts_with("HTTP/1.1 408 "), "{resp}");
 }
+
+/// A PRODUCE acknowledged once written (version 3) counts in the produce
+/// acknowledgement histogram as a synced one does: three of each, six.
+#[test]
+fn produce_ack_latency_counts_written_and_synced_produces() {
+    let dir = TempDir::new("metrics-written");
+    let srv = with_metrics(&["--fsync=turn"], &dir);
+    let mut c = runnel::client::Client::connect(srv.addr).unwrap();
+    for _ in 0..3 {
+        c.produce("t", b"synced").unwrap();
+    }
+    c.set_produce_flags(runnel::codec::PRODUCE_FLAG_WRITTEN).unwrap();
+    for _ in 0..3 {
+        c.produce("t", b"written").unwrap();
+    }
+    let (status, body) = http(&srv, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_eq!(status, 200);
+    let (_, samples) = parse_exposition(&body);
+    assert_eq!(value(&samples, "runnel_produce_ack_latency_seconds_count", None), 6.0);
+}

@@ -507,7 +507,13 @@ fn version_2_requests() -> Vec<(&'static str, Vec<u8>)> {
     codec::encode_ids(&mut ids, &[1, 2]);
     let ids = Ids { bytes: &ids };
     let (topic, group) = ("a", "g");
-    let settings = codec::GroupSettings { broadcast: true, ack_timeout_ms: 5, max_deliveries: 2, filter: "a || b" };
+    let settings = codec::GroupSettings {
+        broadcast: true,
+        ack_timeout_ms: 5,
+        max_deliveries: 2,
+        filter: "a || b",
+        ordered: false,
+    };
     let requests = [
         ("produce", Request::Produce { flags: 0, topic, batch: Batch { count: 2, bytes: &batch, with_props: true } }),
         ("fetch", Request::Fetch { topic, group, max_messages: 2, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 }),

@@ -19,6 +19,7 @@ use common::{Server, TempDir};
 use runnel::broker::Config;
 use runnel::client::{Client, Delivered, Fetch};
 use runnel::codec::TopicSettings;
+use runnel::codec::schedule::When;
 use runnel::log::LogOptions;
 
 /// Copies a fixture's data directory into a fresh temporary one.
@@ -75,7 +76,9 @@ fn drain(dir: &Path) -> String {
 /// A delivered message as `dump_groups.py` prints it, after `prefix`
 /// (`topic/group`): id, delivery count, dead-letter fields, origin group,
 /// properties, payload.
-fn group_line(prefix: &str, m: &Delivered) -> String {
+/// With `times` set, the delivery time is among the properties (`at=`),
+/// as `dump_v6.py` prints it in version 3.
+fn group_line(prefix: &str, m: &Delivered, times: bool) -> String {
     let dead = match m.dead {
         Some(d) => format!("dead:{}:{}:{}", d.origin_id, d.origin_deliveries, d.reason as u8),
         None => "-".into(),
@@ -83,6 +86,9 @@ fn group_line(prefix: &str, m: &Delivered) -> String {
     let origin = if m.origin_group.is_empty() { "-" } else { &m.origin_group };
     let mut props: Vec<String> = m.tags().iter().map(|t| format!("tag={t}")).collect();
     props.extend(m.headers().iter().map(|(k, v)| format!("hdr:{k}={}", String::from_utf8_lossy(v))));
+    if let Some(at) = m.deliver_at_ms().filter(|_| times) {
+        props.push(format!("at={at}"));
+    }
     let props = if props.is_empty() { "-".into() } else { props.join(",") };
     let payload = String::from_utf8_lossy(&m.payload);
     format!("  {prefix} {} {} {dead} {origin} {props} {payload}", m.id, m.delivery_count)
@@ -97,11 +103,44 @@ fn drain_groups(dir: &Path) -> String {
     // Version 2, as `dump_groups.py` speaks it.
     let mut c = Client::connect_upto(server.addr, b"", 2).expect("connect");
     c.set_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let mut out = String::new();
+    drain_groups_on(&mut c, false, &mut out);
+    server.stop();
+    out
+}
+
+/// What `dump_v6.py` prints: each message named in the fixture's
+/// `far.txt` (scheduled 50 years ahead) rescheduled to now, with the answer,
+/// then `drain_groups`'s listing in version 3, delivery times shown.
+fn drain_v6(dir: &Path) -> String {
+    let far = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v6/far.txt");
+    let far = fs::read_to_string(far).expect("read far.txt");
+    let server = Server::start_in(Config::default(), LogOptions::default(), dir);
+    let mut c = Client::connect_upto(server.addr, b"", 3).expect("connect");
+    c.set_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let mut out = String::new();
+    for line in far.lines() {
+        let (topic, id) = line.split_once(' ').expect("`topic id`");
+        let id: u64 = id.parse().expect("an id");
+        let status = match c.reschedule(topic, id, When::At(1)) {
+            Ok(_) => 0,
+            Err(e) => e.code().map_or(255, |code| code as u8),
+        };
+        let _ = writeln!(out, "reschedule {topic} {id} status={status}");
+    }
+    c.ping().expect("PING");
+    drain_groups_on(&mut c, true, &mut out);
+    server.stop();
+    out
+}
+
+/// Every topic's settings, its groups' settings and cursors, and each
+/// group drained, onto `out`; delivery times shown when `times` is set.
+fn drain_groups_on(c: &mut Client, times: bool, out: &mut String) {
     let mut topics = c.list_topics().expect("LIST_TOPICS");
     topics.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut out = String::new();
     for (name, s) in topics {
-        topic_line(&mut c, &name, &s, &mut out);
+        topic_line(c, &name, &s, out);
         let groups = c.list_groups(&name).expect("LIST_GROUPS");
         for g in &groups {
             let _ = writeln!(
@@ -121,15 +160,13 @@ fn drain_groups(dir: &Path) -> String {
                     break;
                 }
                 for m in &batch {
-                    let _ = writeln!(out, "{}", group_line(&format!("{name}/{g}"), m));
+                    let _ = writeln!(out, "{}", group_line(&format!("{name}/{g}"), m, times));
                 }
                 let ids: Vec<u64> = batch.iter().map(|m| m.id).collect();
                 c.ack_group(&name, &g, &ids).expect("ACK");
             }
         }
     }
-    server.stop();
-    out
 }
 
 fn check(name: &str) {
@@ -192,6 +229,19 @@ fn v4_data_directory_opens_with_nothing_lost() {
 #[test]
 fn v5_data_directory_opens_with_every_group_as_it_was() {
     check_with("v5", drain_groups);
+}
+
+/// Written by commit fbf8bc9, the last build before the records of protocol
+/// version 4: `make_v6.py`, the v5 fixture's directory and then version 3's
+/// records: scheduled messages (fallen due while it ran, due after it
+/// stopped, 50 years ahead; cancelled and rescheduled ones; Due records),
+/// NACK delays (Delay records), ACK_PRODUCE records, PRODUCEs acknowledged
+/// once written, and 4 KiB segments compacted with all of them alive. The
+/// messages 50 years ahead must still be scheduled (RESCHEDULE finds them),
+/// and every group must hand out what that build handed out.
+#[test]
+fn v6_data_directory_opens_with_every_schedule_and_delay_as_it_was() {
+    check_with("v6", drain_v6);
 }
 
 /// The v5 fixture's dead letters were written before dead letters named

@@ -447,7 +447,13 @@ fn encoded_v2(request_id: u32, request: Request<'_>) -> Vec<u8> {
 /// Version-2 frames beyond the doc's examples.
 fn frames_v2() -> Vec<Vector> {
     let (jobs, billing) = ("jobs", "billing");
-    let broadcast = GroupSettings { broadcast: true, ack_timeout_ms: 5000, max_deliveries: 3, filter: r"re:^order\." };
+    let broadcast = GroupSettings {
+        broadcast: true,
+        ack_timeout_ms: 5000,
+        max_deliveries: 3,
+        filter: r"re:^order\.",
+        ordered: false,
+    };
     let untagged_dead = Message {
         dead: Some(DeadInfo { origin_id: 4, origin_deliveries: 16, reason: DeadReason::AckTimeout }),
         ..message(2, 1, None, b"x")

@@ -106,13 +106,20 @@ fn setup(w: &mut Wire, line: &str) -> Result<(), String> {
 pub struct BeanstalkProducer {
     wire: Wire,
     in_flight: usize,
+    /// `put`'s delay: whole seconds before the job is ready (W7).
+    delay_secs: u64,
 }
 
 impl BeanstalkProducer {
     pub fn connect(addr: SocketAddr, tube: &str) -> Result<BeanstalkProducer, String> {
         let mut wire = Wire::connect(addr, "beanstalkd")?;
         setup(&mut wire, &format!("use {tube}\r\n"))?;
-        Ok(BeanstalkProducer { wire, in_flight: 0 })
+        Ok(BeanstalkProducer { wire, in_flight: 0, delay_secs: 0 })
+    }
+
+    /// A producer whose jobs are ready `delay_secs` after their `put`.
+    pub fn delayed(addr: SocketAddr, tube: &str, delay_secs: u64) -> Result<BeanstalkProducer, String> {
+        Ok(BeanstalkProducer { delay_secs, ..BeanstalkProducer::connect(addr, tube)? })
     }
 }
 
@@ -146,7 +153,7 @@ impl WireReplies for BeanstalkProducer {
 impl Producer for BeanstalkProducer {
     fn queue(&mut self, payload: &[u8]) {
         // Writing to a Vec cannot fail.
-        let _ = write!(self.wire.out, "put {PRIORITY} 0 {TTR_SECS} {}\r\n", payload.len());
+        let _ = write!(self.wire.out, "put {PRIORITY} {} {TTR_SECS} {}\r\n", self.delay_secs, payload.len());
         self.wire.out.extend_from_slice(payload);
         self.wire.out.extend_from_slice(b"\r\n");
         self.in_flight += 1;

@@ -146,6 +146,20 @@ impl Target {
         })
     }
 
+    /// A producer whose messages are delivered `delay_ms` after the broker
+    /// receives them (W7): runnel's `delay_ms` property, beanstalkd's `put`
+    /// delay (whole seconds, so `delay_ms` must be whole seconds). Redis
+    /// Streams (and the floor) have no scheduled delivery.
+    pub fn delayed_producer(&self, topic: &str, delay_ms: u64) -> Result<Box<dyn Producer>, String> {
+        match self.kind {
+            Kind::Runnel => Ok(Box::new(runnel_conn::RunnelProducer::delayed(self.addr, topic, delay_ms)?)),
+            Kind::Beanstalkd if delay_ms.is_multiple_of(1000) => {
+                Ok(Box::new(beanstalk_conn::BeanstalkProducer::delayed(self.addr, topic, delay_ms / 1000)?))
+            }
+            other => Err(format!("{} has no scheduled delivery of {delay_ms} ms", other.name())),
+        }
+    }
+
     /// A consumer; `name` tells consumers of one group apart (Redis).
     pub fn consumer(&self, topic: &str, name: &str) -> Result<Box<dyn Consumer>, String> {
         Ok(match self.kind {

@@ -46,7 +46,8 @@ usage:
                    skipped with a note)
   --workloads      W1 produce throughput, W2 fan-in, W3 open-loop latency,
                    W4 work queue, W5 backlog, W6 fan-out to consumer
-                   groups, W3C latency while the log is rewritten, W3S
+                   groups, W7 scheduled delivery lateness, W3C latency
+                   while the log is rewritten, W3S
                    runnel's --spin-us, W3B latency with a busy-polling
                    client (its core 100% busy), R1 recovery of a 1 GiB
                    log (16 MiB with --quick) (default: all)

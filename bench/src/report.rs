@@ -55,13 +55,17 @@ pub struct Report {
     pub skipped: Vec<String>,
 }
 
-const WORKLOADS: [(&str, &str); 10] = [
+const WORKLOADS: [(&str, &str); 11] = [
     ("W1", "W1: produce throughput (1 connection, closed loop)"),
     ("W2", "W2: fan-in (many connections, depth 1)"),
     ("W3", "W3: end-to-end latency, open loop"),
     ("W4", "W4: work queue"),
     ("W5", "W5: backlog fill and drain"),
     ("W6", "W6: fan-out to consumer groups (durable; msgs/s and CPU are per delivery, to every group)"),
+    (
+        "W7",
+        "W7: scheduled delivery lateness (each message scheduled 1 s ahead; Redis Streams has no scheduled delivery)",
+    ),
     ("W3C", "W3C: end-to-end latency while the log is rewritten (durable)"),
     ("W3S", "W3S: end-to-end latency with runnel's --spin-us (log, no sync)"),
     ("W3B", "W3B: end-to-end latency with a busy-polling client (memory only; the client core is 100% busy)"),
@@ -153,7 +157,7 @@ fn notes(r: &RunResult) -> String {
                 n.push(format!("no fsync; {} log writes/s, {per:.1} produces/write", fmt_count(w)));
             }
         }
-        "W3" | "W3C" | "W3S" | "W3B" => {
+        "W3" | "W3C" | "W3S" | "W3B" | "W7" => {
             if let (Some(a), Some(b)) = (r.extra("produce_ack_p50_us"), r.extra("produce_ack_p99_us")) {
                 n.push(format!("produce acked p50 {} / p99 {}", fmt_ns((a * 1e3) as u64), fmt_ns((b * 1e3) as u64)));
             }
@@ -338,7 +342,7 @@ fn config_key(r: &RunResult) -> (u64, u64) {
         Config::W1 { size, produce: Produce::Depth(d) } => (size as u64, d as u64),
         Config::W1 { size, produce: Produce::Batch(_) } => (size as u64, u64::MAX),
         Config::W2 { conns } => (conns as u64, 0),
-        Config::W3 { rate, .. } | Config::W3Compact { rate } => (rate, 0),
+        Config::W3 { rate, .. } | Config::W3Compact { rate } | Config::W7 { rate } => (rate, 0),
         Config::W3Spin { rate, spin_us } | Config::W3Busy { rate, spin_us, .. } => (rate, u64::from(spin_us)),
         _ => (r.order as u64, 0),
     }

@@ -23,6 +23,10 @@
 //!   connections that never sleeps (its core 100% busy by design); runnel
 //!   also with `--spin-us 200`, so both sides busy-poll, and with a push
 //!   subscriber.
+//! - W7 scheduled delivery: W3's open loop at 1k and 10k msgs/s, each
+//!   message scheduled 1 s ahead (runnel's `delay_ms`, beanstalkd's `put`
+//!   delay; Redis Streams has none), so as many fall due per second; the
+//!   latency is the lateness, delivery time minus due time.
 //! - R1: recovery: fill a durable runnel with a large log, restart it
 //!   (page cache warm, then dropped), time until it answers a PING.
 
@@ -201,6 +205,11 @@ pub enum Config {
         spin_us: u32,
         consume: Consume,
     },
+    /// W3 with every message scheduled `W7_DELAY_MS` ahead: `rate` fall
+    /// due per second.
+    W7 {
+        rate: u64,
+    },
     /// Recovery of a durable log of `log_bytes` after a restart.
     R1 {
         log_bytes: u64,
@@ -234,8 +243,11 @@ const R1_SIZE: usize = 1024;
 /// W3B: runnel's `--spin-us` beside the plain loop, so the server
 /// busy-polls too (200 µs covers the 100 µs between messages at 10k/s).
 const W3B_SPIN_US: u32 = 200;
+/// W7: how far ahead each message is scheduled; whole seconds, the
+/// unit of beanstalkd's `put` delay.
+const W7_DELAY_MS: u64 = 1_000;
 /// All the workload ids, in the order they run.
-pub const WORKLOADS: [&str; 10] = ["W1", "W2", "W3", "W4", "W5", "W6", "W3C", "W3S", "W3B", "R1"];
+pub const WORKLOADS: [&str; 11] = ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W3C", "W3S", "W3B", "R1"];
 
 impl Config {
     pub fn workload(&self) -> &'static str {
@@ -246,6 +258,7 @@ impl Config {
             Config::W4 { .. } => "W4",
             Config::W5 { .. } => "W5",
             Config::W6 { .. } => "W6",
+            Config::W7 { .. } => "W7",
             Config::W3Compact { .. } => "W3C",
             Config::W3Spin { .. } => "W3S",
             Config::W3Busy { .. } => "W3B",
@@ -286,6 +299,7 @@ impl Config {
                 v.push(Config::W6 { groups: 16, tagged: true });
                 v
             }
+            "W7" => [1_000, 10_000].map(|rate| Config::W7 { rate }).to_vec(),
             "W3C" => vec![Config::W3Compact { rate: 10_000 }],
             "W3S" => {
                 let mut v = Vec::new();
@@ -328,6 +342,8 @@ impl Config {
             Config::W5 { groups } => kind != Kind::Floor && (*groups == 0 || kind != Kind::Beanstalkd),
             // Only runnel filters by tag; the floor has no groups.
             Config::W6 { tagged, .. } => kind != Kind::Floor && (!tagged || kind == Kind::Runnel),
+            // Redis Streams has no scheduled delivery, the floor no queue.
+            Config::W7 { .. } => matches!(kind, Kind::Runnel | Kind::Beanstalkd),
             // beanstalkd has no log rewrite to compare with, the floor no log.
             Config::W3Compact { .. } => matches!(kind, Kind::Runnel | Kind::Redis),
             // `--spin-us` is runnel's; every broker runs the plain loop.
@@ -342,6 +358,14 @@ impl Config {
         match *self {
             Config::W3 { consume, .. } | Config::W3Busy { consume, .. } | Config::W4 { consume, .. } => Some(consume),
             _ => None,
+        }
+    }
+
+    /// How far ahead this configuration schedules each message (W7), ms.
+    pub fn delay_ms(&self) -> u64 {
+        match self {
+            Config::W7 { .. } => W7_DELAY_MS,
+            _ => 0,
         }
     }
 
@@ -415,6 +439,11 @@ impl Config {
             }
             Config::W2 { conns } => format!("{conns} conn{}, depth 1, {SIZE} B", if conns == 1 { "" } else { "s" }),
             Config::W3 { rate, .. } => format!("{} msgs/s open loop, {SIZE} B", rate_label(rate)),
+            Config::W7 { rate } => format!(
+                "{} due/s, each scheduled {} s ahead at send, open loop, {SIZE} B",
+                rate_label(rate),
+                W7_DELAY_MS / 1000
+            ),
             Config::W4 { producers, consumers, .. } => {
                 format!("{producers} producers (depth 16) + {consumers} consumers, {SIZE} B")
             }
@@ -459,6 +488,10 @@ impl Config {
             Config::W2 { conns: 256 } => {
                 Some(("w2".into(), "W2: produce round trip, 256 connections at depth 1, 128 B".into()))
             }
+            Config::W7 { rate } => Some((
+                format!("w7-{}", rate_label(rate)),
+                format!("W7: lateness of scheduled delivery, {} due/s", rate_label(rate)),
+            )),
             Config::W3 { rate, .. } => Some((
                 format!("w3-{}", rate_label(rate)),
                 format!("W3: end to end from intended send, {} msgs/s open loop", rate_label(rate)),
@@ -604,6 +637,7 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
         Config::W3 { rate, .. } | Config::W3Spin { rate, .. } => {
             w3(ctx, rate, &format!("w3-{rate}"), &mut |_| Ok(())).map(|r| vec![r])
         }
+        Config::W7 { rate } => w3(ctx, rate, &format!("w7-{rate}"), &mut |_| Ok(())).map(|r| vec![r]),
         Config::W4 { producers, consumers, .. } => w4(ctx, producers, consumers).map(|r| vec![r]),
         Config::W5 { groups } => w5(ctx, groups),
         Config::W6 { groups, tagged } => w6(ctx, groups, tagged).map(|r| vec![r]),
@@ -760,6 +794,9 @@ struct ConsumerRun {
     expected: Arc<AtomicU64>,
     delivered: Arc<AtomicU64>,
     from_ns: u64,
+    /// Subtracted from each latency: the time a message was scheduled
+    /// ahead (W7), so what is recorded is its lateness.
+    offset_ns: u64,
     window_end_ns: Arc<AtomicU64>,
     idle: Duration,
     consume_max: Duration,
@@ -785,7 +822,7 @@ impl ConsumerRun {
                 if let Some((seq, t)) = tracker::read(payload) {
                     out.seqs.push(seq);
                     if t >= self.from_ns {
-                        out.lat.push(now.saturating_sub(t));
+                        out.lat.push(now.saturating_sub(t).saturating_sub(self.offset_ns));
                     }
                 }
                 if now <= window_end {
@@ -1042,7 +1079,11 @@ fn w3(
     let s = ctx.scale;
     let topic = topic.to_string();
     ctx.target.prepare(&topic)?;
-    let mut p = ctx.target.producer(&topic)?;
+    let delay_ms = ctx.config.delay_ms();
+    let mut p = match delay_ms {
+        0 => ctx.target.producer(&topic)?,
+        ms => ctx.target.delayed_producer(&topic, ms)?,
+    };
     let consumer = ctx.consumer(&topic, "c0")?;
     let mut sched = Schedule::new(rate, s);
     let done = Arc::new(AtomicBool::new(false));
@@ -1053,9 +1094,11 @@ fn w3(
         expected: expected.clone(),
         delivered: delivered.clone(),
         from_ns: sched.warm_ns,
+        offset_ns: delay_ms * 1_000_000,
         window_end_ns: Arc::new(AtomicU64::new(u64::MAX)),
-        idle: s.drain_idle,
-        consume_max: ctx.consume_max(),
+        // A scheduled message arrives `delay_ms` after its produce.
+        idle: s.drain_idle + Duration::from_millis(delay_ms),
+        consume_max: ctx.consume_max() + Duration::from_millis(delay_ms),
     };
     let consumer = thread::Builder::new()
         .name("w3-consumer".into())
@@ -1114,7 +1157,11 @@ fn w3(
     r.cpu_seconds = cpu.read();
     r.seconds = sent_secs;
     r.messages = acked;
-    r.latency = consumed.lat.summarize("end to end from intended send time (open loop)");
+    r.latency = consumed.lat.summarize(if delay_ms > 0 {
+        "lateness: delivery minus due time (intended send + the delay; open loop)"
+    } else {
+        "end to end from intended send time (open loop)"
+    });
     sched.report(rate, &mut r);
     if let Some(sat) = saturated {
         r.notes.push(sat);
@@ -1319,6 +1366,7 @@ fn w4(ctx: &Ctx<'_>, producers: usize, consumers: usize) -> Result<RunResult, St
             expected: expected.clone(),
             delivered: delivered.clone(),
             from_ns: 0,
+            offset_ns: 0,
             window_end_ns: window_end_ns.clone(),
             idle: ctx.scale.drain_idle,
             consume_max: ctx.consume_max(),
@@ -1430,6 +1478,7 @@ fn w6(ctx: &Ctx<'_>, groups: usize, tagged: bool) -> Result<RunResult, String> {
                 expected: expected[share].clone(),
                 delivered: delivered[share].clone(),
                 from_ns: 0,
+                offset_ns: 0,
                 window_end_ns: window_end_ns.clone(),
                 idle: ctx.scale.drain_idle,
                 consume_max: ctx.consume_max(),

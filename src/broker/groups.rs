@@ -79,6 +79,7 @@ impl Broker {
             max_deliveries: s.max_deliveries,
             filter_text: s.filter.into(),
             filter: (!matches!(filter, Filter::All)).then_some(filter),
+            ordered: s.ordered,
         })
     }
 
@@ -184,22 +185,30 @@ impl Broker {
     }
 
     /// LIST_GROUPS: every group of the topic, by name, with its settings
-    /// in effect and its numbers.
-    pub(super) fn list_groups_op(&mut self, topic: &str, rid: u32, now: Now, out: &mut Vec<u8>) -> Result<(), Refusal> {
+    /// in effect and its numbers, as a session of `version` knows them.
+    pub(super) fn list_groups_op(
+        &mut self,
+        topic: &str,
+        version: u16,
+        rid: u32,
+        now: Now,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Refusal> {
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
         let Some(e) = self.topics.get(tid) else { return Err(unknown(topic)) };
         let t = &e.topic;
         let mut groups: Vec<&Group> = t.groups().collect();
         groups.sort_unstable_by(|a, b| a.name().cmp(b.name()));
-        let infos: Vec<GroupInfo<'_>> = groups.iter().map(|g| group_info(t, g, now)).collect();
+        let infos: Vec<GroupInfo<'_>> = groups.iter().map(|g| group_info(t, g, now, version)).collect();
         codec::group::encode_groups_reply(out, rid, &infos);
         Ok(())
     }
 }
 
 /// A group as LIST_GROUPS shows it: its settings in effect (the topic's
-/// where it has none of its own) and its numbers.
-fn group_info<'a>(t: &'a Topic, g: &'a Group, now: Now) -> GroupInfo<'a> {
+/// where it has none of its own) and its numbers. A flag `version` does not
+/// know is left out (the group is as a session of that version sees it).
+fn group_info<'a>(t: &'a Topic, g: &'a Group, now: Now, version: u16) -> GroupInfo<'a> {
     let c = &g.config;
     let max_deliveries = if c.max_deliveries == 0 { t.settings.max_deliveries } else { c.max_deliveries };
     let settings = GroupSettings {
@@ -207,6 +216,7 @@ fn group_info<'a>(t: &'a Topic, g: &'a Group, now: Now) -> GroupInfo<'a> {
         ack_timeout_ms: t.ack_timeout_ms(g.id(), 0),
         max_deliveries,
         filter: &c.filter_text,
+        ordered: c.ordered && version >= codec::group::SINCE_ORDERED,
     };
     GroupInfo { name: g.name(), settings, stats: group_stats(t, g, now) }
 }

@@ -170,7 +170,7 @@ impl Broker {
                 if self.buffers_full(at.loops.buffered_bytes) {
                     return Err(self.busy_refusal());
                 }
-                self.list_groups_op(topic, rid, at.now, out)?;
+                self.list_groups_op(topic, session.version, rid, at.now, out)?;
                 Ok(Outcome::Done)
             }
             // Version-3 ops: the codec refuses them in an earlier session.

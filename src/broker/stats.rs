@@ -193,6 +193,11 @@ impl Broker {
             ] {
                 w.kv(out, k, v);
             }
+            if g.config.ordered {
+                let (waiting, keys) = g.key_lines();
+                w.kv(out, "key_waiting", waiting);
+                w.kv(out, "keys_outstanding", keys);
+            }
         }
     }
 

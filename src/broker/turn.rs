@@ -208,18 +208,21 @@ impl Broker {
     /// held reply of its connection waits with it, so replies stay in
     /// request order. If the write failed, or dropped the produces on a
     /// full disk, they wait for `sync`, which answers them STORAGE. Their
-    /// messages still become visible only at the sync.
-    pub fn send_written(&mut self, written: &Written, outbox: &mut impl Outbox) {
-        let Some(Ok(t)) = &written.turn else { return };
+    /// messages still become visible only at the sync. Returns how many
+    /// PRODUCEs it acknowledged.
+    pub fn send_written(&mut self, written: &Written, outbox: &mut impl Outbox) -> u64 {
+        let Some(Ok(t)) = &written.turn else { return 0 };
         if t.withdrawn() || !self.turn.held.iter().any(|h| h.after_write) {
-            return;
+            return 0;
         }
+        let mut acked = 0;
         let mut waiting: Vec<ConnKey> = Vec::new();
         for h in std::mem::take(&mut self.turn.held) {
             if h.after_write && !waiting.contains(&h.conn) {
                 if let Some(out) = outbox.out(h.conn) {
                     out.extend_from_slice(&self.turn.held_bytes[h.range]);
                     self.stats.produces_committed += u64::from(h.durable);
+                    acked += u64::from(h.durable && h.op == op::PRODUCE);
                 }
                 continue;
             }
@@ -228,6 +231,7 @@ impl Broker {
             }
             self.turn.held.push(h);
         }
+        acked
     }
 
     /// Step 4: fires every timer due at `now`: ack deadlines, NACK delays,
@@ -301,7 +305,7 @@ impl Broker {
     /// that send no reply between the two (tests).
     pub fn commit(&mut self, now: Now, outbox: &mut impl Outbox) -> TurnReport {
         let mut written = self.write(now);
-        self.send_written(&written, outbox);
+        let _ = self.send_written(&written, outbox);
         self.sync(&mut written, now, outbox)
     }
 

@@ -11,6 +11,23 @@ use super::{DecodeLimits, REPLY_BIT, begin_frame, check_name_bytes, end_frame, o
 
 /// Bit in CREATE_GROUP's and LIST_GROUPS' flags: a broadcast group.
 pub const GROUP_FLAG_BROADCAST: u8 = 0x01;
+/// Bit in CREATE_GROUP's and LIST_GROUPS' flags (version 4): messages
+/// with the same key go to the group's consumers one at a time, in order.
+pub const GROUP_FLAG_ORDERED: u8 = 0x02;
+/// The protocol version that adds `GROUP_FLAG_ORDERED`.
+pub const SINCE_ORDERED: u16 = super::V4;
+
+/// The group flags a session of `version` may set.
+fn group_flags_known(version: u16) -> u8 {
+    if version >= SINCE_ORDERED { GROUP_FLAG_BROADCAST | GROUP_FLAG_ORDERED } else { GROUP_FLAG_BROADCAST }
+}
+
+impl GroupSettings<'_> {
+    /// The flags byte of CREATE_GROUP and LIST_GROUPS.
+    pub fn flags(&self) -> u8 {
+        (if self.broadcast { GROUP_FLAG_BROADCAST } else { 0 }) | (if self.ordered { GROUP_FLAG_ORDERED } else { 0 })
+    }
+}
 
 /// Where a group starts (CREATE_GROUP) or is moved to (RESET_GROUP). On the
 /// wire: a kind u8 and a value u64.
@@ -65,6 +82,9 @@ pub struct GroupSettings<'a> {
     pub max_deliveries: u16,
     /// The tag filter (`crate::filter::Filter` reads it); empty = `*`.
     pub filter: &'a str,
+    /// Ordered by key (version 4): messages with the same key go one at
+    /// a time, in order.
+    pub ordered: bool,
 }
 
 /// What LIST_GROUPS reports of a group's state.
@@ -140,21 +160,27 @@ fn filter<'a>(rd: &mut Rd<'a>, limits: &DecodeLimits) -> Result<&'a str, BodyErr
 }
 
 /// The body of a version-2 group op (`op` is one of them).
-pub(super) fn parse_group_op<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits) -> Result<Request<'a>, BodyError> {
+pub(super) fn parse_group_op<'a>(
+    op: u8,
+    rd: &mut Rd<'a>,
+    limits: &DecodeLimits,
+    version: u16,
+) -> Result<Request<'a>, BodyError> {
     let short = || malformed("body too short");
     let topic = topic(rd, limits, false)?;
     Ok(match op {
         op::CREATE_GROUP => {
             let group = group(rd, limits)?;
             let flags = rd.u8().ok_or_else(short)?;
-            if flags & !GROUP_FLAG_BROADCAST != 0 {
+            if flags & !group_flags_known(version) != 0 {
                 return Err(malformed("unknown CREATE_GROUP flag"));
             }
             let start = start(rd)?;
             let ack_timeout_ms = rd.u32().ok_or_else(short)?;
             let max_deliveries = rd.u16().ok_or_else(short)?;
             let filter = filter(rd, limits)?;
-            let settings = GroupSettings { broadcast: flags != 0, ack_timeout_ms, max_deliveries, filter };
+            let (broadcast, ordered) = (flags & GROUP_FLAG_BROADCAST != 0, flags & GROUP_FLAG_ORDERED != 0);
+            let settings = GroupSettings { broadcast, ack_timeout_ms, max_deliveries, filter, ordered };
             Request::CreateGroup { topic, group, settings, start }
         }
         op::DELETE_GROUP => Request::DeleteGroup { topic, group: group(rd, limits)? },
@@ -172,7 +198,7 @@ pub(super) fn encode_group_op(out: &mut Vec<u8>, req: &Request<'_>) {
         Request::CreateGroup { topic, group, settings, start } => {
             put_str(out, topic.as_bytes());
             put_str(out, group.as_bytes());
-            out.push(if settings.broadcast { GROUP_FLAG_BROADCAST } else { 0 });
+            out.push(settings.flags());
             put_start(out, start);
             put_u32(out, settings.ack_timeout_ms);
             put_u16(out, settings.max_deliveries);
@@ -220,7 +246,7 @@ pub fn encode_groups_reply(out: &mut Vec<u8>, request_id: u32, groups: &[GroupIn
 /// Appends one group of a LIST_GROUPS reply.
 fn put_group_info(out: &mut Vec<u8>, g: &GroupInfo<'_>) {
     put_str(out, g.name.as_bytes());
-    out.push(if g.settings.broadcast { GROUP_FLAG_BROADCAST } else { 0 });
+    out.push(g.settings.flags());
     put_u32(out, g.settings.ack_timeout_ms);
     put_u16(out, g.settings.max_deliveries);
     put_str(out, g.settings.filter.as_bytes());
@@ -235,13 +261,14 @@ fn put_group_info(out: &mut Vec<u8>, g: &GroupInfo<'_>) {
 pub(super) fn parse_group_info<'a>(rd: &mut Rd<'a>) -> Option<GroupInfo<'a>> {
     let name = str_field(rd)?;
     let flags = rd.u8()?;
-    if flags & !GROUP_FLAG_BROADCAST != 0 {
+    if flags & !(GROUP_FLAG_BROADCAST | GROUP_FLAG_ORDERED) != 0 {
         return None;
     }
     let ack_timeout_ms = rd.u32()?;
     let max_deliveries = rd.u16()?;
     let filter = str_field(rd)?;
-    let settings = GroupSettings { broadcast: flags != 0, ack_timeout_ms, max_deliveries, filter };
+    let (broadcast, ordered) = (flags & GROUP_FLAG_BROADCAST != 0, flags & GROUP_FLAG_ORDERED != 0);
+    let settings = GroupSettings { broadcast, ack_timeout_ms, max_deliveries, filter, ordered };
     let stats = GroupStats {
         cursor: rd.u64()?,
         lag: rd.u64()?,

@@ -128,7 +128,13 @@ fn random_request(rng: &mut Rng) -> Request<'static> {
         5 => Request::Redrive { topic, group, max_messages: rng.below(3) },
         6 => {
             let filter = rng.pick(&["", "*", "a || b", "re:^a"]);
-            let settings = GroupSettings { broadcast: rng.one_in(2), ack_timeout_ms: 3, max_deliveries: 2, filter };
+            let settings = GroupSettings {
+                broadcast: rng.one_in(2),
+                ack_timeout_ms: 3,
+                max_deliveries: 2,
+                filter,
+                ordered: false,
+            };
             Request::CreateGroup { topic, group, settings, start: random_start(rng) }
         }
         7 => Request::DeleteGroup { topic, group },
@@ -444,9 +450,16 @@ fn create_group_raw(flags: u8, kind: u8, value: u64, filter: &[u8]) -> Vec<u8> {
 fn create_group_fields_are_checked() {
     let bytes = create_group_raw(GROUP_FLAG_BROADCAST, 3, 42, b"a || b");
     let Ok(Decoded::Frame(f, _)) = decode(&bytes, 2) else { panic!("valid") };
-    let want = GroupSettings { broadcast: true, ack_timeout_ms: 0, max_deliveries: 0, filter: "a || b" };
+    let want =
+        GroupSettings { broadcast: true, ack_timeout_ms: 0, max_deliveries: 0, filter: "a || b", ordered: false };
     assert_eq!(f.request, Request::CreateGroup { topic: "t", group: "g", settings: want, start: Start::Time(42) });
     assert_eq!(refused(&create_group_raw(0x02, 0, 0, b""), 2), ErrorCode::Malformed, "an unknown flag");
+    assert_eq!(refused(&create_group_raw(0x02, 0, 0, b""), 3), ErrorCode::Malformed, "ordered before version 4");
+    assert_eq!(refused(&create_group_raw(0x04, 0, 0, b""), 4), ErrorCode::Malformed, "an unknown flag in version 4");
+    let both = create_group_raw(0x03, 0, 0, b"");
+    let Ok(Decoded::Frame(f, _)) = decode(&both, 4) else { panic!("valid") };
+    let Request::CreateGroup { settings, .. } = f.request else { panic!("CREATE_GROUP") };
+    assert!(settings.ordered && settings.broadcast, "version 4: ordered by key, and broadcast");
     assert_eq!(refused(&create_group_raw(0, 4, 0, b""), 2), ErrorCode::BadArgument, "an unknown start kind");
     assert_eq!(refused(&create_group_raw(0, 1, 5, b""), 2), ErrorCode::BadArgument, "latest takes no value");
     let long = [b'a'; 17];

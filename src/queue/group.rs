@@ -20,6 +20,7 @@
 
 use std::collections::VecDeque;
 
+use super::order::{Admit, KeyOrder};
 use super::seq::Seq;
 use super::tags::TagSetId;
 use super::{ConsumerId, Counters, Delivery, FastMap, GroupId, IdMap, MsgId, Returned, Take, Timers};
@@ -61,6 +62,8 @@ pub struct GroupConfig {
     pub filter_text: Box<str>,
     /// The parsed filter; None passes everything.
     pub filter: Option<Filter>,
+    /// Messages with the same key go one at a time, in order (`KeyOrder`).
+    pub ordered: bool,
 }
 
 /// A message delivered and not yet acknowledged.
@@ -131,6 +134,8 @@ pub struct Group {
     pub(super) restored_delays: Vec<(MsgId, u16, u64)>,
     /// Deliveries of never-redelivered messages carried over a restart.
     pub(super) carried: IdMap<u16>,
+    /// Ordered by key: each key's line (empty otherwise).
+    order: KeyOrder,
     /// What each consumer holds.
     owners: IdMap<Owned>,
     /// Connections that have fetched from the group and are still open.
@@ -242,6 +247,7 @@ impl Group {
         v.extend(self.retry_set.iter().map(|(id, d)| (*id, *d)));
         v.extend(self.delayed.iter().map(|(id, (_, d))| (*id, *d)));
         v.extend(self.carried.iter().map(|(id, d)| (*id, *d)));
+        v.extend(self.order.waiting());
         v.sort_unstable();
         v.dedup_by_key(|e| e.0);
         v
@@ -249,7 +255,7 @@ impl Group {
 
     /// How many entries `pending` has at most (the log's headroom).
     pub fn pending_len(&self) -> usize {
-        self.inflight.len() + self.retry_set.len() + self.delayed.len() + self.carried.len()
+        self.inflight.len() + self.retry_set.len() + self.delayed.len() + self.carried.len() + self.order.waiting_len()
     }
 
     /// The oldest born time among the messages delivered and not yet
@@ -267,20 +273,28 @@ impl Group {
             || self.inflight.contains_key(&id)
             || self.retry_set.contains_key(&id)
             || self.delayed.contains_key(&id)
+            || self.order.holds_back(id)
     }
 
-    /// Ready messages of `seq`: never delivered and visible, or back for
-    /// retry. (Counted from the cursor, so it costs a walk of the blocks
-    /// the group has not read: for STATS, not for every request.)
+    /// Ready messages of `seq`: never delivered and visible (waiting
+    /// behind their key among them), or back for retry. (Counted from the cursor, so it
+    /// costs a walk of the blocks the group has not read: for STATS, not
+    /// for every request.)
     pub fn ready(&self, seq: &Seq) -> u64 {
         self.lag(seq) + self.retry_set.len() as u64
     }
+
+    /// Ordered by key: messages waiting behind their key's holder, and
+    /// keys with a message outstanding.
+    pub fn key_lines(&self) -> (u64, u64) {
+        (self.order.waiting_len() as u64, self.order.lines() as u64)
+    }
     /// Messages not yet delivered: from the cursor on, visible, and not
-    /// scheduled (a walk of the blocks, and of the scheduled messages: for
-    /// STATS and LIST_GROUPS).
+    /// scheduled, and those waiting behind their key (a walk of the
+    /// blocks, and of the scheduled messages: for STATS and LIST_GROUPS).
     pub fn lag(&self, seq: &Seq) -> u64 {
         let scheduled = if seq.schedule().is_empty() { 0 } else { seq.schedule().count_from(self.cursor) };
-        seq.live_in(self.cursor, seq.visible_id()).saturating_sub(scheduled)
+        seq.live_in(self.cursor, seq.visible_id()).saturating_sub(scheduled) + self.order.waiting_len() as u64
     }
     pub fn inflight(&self) -> u64 {
         self.inflight.len() as u64
@@ -320,6 +334,9 @@ impl Group {
                 break;
             }
             self.take_ready(id);
+            if self.config.ordered {
+                self.order.delivered(seq, id);
+            }
             bytes += len;
             n += 1;
             let deliveries = prior.saturating_add(1);
@@ -339,8 +356,37 @@ impl Group {
         n
     }
 
-    /// The next ready message and its deliveries so far, without taking it.
+    /// The next ready message and its deliveries so far, without taking
+    /// it. Ordered by key, a message whose key's line has another holder
+    /// is taken out of ready into the line (at most
+    /// `FILTER_SKIPS_PER_CALL_MAX` per call, as filtered ones are).
     pub fn peek_ready(&mut self, seq: &Seq) -> Option<(MsgId, u16)> {
+        if !self.config.ordered {
+            return self.peek_any(seq);
+        }
+        for _ in 0..FILTER_SKIPS_PER_CALL_MAX {
+            let (id, prior) = self.peek_any(seq)?;
+            match self.order.admit(seq, id) {
+                Admit::Go => return Some((id, prior)),
+                Admit::Wait(key) => {
+                    self.take_ready(id);
+                    self.order.hold(id, prior, key);
+                }
+            }
+        }
+        None
+    }
+
+    /// The group is done with message `id` (acked, dead-lettered, moved):
+    /// ordered by key, the next message of its key is ready.
+    pub fn done_with(&mut self, id: MsgId) {
+        if let Some((next, deliveries)) = self.order.done(id) {
+            self.requeue(next, deliveries);
+        }
+    }
+
+    /// The next ready message, whatever its key.
+    fn peek_any(&mut self, seq: &Seq) -> Option<(MsgId, u16)> {
         while let Some(&id) = self.retry.front() {
             if let Some(&d) = self.retry_set.get(&id) {
                 return Some((id, d));
@@ -574,6 +620,8 @@ impl Group {
             *d
         } else if let Some((_, d)) = self.delayed.get(&id) {
             *d
+        } else if let Some(d) = self.order.waiting_deliveries(id) {
+            d
         } else {
             self.carried.get(&id).copied().unwrap_or(0)
         }

@@ -28,6 +28,7 @@ mod delays;
 mod group;
 mod inspect;
 mod keys;
+mod order;
 mod schedule;
 mod seq;
 mod tags;
@@ -171,6 +172,8 @@ pub struct Delivery {
 mod groups_tests;
 #[cfg(test)]
 mod inspect_tests;
+#[cfg(test)]
+mod order_tests;
 #[cfg(test)]
 mod props_tests;
 #[cfg(test)]

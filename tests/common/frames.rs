@@ -272,7 +272,7 @@ pub fn batch_v2(messages: &[(Props<'static>, &[u8])]) -> Batch<'static> {
 
 /// The settings of the `billing` group of the version-2 examples.
 pub fn billing_settings() -> GroupSettings<'static> {
-    GroupSettings { broadcast: false, ack_timeout_ms: 0, max_deliveries: 0, filter: "eu || us" }
+    GroupSettings { broadcast: false, ack_timeout_ms: 0, max_deliveries: 0, filter: "eu || us", ordered: false }
 }
 
 /// Every version-2 example docs/protocol.md must carry, in the order of
@@ -393,7 +393,13 @@ fn doc_frames_v2_consumer(jobs: &'static str, billing: &'static str) -> Vec<Name
 fn doc_frames_v2_admin(jobs: &'static str, billing: &'static str) -> Vec<Named> {
     let default_group = GroupInfo {
         name: "",
-        settings: GroupSettings { broadcast: false, ack_timeout_ms: 30_000, max_deliveries: 16, filter: "" },
+        settings: GroupSettings {
+            broadcast: false,
+            ack_timeout_ms: 30_000,
+            max_deliveries: 16,
+            filter: "",
+            ordered: false,
+        },
         stats: GroupStats { cursor: 3, lag: 0, inflight: 0, ..GroupStats::default() },
     };
     let billing_group = GroupInfo {
