@@ -16,6 +16,7 @@ use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
+pub use crate::codec::inspect::State;
 use crate::codec::props::{self, PropsLimits};
 pub use crate::codec::schedule::When;
 use crate::codec::{self, DeadInfo, DecodeLimits, Decoded, ErrorCode, GroupSettings, GroupStats, Ids, Props};
@@ -200,6 +201,58 @@ impl<'a> ProduceMessage<'a> {
     }
 }
 
+/// What LOOKUP or PEEK tells of one message (version 4), owned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Inspection {
+    pub id: u64,
+    /// The message, while the topic holds it.
+    pub message: Option<InspectedMessage>,
+    /// Its state in every group (a broadcast group's members each).
+    pub groups: Vec<GroupLine>,
+}
+
+/// A message as LOOKUP or PEEK shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InspectedMessage {
+    /// Broker wall clock at produce, ms since the Unix epoch.
+    pub born_ms: u64,
+    /// A dead letter's origin.
+    pub dead: Option<DeadInfo>,
+    /// Its properties (read them with `key`).
+    pub props: Vec<u8>,
+    /// Its payload's length, bytes.
+    pub len: u32,
+    /// Its payload: PEEK's, not LOOKUP's.
+    pub payload: Option<Vec<u8>>,
+}
+
+impl InspectedMessage {
+    /// Its key, if it has one.
+    pub fn key(&self) -> Option<&[u8]> {
+        Props::parse(&self.props, codec::CODEC_VERSION_MAX, &PropsLimits::ANY).ok()?.key()
+    }
+}
+
+/// A message's state in one group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupLine {
+    /// The group ("" is the default group).
+    pub group: String,
+    pub state: State,
+    /// Deliveries so far (for a dead letter, before it was moved).
+    pub deliveries: u16,
+    /// In flight: the ack deadline; waiting: when it is ready again;
+    /// scheduled: when it is due. Wall clock ms; 0 for other states.
+    pub until_ms: u64,
+    /// In flight: the consumer holding it; for a broadcast member, its
+    /// consumer; else 0.
+    pub consumer: u64,
+    /// Dead-lettered: a `DeadReason` number; else 0.
+    pub dead_reason: u8,
+    /// Dead-lettered: its last NACK's reason (empty: none).
+    pub last_nack_reason: String,
+}
+
 /// One group of LIST_GROUPS, owned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupEntry {
@@ -269,6 +322,8 @@ pub enum OwnedReply {
     Credited(u32),
     /// CANCEL's and RESCHEDULE's time.
     Due(u64),
+    /// LOOKUP's and PEEK's messages.
+    Inspected(Vec<Inspection>),
     AckProduced(AckProduced),
 }
 
@@ -892,6 +947,26 @@ impl Client {
         }
     }
 
+    /// LOOKUP (version 4): the most recent messages of `topic` with key
+    /// `key`, newest first, without their payloads, each with its state in
+    /// every group.
+    pub fn lookup(&mut self, topic: &str, key: &[u8]) -> Result<Vec<Inspection>> {
+        match self.call(&Request::Lookup { topic, key })? {
+            OwnedReply::Inspected(entries) => Ok(entries),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// PEEK (version 4): message `id` of `topic` with its payload and its
+    /// state in every group, without delivering it. NOT_FOUND if the
+    /// topic does not hold it.
+    pub fn peek(&mut self, topic: &str, id: u64) -> Result<Inspection> {
+        match self.call(&Request::Peek { topic, id })? {
+            OwnedReply::Inspected(mut entries) if entries.len() == 1 => Ok(entries.remove(0)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Ends a subscription; what this connection held of its group returns
     /// to ready. Returns how many messages that was. Messages pushed before
     /// the reply may still be waiting in `next_pushed`.
@@ -945,6 +1020,26 @@ fn produced(r: Result<OwnedReply>) -> Result<(u64, u32)> {
         OwnedReply::Produced { first_id, count } => Ok((first_id, count)),
         other => Err(unexpected(&other)),
     }
+}
+
+fn own_inspected(e: &codec::inspect::Inspected<'_>) -> Inspection {
+    let message = e.message.map(|m| InspectedMessage {
+        born_ms: m.born_ms,
+        dead: m.dead,
+        props: m.props.bytes().to_vec(),
+        len: m.len,
+        payload: m.payload.map(<[u8]>::to_vec),
+    });
+    let line = |g: &codec::inspect::GroupLine<'_>| GroupLine {
+        group: g.name.to_string(),
+        state: g.state,
+        deliveries: g.deliveries,
+        until_ms: g.until_ms,
+        consumer: g.consumer,
+        dead_reason: g.dead_reason,
+        last_nack_reason: g.last_nack_reason.to_string(),
+    };
+    Inspection { id: e.id, message, groups: e.groups.iter().map(line).collect() }
 }
 
 fn unexpected(r: &OwnedReply) -> Error {
@@ -1004,6 +1099,7 @@ fn own(r: Reply<'_>) -> Result<OwnedReply> {
             OwnedReply::Messages { topic: topic.to_string(), messages: messages.iter().map(own_message).collect() }
         }
         Reply::Due(at) => OwnedReply::Due(at),
+        Reply::Inspected(entries) => OwnedReply::Inspected(entries.iter().map(own_inspected).collect()),
         Reply::Error { code, message } => return Err(Error::Broker { code, message: message.to_string() }),
     })
 }

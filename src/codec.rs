@@ -31,6 +31,7 @@ use byteorder::{ByteOrder, LittleEndian};
 
 pub mod ack_produce;
 pub mod group;
+pub mod inspect;
 pub mod props;
 pub mod push;
 pub mod schedule;
@@ -110,6 +111,8 @@ pub mod op {
     pub const PUSH: u8 = 0x6F;
     pub const CANCEL: u8 = 0x50;
     pub const RESCHEDULE: u8 = 0x51;
+    pub const LOOKUP: u8 = 0x52;
+    pub const PEEK: u8 = 0x53;
 
     /// The first protocol version that has `op`, if any has.
     pub fn since(op: u8) -> Option<u16> {
@@ -119,6 +122,7 @@ pub mod op {
             CREATE_GROUP | DELETE_GROUP | LIST_GROUPS | RESET_GROUP => Some(2),
             SUBSCRIBE | CREDIT | UNSUBSCRIBE | ACK_PRODUCE => Some(super::SINCE_PUSH),
             CANCEL | RESCHEDULE => Some(super::V3),
+            LOOKUP | PEEK => Some(super::V4),
             _ => None,
         }
     }
@@ -186,6 +190,8 @@ pub enum ErrorCode {
     /// scheduled, its time has come (it is ready or delivered), or it was
     /// cancelled (version 3).
     NotScheduled = 25,
+    /// PEEK: the topic does not hold the message (version 4).
+    NotFound = 27,
     /// The broker holds `dedup_entries_max` dedup ids: the PRODUCE would
     /// need one more; nothing of its batch was stored (version 4).
     DedupFull = 29,
@@ -220,6 +226,7 @@ impl ErrorCode {
             23 => NotPrimary,
             24 => CrossShard,
             25 => NotScheduled,
+            27 => NotFound,
             29 => DedupFull,
             _ => return None,
         })
@@ -254,6 +261,7 @@ impl ErrorCode {
             NotPrimary => "NOT_PRIMARY",
             CrossShard => "CROSSSHARD",
             NotScheduled => "NOT_SCHEDULED",
+            NotFound => "NOT_FOUND",
             DedupFull => "DEDUP_FULL",
         }
     }
@@ -548,6 +556,16 @@ pub enum Request<'a> {
         id: u64,
         when: schedule::When,
     },
+    /// The messages of `topic` with key `key` (version 4).
+    Lookup {
+        topic: &'a str,
+        key: &'a [u8],
+    },
+    /// Message `id` of `topic` (version 4).
+    Peek {
+        topic: &'a str,
+        id: u64,
+    },
     /// Acks `ids` of `group` of `topic` and produces `outputs`, all of it
     /// or none (version 3).
     AckProduce {
@@ -583,6 +601,8 @@ impl Request<'_> {
             Request::Unsubscribe { .. } => op::UNSUBSCRIBE,
             Request::Cancel { .. } => op::CANCEL,
             Request::Reschedule { .. } => op::RESCHEDULE,
+            Request::Lookup { .. } => op::LOOKUP,
+            Request::Peek { .. } => op::PEEK,
             Request::AckProduce { .. } => op::ACK_PRODUCE,
         }
     }
@@ -852,11 +872,10 @@ fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits, version: u16) 
             let (topic, group) = (topic(rd, limits, false)?, group_of(rd, limits, version)?);
             Request::Redrive { topic, group, max_messages: rd.u32().ok_or_else(short)? }
         }
-        op::CREATE_GROUP | op::DELETE_GROUP | op::LIST_GROUPS | op::RESET_GROUP => {
-            group::parse_group_op(op, rd, limits, version)?
-        }
+        op::CREATE_GROUP..=op::RESET_GROUP => group::parse_group_op(op, rd, limits, version)?,
         op::SUBSCRIBE | op::CREDIT | op::UNSUBSCRIBE => push::parse_push_op(op, rd, limits)?,
         op::CANCEL | op::RESCHEDULE => schedule::parse_schedule_op(op, rd, limits)?,
+        op::LOOKUP | op::PEEK => inspect::parse_inspect_op(op, rd, limits)?,
         op::ACK_PRODUCE => ack_produce::parse(rd, limits, version)?,
         other => return Err(BodyError(ErrorCode::UnknownOp, format!("unknown opcode 0x{other:02x}"))),
     };
@@ -1108,6 +1127,7 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>, ver
         | Request::Unsubscribe { .. }
         | Request::AckProduce { .. } => push::encode_push_op(out, req),
         Request::Cancel { .. } | Request::Reschedule { .. } => schedule::encode_schedule_op(out, req),
+        Request::Lookup { .. } | Request::Peek { .. } => inspect::encode_inspect_op(out, req),
     }
     end_frame(out, start);
 }
@@ -1562,6 +1582,8 @@ pub enum Reply<'a> {
     /// CANCEL: the time the message was due; RESCHEDULE: its new time (ms
     /// since the Unix epoch).
     Due(u64),
+    /// LOOKUP and PEEK: each message with its state in every group.
+    Inspected(Vec<inspect::Inspected<'a>>),
     Error {
         code: u8,
         message: &'a str,
@@ -1686,6 +1708,7 @@ fn parse_reply_body<'a>(op: u8, (status, flags): (u8, u16), rd: &mut Rd<'a>) -> 
         op::CREATE_GROUP => Reply::GroupCreated { created: rd.u8()? != 0, cursor: rd.u64()? },
         op::RESET_GROUP => Reply::Cursor(rd.u64()?),
         op::CANCEL | op::RESCHEDULE => Reply::Due(rd.u64()?),
+        op::LOOKUP | op::PEEK => inspect::parse_inspected_reply(rd)?,
         op::LIST_GROUPS => {
             let n = rd.u32()?;
             let mut groups = Vec::with_capacity((n as usize).min(rd.buf.len() / group::GROUP_INFO_BYTES_MIN));

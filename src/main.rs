@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use runnel::client::{Client, Delivered, Fetch, ProduceMessage};
+use runnel::client::{Client, Delivered, Fetch, GroupLine, Inspection, ProduceMessage, State};
 use runnel::codec::group::{GroupSettings, Start};
-use runnel::codec::{self, TopicSettings, props};
+use runnel::codec::{self, DeadReason, TopicSettings, props};
 use runnel::config::{Args, ArgsError, DEFAULT_ADDR, Flag, Serve, flag, serve_flags, switch};
 use runnel::log::{FsyncMode, Log};
 use runnel::reactor::Reactor;
@@ -60,9 +60,9 @@ struct Sub {
 }
 
 /// The subcommands, in the order `runnel --help` lists them.
-const COMMANDS: [&str; 12] = [
+const COMMANDS: [&str; 14] = [
     "serve", "produce", "consume", "stats", "topics", "create", "delete", "purge", "redrive", "groups", "group",
-    "cancel",
+    "cancel", "lookup", "peek",
 ];
 
 /// The start positions `--from` and `--to` take.
@@ -144,15 +144,31 @@ fn sub(name: &str) -> Option<Sub> {
                 flag("--group", "G", "every group's", "move only G's dead letters, back to G alone (version 2)"),
             ],
         ),
-        "cancel" => (
-            "TOPIC ID",
-            "cancel scheduled message ID of TOPIC: it is never delivered (protocol version 3)",
-            vec![addr()],
-        ),
+        "cancel" | "lookup" | "peek" => one_message_command(name, addr()),
         _ => return None,
     };
     let notes = if name == "serve" { SERVE_NOTES } else { CLIENT_NOTES };
     Some(Sub { name, words, about, notes, flags })
+}
+
+/// The words, description and flags of the commands about one message
+/// (by id) or one key of a topic.
+fn one_message_command(name: &str, addr: Flag) -> (&'static str, &'static str, Vec<Flag>) {
+    match name {
+        "cancel" => {
+            ("TOPIC ID", "cancel scheduled message ID of TOPIC: it is never delivered (protocol version 3)", vec![addr])
+        }
+        "lookup" => (
+            "TOPIC KEY",
+            "print TOPIC's most recent messages with key KEY, newest first, and their state in every group (version 4)",
+            vec![addr],
+        ),
+        _ => (
+            "TOPIC ID",
+            "print message ID of TOPIC and its state in every group, without delivering it (version 4)",
+            vec![addr],
+        ),
+    }
 }
 
 /// `runnel produce`'s flags, after `addr`.
@@ -320,6 +336,8 @@ fn run(cmd: &str, rest: &[String]) -> Result<(), Exit> {
         "groups" => groups(rest, &sub),
         "group" => group(rest, &sub),
         "cancel" => cancel(rest, &sub),
+        "lookup" => lookup(rest, &sub),
+        "peek" => peek(rest, &sub),
         _ => admin(rest, &sub),
     };
     match outcome {
@@ -598,6 +616,89 @@ fn cancel(raw: &[String], sub: &Sub) -> Result<(), Exit> {
     let id: u64 = id.parse().map_err(|_| Exit::Usage(format!("message id {id:?} is not a number")))?;
     let due = connect(&addr)?.cancel(topic, id).map_err(|e| Exit::Failed(e.to_string()))?;
     emit(format!("cancelled, it was due at {due}\n").as_bytes())
+}
+
+/// `runnel lookup TOPIC KEY`: each message, newest first, with its state
+/// in every group.
+fn lookup(raw: &[String], sub: &Sub) -> Result<(), Exit> {
+    let mut a = Args::parse(raw, &sub.flags)?;
+    let addr = addr(&mut a);
+    a.done()?;
+    let [topic, key] = a.words() else {
+        return Err(Exit::Usage("give the topic and the key".into()));
+    };
+    let found = connect(&addr)?.lookup(topic, key.as_bytes()).map_err(|e| Exit::Failed(e.to_string()))?;
+    if found.is_empty() {
+        return emit(format!("no message of {topic} has key {key:?} (or the index forgot it)\n").as_bytes());
+    }
+    emit(found.iter().map(inspection_text).collect::<String>().as_bytes())
+}
+
+/// `runnel peek TOPIC ID`: the message, its state in every group, then its
+/// payload.
+fn peek(raw: &[String], sub: &Sub) -> Result<(), Exit> {
+    let mut a = Args::parse(raw, &sub.flags)?;
+    let addr = addr(&mut a);
+    a.done()?;
+    let [topic, id] = a.words() else {
+        return Err(Exit::Usage("give the topic and the id of the message".into()));
+    };
+    let id: u64 = id.parse().map_err(|_| Exit::Usage(format!("message id {id:?} is not a number")))?;
+    let found = connect(&addr)?.peek(topic, id).map_err(|e| Exit::Failed(e.to_string()))?;
+    let payload = found.message.as_ref().and_then(|m| m.payload.as_deref()).unwrap_or_default();
+    let text = format!("{}payload: {}\n", inspection_text(&found), String::from_utf8_lossy(payload));
+    emit(text.as_bytes())
+}
+
+/// A message and its state in every group, one line each.
+fn inspection_text(i: &Inspection) -> String {
+    let mut out = format!("message {}", i.id);
+    match &i.message {
+        None => out.push_str(": no longer held (every group is done with it)"),
+        Some(m) => {
+            let key = m.key().map_or("none".into(), |k| format!("{:?}", String::from_utf8_lossy(k)));
+            out.push_str(&format!(": born_ms {} key {key} payload {} bytes", m.born_ms, m.len));
+            if let Some(d) = m.dead {
+                let why = d.reason.name();
+                out.push_str(&format!(
+                    ", dead letter of {} ({why} after {} deliveries)",
+                    d.origin_id, d.origin_deliveries
+                ));
+            }
+        }
+    }
+    out.push('\n');
+    for g in &i.groups {
+        out.push_str(&group_line_text(g));
+    }
+    out
+}
+
+/// One group's line of `inspection_text`.
+fn group_line_text(g: &GroupLine) -> String {
+    let name = if g.group.is_empty() { "(default)" } else { &g.group };
+    let mut line = format!("  {name:<16} {:<14}", g.state.name());
+    match g.state {
+        State::InFlight => line.push_str(&format!(" to consumer {} until {}", g.consumer, g.until_ms)),
+        State::Waiting | State::Scheduled => line.push_str(&format!(" until {}", g.until_ms)),
+        State::DeadLettered => {
+            let why = DeadReason::from_u8(g.dead_reason).map_or("?", DeadReason::name);
+            line.push_str(&format!(" {why}"));
+            if !g.last_nack_reason.is_empty() {
+                line.push_str(&format!(", last NACK: {:?}", g.last_nack_reason));
+            }
+        }
+        _ => {}
+    }
+    if g.deliveries > 0 {
+        line.push_str(&format!(" deliveries {}", g.deliveries));
+    }
+    if g.consumer != 0 && g.state != State::InFlight {
+        line.push_str(&format!(" (member of consumer {})", g.consumer));
+    }
+    let mut line = line.trim_end().to_string();
+    line.push('\n');
+    line
 }
 
 /// Ms since the Unix epoch of `YYYY-MM-DDTHH:MM:SS[.mmm]Z`.

@@ -18,9 +18,9 @@ use runnel::codec::group::{GroupSettings, Start};
 use runnel::limits::Limits;
 use runnel::log::{FsyncMode, LogOptions};
 
-const COMMANDS: [&str; 12] = [
+const COMMANDS: [&str; 14] = [
     "serve", "produce", "consume", "stats", "topics", "create", "delete", "purge", "redrive", "groups", "group",
-    "cancel",
+    "cancel", "lookup", "peek",
 ];
 
 /// Exit status when stdout's reader went away (128 + SIGPIPE).
@@ -113,7 +113,7 @@ fn every_flag_a_client_help_lists_is_accepted() {
             let first = usage.lines().next().unwrap();
             if first.ends_with(" TOPIC") {
                 args.push("t".into());
-            } else if first.ends_with(" TOPIC ID") {
+            } else if first.ends_with(" TOPIC ID") || first.ends_with(" TOPIC KEY") {
                 args.extend(["t".into(), "1".into()]);
             } else if first.ends_with(" TOPIC GROUP") {
                 args.extend(["create".into(), "t".into(), "g".into()]);
@@ -503,4 +503,29 @@ fn produce_with_dedup_stores_a_rerun_once() {
     runnel_ok(&["produce", "--addr", &addr, "--dedup", "run-8", "t"], b"a\n");
     let consumed = runnel_ok(&["consume", "--addr", &addr, "--wait-ms", "0", "t"], b"");
     assert_eq!(consumed, "a\nb\nc\na\n");
+}
+
+/// `produce --key` keys every line; `lookup` lists them newest first with
+/// each group's state, `peek` shows one with its payload.
+#[test]
+fn lookup_and_peek_print_every_groups_state() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    runnel_ok(&["produce", "--addr", &addr, "--key", "order-17", "t"], b"placed\npaid\n");
+    runnel_ok(&["group", "create", "--addr", &addr, "t", "billing"], b"");
+    let found = runnel_ok(&["lookup", "--addr", &addr, "t", "order-17"], b"");
+    let lines: Vec<&str> = found.lines().collect();
+    assert_eq!(lines.len(), 4, "{found}");
+    assert!(
+        lines[0].starts_with("message 2: born_ms ") && lines[0].contains("key \"order-17\" payload 4 bytes"),
+        "{found}"
+    );
+    assert_eq!(lines[1], "  billing          ready", "{found}");
+    let peeked = runnel_ok(&["peek", "--addr", &addr, "t", "1"], b"");
+    assert!(peeked.ends_with("  billing          ready\npayload: placed\n"), "{peeked}");
+    let none = runnel_ok(&["lookup", "--addr", &addr, "t", "nope"], b"");
+    assert!(none.starts_with("no message of t has key"), "{none}");
+    let missing = runnel(&["peek", "--addr", &addr, "t", "9"]);
+    assert_eq!(missing.status.code(), Some(1), "{}", text(&missing.stderr));
+    assert!(text(&missing.stderr).contains("NOT_FOUND"), "{}", text(&missing.stderr));
 }

@@ -1,16 +1,19 @@
-//! Message keys (protocol version 4): a key travels with its message to a
-//! version-4 consumer, is left out for an earlier session, and is held to
-//! `key_bytes_max`.
+//! Message keys and inspection (protocol version 4): a key travels with
+//! its message to a version-4 consumer, is left out for an earlier session,
+//! and is held to `key_bytes_max`; LOOKUP and PEEK show each group's state
+//! over real TCP, and the key index is rebuilt after a restart.
 
 mod common;
 
 use std::time::Duration;
 
 use common::wire::{code, now};
-use runnel::client::{Client, ProduceMessage};
-use runnel::codec::ErrorCode;
+use runnel::broker::Config;
+use runnel::client::{Client, GroupLine, Inspection, ProduceMessage, State};
 use runnel::codec::group::{GroupSettings, Start};
+use runnel::codec::{DeadReason, ErrorCode};
 use runnel::limits::Limits;
+use runnel::log::LogOptions;
 
 fn client_upto(srv: &common::Server, version: u16) -> Client {
     let mut c = Client::connect_upto(srv.addr, b"", version).expect("connect");
@@ -45,4 +48,92 @@ fn keys_are_held_to_key_bytes_max_and_to_one_a_message() {
     let mut v3 = client_upto(&srv, 3);
     let refused = v3.produce_messages("t", &[ProduceMessage::new(b"x").key(b"a")]);
     assert!(refused.is_err(), "a version-3 session cannot send a key");
+}
+
+/// The state LOOKUP or PEEK shows for `group`.
+fn state_in(i: &Inspection, group: &str) -> GroupLine {
+    i.groups.iter().find(|g| g.group == group).cloned().unwrap_or_else(|| panic!("no line for {group}: {i:?}"))
+}
+
+fn produce_keyed(c: &mut Client, topic: &str, key: &[u8], payload: &[u8]) -> u64 {
+    c.produce_messages(topic, &[ProduceMessage::new(payload).key(key)]).expect("produce").0
+}
+
+#[test]
+fn lookup_and_peek_show_every_groups_state_without_delivering() {
+    let (srv, _dir) = common::start(Limits::default());
+    let mut c = srv.client_v2();
+    for g in ["a", "b"] {
+        c.create_group("orders", g, GroupSettings::default(), Start::Earliest).expect("group");
+    }
+    let m1 = produce_keyed(&mut c, "orders", b"k1", b"one");
+    let m2 = produce_keyed(&mut c, "orders", b"k1", b"two");
+    let m3 = produce_keyed(&mut c, "orders", b"k2", b"three");
+    let m4 = produce_keyed(&mut c, "orders", b"k1", b"four");
+    let got = c.fetch_group("orders", "a", now(2)).expect("fetch a");
+    assert_eq!(got.iter().map(|d| d.id).collect::<Vec<_>>(), [m1, m2]);
+    c.ack_group("orders", "a", &[m1]).expect("ack");
+    c.nack_group("orders", "a", &[m2], 60_000, false).expect("nack");
+    let mut other = srv.client_v2();
+    assert_eq!(other.fetch_group("orders", "b", now(1)).expect("fetch b")[0].id, m1);
+
+    let found = c.lookup("orders", b"k1").expect("lookup");
+    assert_eq!(found.iter().map(|i| i.id).collect::<Vec<_>>(), [m4, m2, m1], "newest first");
+    assert!(found.iter().all(|i| i.message.as_ref().is_some_and(|m| m.payload.is_none() && m.key() == Some(b"k1"))));
+    assert_eq!((state_in(&found[0], "a").state, state_in(&found[0], "b").state), (State::Ready, State::Ready));
+    let waiting = state_in(&found[1], "a");
+    assert_eq!((waiting.state, waiting.deliveries), (State::Waiting, 1));
+    assert!(waiting.until_ms > found[1].message.as_ref().expect("held").born_ms + 50_000, "{waiting:?}");
+    assert_eq!(state_in(&found[2], "a").state, State::Done);
+    let held = state_in(&found[2], "b");
+    assert_eq!((held.state, held.deliveries), (State::InFlight, 1));
+    assert!(held.consumer != 0 && held.until_ms > 0, "{held:?}");
+
+    let peeked = c.peek("orders", m3).expect("peek");
+    let m = peeked.message.as_ref().expect("held");
+    assert_eq!((m.payload.as_deref(), m.key(), m.len), (Some(&b"three"[..]), Some(&b"k2"[..]), 5));
+    assert_eq!(peeked.groups.len(), 2);
+    assert_eq!(code(c.peek("orders", 1_000)), ErrorCode::NotFound);
+    assert_eq!(code(c.peek("nope", m1)), ErrorCode::UnknownTopic);
+    assert!(c.lookup("orders", b"none").expect("lookup").is_empty());
+    // Peeking delivered nothing: group b still gets m2 next.
+    assert_eq!(other.fetch_group("orders", "b", now(1)).expect("fetch b")[0].id, m2);
+
+    // Rejected by b and done by a, m1 leaves the topic: PEEK no longer
+    // finds it, LOOKUP still names it, with each group's outcome.
+    other.nack_group("orders", "b", &[m1], 0, true).expect("reject");
+    assert_eq!(code(c.peek("orders", m1)), ErrorCode::NotFound);
+    let gone = c.lookup("orders", b"k1").expect("lookup").pop().expect("m1");
+    assert_eq!((gone.id, gone.message.is_some()), (m1, false));
+    assert_eq!(state_in(&gone, "a").state, State::Done);
+    let dead = state_in(&gone, "b");
+    assert_eq!((dead.state, dead.dead_reason, dead.deliveries), (State::DeadLettered, DeadReason::Rejected as u8, 1));
+    // Its dead letter carries the key too.
+    let dlq = c.fetch("orders.dlq", now(1)).expect("fetch dlq");
+    assert_eq!(dlq[0].key(), Some(&b"k1"[..]));
+    let in_dlq = c.lookup("orders.dlq", b"k1").expect("lookup dlq");
+    assert_eq!(in_dlq[0].message.as_ref().and_then(|m| m.dead).map(|d| d.origin_id), Some(m1));
+}
+
+#[test]
+fn the_key_index_is_rebuilt_from_the_log_after_a_restart() {
+    let dir = common::TempDir::new("keys-restart");
+    let config = || Config { limits: Limits { lookup_results_max: 2, ..Limits::default() }, ..Config::default() };
+    let srv = common::Server::start_in(config(), LogOptions::default(), dir.path());
+    let mut c = srv.client_v2();
+    c.create_group("t", "g", GroupSettings::default(), Start::Earliest).expect("group");
+    let ids: Vec<u64> =
+        (0..5).map(|i| produce_keyed(&mut c, "t", if i % 2 == 0 { b"even" } else { b"odd" }, b"m")).collect();
+    let got = c.fetch_group("t", "g", now(1)).expect("fetch");
+    c.ack_group("t", "g", &[got[0].id]).expect("ack");
+    let before = (c.lookup("t", b"even").expect("lookup"), c.lookup("t", b"odd").expect("lookup"));
+    assert_eq!(before.0.iter().map(|i| i.id).collect::<Vec<_>>(), [ids[4], ids[2]], "lookup_results_max newest");
+    drop(c);
+    srv.stop();
+    let srv = common::Server::start_in(config(), LogOptions::default(), dir.path());
+    let mut c = srv.client_v2();
+    let after = (c.lookup("t", b"even").expect("lookup"), c.lookup("t", b"odd").expect("lookup"));
+    let ids_of = |v: &Vec<Inspection>| v.iter().map(|i| i.id).collect::<Vec<_>>();
+    assert_eq!((ids_of(&after.0), ids_of(&after.1)), (ids_of(&before.0), ids_of(&before.1)));
+    assert_eq!(state_in(&after.1[0], "g").state, State::Ready);
 }

@@ -185,6 +185,7 @@ fn every_example_decodes_to_its_frame_and_encodes_back() {
     expected.extend(common::push_frames::doc_frames_push());
     expected.extend(doc_frames_schedule());
     expected.extend(common::dedup_frames::doc_frames_dedup());
+    expected.extend(common::inspect_frames::doc_frames_inspect());
     let mut failures = Vec::new();
     for ex in &found {
         if !expected.iter().any(|f| f.name == ex.tag) {
@@ -260,6 +261,8 @@ fn opcode_and_reason_tables_match_the_codec() {
         (op::CANCEL, "CANCEL"),
         (op::RESCHEDULE, "RESCHEDULE"),
         (op::ACK_PRODUCE, "ACK_PRODUCE"),
+        (op::LOOKUP, "LOOKUP"),
+        (op::PEEK, "PEEK"),
     ];
     for (code, name) in ops {
         assert_row(&rows, heading, &format!("0x{code:02x}"), name);

@@ -352,10 +352,17 @@ fn vectors(version: u16) -> Vec<Vector> {
             .chain(refusal_pairs())
             .collect(),
         2 => doc_vectors(doc_frames_v2()).chain(frames_v2()).chain(refusals_v2()).collect(),
-        4 => doc_vectors(common::dedup_frames::doc_frames_dedup()).chain(refusals_dedup()).collect(),
-        _ => doc_vectors(doc_frames_schedule())
+        3 => doc_vectors(doc_frames_schedule())
             .chain(doc_vectors(common::push_frames::doc_frames_push()))
             .chain(refusals_schedule())
+            .collect(),
+        // Version 4: version 3's frames, and what version 4 adds.
+        _ => vectors(3)
+            .into_iter()
+            .chain(doc_vectors(common::dedup_frames::doc_frames_dedup()))
+            .chain(refusals_dedup())
+            .chain(doc_vectors(common::inspect_frames::doc_frames_inspect()))
+            .chain(refusals_inspect())
             .collect(),
     }
 }
@@ -394,6 +401,41 @@ fn refusals_dedup() -> Vec<Vector> {
             "produce-empty-dedup-id-request",
             "PRODUCE (version 4) of a message whose dedup id is empty: BAD_ARGUMENT.",
             raw(op::PRODUCE, 35, &produce),
+            ErrorCode::BadArgument,
+        ),
+    ]
+}
+
+/// Version-4 requests the broker refuses: a LOOKUP with an empty key, and
+/// a message with two keys.
+fn refusals_inspect() -> Vec<Vector> {
+    let mut lookup = Vec::new();
+    lookup.extend_from_slice(&6u16.to_le_bytes());
+    lookup.extend_from_slice(b"orders");
+    lookup.extend_from_slice(&0u16.to_le_bytes());
+    let mut keys = Vec::new();
+    props::put_key(&mut keys, b"a");
+    props::put_key(&mut keys, b"b");
+    let mut body = Vec::new();
+    body.extend_from_slice(&6u16.to_le_bytes());
+    body.extend_from_slice(b"orders");
+    body.push(0); // flags: acknowledged once synced
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.extend_from_slice(&(keys.len() as u16).to_le_bytes());
+    body.extend_from_slice(&keys);
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.push(b'x');
+    vec![
+        refused(
+            "empty-key-request",
+            "A LOOKUP (version 4) with an empty key: BAD_ARGUMENT.",
+            raw(op::LOOKUP, 40, &lookup),
+            ErrorCode::BadArgument,
+        ),
+        refused(
+            "two-keys-request",
+            "A PRODUCE (version 4) whose message has two keys: BAD_ARGUMENT.",
+            raw(op::PRODUCE, 41, &body),
             ErrorCode::BadArgument,
         ),
     ]
@@ -718,6 +760,8 @@ fn op_name(op: u8) -> J {
         op::CANCEL => "CANCEL",
         op::RESCHEDULE => "RESCHEDULE",
         op::ACK_PRODUCE => "ACK_PRODUCE",
+        op::LOOKUP => "LOOKUP",
+        op::PEEK => "PEEK",
         _ => return J::Null,
     };
     text(name)
@@ -884,7 +928,8 @@ fn request_fields(r: &Request<'_>) -> Vec<(&'static str, J)> {
             vec![("subscription", num(subscription)), ("credit", num(credit))]
         }
         Request::Unsubscribe { subscription } => vec![("subscription", num(subscription))],
-        Request::Cancel { topic: t, id } => vec![topic(t), ("id", num(id))],
+        Request::Cancel { topic: t, id } | Request::Peek { topic: t, id } => vec![topic(t), ("id", num(id))],
+        Request::Lookup { topic: t, key } => vec![topic(t), ("key", hex(key))],
         Request::Reschedule { topic: t, id, when } => {
             let (kind, value) = when.to_wire();
             vec![topic(t), ("id", num(id)), ("kind", num(kind)), ("value", num(value))]
@@ -1034,6 +1079,12 @@ fn reply_body(r: &Reply<'_>) -> J {
         Reply::Subscribed { subscription } => vec![("subscription", num(*subscription))],
         Reply::Credited { inflight } => vec![("inflight", num(*inflight))],
         Reply::Due(at) => vec![("deliver_at_ms", num(*at))],
+        Reply::Inspected(entries) => {
+            vec![
+                ("count", num(entries.len() as u64)),
+                ("entries", J::Arr(entries.iter().map(inspected_json).collect())),
+            ]
+        }
         Reply::AckProduced { done, failed, outputs } => {
             let output = |&(first, count): &(u64, u32)| J::Obj(vec![("first_id", num(first)), ("count", num(count))]);
             vec![
@@ -1045,6 +1096,47 @@ fn reply_body(r: &Reply<'_>) -> J {
             ]
         }
     })
+}
+
+/// An entry of a LOOKUP or PEEK reply, its fields in layout order.
+fn inspected_json(e: &inspect::Inspected<'_>) -> J {
+    let held = e.message.map_or(0, |m| {
+        inspect::INSPECT_FLAG_HELD
+            | if m.dead.is_some() { inspect::INSPECT_FLAG_DEAD } else { 0 }
+            | if m.payload.is_some() { inspect::INSPECT_FLAG_PAYLOAD } else { 0 }
+    });
+    let mut fields = vec![("id", num(e.id)), ("flags", num(held))];
+    if let Some(m) = e.message {
+        fields.push(("born_ms", num(m.born_ms)));
+        if let Some(d) = m.dead {
+            fields.extend([
+                ("origin_id", num(d.origin_id)),
+                ("origin_deliveries", num(d.origin_deliveries)),
+                ("reason", num(d.reason as u8)),
+                ("reason_name", text(d.reason.name())),
+            ]);
+        }
+        fields.extend([("props_len", num(m.props.bytes().len() as u64)), ("props", props_json(&m.props))]);
+        fields.push(("len", num(m.len)));
+        if let Some(p) = m.payload {
+            fields.push(("payload", hex(p)));
+        }
+    }
+    let line = |g: &inspect::GroupLine<'_>| {
+        J::Obj(vec![
+            ("name", text(g.name)),
+            ("state", num(g.state as u8)),
+            ("state_name", text(g.state.name())),
+            ("deliveries", num(g.deliveries)),
+            ("until_ms", num(g.until_ms)),
+            ("consumer", num(g.consumer)),
+            ("dead_reason", num(g.dead_reason)),
+            ("last_nack_reason", text(g.last_nack_reason)),
+        ])
+    };
+    fields
+        .extend([("group_count", num(e.groups.len() as u64)), ("groups", J::Arr(e.groups.iter().map(line).collect()))]);
+    J::Obj(fields)
 }
 
 fn status_name(status: u8) -> J {

@@ -22,7 +22,9 @@
 //!   numbers a group shows;
 //! - `requests`: one short function per op behind a thin match, and which
 //!   requests wait for the sync (`Request::waits_for_sync`);
-//! - `stats`: the counters, STATS and the metrics' view of the topics.
+//! - `stats`: the counters, STATS and the metrics' view of the topics;
+//! - `inspect`: LOOKUP and PEEK, which read a message's state in every
+//!   group.
 //!
 //! Recovery (`replay.rs`) and compaction (`compactor.rs`) are siblings: they
 //! read and change the topic table through its interface.
@@ -52,6 +54,7 @@ mod dead_letter;
 pub(crate) mod dedup;
 mod deliveries;
 mod groups;
+mod inspect;
 mod requests;
 mod schedule;
 mod stats;

@@ -61,6 +61,8 @@ impl Request<'_> {
             Request::Cancel { .. } | Request::Reschedule { .. } => true,
             // It produces: its reply says the messages are stored.
             Request::AckProduce { .. } => true,
+            // They read, and change nothing.
+            Request::Lookup { .. } | Request::Peek { .. } => false,
         }
     }
 }
@@ -191,6 +193,7 @@ impl Broker {
             Request::Reschedule { topic, id, when } => {
                 self.reschedule_op((topic, id), when, at.now, rid, out).map(|()| Outcome::Held)
             }
+            Request::Lookup { .. } | Request::Peek { .. } => self.inspect_op(req, (at.now, rid), out),
             Request::AckProduce { topic, group, ids, outputs } => self
                 .ack_produce((topic, group, session.consumer), ids, outputs, (rid, at.now), out)
                 .map(|()| Outcome::Held),

@@ -15,10 +15,11 @@ use crate::wheel::{TimerKey, Wheel};
 /// Most groups the test keeps at once.
 const GROUPS_MAX: usize = 5;
 
-/// One group's view of a wheel shared by every group.
-struct Timed<'a> {
-    wheel: &'a mut Wheel<(GroupId, MsgId)>,
-    group: GroupId,
+/// One group's view of a wheel shared by every group (`inspect_tests`
+/// uses it too).
+pub(super) struct Timed<'a> {
+    pub(super) wheel: &'a mut Wheel<(GroupId, MsgId)>,
+    pub(super) group: GroupId,
 }
 
 impl Timers for Timed<'_> {

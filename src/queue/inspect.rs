@@ -137,9 +137,6 @@ impl Topic {
 
     /// The state of held message `id` in group `g`.
     fn state_in(&self, g: &Group, id: MsgId, wall_of: &dyn Fn(TimerKey) -> Option<u64>) -> GroupState {
-        if let Some(due_ms) = self.seq.schedule().due_ms(id) {
-            return GroupState::Scheduled { due_ms };
-        }
         if let Some(f) = g.inflight.get(&id) {
             let deadline_ms = wall_of(f.timer).unwrap_or(0);
             return GroupState::InFlight { consumer: f.owner, deliveries: f.deliveries, deadline_ms };
@@ -147,6 +144,12 @@ impl Topic {
         if let Some(&(timer, deliveries)) = g.delayed.get(&id) {
             let until_ms = g.delay_wall.get(&id).copied().or_else(|| wall_of(timer)).unwrap_or(0);
             return GroupState::Waiting { deliveries, until_ms };
+        }
+        if let Some(due_ms) = self.seq.schedule().due_ms(id) {
+            return match g.would_pass(&self.seq, id) {
+                true => GroupState::Scheduled { due_ms },
+                false => GroupState::Filtered,
+            };
         }
         if g.needs(id) && (id < g.cursor() || g.would_pass(&self.seq, id)) {
             return GroupState::Ready { deliveries: g.deliveries(id) };

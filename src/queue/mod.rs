@@ -184,6 +184,8 @@ pub struct Delivery {
 #[cfg(test)]
 mod groups_tests;
 #[cfg(test)]
+mod inspect_tests;
+#[cfg(test)]
 mod order_tests;
 #[cfg(test)]
 mod props_tests;

@@ -4,6 +4,7 @@
 
 pub mod dedup_frames;
 pub mod frames;
+pub mod inspect_frames;
 pub mod logdir;
 pub mod push_frames;
 pub mod wire;
