@@ -180,6 +180,15 @@ impl Proc {
     }
 }
 
+/// A broker a test did not kill (its last round, or a failed assertion)
+/// is killed when its handle goes, so no test leaves a broker running.
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// `RUNNEL_CRASH_ROUNDS`, or `default`.
 fn crash_rounds(default: u64) -> u64 {
     std::env::var("RUNNEL_CRASH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
