@@ -1132,8 +1132,10 @@ fn w3(
     })();
     let sent_secs = sched.sent_secs(now_ns());
     let aside = at(W3Point::End);
-    // How far the consumer was behind when sending stopped.
-    let behind = sched.acked.saturating_sub(delivered.load(Ordering::Relaxed));
+    // How far the consumer was behind when sending stopped (W7: beyond
+    // the messages not yet due, a second's worth by design).
+    let not_due = rate * delay_ms / 1000;
+    let behind = sched.acked.saturating_sub(delivered.load(Ordering::Relaxed)).saturating_sub(not_due);
     // The tail: the last acknowledgements, within a bound.
     let tail_end = Instant::now() + s.w3_tail_max;
     let mut tail: Result<(), String> = producing;
