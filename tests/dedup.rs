@@ -11,8 +11,9 @@ mod common;
 
 use std::path::Path;
 
+use common::Outs;
 use common::TempDir;
-use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outbox, Outcome, Session};
+use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outcome, Session};
 use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Ids, Props, PropsLimits, Reply, Request, props};
 use runnel::codec::{TopicOptions, TopicSettings};
 use runnel::log::LogOptions;
@@ -22,20 +23,6 @@ const START_WALL_MS: u64 = 1_767_225_600_000;
 /// messages soon.
 const SEGMENT_BYTES_MAX: u64 = 8 << 10;
 const PAYLOAD: [u8; 200] = [b'm'; 200];
-
-/// One output buffer per connection.
-#[derive(Default)]
-struct Outs(Vec<Vec<u8>>);
-
-impl Outbox for Outs {
-    fn out(&mut self, ConnKey(conn): ConnKey) -> Option<&mut Vec<u8>> {
-        if self.0.len() <= conn {
-            self.0.resize(conn + 1, Vec::new());
-        }
-        self.0.get_mut(conn)
-    }
-    fn unblock(&mut self, _conn: ConnKey) {}
-}
 
 /// A broker on a test clock, with one session of `version`.
 struct Harness {

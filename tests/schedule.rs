@@ -11,8 +11,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use common::Outs;
 use common::TempDir;
-use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outbox, Outcome, Session};
+use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outcome, Session};
 use runnel::codec::props::{self, PROP_DELAY, PROP_DELIVER_AT};
 use runnel::codec::schedule::When;
 use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Ids, Props, PropsLimits, Reply, Request};
@@ -24,20 +25,6 @@ const GROUPS: [&str; 2] = ["", "b"];
 const SEGMENT_BYTES_MAX: u64 = 8 << 10;
 /// A payload large enough that a few hundred messages fill several segments.
 const PAYLOAD: [u8; 200] = [b'm'; 200];
-
-/// One output buffer per connection.
-#[derive(Default)]
-struct Outs(Vec<Vec<u8>>);
-
-impl Outbox for Outs {
-    fn out(&mut self, ConnKey(conn): ConnKey) -> Option<&mut Vec<u8>> {
-        if self.0.len() <= conn {
-            self.0.resize(conn + 1, Vec::new());
-        }
-        self.0.get_mut(conn)
-    }
-    fn unblock(&mut self, _conn: ConnKey) {}
-}
 
 /// A broker on a test clock, with one version-3 session.
 struct Harness {

@@ -145,3 +145,18 @@ fn bind(cfg: ServeConfig) -> Reactor {
     }
     Reactor::bind(cfg).expect("bind broker")
 }
+
+/// One output buffer per connection, for tests that drive a `Broker`
+/// directly on a test clock.
+#[derive(Default)]
+pub struct Outs(pub Vec<Vec<u8>>);
+
+impl runnel::broker::Outbox for Outs {
+    fn out(&mut self, runnel::broker::ConnKey(conn): runnel::broker::ConnKey) -> Option<&mut Vec<u8>> {
+        if self.0.len() <= conn {
+            self.0.resize(conn + 1, Vec::new());
+        }
+        self.0.get_mut(conn)
+    }
+    fn unblock(&mut self, _conn: runnel::broker::ConnKey) {}
+}
