@@ -282,7 +282,7 @@ fn limits_table_matches_the_defaults() {
     let heading = "## Limits";
     let rows = table_rows(&doc, heading);
     let d = Limits::default();
-    let limits: [(&str, u64); 32] = [
+    let limits: [(&str, u64); 34] = [
         ("frame_bytes_max", d.frame_bytes_max.into()),
         ("message_bytes_max", d.message_bytes_max.into()),
         ("batch_messages_max", d.batch_messages_max.into()),
@@ -315,6 +315,8 @@ fn limits_table_matches_the_defaults() {
         ("dedup_window_ms_max", d.dedup_window_ms_max.into()),
         ("dedup_entries_max", d.dedup_entries_max.into()),
         ("dedup_id_bytes_max", d.dedup_id_bytes_max.into()),
+        ("retention_ms_max", d.retention_ms_max),
+        ("retention_bytes_max", d.retention_bytes_max),
     ];
     for (name, default) in limits {
         let row = rows
