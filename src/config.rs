@@ -315,6 +315,8 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--dedup-id-bytes-max", "N", "longest dedup id"),
     ("--retention-ms-max", "MS", "longest retention by age a topic may have"),
     ("--retention-bytes-max", "N", "largest retention by size a topic may have"),
+    ("--replay-read-bytes-per-turn", "N", "most bytes of the log files replays read per loop turn"),
+    ("--replay-window-messages-max", "N", "most messages a replay puts back ahead of its group"),
 ];
 
 /// `runnel serve`'s flags with their defaults.
@@ -474,7 +476,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 36] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 38] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -512,6 +514,8 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 36] {
         ("dedup-id-bytes-max", l.dedup_id_bytes_max.into()),
         ("retention-ms-max", l.retention_ms_max),
         ("retention-bytes-max", l.retention_bytes_max),
+        ("replay-read-bytes-per-turn", l.replay_read_bytes_per_turn),
+        ("replay-window-messages-max", l.replay_window_messages_max.into()),
     ]
 }
 
@@ -561,7 +565,9 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         dedup_entries_max,
         dedup_id_bytes_max,
         retention_ms_max,
-        retention_bytes_max
+        retention_bytes_max,
+        replay_read_bytes_per_turn,
+        replay_window_messages_max
     );
     Ok(())
 }

@@ -167,6 +167,16 @@ pub struct Limits {
     /// (BAD_ARGUMENT past it). A TiB: the bound on the disk one topic's
     /// retention may hold.
     pub retention_bytes_max: u64,
+    /// Most bytes of the log files read per loop turn for replays, over
+    /// every group replaying retained messages (or one record, if larger).
+    /// A megabyte is a fraction of a millisecond from the page cache and a
+    /// few from a disk: a group replaying a gigabyte never stalls the
+    /// other connections, and still reads hundreds of MB/s on a busy loop.
+    pub replay_read_bytes_per_turn: u64,
+    /// Most messages a replay puts back ahead of its group's cursor: what
+    /// a replaying group costs in memory, at most this many messages (one
+    /// block's worth), whatever the size of the replay.
+    pub replay_window_messages_max: u32,
 }
 
 impl Default for Limits {
@@ -208,6 +218,8 @@ impl Default for Limits {
             dedup_id_bytes_max: 64,
             retention_ms_max: 365 * 24 * 3600 * 1000,
             retention_bytes_max: 1 << 40,
+            replay_read_bytes_per_turn: 1 << 20,
+            replay_window_messages_max: 4096,
         }
     }
 }
@@ -238,6 +250,9 @@ impl Limits {
     /// the two limits that clash.
     pub fn check(&self) -> Result<(), String> {
         self.check_groups()?;
+        if self.replay_read_bytes_per_turn == 0 || self.replay_window_messages_max == 0 {
+            return Err("replay-read-bytes-per-turn and replay-window-messages-max must be at least 1".into());
+        }
         let one_message_frame = u64::from(FRAME_HEADER_BYTES)
             + PRODUCE_OVERHEAD_BYTES
             + u64::from(self.topic_name_bytes_max)

@@ -4,9 +4,9 @@
 //! the files a topic's message id is without an entry per message.
 //!
 //! This is what serving retained messages from the files needs (replay: a
-//! group reading messages its topic no longer holds in memory): the loop is
-//! to read a bounded number of bytes a turn for all such readers together
-//! (a limit that comes with retention, which this build does not have yet),
+//! group reading messages its topic no longer holds in memory,
+//! `broker/replay_reader.rs`): the loop reads a bounded number of bytes a
+//! turn for all such readers together (`replay_read_bytes_per_turn`),
 //! so that a group replaying a gigabyte never stalls the other connections
 //! (as Kafka serves old segments through the page cache a fetch at a time,
 //! never a whole log at once). Only the log touches

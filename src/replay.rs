@@ -46,6 +46,10 @@ struct GroupReplay {
     /// Ids NACKed with a delay (Delay records): the wall-clock time each
     /// is ready again, ms.
     delays: IdMap<u64>,
+    /// Set when its Group or GroupState record placed it before messages
+    /// recovery had already released (every group known then was done
+    /// with them): it was replaying them from the log files, from here.
+    replay_from: Option<MsgId>,
 }
 
 impl GroupReplay {
@@ -336,6 +340,7 @@ impl<'a> Replay<'a> {
             Record::GroupState { topic, group, cursor, entries } => {
                 self.notes.replayed_group(r.segment, topic, group);
                 self.group(topic, group).checkpoint(cursor, entries);
+                self.note_replay_from(topic, group);
             }
             r @ (Record::Cancel { .. } | Record::Reschedule { .. } | Record::Due { .. }) => self.schedule_record(r),
             Record::Dedup { topic, entries } => self.dedup_record(r.segment, topic, entries)?,
@@ -479,6 +484,17 @@ impl<'a> Replay<'a> {
         g.named = true;
         g.name = r.name.into();
         g.config = group_config(r);
+        self.note_replay_from(r.topic, r.group);
+    }
+
+    /// Notes whether group `group`, just placed at its floor, starts
+    /// before messages already released: then it was replaying retained
+    /// messages from the files (`GroupReplay::replay_from`).
+    fn note_replay_from(&mut self, topic: TopicId, group: GroupId) {
+        let floor = self.group(topic, group).floor;
+        let t = &self.topics.nameless(topic).topic;
+        let held = t.seq.next_live(floor, t.seq.next_id()).unwrap_or(t.seq.next_id());
+        self.group(topic, group).replay_from = (floor < held).then_some(floor);
     }
 
     /// A Purge record: every group starts again at `below_id`.
@@ -505,6 +521,13 @@ impl<'a> Replay<'a> {
         let g = self.group(topic, group);
         g.done.insert(id, ());
         g.delays.remove(&id);
+        // A message released already (a replay from the files put it back
+        // for this group): its note stays, so that a resumed replay steps
+        // over it.
+        let strayed = self.strays.get(&topic).is_some_and(|s| s.contains_key(&id));
+        if !strayed && !self.topics.nameless(topic).topic.seq.contains(id) {
+            return;
+        }
         let Some(groups) = self.groups.get_mut(&topic) else { return };
         if !groups.values().all(|g| g.is_done_with(id)) {
             return;
@@ -580,6 +603,10 @@ impl<'a> Replay<'a> {
             e.topic.seq.publish();
             for (gid, g) in self.groups.remove(&e.id).unwrap_or_default() {
                 if g.named {
+                    if let Some(from) = g.replay_from.filter(|_| !g.config.broadcast) {
+                        let done = g.done.keys().copied().filter(|&id| id >= from);
+                        self.notes.retained.note_resume(e.id, GroupId(gid), &e.topic, from, done);
+                    }
                     let group = g.build(GroupId(gid), &e.topic, self.now_wall_ms);
                     e.topic.insert_group(group);
                 }

@@ -1,7 +1,9 @@
-//! Retention (protocol version 4), in process, on a clock the test moves:
-//! the settings and their limits, what STATS shows, and compaction keeping
-//! the segments a retaining topic still needs and removing them once
-//! expired, by age and by size (docs/protocol.md, "Retention and replay
+//! Retention and replay (protocol version 4), in process, on a clock the
+//! test moves: the settings and their limits, what STATS shows, compaction
+//! keeping the segments a retaining topic still needs and removing them
+//! once expired, by age and by size, and groups reading retained messages
+//! back from the files (from the earliest, an id or a time, within their
+//! bounds per turn and in memory, across a restart) (docs/protocol.md, "Retention and replay
 //! (version 4)"). The broker is driven as the reactor drives it, with
 //! `Now` chosen by the test, so nothing here sleeps.
 
@@ -11,7 +13,8 @@ use std::path::Path;
 
 use common::{Outs, TempDir};
 use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outcome, Session};
-use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Ids, Props, PropsLimits, Reply, Request};
+use runnel::codec::group::{GroupSettings, Start};
+use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Ids, Props, PropsLimits, Reply, Request, props};
 use runnel::codec::{TopicOptions, TopicSettings};
 use runnel::log::LogOptions;
 
@@ -134,7 +137,7 @@ fn owned(r: Reply<'_>) -> Reply<'static> {
                 .into_iter()
                 .map(|m| codec::Message {
                     origin_group: "",
-                    props: Props::EMPTY,
+                    props: Props::parse_stored(m.props.bytes().to_vec().leak(), codec::V4).expect("props"),
                     payload: m.payload.to_vec().leak(),
                     ..m
                 })
@@ -153,6 +156,8 @@ fn owned(r: Reply<'_>) -> Reply<'static> {
         Reply::Produced { first_id, count } => Reply::Produced { first_id, count },
         Reply::Ids { done, failed } => Reply::Ids { done, failed },
         Reply::Created { created } => Reply::Created { created },
+        Reply::GroupCreated { created, cursor } => Reply::GroupCreated { created, cursor },
+        Reply::Cursor(n) => Reply::Cursor(n),
         other => panic!("a reply these tests do not expect: {other:?}"),
     }
 }
@@ -252,4 +257,179 @@ fn a_topic_without_retention_is_compacted_as_before() {
     assert!(h.stat("", "compactions") > 0, "the acked segments of a topic that retains nothing go");
     assert_eq!(h.stat("plain", "retained_oldest_id"), 0);
     assert_eq!(h.stat("plain", "retained_bytes"), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Replay from the files.
+// ---------------------------------------------------------------------------
+
+/// A message as a replaying group received it: id, tags, header, payload.
+type Got = (u64, Vec<String>, Vec<u8>);
+
+impl Harness {
+    /// Produces `n` messages to `topic`, each with a tag and a header
+    /// naming its number from `from`, one PRODUCE each.
+    fn produce_marked(&mut self, topic: &'static str, from: usize, n: usize) {
+        for k in from..from + n {
+            let mut blob = Vec::new();
+            props::put_tag(&mut blob, &format!("t{}", k % 3));
+            props::put_header(&mut blob, "k", k.to_string().as_bytes());
+            let p = Props::parse(&blob, codec::V4, &PropsLimits::ANY).expect("valid");
+            let mut bytes = Vec::new();
+            codec::encode_message(&mut bytes, &p, &payload(k));
+            let batch = Batch { count: 1, bytes: &bytes, with_props: true };
+            let reply = self.call(Request::Produce { topic, flags: 0, batch });
+            assert!(matches!(reply, Reply::Produced { count: 1, .. }), "{reply:?}");
+        }
+    }
+
+    fn create_group(&mut self, topic: &'static str, group: &'static str, start: Start) -> u64 {
+        let settings = GroupSettings::default();
+        match self.call(Request::CreateGroup { topic, group, settings, start }) {
+            Reply::GroupCreated { cursor, .. } => cursor,
+            other => panic!("create group: {other:?}"),
+        }
+    }
+
+    /// Fetches group `group` of `topic` (running turns between FETCHes, so
+    /// the replay reads on), acking `ack` of every `ack_every` received,
+    /// until `n` messages came.
+    fn receive(&mut self, topic: &'static str, group: &'static str, n: usize) -> Vec<Got> {
+        let (mut got, mut idle): (Vec<Got>, u32) = (Vec::new(), 0);
+        // A safety net: a replay that stops delivering ends the loop.
+        while got.len() < n && idle < 300 {
+            let fetch = Request::Fetch { topic, group, max_messages: 50, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 };
+            let Reply::Messages { messages, .. } = self.call(fetch) else { panic!("fetch") };
+            let ids: Vec<u64> = messages.iter().map(|m| m.id).collect();
+            idle = if ids.is_empty() { idle + 1 } else { 0 };
+            for m in &messages {
+                let tags = m.props.tags().map(str::to_string).collect();
+                let header = m.props.headers().next().map(|h| h.1.to_vec()).unwrap_or_default();
+                assert_eq!(m.payload, payload_of(&header).as_slice(), "message {}: its payload", m.id);
+                got.push((m.id, tags, header));
+            }
+            if !ids.is_empty() {
+                let mut body = Vec::new();
+                codec::encode_ids(&mut body, &ids);
+                let ack = self.call(Request::Ack { topic, group, ids: Ids { bytes: &body } });
+                assert!(matches!(ack, Reply::Ids { failed, .. } if failed.is_empty()));
+            }
+            self.tick(0, 1);
+        }
+        got
+    }
+}
+
+fn payload(k: usize) -> Vec<u8> {
+    format!("payload {k} ").repeat(20).into_bytes()
+}
+
+fn payload_of(header: &[u8]) -> Vec<u8> {
+    payload(std::str::from_utf8(header).expect("utf-8").parse().expect("a number"))
+}
+
+/// What `produce_marked(from, n)` produced, with ids from `first_id`.
+fn expected(first_id: u64, from: usize, n: usize) -> Vec<Got> {
+    (0..n)
+        .map(|i| (first_id + i as u64, vec![format!("t{}", (from + i) % 3)], (from + i).to_string().into_bytes()))
+        .collect()
+}
+
+/// A retaining topic whose 300 messages were all acked and left memory.
+fn replayable(dir: &Path) -> Harness {
+    let mut h = open_at(dir, start());
+    h.create("r", Some(3_600_000), None);
+    h.produce_marked("r", 0, 300);
+    assert_eq!(h.drain("r"), 300);
+    h.tick(1, 100);
+    assert_eq!(h.stat("r", "bytes"), 0, "every message left memory");
+    h
+}
+
+#[test]
+fn a_group_created_at_earliest_replays_every_retained_message_in_order() {
+    let dir = TempDir::new("replay-earliest");
+    let mut h = replayable(dir.path());
+    assert_eq!(h.create_group("r", "late", Start::Earliest), 1, "earliest is the oldest retained");
+    let got = h.receive("r", "late", 300);
+    assert_eq!(got, expected(1, 0, 300), "every message once, in order, with its tags and header");
+    h.tick(1, 10);
+    assert_eq!(h.stat("r", "bytes"), 0, "acked replayed messages leave memory again");
+    assert!(h.stat("", "replay_read_bytes") > 300 * 240, "served from the files");
+    // New messages follow the replay.
+    h.produce_marked("r", 300, 5);
+    assert_eq!(h.receive("r", "late", 5), expected(301, 300, 5));
+}
+
+#[test]
+fn a_group_created_or_reset_at_an_id_or_a_time_replays_from_there() {
+    let dir = TempDir::new("replay-id-time");
+    let mut h = open_at(dir.path(), start());
+    h.create("r", Some(3_600_000), None);
+    h.produce_marked("r", 0, 150);
+    h.tick(10_000, 1);
+    let second_ms = h.now.wall_ms;
+    h.produce_marked("r", 150, 150);
+    assert_eq!(h.drain("r"), 300);
+    h.tick(1, 100);
+    assert_eq!(h.create_group("r", "at-id", Start::Id(101)), 101);
+    assert_eq!(h.receive("r", "at-id", 200), expected(101, 100, 200));
+    h.create_group("r", "at-time", Start::Time(second_ms));
+    assert_eq!(h.receive("r", "at-time", 150), expected(151, 150, 150), "the messages born at or after the time");
+    let reset = h.call(Request::ResetGroup { topic: "r", group: "at-id", start: Start::Id(299) });
+    assert!(matches!(reset, Reply::Cursor(299)), "{reset:?}");
+    assert_eq!(h.receive("r", "at-id", 2), expected(299, 298, 2));
+}
+
+#[test]
+fn a_replay_keeps_a_bounded_window_in_memory_and_reads_a_bounded_amount_a_turn() {
+    let dir = TempDir::new("replay-bounded");
+    let mut config = Config::default();
+    config.limits.replay_read_bytes_per_turn = 2048;
+    config.limits.replay_window_messages_max = 20;
+    let log = LogOptions { segment_bytes_max: SEGMENT_BYTES_MAX, ..LogOptions::default() };
+    let broker = Broker::open(config, dir.path(), log, start()).expect("open broker");
+    let mut h = Harness::with(broker, start());
+    h.create("r", None, Some(1 << 30));
+    h.produce_marked("r", 0, 300);
+    assert_eq!(h.drain("r"), 300);
+    h.create_group("r", "late", Start::Earliest);
+    h.tick(0, 200);
+    let held = h.stat("r", "bytes");
+    assert!(held <= 20 * 300, "{held} bytes held ahead of a group that fetches nothing");
+    assert_eq!(h.receive("r", "late", 300), expected(1, 0, 300));
+    let most = h.stat("", "replay_turn_bytes_max");
+    // A Produce record of one message here is some 300 bytes.
+    assert!(most <= 2048 + 400, "{most} bytes read in one turn");
+}
+
+#[test]
+fn a_restart_during_a_replay_resumes_it() {
+    let dir = TempDir::new("replay-restart");
+    let mut h = replayable(dir.path());
+    h.create_group("r", "late", Start::Earliest);
+    let first = h.receive("r", "late", 120);
+    assert_eq!(first, expected(1, 0, first.len()));
+    let seen = first.len();
+    // Ten more fetched and not acked: in flight at the crash.
+    let fetch =
+        Request::Fetch { topic: "r", group: "late", max_messages: 10, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 };
+    let Reply::Messages { messages, .. } = h.call(fetch) else { panic!("fetch") };
+    assert_eq!(messages.first().map(|m| m.id), Some(1 + seen as u64));
+    drop(h);
+    let mut h = open_at(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 5000 });
+    let rest = h.receive("r", "late", 300 - seen);
+    assert_eq!(rest, expected(1 + seen as u64, seen, 300 - seen), "the rest, those in flight again, none acked before");
+}
+
+#[test]
+fn a_topic_without_retention_replays_nothing() {
+    let dir = TempDir::new("replay-off");
+    let mut h = open_at(dir.path(), start());
+    h.create("plain", None, None);
+    h.produce_marked("plain", 0, 50);
+    assert_eq!(h.drain("plain"), 50);
+    assert_eq!(h.create_group("plain", "late", Start::Earliest), 51, "earliest is the next message");
+    assert!(h.receive("plain", "late", 1).is_empty());
+    assert_eq!(h.stat("", "replay_read_bytes"), 0);
 }

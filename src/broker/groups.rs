@@ -167,9 +167,15 @@ impl Broker {
     ) -> Result<(), Refusal> {
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
         let g = self.named_group(tid, topic, name)?;
+        let (cursor, replay) = self.start_cursor(tid, start);
         let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
-        let cursor = e.topic.start_cursor(start);
         e.topic.reset_group(g, cursor, &mut GroupTimers { wheel: &mut self.wheel, topic: tid, group: g });
+        let broadcast = e.topic.group(g).is_some_and(|x| x.config.broadcast);
+        self.replays.stop(tid, g);
+        if replay && !broadcast {
+            self.begin_replay(tid, g, cursor, start);
+        }
+        let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
         // Parked consumers of the group may find messages again.
         self.turn.mark_for_publish(e);
         let Some(e) = self.topics.get(tid) else { return Err(unknown(topic)) };

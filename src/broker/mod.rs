@@ -55,6 +55,7 @@ pub(crate) mod dedup;
 mod deliveries;
 mod groups;
 mod inspect;
+mod replay_reader;
 mod requests;
 pub(crate) mod retain;
 mod schedule;
@@ -265,6 +266,8 @@ pub struct Broker {
     due_timers: schedule::DueTimers,
     /// Every topic's dedup window (protocol version 4).
     dedup: dedup::Dedup,
+    /// Groups reading retained messages back from the log files.
+    replays: replay_reader::Replays,
     pub stats: BrokerStats,
     /// What recovery found at start.
     pub recovery: Recovery,
@@ -296,6 +299,7 @@ impl Broker {
         let fell_due = replay.finish();
         let mut broker = Broker::assemble(config, topics, compactor, log, recovery, now);
         broker.restore_dedup(dedup, now);
+        broker.resume_replays();
         // What came due while the broker was down is ready now; the first
         // turn writes that, so that no later restart makes it ready again
         // for a group that has acked it since.
@@ -343,6 +347,7 @@ impl Broker {
             sweeps: Sweeps::default(),
             due_timers: schedule::DueTimers::default(),
             dedup: dedup::Dedup::default(),
+            replays: replay_reader::Replays::default(),
             stats: BrokerStats { recovery_ms: recovery.millis, started_mono_ms: now.mono_ms, ..BrokerStats::default() },
             recovery,
         }
@@ -371,7 +376,7 @@ impl Broker {
     }
     /// Whether background work (compaction) wants another turn soon.
     pub fn busy(&self) -> bool {
-        self.compactor.busy() || self.log.releasing() || !self.sweeps.0.is_empty()
+        self.compactor.busy() || self.log.releasing() || !self.sweeps.0.is_empty() || self.replays.busy()
     }
     /// Whether the connections' buffers, `buffered_bytes` of them, are at
     /// `buffered_bytes_max`. While they are, requests with large replies

@@ -336,7 +336,10 @@ impl Broker {
         }
         // A broadcast group needs nothing itself: its members do, each from
         // the tail on.
-        let cursor = if config.broadcast { MsgId::MAX } else { t.start_cursor(start) };
+        let broadcast = config.broadcast;
+        let (cursor, replay) = if broadcast { (MsgId::MAX, false) } else { self.start_cursor(tid, start) };
+        let Some(e) = self.topics.get_mut(tid) else { return Err((ErrorCode::UnknownTopic, "no such topic".into())) };
+        let t = &mut e.topic;
         let g = if name.is_empty() {
             t.insert_group(Group::with(GroupId::DEFAULT, "", config, cursor));
             GroupId::DEFAULT
@@ -346,6 +349,9 @@ impl Broker {
         self.sweeps.note(tid);
         self.log_topic(tid);
         self.log_group(tid, g);
+        if replay {
+            self.begin_replay(tid, g, cursor, start);
+        }
         Ok(g)
     }
 
@@ -739,6 +745,7 @@ impl Broker {
         self.compactor.nudge();
         self.turn.forget_topic(tid);
         self.dedup.forget_topic(tid);
+        self.replays.stop_topic(tid);
         for w in self.waiters.drain_topic(tid) {
             self.wheel.cancel(w.timer);
             let message = format!("topic {} was deleted", e.topic.name);

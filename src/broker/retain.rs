@@ -21,7 +21,7 @@ use super::{Broker, TopicId};
 use crate::codec::{ErrorCode, TopicOptions};
 use crate::log::reader::{INDEX_STRIDE_BYTES, ReadPos, SparseIndex};
 use crate::log::{Log, RECORD_HEADER_BYTES, ReadRecord, RecordKind};
-use crate::queue::{MsgId, Retention};
+use crate::queue::{GroupId, MsgId, Retention, Topic};
 use crate::record::{Messages, Record};
 
 /// What one segment holds of one topic.
@@ -42,11 +42,15 @@ pub(crate) struct Retained {
     pub index: SparseIndex,
     /// Per segment (by base offset), what it holds of each topic.
     segments: BTreeMap<u64, Vec<Held>>,
+    /// Replays recovery found under way, for the broker to resume:
+    /// (topic, group, the group's position, the ids at or after it the
+    /// group was done with, in order).
+    pub(crate) resume: Vec<(TopicId, GroupId, MsgId, Vec<MsgId>)>,
 }
 
 impl Default for Retained {
     fn default() -> Self {
-        Retained { index: SparseIndex::new(INDEX_STRIDE_BYTES), segments: BTreeMap::new() }
+        Retained { index: SparseIndex::new(INDEX_STRIDE_BYTES), segments: BTreeMap::new(), resume: Vec::new() }
     }
 }
 
@@ -85,6 +89,27 @@ impl Retained {
     pub(crate) fn replayed(&mut self, r: &ReadRecord<'_>, topic: TopicId, messages: &Messages<'_>) {
         let newest_ms = messages.clone().filter_map(Result::ok).map(|m| m.born_ms).max().unwrap_or(0);
         self.note(topic, messages, record_bytes(r), position(r), newest_ms);
+    }
+
+    /// Recovery rebuilt group `g` of topic `t`, which was replaying from
+    /// `floor` (its creation or last reset, before messages released
+    /// already) and was done with `done` after it: if the topic retains
+    /// and the files hold what memory does not after `floor`, its replay
+    /// goes on from `floor`, stepping over `done`.
+    pub(crate) fn note_resume(
+        &mut self,
+        tid: TopicId,
+        g: GroupId,
+        t: &Topic,
+        floor: MsgId,
+        done: impl Iterator<Item = MsgId>,
+    ) {
+        let held = t.seq.next_live(floor, t.seq.next_id()).unwrap_or(t.seq.next_id());
+        if t.settings.retention.is_on() && floor < held && self.oldest_id(tid).is_some_and(|o| o < held) {
+            let mut done: Vec<MsgId> = done.collect();
+            done.sort_unstable();
+            self.resume.push((tid, g, floor, done));
+        }
     }
 
     /// Segment `base` was removed.

@@ -140,6 +140,9 @@ impl Broker {
         if version >= crate::codec::V4 {
             w.kv(out, "dedup_entries", self.dedup.entries());
             w.kv(out, "dedup_entries_max", self.config.limits.dedup_entries_max.into());
+            w.kv(out, "replays", self.replays_under_way());
+            w.kv(out, "replay_read_bytes", self.replays.read_bytes);
+            w.kv(out, "replay_turn_bytes_max", self.replays.turn_bytes_max);
         }
         let g = GroupId::DEFAULT;
         for e in self.topics.sorted(only) {

@@ -276,6 +276,9 @@ impl Broker {
         }
         self.sweep();
         self.expire_dedup(now);
+        if self.replays.busy() {
+            self.replay_step();
+        }
     }
 
     /// A slice of each pending sweep: releases messages no group needs any

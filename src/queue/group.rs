@@ -36,8 +36,7 @@ pub const FILTER_SKIPS_PER_CALL_MAX: u32 = 65_536;
 
 /// The first live, visible, unscheduled id at or after `from`, looking at
 /// no more than `FILTER_SKIPS_PER_CALL_MAX` scheduled ones.
-fn next_unscheduled(seq: &Seq, from: MsgId) -> Option<MsgId> {
-    let until = seq.visible_id();
+fn next_unscheduled(seq: &Seq, from: MsgId, until: MsgId) -> Option<MsgId> {
     let mut id = seq.next_live(from, until)?;
     for _ in 0..FILTER_SKIPS_PER_CALL_MAX {
         if !seq.scheduled(id) {
@@ -145,6 +144,9 @@ pub struct Group {
     pub(super) members: FastMap<ConsumerId, GroupId>,
     /// Counters kept since the broker started (`produced` is the topic's).
     pub counters: Counters,
+    /// During a replay from the log files: the id below which the replay
+    /// has put back every message the group needs (it reads no further).
+    replay_until: Option<MsgId>,
 }
 
 impl Group {
@@ -167,6 +169,22 @@ impl Group {
     /// The first id the group has not yet delivered.
     pub fn cursor(&self) -> MsgId {
         self.cursor
+    }
+    /// The end of what the group may read now: the visible messages, and
+    /// during a replay from the log files only those the replay has put
+    /// back (`set_replay_until`).
+    fn until(&self, seq: &Seq) -> MsgId {
+        self.replay_until.map_or(seq.visible_id(), |u| u.min(seq.visible_id()))
+    }
+    /// A replay from the files has put back every message the group needs
+    /// below `until` (None: the replay is over; the group reads every
+    /// visible message).
+    pub fn set_replay_until(&mut self, until: Option<MsgId>) {
+        self.replay_until = until;
+    }
+    /// Where a replay of the group has got to (`set_replay_until`).
+    pub fn replay_until(&self) -> Option<MsgId> {
+        self.replay_until
     }
     /// Messages back for retry.
     pub fn retry_len(&self) -> u64 {
@@ -294,7 +312,7 @@ impl Group {
     /// blocks, and of the scheduled messages: for STATS and LIST_GROUPS).
     pub fn lag(&self, seq: &Seq) -> u64 {
         let scheduled = if seq.schedule().is_empty() { 0 } else { seq.schedule().count_from(self.cursor) };
-        seq.live_in(self.cursor, seq.visible_id()).saturating_sub(scheduled) + self.order.waiting_len() as u64
+        seq.live_in(self.cursor, self.until(seq)).saturating_sub(scheduled) + self.order.waiting_len() as u64
     }
     pub fn inflight(&self) -> u64 {
         self.inflight.len() as u64
@@ -314,7 +332,7 @@ impl Group {
     }
     /// Whether a FETCH would find something now.
     pub fn has_ready(&self, seq: &Seq) -> bool {
-        !self.retry_set.is_empty() || next_unscheduled(seq, self.cursor).is_some()
+        !self.retry_set.is_empty() || next_unscheduled(seq, self.cursor, self.until(seq)).is_some()
     }
 
     /// Moves up to `take.max_messages` ready messages (at least one if any,
@@ -403,7 +421,7 @@ impl Group {
     /// passes, stepping the cursor over those it does not (noted in
     /// `skipped`), at most `FILTER_SKIPS_PER_CALL_MAX` at a time.
     fn next_passing(&mut self, seq: &Seq) -> Option<MsgId> {
-        let until = seq.visible_id();
+        let until = self.until(seq);
         let mut skips = 0;
         loop {
             let id = seq.next_live(self.cursor, until)?;

@@ -7,6 +7,49 @@
 //! segment holds a message of the topic within both bounds. Compaction
 //! (`compactor.rs`) asks `Retention::keeps` before it cleans a segment.
 
+use super::{Body, GroupId, MsgId, Topic};
+use crate::codec::DeadInfo;
+
+/// Putting retained messages back for a group that replays them
+/// (`broker/replay_reader.rs`).
+impl Topic {
+    /// Puts back message `id`, which every group was done with, read back
+    /// from the log files with its born time (and, in a dead-letter
+    /// topic, where it came from). Its tags are interned afresh.
+    pub fn put_back<'b>(&mut self, id: MsgId, born_ms: u64, m: impl Into<Body<'b>>, dead: Option<DeadInfo>) {
+        let mut m = m.into();
+        m.tag_set = self.seq.intern_tags_unbounded(&m.props);
+        self.seq.put_back(id, born_ms, m);
+        if let Some(d) = dead {
+            self.seq.set_dead_info(id, d);
+        }
+    }
+
+    /// Message `id`, just put back below group `g`'s cursor, comes back
+    /// to it for retry if its filter passes it; else it leaves again.
+    pub fn requeue_put_back(&mut self, g: GroupId, id: MsgId) {
+        // The sequence is lent out while the group decides (its filter
+        // caches decisions, so it is borrowed mutably).
+        let seq = std::mem::take(&mut self.seq);
+        let passes = self.group_mut(g).map(|x| x.passes(&seq, id));
+        self.seq = seq;
+        match passes {
+            Some(true) => self.requeue(g, id, 0),
+            _ => {
+                self.seq.release(id);
+            }
+        }
+    }
+
+    /// Group `g` may read up to `until` (None: every visible message):
+    /// `Group::set_replay_until`.
+    pub fn set_replay_until(&mut self, g: GroupId, until: Option<MsgId>) {
+        if let Some(group) = self.group_mut(g) {
+            group.set_replay_until(until);
+        }
+    }
+}
+
 /// How long and how much of a topic's log is kept for replay.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Retention {

@@ -179,6 +179,37 @@ impl Block {
             self.live_bytes += (self.bytes.len() - start) as u64;
         }
     }
+    /// Makes released message `i` live again with `m` (a replay from the
+    /// log files): its stored bytes go where the released ones were (if
+    /// any are left), and the block's later ends move by the difference.
+    /// Rewrites the bytes after it: a block a replay fills this way costs
+    /// a copy of the block per message, so `Seq::put_back` appends where
+    /// it can.
+    fn revive(&mut self, i: usize, m: &Body<'_>) {
+        if !m.props.is_empty() && !self.with_props {
+            self.store_props();
+        }
+        let mut stored = Vec::with_capacity(Block::stored_bytes(m));
+        if self.with_props {
+            stored.extend_from_slice(&(m.props.bytes().len() as u16).to_le_bytes());
+            stored.extend_from_slice(m.props.bytes());
+        }
+        stored.extend_from_slice(m.payload);
+        let (at, old_end) = (self.start_of(i), self.ends[i] as usize);
+        let grown = stored.len() as u64;
+        self.bytes.splice(at..old_end, stored);
+        for e in &mut self.ends[i..] {
+            *e = (u64::from(*e) + grown - (old_end - at) as u64) as u32;
+        }
+        if m.tag_set.is_some() || !self.tag_sets.is_empty() {
+            self.tag_sets.resize(self.ends.len(), 0);
+            self.tag_sets[i] = m.tag_set.map_or(0, TagSetId::raw);
+        }
+        self.live_bits[i / 64] |= 1 << (i % 64);
+        self.live += 1;
+        self.live_bytes += grown;
+    }
+
     /// The first message with properties came: every live message's
     /// stored bytes get a properties length of 0 in front (once per block;
     /// released messages' bytes are dropped on the way).
@@ -405,6 +436,47 @@ impl Seq {
         self.live += 1;
         self.live_bytes += m.bytes();
         self.last_born_ms = self.last_born_ms.max(born_ms);
+    }
+
+    /// Puts back released message `id`, below `visible_id`, with its born
+    /// time (a replay from the log files): into the block whose ids cover
+    /// it, else at the end of the block before it if it fits there short
+    /// of the next block, else into a new block of its own between them.
+    /// Its tag set's reference passes to the stored message.
+    pub fn put_back<'b>(&mut self, id: MsgId, born_ms: u64, m: impl Into<Body<'b>>) {
+        let m = m.into();
+        assert!(id < self.visible_id && !self.contains(id), "message {id} put back over a held or unpublished one");
+        if let Some(bi) = self.block_index(id) {
+            let b = &mut self.blocks[bi];
+            b.revive((id - b.first_id) as usize, &m);
+        } else {
+            let i = self.blocks.partition_point(|b| b.first_id <= id);
+            let next_first = self.blocks.get(i).map_or(MsgId::MAX, |b| b.first_id);
+            let fits = i > 0 && id < next_first && {
+                let b = &self.blocks[i - 1];
+                !b.ends.is_empty()
+                    && id - b.end_id() < (BLOCK_MESSAGES_MAX - b.ends.len()) as u64
+                    && born_ms >= b.born_base_ms
+                    && born_ms - b.born_base_ms <= u64::from(u32::MAX)
+                    && b.bytes.len() + Block::stored_bytes(&m) <= BLOCK_BYTES_MAX
+            };
+            let bi = if fits {
+                i - 1
+            } else {
+                let mut b = Block::new(id, born_ms);
+                // Only the last block takes appends from produces.
+                b.closed = true;
+                self.blocks.insert(i, b);
+                i
+            };
+            let b = &mut self.blocks[bi];
+            while b.end_id() < id {
+                b.push(b.born_base_ms, &Body::default(), false);
+            }
+            b.push(born_ms, &m, true);
+        }
+        self.live += 1;
+        self.live_bytes += m.bytes();
     }
 
     /// The tag set of `props`' tags in this topic's table, with a reference
