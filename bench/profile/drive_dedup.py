@@ -4,21 +4,10 @@
 # without: what remembering and checking the ids costs, counted by
 # callgrind.sh (`DRIVE=drive_dedup.py`). No FETCH: the ids' cost is the
 # produce's.
-import os, socket, struct
+import os, struct
+from wire import Conn, frame
 DEDUP=int(os.environ.get("DEDUP","1")); ROUNDS=100
-s=socket.create_connection(("127.0.0.1",17731)); s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-def frame(op, rid, body): return struct.pack("<IBBHI", 8+len(body), op, 0, 0, rid)+body
-buf=b""
-def recv_frames(k):
-    global buf
-    out=[]
-    while len(out)<k:
-        while len(buf)>=4 and len(buf)>=4+struct.unpack("<I",buf[:4])[0]:
-            n=struct.unpack("<I",buf[:4])[0]; out.append(buf[4:4+n]); buf=buf[4+n:]
-        if len(out)>=k: break
-        buf+=s.recv(1<<20)
-    return out
-s.sendall(frame(1,1,struct.pack("<HHH",1,4,0))); r=recv_frames(1)[0]; assert r[1]==0 and struct.unpack("<H",r[8:10])[0]==4, r
+s=Conn(4); recv_frames=s.recv_frames
 topic=b"t"; payload=b"x"*128
 n=0
 for r in range(ROUNDS):
