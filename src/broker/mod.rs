@@ -56,6 +56,7 @@ mod deliveries;
 mod groups;
 mod inspect;
 mod requests;
+mod retry;
 mod schedule;
 mod stats;
 mod subscriptions;
