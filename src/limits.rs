@@ -163,6 +163,16 @@ pub struct Limits {
     /// message waiting for retry holds its topic's room and a timer, so a
     /// wait must end within the time an operator still looks at it.
     pub retry_delay_ms_max: u32,
+    // Retention and replay (protocol version 4).
+    /// Longest retention by age a topic may ask for, ms (CREATE_TOPIC past
+    /// it gets BAD_ARGUMENT). A year: retained messages cost disk, not
+    /// memory, but one retaining topic keeps whole segments (and the other
+    /// topics' records in them) on disk.
+    pub retention_ms_max: u64,
+    /// Largest retention by size a topic may ask for, bytes of its log
+    /// (BAD_ARGUMENT past it). A TiB: the bound on the disk one topic's
+    /// retention may hold.
+    pub retention_bytes_max: u64,
 }
 
 impl Default for Limits {
@@ -203,6 +213,8 @@ impl Default for Limits {
             dedup_entries_max: 1_000_000,
             dedup_id_bytes_max: 64,
             retry_delay_ms_max: 24 * 3600 * 1000,
+            retention_ms_max: 365 * 24 * 3600 * 1000,
+            retention_bytes_max: 1 << 40,
         }
     }
 }
