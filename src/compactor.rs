@@ -657,11 +657,14 @@ fn restate_group(topics: &Topics, log: &mut Log, t: TopicId, g: GroupId, unwritt
     entries.dedup_by_key(|e| e.0);
     unwritten.uncount(t, g, &mut entries, |e| e.0, |e| &mut e.1);
     record::GroupStateRecord { topic: t, group: g, cursor: group.cursor(), entries: &entries }.append(log);
-    // The GroupState lists its delayed messages without their delays.
-    let mut delays = group.delays();
-    if !delays.is_empty() {
-        unwritten.uncount(t, g, &mut delays, |e| e.0, |e| &mut e.1);
-        record::DelayRecord { topic: t, group: g, entries: &delays }.append(log);
+    // The GroupState lists its delayed messages without their delays:
+    // NACK delays, then retry waits.
+    for retry in [false, true] {
+        let mut delays = group.delays(retry);
+        if !delays.is_empty() {
+            unwritten.uncount(t, g, &mut delays, |e| e.0, |e| &mut e.1);
+            record::DelayRecord { topic: t, group: g, retry, entries: &delays }.append(log);
+        }
     }
     true
 }
@@ -679,6 +682,7 @@ pub(crate) fn group_record(t: TopicId, group: &crate::queue::Group) -> record::G
         cursor: group.cursor(),
         name: group.name(),
         filter: &c.filter_text,
+        retry: c.retry,
     }
 }
 
@@ -707,7 +711,8 @@ fn live_and_restate_bytes(topics: &Topics) -> (u64, u64) {
         restate += record::TopicRecord::bytes(e.topic.name.len());
         for g in e.topic.groups() {
             restate += group_record(e.id, g).bytes() + record::GroupStateRecord::bytes(g.pending_len());
-            restate += record::DelayRecord::bytes(g.delayed() as usize);
+            // Two Delay records: NACK delays and retry waits.
+            restate += record::DelayRecord::bytes(g.delayed() as usize) + record::DelayRecord::bytes(0);
         }
     }
     (live, restate)

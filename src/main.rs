@@ -82,6 +82,13 @@ fn group_command_flags(addr: Flag) -> Vec<Flag> {
         switch("--ordered", "create: messages with the same key one at a time, in order (protocol version 4)"),
         flag("--ack-timeout-ms", "MS", "the topic's", "create: time to acknowledge a delivery"),
         flag("--max-deliveries", "N", "the topic's", "create: deliveries before a dead letter"),
+        flag(
+            "--retry",
+            "POLICY",
+            "none",
+            "create: wait after a NACK without a delay or an ack timeout: fixed:500ms | exp:100ms..30s,x2,jitter=20 \
+             (protocol version 4)",
+        ),
     ]
 }
 
@@ -730,8 +737,9 @@ fn utc_ms(v: &str) -> Option<u64> {
 }
 
 /// A group's settings and start from `--from`/`--to`, `--tags`,
-/// `--broadcast`, `--ordered`, `--ack-timeout-ms` and `--max-deliveries`:
-/// None if none was given (a consume then leaves the group as it is).
+/// `--broadcast`, `--ordered`, `--ack-timeout-ms`, `--max-deliveries` and
+/// `--retry` (the last only where `runnel group` takes it): None if none
+/// was given (a consume then leaves the group as it is).
 fn group_flags<'a>(
     a: &mut Args,
     from_flag: &str,
@@ -743,12 +751,14 @@ fn group_flags<'a>(
     let ordered = a.switch("--ordered");
     let ack_timeout_ms: Option<u32> = a.num("--ack-timeout-ms")?;
     let max_deliveries: Option<u16> = a.num("--max-deliveries")?;
+    let retry = a.take("--retry").map(|v| runnel::queue::RetryPolicy::parse(&v)).transpose().map_err(Exit::Usage)?;
     if from.is_none()
         && tags.is_none()
         && !broadcast
         && !ordered
         && ack_timeout_ms.is_none()
         && max_deliveries.is_none()
+        && retry.is_none()
     {
         return Ok(None);
     }
@@ -760,6 +770,7 @@ fn group_flags<'a>(
         max_deliveries: max_deliveries.unwrap_or(0),
         filter: filter.as_str(),
         ordered,
+        retry,
     };
     Ok(Some((settings, start)))
 }
@@ -872,7 +883,10 @@ fn groups(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         }
         let filter = if g.filter.is_empty() { "*" } else { &g.filter };
         let modes = [(g.broadcast, " broadcast"), (g.ordered, " ordered")];
-        let modes: String = modes.iter().filter(|m| m.0).map(|m| m.1).collect();
+        let mut modes: String = modes.iter().filter(|m| m.0).map(|m| m.1).collect();
+        if let Some(p) = &g.retry {
+            modes += &format!(" retry={p}");
+        }
         out += &format!(" {filter:>13}{modes}\n");
     }
     emit(out.as_bytes())

@@ -58,6 +58,7 @@ mod inspect;
 mod replay_reader;
 mod requests;
 pub(crate) mod retain;
+mod retry;
 mod schedule;
 mod stats;
 mod subscriptions;

@@ -10,15 +10,15 @@
 use super::subscriptions::SubscribeArgs;
 use super::topics::{Entry, dead_letter_name, unknown, unknown_group};
 use super::waiters::Waiter;
-use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, dedup, schedule, stats};
+use super::{
+    Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, dedup, retry, schedule, stats,
+};
 use crate::codec::group::Start;
 use crate::codec::props::PROP_ORIGIN_GROUP;
 use crate::codec::{
     self, Batch, DecodeError, ErrorCode, Frame, Ids, Message, Request, Skip, TopicOptions, TopicSettings, op,
 };
-use crate::queue::{
-    Body, ConsumerId, Group, GroupConfig, GroupId, MsgId, Returned, Seq, Settings, TagSetId, Take, Topic,
-};
+use crate::queue::{Body, ConsumerId, Group, GroupConfig, GroupId, MsgId, Seq, Settings, TagSetId, Take, Topic};
 use crate::record::{MessageRecord, ProduceWriter, PurgeRecord, RemoveReason, RemoveRecord, RequeueRecord};
 use crate::wheel::{TimerKey, Wheel};
 
@@ -508,27 +508,11 @@ impl Broker {
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
         let group = self.group_of(tid, group, false, c)?;
         let dead_letter = flags & codec::NACK_FLAG_DEAD_LETTER != 0;
-        let delay = (delay_ms > 0).then(|| at.now.mono_ms + u64::from(delay_ms));
-        // The log states a delay on the wall clock, which a restart keeps.
-        let ready_at_wall_ms = at.now.wall_ms + u64::from(delay_ms);
-        let (mut dead, mut requeued, mut delayed) = (Vec::new(), Vec::new(), Vec::new());
-        self.ids_op(tid, group, ids, |t, id, timers| match t.nack(group, id, delay, dead_letter, timers) {
-            None => false,
-            Some(Returned::Retry) if delay.is_some() => {
-                t.note_delay_wall(group, id, ready_at_wall_ms);
-                delayed.push((id, t.deliveries(group, id), ready_at_wall_ms));
-                true
-            }
-            Some(Returned::Retry) => {
-                requeued.push((id, t.deliveries(group, id)));
-                true
-            }
-            Some(Returned::Dead(info)) => {
-                dead.push((id, info));
-                true
-            }
+        let mut back = retry::Returns::default();
+        self.ids_op(tid, group, ids, |t, id, timers| {
+            retry::nack_one(t, (group, id), (delay_ms, dead_letter), at.now, timers, &mut back)
         });
-        if !requeued.is_empty()
+        if !back.requeued.is_empty()
             && let Some(e) = self.topics.get_mut(tid)
         {
             self.turn.mark_for_publish(e);
@@ -538,9 +522,10 @@ impl Broker {
             self.credit_freed(tid, group);
         }
         if !group.is_member() {
-            self.log_returned(tid, group, &requeued, &delayed);
+            self.log_returned(tid, group, &back.requeued, &back.delayed);
         }
-        for (id, info) in dead {
+        self.log_waits(&mut back.waits.iter().map(|w| (tid, group, w.0, w.1, w.2)).collect::<Vec<_>>());
+        for (id, info) in back.dead {
             self.dead_letter(tid, group, id, info);
         }
         Ok(Outcome::Done)
@@ -554,7 +539,7 @@ impl Broker {
             self.compactor.note_group(tid, group);
         }
         if !delayed.is_empty() {
-            crate::record::DelayRecord { topic: tid, group, entries: delayed }.append(&mut self.log);
+            crate::record::DelayRecord { topic: tid, group, retry: false, entries: delayed }.append(&mut self.log);
             self.compactor.note_group(tid, group);
         }
     }

@@ -214,6 +214,13 @@ impl Broker {
                 w.kv(out, "key_waiting", waiting);
                 w.kv(out, "keys_outstanding", keys);
             }
+            if let Some(p) = &g.config.retry {
+                w.kv(out, "retry_initial_ms", p.initial_ms.into());
+                w.kv(out, "retry_cap_ms", p.cap_ms.into());
+                w.kv(out, "retry_multiplier_pct", p.multiplier_pct.into());
+                w.kv(out, "retry_jitter_pct", p.jitter_pct.into());
+                w.kv(out, "retry_waiting", g.retry_waiting());
+            }
         }
     }
 
