@@ -552,3 +552,18 @@ fn lookup_and_peek_print_every_groups_state() {
     assert_eq!(missing.status.code(), Some(1), "{}", text(&missing.stderr));
     assert!(text(&missing.stderr).contains("NOT_FOUND"), "{}", text(&missing.stderr));
 }
+
+/// `create --retain-ms` keeps acked lines in the log, and a group created
+/// at the earliest reads them back from there.
+#[test]
+fn a_retaining_topic_replays_acked_lines_to_a_new_group() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    assert_eq!(runnel_ok(&["create", "--addr", &addr, "--retain-ms", "3600000", "t"], b""), "created\n");
+    runnel_ok(&["produce", "--addr", &addr, "t"], b"a\nb\nc\n");
+    assert_eq!(runnel_ok(&["consume", "--addr", &addr, "--wait-ms", "0", "t"], b""), "a\nb\nc\n");
+    runnel_ok(&["group", "create", "--addr", &addr, "--from", "earliest", "t", "late"], b"");
+    let late = ["consume", "--addr", &addr, "--group", "late", "--count", "3", "--wait-ms", "10000", "t"];
+    let replayed = runnel_ok(&late, b"");
+    assert_eq!(replayed, "a\nb\nc\n");
+}
