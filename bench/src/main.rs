@@ -13,6 +13,7 @@ mod conn;
 mod latency;
 mod push_conn;
 mod redis_conn;
+mod replay;
 mod report;
 mod runnel_conn;
 mod server;
@@ -48,7 +49,8 @@ usage:
   --workloads      W1 produce throughput, W2 fan-in, W3 open-loop latency,
                    W4 work queue, W5 backlog, W6 fan-out to consumer
                    groups, W7 scheduled delivery lateness, W8 ordered
-                   by key, W9 two-stage pipeline, W3C latency
+                   by key, W9 two-stage pipeline, W10 latency during
+                   a replay from the log files, W3C latency
                    while the log is rewritten, W3S
                    runnel's --spin-us, W3B latency with a busy-polling
                    client (its core 100% busy), R1 recovery of a 1 GiB

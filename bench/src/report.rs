@@ -55,7 +55,7 @@ pub struct Report {
     pub skipped: Vec<String>,
 }
 
-const WORKLOADS: [(&str, &str); 13] = [
+const WORKLOADS: [(&str, &str); 14] = [
     ("W1", "W1: produce throughput (1 connection, closed loop)"),
     ("W2", "W2: fan-in (many connections, depth 1)"),
     ("W3", "W3: end-to-end latency, open loop"),
@@ -71,6 +71,7 @@ const WORKLOADS: [(&str, &str); 13] = [
         "W9",
         "W9: a two-stage pipeline, forwarding with ACK_PRODUCE or with PRODUCE then ACK (runnel only; msgs/s through both stages)",
     ),
+    ("W10", "W10: end-to-end latency while a group replays a retained topic from the log files (runnel only, durable)"),
     ("W3C", "W3C: end-to-end latency while the log is rewritten (durable)"),
     ("W3S", "W3S: end-to-end latency with runnel's --spin-us (log, no sync)"),
     ("W3B", "W3B: end-to-end latency with a busy-polling client (memory only; the client core is 100% busy)"),
@@ -162,7 +163,7 @@ fn notes(r: &RunResult) -> String {
                 n.push(format!("no fsync; {} log writes/s, {per:.1} produces/write", fmt_count(w)));
             }
         }
-        "W3" | "W3C" | "W3S" | "W3B" | "W7" => {
+        "W3" | "W3C" | "W3S" | "W3B" | "W7" | "W10" => {
             if let (Some(a), Some(b)) = (r.extra("produce_ack_p50_us"), r.extra("produce_ack_p99_us")) {
                 n.push(format!("produce acked p50 {} / p99 {}", fmt_ns((a * 1e3) as u64), fmt_ns((b * 1e3) as u64)));
             }

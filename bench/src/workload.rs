@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use crate::conn::{Consumer, Producer, Target};
 use crate::latency::{Latency, Samples, now_ns};
+use crate::replay;
 use crate::runnel_conn;
 use crate::server::{Durability, Kind, Server};
 use crate::stages;
@@ -229,6 +230,9 @@ pub enum Config {
     W9 {
         atomic: bool,
     },
+    /// W3 at `replay::W10_RATE` while a group replays a retained topic
+    /// from the log files.
+    W10,
     /// Recovery of a durable log of `log_bytes` after a restart.
     R1 {
         log_bytes: u64,
@@ -266,7 +270,8 @@ const W3B_SPIN_US: u32 = 200;
 /// unit of beanstalkd's `put` delay.
 const W7_DELAY_MS: u64 = 1_000;
 /// All the workload ids, in the order they run.
-pub const WORKLOADS: [&str; 13] = ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W3C", "W3S", "W3B", "R1"];
+pub const WORKLOADS: [&str; 14] =
+    ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W3C", "W3S", "W3B", "R1"];
 
 impl Config {
     pub fn workload(&self) -> &'static str {
@@ -280,6 +285,7 @@ impl Config {
             Config::W7 { .. } => "W7",
             Config::W8 { .. } => "W8",
             Config::W9 { .. } => "W9",
+            Config::W10 => "W10",
             Config::W3Compact { .. } => "W3C",
             Config::W3Spin { .. } => "W3S",
             Config::W3Busy { .. } => "W3B",
@@ -323,6 +329,7 @@ impl Config {
             "W7" => [1_000, 10_000].map(|rate| Config::W7 { rate }).to_vec(),
             "W8" => [0, 1, 100, 10_000].map(|keys| Config::W8 { keys }).to_vec(),
             "W9" => [false, true].map(|atomic| Config::W9 { atomic }).to_vec(),
+            "W10" => vec![Config::W10],
             "W3C" => vec![Config::W3Compact { rate: 10_000 }],
             "W3S" => {
                 let mut v = Vec::new();
@@ -361,7 +368,9 @@ impl Config {
         match self {
             Config::W1 { produce: Produce::Batch(_), .. } => kind.speaks_runnel(),
             // Ordered groups and ACK_PRODUCE are runnel's.
-            Config::W3Spin { .. } | Config::R1 { .. } | Config::W8 { .. } | Config::W9 { .. } => kind == Kind::Runnel,
+            Config::W3Spin { .. } | Config::R1 { .. } | Config::W8 { .. } | Config::W9 { .. } | Config::W10 => {
+                kind == Kind::Runnel
+            }
             // With groups: runnel's and Redis Streams' (beanstalkd has none).
             Config::W5 { groups } => kind != Kind::Floor && (*groups == 0 || kind != Kind::Beanstalkd),
             // Only runnel filters by tag; the floor has no groups.
@@ -422,7 +431,7 @@ impl Config {
             // W3S measures runnel's spin on the path that writes its log.
             Config::W3Spin { .. } => &[Durability::Unsynced],
             Config::W5 { .. } | Config::W3Busy { .. } => &[Durability::Memory],
-            Config::W3Compact { .. } | Config::R1 { .. } | Config::W6 { .. } => &[Durability::Durable],
+            Config::W3Compact { .. } | Config::R1 { .. } | Config::W6 { .. } | Config::W10 => &[Durability::Durable],
             // Durable (every fetch round trip waits for the sync of the acks
             // before it) and not (the broker's own cost).
             Config::W8 { .. } | Config::W9 { .. } => &[Durability::Durable, Durability::Unsynced],
@@ -440,6 +449,7 @@ impl Config {
                 "--topic-bytes-max".into(),
                 (scale.w5_msgs * W5_SIZE as u64 * 2).max(1 << 30).to_string(),
             ],
+            (Config::W10, Kind::Runnel) => replay::metrics_args(),
             (Config::W3Compact { .. }, Kind::Runnel) => {
                 vec!["--segment-bytes-max".into(), W3C_SEGMENT_BYTES.to_string()]
             }
@@ -512,6 +522,10 @@ impl Config {
                 "backlog through 2 stages ({} forwarding workers, 1 consumer), forwarded with {}, {SIZE} B",
                 stages::W9_WORKERS,
                 if atomic { "ACK_PRODUCE" } else { "PRODUCE, then ACK" }
+            ),
+            Config::W10 => format!(
+                "{} msgs/s open loop, {SIZE} B, while a new group replays a retained topic (1 GiB; 16 MiB with --quick) from the log files",
+                rate_label(replay::W10_RATE)
             ),
             Config::R1 { log_bytes } => {
                 format!("{} MiB log of {} B messages", log_bytes >> 20, size_label(R1_SIZE))
@@ -685,6 +699,10 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
         Config::W3Busy { rate, .. } => w3b(ctx, rate).map(|r| vec![r]),
         Config::W8 { keys } => stages::w8(ctx, keys, ctx.scale.w8_msgs).map(|r| vec![r]),
         Config::W9 { atomic } => stages::w9(ctx, atomic, ctx.scale.w8_msgs).map(|r| vec![r]),
+        Config::W10 => replay::w10(ctx, &|at| {
+            w3(ctx, replay::W10_RATE, "w10-live", &mut |point| at(matches!(point, W3Point::Start(_))))
+        })
+        .map(|r| vec![r]),
         Config::R1 { .. } => Err("R1 restarts its server: run it with `recovery`".into()),
     }
 }
@@ -1887,7 +1905,7 @@ pub fn recovery(
 
 /// Syncs, then drops the page cache of every file under `dir`, so a
 /// restart reads its log from the disk.
-fn drop_cache_under(dir: &std::path::Path) -> Result<(), String> {
+pub(crate) fn drop_cache_under(dir: &std::path::Path) -> Result<(), String> {
     sys::sync_all();
     let mut dirs = vec![dir.to_path_buf()];
     while let Some(d) = dirs.pop() {
