@@ -266,6 +266,8 @@ pub struct GroupEntry {
     pub max_deliveries: u16,
     /// The tag filter; `*` or empty for every message.
     pub filter: String,
+    /// The retry policy (version 4); None: ready again at once.
+    pub retry: Option<crate::queue::RetryPolicy>,
     pub stats: GroupStats,
 }
 
@@ -1066,6 +1068,7 @@ fn own_group(g: &codec::GroupInfo<'_>) -> GroupEntry {
         ack_timeout_ms: g.settings.ack_timeout_ms,
         max_deliveries: g.settings.max_deliveries,
         filter: g.settings.filter.to_string(),
+        retry: g.settings.retry,
         stats: g.stats,
     }
 }

@@ -47,6 +47,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::broker::dedup::Dedup;
+use crate::broker::retain::Retained;
 use crate::broker::topics::Topics;
 use crate::broker::{Now, TopicId};
 use crate::failure_log::FailureLog;
@@ -171,6 +172,9 @@ pub(crate) struct Compactor {
     recheck: bool,
     /// Segments removed.
     pub compactions: u64,
+    /// Where each topic's messages are in the files: what retention keeps
+    /// and replay reads.
+    pub(crate) retained: Retained,
 }
 
 fn push_range(ranges: &mut Vec<Range>, topic: TopicId, id: MsgId) {
@@ -247,6 +251,7 @@ impl Compactor {
         self.turn_dedup.retain(|t| *t != topic);
         self.group_segment.retain(|(t, _), _| *t != topic);
         self.turn_groups.retain(|(t, _)| *t != topic);
+        self.retained.forget_topic(topic);
     }
 
     /// Recovery met a Produce record in `segment`.
@@ -422,6 +427,11 @@ impl Compactor {
             return None;
         }
         let oldest = segments[0].base;
+        // A segment a topic retains stays, unless the disk is short of
+        // space: then retention yields.
+        if !short && self.retained.keeps(oldest, p.topics, now.wall_ms) {
+            return None;
+        }
         let bytes = p.log.bytes();
         let due = (short && bytes > 2 * live)
             || (segments.len() >= 3 && bytes > 2 * live + 2 * p.log.segment_bytes_max())
@@ -565,6 +575,7 @@ impl Compactor {
         match p.log.remove_oldest(base) {
             Ok(()) => {
                 self.compactions += 1;
+                self.retained.forget_segment(base);
                 log::debug!("compaction removed segment {base}");
             }
             // A segment that cannot be removed (its file gone from under
@@ -646,11 +657,14 @@ fn restate_group(topics: &Topics, log: &mut Log, t: TopicId, g: GroupId, unwritt
     entries.dedup_by_key(|e| e.0);
     unwritten.uncount(t, g, &mut entries, |e| e.0, |e| &mut e.1);
     record::GroupStateRecord { topic: t, group: g, cursor: group.cursor(), entries: &entries }.append(log);
-    // The GroupState lists its delayed messages without their delays.
-    let mut delays = group.delays();
-    if !delays.is_empty() {
-        unwritten.uncount(t, g, &mut delays, |e| e.0, |e| &mut e.1);
-        record::DelayRecord { topic: t, group: g, entries: &delays }.append(log);
+    // The GroupState lists its delayed messages without their delays:
+    // NACK delays, then retry waits.
+    for retry in [false, true] {
+        let mut delays = group.delays(retry);
+        if !delays.is_empty() {
+            unwritten.uncount(t, g, &mut delays, |e| e.0, |e| &mut e.1);
+            record::DelayRecord { topic: t, group: g, retry, entries: &delays }.append(log);
+        }
     }
     true
 }
@@ -668,6 +682,7 @@ pub(crate) fn group_record(t: TopicId, group: &crate::queue::Group) -> record::G
         cursor: group.cursor(),
         name: group.name(),
         filter: &c.filter_text,
+        retry: c.retry,
     }
 }
 
@@ -696,7 +711,8 @@ fn live_and_restate_bytes(topics: &Topics) -> (u64, u64) {
         restate += record::TopicRecord::bytes(e.topic.name.len());
         for g in e.topic.groups() {
             restate += group_record(e.id, g).bytes() + record::GroupStateRecord::bytes(g.pending_len());
-            restate += record::DelayRecord::bytes(g.delayed() as usize);
+            // Two Delay records: NACK delays and retry waits.
+            restate += record::DelayRecord::bytes(g.delayed() as usize) + record::DelayRecord::bytes(0);
         }
     }
     (live, restate)

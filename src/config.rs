@@ -313,6 +313,9 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--dedup-window-ms-max", "MS", "longest dedup window a topic may have"),
     ("--dedup-entries-max", "N", "most dedup ids remembered, over all topics"),
     ("--dedup-id-bytes-max", "N", "longest dedup id"),
+    ("--retry-delay-ms-max", "MS", "longest wait a group's retry policy may set"),
+    ("--retention-ms-max", "MS", "longest retention by age a topic may have"),
+    ("--retention-bytes-max", "N", "largest retention by size a topic may have"),
 ];
 
 /// `runnel serve`'s flags with their defaults.
@@ -472,7 +475,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 34] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 37] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -508,6 +511,9 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 34] {
         ("dedup-window-ms-max", l.dedup_window_ms_max.into()),
         ("dedup-entries-max", l.dedup_entries_max.into()),
         ("dedup-id-bytes-max", l.dedup_id_bytes_max.into()),
+        ("retry-delay-ms-max", l.retry_delay_ms_max.into()),
+        ("retention-ms-max", l.retention_ms_max),
+        ("retention-bytes-max", l.retention_bytes_max),
     ]
 }
 
@@ -555,7 +561,10 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         key_index_entries_per_topic_max,
         dedup_window_ms_max,
         dedup_entries_max,
-        dedup_id_bytes_max
+        dedup_id_bytes_max,
+        retry_delay_ms_max,
+        retention_ms_max,
+        retention_bytes_max
     );
     Ok(())
 }

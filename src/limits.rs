@@ -157,6 +157,22 @@ pub struct Limits {
     /// memory for its whole window: a producer id and a sequence number
     /// fit in far less.
     pub dedup_id_bytes_max: u32,
+    // Retries that back off (protocol version 4).
+    /// Longest wait a group's retry policy may set (its cap), ms
+    /// (CREATE_GROUP past it gets BAD_ARGUMENT). A day by default: a
+    /// message waiting for retry holds its topic's room and a timer, so a
+    /// wait must end within the time an operator still looks at it.
+    pub retry_delay_ms_max: u32,
+    // Retention and replay (protocol version 4).
+    /// Longest retention by age a topic may ask for, ms (CREATE_TOPIC past
+    /// it gets BAD_ARGUMENT). A year: retained messages cost disk, not
+    /// memory, but one retaining topic keeps whole segments (and the other
+    /// topics' records in them) on disk.
+    pub retention_ms_max: u64,
+    /// Largest retention by size a topic may ask for, bytes of its log
+    /// (BAD_ARGUMENT past it). A TiB: the bound on the disk one topic's
+    /// retention may hold.
+    pub retention_bytes_max: u64,
 }
 
 impl Default for Limits {
@@ -196,6 +212,9 @@ impl Default for Limits {
             dedup_window_ms_max: 24 * 3600 * 1000,
             dedup_entries_max: 1_000_000,
             dedup_id_bytes_max: 64,
+            retry_delay_ms_max: 24 * 3600 * 1000,
+            retention_ms_max: 365 * 24 * 3600 * 1000,
+            retention_bytes_max: 1 << 40,
         }
     }
 }
@@ -287,6 +306,9 @@ impl Limits {
         }
         if self.dedup_id_bytes_max == 0 || self.dedup_id_bytes_max > PROPS_BYTES_LIMIT {
             return Err(format!("dedup-id-bytes-max must be between 1 and {PROPS_BYTES_LIMIT}"));
+        }
+        if self.retry_delay_ms_max == 0 {
+            return Err("retry-delay-ms-max must be at least 1".into());
         }
         Ok(())
     }

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use runnel::client::{Client, Delivered, Fetch, GroupLine, Inspection, ProduceMessage, State};
 use runnel::codec::group::{GroupSettings, Start};
-use runnel::codec::{self, DeadReason, TopicSettings, props};
+use runnel::codec::{self, DeadReason, TopicOptions, TopicSettings, props};
 use runnel::config::{Args, ArgsError, DEFAULT_ADDR, Flag, Serve, flag, serve_flags, switch};
 use runnel::log::{FsyncMode, Log};
 use runnel::reactor::Reactor;
@@ -82,6 +82,13 @@ fn group_command_flags(addr: Flag) -> Vec<Flag> {
         switch("--ordered", "create: messages with the same key one at a time, in order (protocol version 4)"),
         flag("--ack-timeout-ms", "MS", "the topic's", "create: time to acknowledge a delivery"),
         flag("--max-deliveries", "N", "the topic's", "create: deliveries before a dead letter"),
+        flag(
+            "--retry",
+            "POLICY",
+            "none",
+            "create: wait after a NACK without a delay or an ack timeout: fixed:500ms | exp:100ms..30s,x2,jitter=20 \
+             (protocol version 4)",
+        ),
     ]
 }
 
@@ -131,6 +138,13 @@ fn sub(name: &str) -> Option<Sub> {
                 addr(),
                 flag("--ack-timeout-ms", "MS", "the broker's", "time a consumer has to acknowledge a delivery"),
                 flag("--max-deliveries", "N", "the broker's", "deliveries before a message moves to TOPIC.dlq"),
+                flag("--retain-ms", "MS", "as it is (0)", "keep done messages for replay this long (version 4)"),
+                flag(
+                    "--retain-bytes",
+                    "N",
+                    "as it is (0)",
+                    "keep this many log bytes of done messages for replay (version 4)",
+                ),
             ],
         ),
         "delete" => ("TOPIC", "delete TOPIC and its messages", vec![addr()]),
@@ -723,8 +737,9 @@ fn utc_ms(v: &str) -> Option<u64> {
 }
 
 /// A group's settings and start from `--from`/`--to`, `--tags`,
-/// `--broadcast`, `--ordered`, `--ack-timeout-ms` and `--max-deliveries`:
-/// None if none was given (a consume then leaves the group as it is).
+/// `--broadcast`, `--ordered`, `--ack-timeout-ms`, `--max-deliveries` and
+/// `--retry` (the last only where `runnel group` takes it): None if none
+/// was given (a consume then leaves the group as it is).
 fn group_flags<'a>(
     a: &mut Args,
     from_flag: &str,
@@ -736,12 +751,14 @@ fn group_flags<'a>(
     let ordered = a.switch("--ordered");
     let ack_timeout_ms: Option<u32> = a.num("--ack-timeout-ms")?;
     let max_deliveries: Option<u16> = a.num("--max-deliveries")?;
+    let retry = a.take("--retry").map(|v| runnel::queue::RetryPolicy::parse(&v)).transpose().map_err(Exit::Usage)?;
     if from.is_none()
         && tags.is_none()
         && !broadcast
         && !ordered
         && ack_timeout_ms.is_none()
         && max_deliveries.is_none()
+        && retry.is_none()
     {
         return Ok(None);
     }
@@ -753,6 +770,7 @@ fn group_flags<'a>(
         max_deliveries: max_deliveries.unwrap_or(0),
         filter: filter.as_str(),
         ordered,
+        retry,
     };
     Ok(Some((settings, start)))
 }
@@ -865,7 +883,10 @@ fn groups(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         }
         let filter = if g.filter.is_empty() { "*" } else { &g.filter };
         let modes = [(g.broadcast, " broadcast"), (g.ordered, " ordered")];
-        let modes: String = modes.iter().filter(|m| m.0).map(|m| m.1).collect();
+        let mut modes: String = modes.iter().filter(|m| m.0).map(|m| m.1).collect();
+        if let Some(p) = &g.retry {
+            modes += &format!(" retry={p}");
+        }
         out += &format!(" {filter:>13}{modes}\n");
     }
     emit(out.as_bytes())
@@ -967,6 +988,11 @@ fn admin(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         ack_timeout_ms: a.num("--ack-timeout-ms")?.unwrap_or(0),
         max_deliveries: a.num("--max-deliveries")?.unwrap_or(0),
     };
+    let options = TopicOptions {
+        retention_ms: a.num("--retain-ms")?,
+        retention_bytes: a.num("--retain-bytes")?,
+        ..TopicOptions::default()
+    };
     let count: u32 = a.num("--count")?.unwrap_or(0);
     let group = a.take("--group").unwrap_or_default();
     a.done()?;
@@ -985,7 +1011,12 @@ fn admin(raw: &[String], sub: &Sub) -> Result<(), Exit> {
             out
         }
         "create" => {
-            format!("{}\n", if client.create_topic(topic, settings).map_err(e)? { "created" } else { "updated" })
+            let created = if options.is_empty() {
+                client.create_topic(topic, settings)
+            } else {
+                client.create_topic_with(topic, settings, options)
+            };
+            format!("{}\n", if created.map_err(e)? { "created" } else { "updated" })
         }
         "delete" => format!("deleted, {} removed\n", messages(client.delete_topic(topic).map_err(e)?)),
         "purge" => format!("purged {}\n", messages(client.purge_topic(topic).map_err(e)?)),

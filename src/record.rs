@@ -22,7 +22,7 @@ use byteorder::{ByteOrder, LittleEndian};
 
 use crate::codec::{self, DeadInfo, DeadReason, Props};
 use crate::log::{Log, RECORD_HEADER_BYTES, RecordStart};
-use crate::queue::{Body, GroupId, MsgId, Settings};
+use crate::queue::{Body, GroupId, MsgId, Retention, RetryPolicy, Settings};
 pub use crate::record_deliver::{DeliverRecord, DeliveredIds};
 
 /// A topic's number in the log: assigned at creation, never reused.
@@ -128,8 +128,14 @@ impl RecordKind {
     pub const fn version(self) -> u8 {
         match self {
             RecordKind::Delete | RecordKind::Purge => 1,
-            RecordKind::Group | RecordKind::GroupDelete | RecordKind::GroupState => 1,
-            RecordKind::Cancel | RecordKind::Reschedule | RecordKind::Due | RecordKind::Delay => 1,
+            RecordKind::GroupDelete | RecordKind::GroupState => 1,
+            // Version 2 may carry a retry policy (flag 0x04, after the
+            // filter); version 1 has none.
+            RecordKind::Group => 2,
+            RecordKind::Cancel | RecordKind::Reschedule | RecordKind::Due => 1,
+            // Version 2 has a flags byte after the group id (0x01: the
+            // waits are a retry policy's); version 1 meant NACK delays.
+            RecordKind::Delay => 2,
             RecordKind::Deliver => 1,
             // Its messages are laid out as in a Produce record of version 2.
             RecordKind::AckProduce => 1,
@@ -320,7 +326,12 @@ impl TopicRecord<'_> {
         codec::put_str(b, self.name.as_bytes());
         let len_at = b.len();
         codec::put_u16(b, 0);
-        let options = codec::TopicOptions { dedup_window_ms: self.settings.dedup_window_ms };
+        let r = self.settings.retention;
+        let options = codec::TopicOptions {
+            dedup_window_ms: self.settings.dedup_window_ms,
+            retention_ms: (r.ms > 0).then_some(r.ms),
+            retention_bytes: (r.bytes > 0).then_some(r.bytes),
+        };
         codec::topic_settings::put_options(b, &options);
         let len = (b.len() - len_at - 2) as u16;
         b[len_at..len_at + 2].copy_from_slice(&len.to_le_bytes());
@@ -329,8 +340,8 @@ impl TopicRecord<'_> {
 }
 
 /// Bytes of the settings a Topic record carries, at most: the dedup
-/// window's entry.
-const TOPIC_SETTINGS_BYTES_MAX: usize = 3 + 4;
+/// window's entry and the two retention entries.
+const TOPIC_SETTINGS_BYTES_MAX: usize = 3 + 4 + 2 * (3 + 8);
 
 /// A Delete record: the topic and its messages are gone, and no id below
 /// `next_id` is handed out again by any topic created later.
@@ -475,6 +486,12 @@ impl RequeueRecord<'_> {
 pub const GROUP_RECORD_BROADCAST: u8 = 0x01;
 /// Bit in a Group record's flags: ordered by key (older builds wrote 0).
 pub const GROUP_RECORD_ORDERED: u8 = 0x02;
+/// Bit in a Group record's flags (version 2): a retry policy follows the
+/// filter.
+pub const GROUP_RECORD_RETRY: u8 = 0x04;
+/// Bytes of a retry policy in a Group record: `initial_ms u32, cap_ms
+/// u32, multiplier_pct u16, jitter_pct u8`, as on the wire.
+const RETRY_POLICY_BYTES: usize = 4 + 4 + 2 + 1;
 
 /// A Group record: group `group` of topic `topic` exists with this name
 /// and these settings; created at `cursor` (a group already known keeps
@@ -495,17 +512,21 @@ pub struct GroupRecord<'a> {
     pub name: &'a str,
     /// The tag filter's text (empty = `*`).
     pub filter: &'a str,
+    /// The group's retry policy (version 2; None in version 1).
+    pub retry: Option<RetryPolicy>,
 }
 
 impl GroupRecord<'_> {
     /// Log bytes of a Group record, header included.
     pub fn bytes(&self) -> u64 {
-        (RECORD_HEADER_BYTES + 4 + 4 + 1 + 4 + 2 + 8 + 2 + self.name.len() + 2 + self.filter.len()) as u64
+        let retry = if self.retry.is_some() { RETRY_POLICY_BYTES } else { 0 };
+        (RECORD_HEADER_BYTES + 4 + 4 + 1 + 4 + 2 + 8 + 2 + self.name.len() + 2 + self.filter.len() + retry) as u64
     }
 
-    /// Writes version 1: `topic_id u32, group_id u32, flags u8,
+    /// Writes version 2: `topic_id u32, group_id u32, flags u8,
     /// ack_timeout_ms u32, max_deliveries u16, cursor u64, name str,
-    /// filter str`.
+    /// filter str`, then with flag 0x04 the retry policy (`initial_ms
+    /// u32, cap_ms u32, multiplier_pct u16, jitter_pct u8`).
     pub fn append(&self, log: &mut Log) {
         let at = log.begin(RecordKind::Group);
         let b = log.body();
@@ -513,15 +534,33 @@ impl GroupRecord<'_> {
         codec::put_u32(b, self.group.0);
         b.push(
             (if self.broadcast { GROUP_RECORD_BROADCAST } else { 0 })
-                | (if self.ordered { GROUP_RECORD_ORDERED } else { 0 }),
+                | (if self.ordered { GROUP_RECORD_ORDERED } else { 0 })
+                | (if self.retry.is_some() { GROUP_RECORD_RETRY } else { 0 }),
         );
         codec::put_u32(b, self.ack_timeout_ms);
         codec::put_u16(b, self.max_deliveries);
         codec::put_u64(b, self.cursor);
         codec::put_str(b, self.name.as_bytes());
         codec::put_str(b, self.filter.as_bytes());
+        if let Some(p) = self.retry {
+            put_retry_policy(b, &p);
+        }
         log.end(at);
     }
+}
+
+/// Appends a retry policy as a Group record (and the wire) lays it out.
+fn put_retry_policy(b: &mut Vec<u8>, p: &RetryPolicy) {
+    codec::put_u32(b, p.initial_ms);
+    codec::put_u32(b, p.cap_ms);
+    codec::put_u16(b, p.multiplier_pct);
+    b.push(p.jitter_pct);
+}
+
+/// Reads a retry policy of a Group record.
+fn read_retry_policy(rd: &mut Reader<'_>) -> Result<RetryPolicy, String> {
+    let (initial_ms, cap_ms, multiplier_pct, jitter_pct) = (rd.u32()?, rd.u32()?, rd.u16()?, rd.u8()?);
+    Ok(RetryPolicy { initial_ms, multiplier_pct, cap_ms, jitter_pct })
 }
 
 /// A GroupDelete record: the group is gone (its id is never reused).
@@ -680,12 +719,18 @@ impl<'a> Iterator for DedupEntries<'a> {
     }
 }
 
+/// Bit in a Delay record's flags (version 2): the messages wait for retry
+/// (their group's retry policy), not for a NACK's delay.
+pub const DELAY_RECORD_RETRY: u8 = 0x01;
+
 /// A Delay record: messages of topic `topic` went back to group `group`,
 /// each ready again at a wall-clock time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DelayRecord<'a> {
     pub topic: TopicId,
     pub group: GroupId,
+    /// The waits are the group's retry policy's (else NACK delays).
+    pub retry: bool,
     /// (id, deliveries so far, ready-again time ms since the Unix epoch).
     pub entries: &'a [(MsgId, u16, u64)],
 }
@@ -693,16 +738,17 @@ pub struct DelayRecord<'a> {
 impl DelayRecord<'_> {
     /// Log bytes of a Delay record with `entries` entries.
     pub const fn bytes(entries: usize) -> u64 {
-        (RECORD_HEADER_BYTES + 4 + 4 + 4 + 18 * entries) as u64
+        (RECORD_HEADER_BYTES + 4 + 4 + 1 + 4 + 18 * entries) as u64
     }
 
-    /// Writes version 1: `topic_id u32, group_id u32, count u32, count x
-    /// (id u64, deliveries u16, ready_at_ms u64)`.
+    /// Writes version 2: `topic_id u32, group_id u32, flags u8, count u32,
+    /// count x (id u64, deliveries u16, ready_at_ms u64)`.
     pub fn append(&self, log: &mut Log) {
         let at = log.begin(RecordKind::Delay);
         let b = log.body();
         codec::put_u32(b, self.topic.0);
         codec::put_u32(b, self.group.0);
+        b.push(if self.retry { DELAY_RECORD_RETRY } else { 0 });
         codec::put_u32(b, self.entries.len() as u32);
         for (id, d, ready_at) in self.entries {
             codec::put_u64(b, *id);
@@ -769,6 +815,8 @@ pub enum Record<'a> {
     Delay {
         topic: TopicId,
         group: GroupId,
+        /// The waits are a retry policy's (`DELAY_RECORD_RETRY`).
+        retry: bool,
         entries: Delays<'a>,
     },
     Deliver {
@@ -794,24 +842,7 @@ impl<'a> Record<'a> {
         let topic = TopicId(rd.u32()?);
         let record = match kind {
             RecordKind::Topic => Record::Topic(read_topic(&mut rd, topic, version)?),
-            RecordKind::Group => {
-                let group = GroupId(rd.u32()?);
-                let flags = rd.u8()?;
-                let (ack_timeout_ms, max_deliveries, cursor) = (rd.u32()?, rd.u16()?, rd.u64()?);
-                let (name, filter) = (rd.str()?, rd.str()?);
-                let broadcast = flags & GROUP_RECORD_BROADCAST != 0;
-                Record::Group(GroupRecord {
-                    topic,
-                    group,
-                    broadcast,
-                    ordered: flags & GROUP_RECORD_ORDERED != 0,
-                    ack_timeout_ms,
-                    max_deliveries,
-                    cursor,
-                    name,
-                    filter,
-                })
-            }
+            RecordKind::Group => Record::Group(read_group(&mut rd, topic, version)?),
             RecordKind::GroupDelete => Record::GroupDelete(GroupDeleteRecord { topic, group: GroupId(rd.u32()?) }),
             RecordKind::GroupState => {
                 let (group, cursor) = (GroupId(rd.u32()?), rd.u64()?);
@@ -837,7 +868,8 @@ impl<'a> Record<'a> {
             RecordKind::Due => Record::Due { topic, ids: Ids(rd.list(8)?) },
             RecordKind::Delay => {
                 let group = GroupId(rd.u32()?);
-                Record::Delay { topic, group, entries: Delays(rd.list(18)?) }
+                let retry = version >= 2 && rd.u8()? & DELAY_RECORD_RETRY != 0;
+                Record::Delay { topic, group, retry, entries: Delays(rd.list(18)?) }
             }
             RecordKind::Deliver => return crate::record_deliver::decode(topic, &rd.b[rd.pos..]),
             RecordKind::Dedup => {
@@ -858,6 +890,28 @@ impl<'a> Record<'a> {
     }
 }
 
+/// The rest of a Group record of `version` after its topic id.
+fn read_group<'a>(rd: &mut Reader<'a>, topic: TopicId, version: u8) -> Result<GroupRecord<'a>, String> {
+    let group = GroupId(rd.u32()?);
+    let flags = rd.u8()?;
+    let (ack_timeout_ms, max_deliveries, cursor) = (rd.u32()?, rd.u16()?, rd.u64()?);
+    let (name, filter) = (rd.str()?, rd.str()?);
+    // Version 2 may carry a retry policy; version 1 has none.
+    let retry = if version >= 2 && flags & GROUP_RECORD_RETRY != 0 { Some(read_retry_policy(rd)?) } else { None };
+    Ok(GroupRecord {
+        topic,
+        group,
+        broadcast: flags & GROUP_RECORD_BROADCAST != 0,
+        ordered: flags & GROUP_RECORD_ORDERED != 0,
+        ack_timeout_ms,
+        max_deliveries,
+        cursor,
+        name,
+        filter,
+        retry,
+    })
+}
+
 /// The rest of a Topic record of `version` after its topic id.
 fn read_topic<'a>(rd: &mut Reader<'a>, topic: TopicId, version: u8) -> Result<TopicRecord<'a>, String> {
     let next_id = rd.u64()?;
@@ -871,7 +925,8 @@ fn read_topic<'a>(rd: &mut Reader<'a>, topic: TopicId, version: u8) -> Result<To
     } else {
         codec::TopicOptions::default()
     };
-    let settings = Settings { ack_timeout_ms, max_deliveries, dedup_window_ms: options.dedup_window_ms };
+    let retention = Retention { ms: options.retention_ms.unwrap_or(0), bytes: options.retention_bytes.unwrap_or(0) };
+    let settings = Settings { ack_timeout_ms, max_deliveries, dedup_window_ms: options.dedup_window_ms, retention };
     Ok(TopicRecord { topic, next_id, settings, next_group_id, name })
 }
 
@@ -884,6 +939,13 @@ pub struct Messages<'a> {
     left: u32,
     /// The record's version: the message layout.
     version: u8,
+}
+
+impl Messages<'_> {
+    /// Messages not yet read.
+    pub fn left(&self) -> u32 {
+        self.left
+    }
 }
 
 impl<'a> Iterator for Messages<'a> {

@@ -33,7 +33,8 @@ fn one(write: impl FnOnce(&mut Log)) -> (RecordKind, u8, Vec<u8>) {
 
 #[test]
 fn every_kind_round_trips_at_its_version() {
-    let settings = Settings { ack_timeout_ms: 1234, max_deliveries: 7, dedup_window_ms: None };
+    let settings =
+        Settings { ack_timeout_ms: 1234, max_deliveries: 7, dedup_window_ms: None, retention: Default::default() };
     let topic = TopicRecord { topic: TopicId(3), next_id: 99, settings, next_group_id: Some(5), name: "orders.dlq" };
     let (kind, version, body) = one(|log| topic.append(log));
     assert_eq!((kind, version), (RecordKind::Topic, RecordKind::Topic.version()));
@@ -128,7 +129,9 @@ fn the_sizes_counted_are_the_sizes_written() {
         let (payload, props) = (m.payload.len() as u64, m.props.bytes().len() as u64);
         assert_eq!(body.len() as u64, message_record_bytes(payload, props, m.dead.is_some()), "{m:?}");
     }
-    let settings = Settings::default();
+    // Every setting a Topic record may carry, so that it is at its largest.
+    let retention = crate::queue::Retention { ms: 1, bytes: 1 };
+    let settings = Settings { retention, ..Settings::default() };
     let log_bytes = |write: &dyn Fn(&mut Log)| -> u64 {
         let dir = TempDir::new("record-size");
         let (mut log, _) = Log::open(dir.path(), LogOptions::default(), |_| Ok(())).expect("open");
@@ -342,11 +345,49 @@ fn the_records_of_scheduled_messages_round_trip() {
 #[test]
 fn a_delay_record_round_trips() {
     let entries = [(4, 2, 1_767_225_600_123), (u64::MAX, u16::MAX, 0)];
-    let delay = DelayRecord { topic: TopicId(7), group: GroupId(3), entries: &entries };
-    let (kind, version, body) = one(|log| delay.append(log));
-    assert_eq!(body.len() as u64 + RECORD_HEADER_BYTES as u64, DelayRecord::bytes(entries.len()));
-    let Ok(Record::Delay { topic, group, entries: got }) = Record::decode(kind, version, &body) else {
-        panic!("a Delay record decodes to Delay")
+    for retry in [false, true] {
+        let delay = DelayRecord { topic: TopicId(7), group: GroupId(3), retry, entries: &entries };
+        let (kind, version, body) = one(|log| delay.append(log));
+        assert_eq!(body.len() as u64 + RECORD_HEADER_BYTES as u64, DelayRecord::bytes(entries.len()));
+        let Ok(Record::Delay { topic, group, retry: r, entries: got }) = Record::decode(kind, version, &body) else {
+            panic!("a Delay record decodes to Delay")
+        };
+        assert_eq!(r, retry);
+        assert_eq!((topic, group, got.iter().collect::<Vec<_>>()), (TopicId(7), GroupId(3), entries.to_vec()));
+        // Version 1 (no flags byte) still reads: NACK delays.
+        let mut v1 = body[..8].to_vec();
+        v1.extend_from_slice(&body[9..]);
+        let Ok(Record::Delay { retry: r1, entries: got1, .. }) = Record::decode(kind, 1, &v1) else {
+            panic!("a version-1 Delay record decodes to Delay")
+        };
+        assert!(!r1);
+        assert_eq!(got1.iter().collect::<Vec<_>>(), entries.to_vec());
+    }
+}
+
+#[test]
+fn a_group_record_keeps_its_retry_policy_and_version_1_has_none() {
+    let retry = Some(RetryPolicy { initial_ms: 100, multiplier_pct: 200, cap_ms: 30_000, jitter_pct: 20 });
+    let g = GroupRecord {
+        topic: TopicId(2),
+        group: GroupId(5),
+        broadcast: false,
+        ordered: true,
+        ack_timeout_ms: 9,
+        max_deliveries: 4,
+        cursor: 77,
+        name: "billing",
+        filter: "eu",
+        retry,
     };
-    assert_eq!((topic, group, got.iter().collect::<Vec<_>>()), (TopicId(7), GroupId(3), entries.to_vec()));
+    let (kind, version, body) = one(|log| g.append(log));
+    assert_eq!((kind, version), (RecordKind::Group, 2));
+    assert_eq!(body.len() as u64 + RECORD_HEADER_BYTES as u64, g.bytes());
+    let Ok(Record::Group(got)) = Record::decode(kind, version, &body) else { panic!("a Group record decodes") };
+    assert_eq!(got, g);
+    let plain = GroupRecord { retry: None, ..g };
+    let (_, _, body) = one(|log| plain.append(log));
+    assert_eq!(body.len() as u64 + RECORD_HEADER_BYTES as u64, plain.bytes());
+    let Ok(Record::Group(got)) = Record::decode(kind, 1, &body) else { panic!("version 1 decodes") };
+    assert_eq!(got, plain, "without a policy, versions 1 and 2 are the same bytes");
 }

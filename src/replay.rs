@@ -46,6 +46,9 @@ struct GroupReplay {
     /// Ids NACKed with a delay (Delay records): the wall-clock time each
     /// is ready again, ms.
     delays: IdMap<u64>,
+    /// The ids of `delays` whose wait is the retry policy's (Delay records
+    /// with the retry flag).
+    retry_waits: IdMap<()>,
 }
 
 impl GroupReplay {
@@ -60,12 +63,17 @@ impl GroupReplay {
 
     /// A Requeue record (`ready_at_ms` None) or a Delay record: the
     /// message went back to the group after a failed delivery.
-    fn requeued(&mut self, id: MsgId, deliveries: u16, ready_at_ms: Option<u64>) {
+    /// `retry` says the delay is the retry policy's wait.
+    fn requeued(&mut self, id: MsgId, deliveries: u16, ready_at_ms: Option<u64>, retry: bool) {
         let to = if id < self.floor { &mut self.pending } else { &mut self.counts };
         to.insert(id, deliveries);
         match ready_at_ms {
             Some(at) => self.delays.insert(id, at),
             None => self.delays.remove(&id),
+        };
+        match retry && ready_at_ms.is_some() {
+            true => self.retry_waits.insert(id, ()),
+            false => self.retry_waits.remove(&id),
         };
     }
 
@@ -93,6 +101,7 @@ impl GroupReplay {
         self.done.clear();
         self.counts.clear();
         self.delays.clear();
+        self.retry_waits.clear();
         for (id, d) in entries.iter() {
             let to = if id < cursor { &mut self.pending } else { &mut self.counts };
             to.insert(id, d);
@@ -145,7 +154,7 @@ impl GroupReplay {
             at.inspect(|&at| delays.push((id, d, at))).is_none()
         });
         delays.sort_unstable();
-        group.restore_delays(delays);
+        group.restore_delays(delays, self.retry_waits.keys().copied());
         retry.sort_unstable();
         let carried =
             self.counts.into_iter().filter(|(id, d)| *id >= cursor && *d > 0 && t.seq.contains(*id)).collect();
@@ -177,6 +186,7 @@ pub(crate) fn group_config(r: &GroupRecord<'_>) -> GroupConfig {
         filter_text: r.filter.into(),
         filter,
         ordered: r.ordered,
+        retry: r.retry,
     }
 }
 
@@ -288,6 +298,7 @@ impl<'a> Replay<'a> {
             Record::Delete(d) => self.delete(d.topic, d.next_id, r.segment),
             Record::Purge(p) => self.purge(p.topic, p.below_id),
             Record::Produce { topic, messages } => {
+                self.notes.retained.replayed(r, topic, &messages);
                 for m in messages {
                     let m = m?;
                     self.notes.replayed_produce(r.segment, topic, m.id);
@@ -313,12 +324,12 @@ impl<'a> Replay<'a> {
             Record::Requeue { topic, group, entries } => {
                 self.notes.replayed_group(r.segment, topic, group);
                 let g = self.group(topic, group);
-                entries.iter().for_each(|(id, d)| g.requeued(id, d, None));
+                entries.iter().for_each(|(id, d)| g.requeued(id, d, None, false));
             }
-            Record::Delay { topic, group, entries } => {
+            Record::Delay { topic, group, retry, entries } => {
                 self.notes.replayed_group(r.segment, topic, group);
                 let g = self.group(topic, group);
-                entries.iter().for_each(|(id, d, at)| g.requeued(id, d, Some(at)));
+                entries.iter().for_each(|(id, d, at)| g.requeued(id, d, Some(at), retry));
             }
             Record::Deliver { topic, group, ids } => {
                 self.notes.replayed_group(r.segment, topic, group);
@@ -504,6 +515,7 @@ impl<'a> Replay<'a> {
         let g = self.group(topic, group);
         g.done.insert(id, ());
         g.delays.remove(&id);
+        g.retry_waits.remove(&id);
         let Some(groups) = self.groups.get_mut(&topic) else { return };
         if !groups.values().all(|g| g.is_done_with(id)) {
             return;
@@ -712,6 +724,7 @@ mod tests {
             cursor,
             name,
             filter,
+            retry: None,
         }
         .append(log);
     }

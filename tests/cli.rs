@@ -107,6 +107,7 @@ fn every_flag_a_client_help_lists_is_accepted() {
             match value.as_deref() {
                 Some("ADDR") => args[3] = format!("--addr={dead}"),
                 Some("K=V") => args.push("k=1".into()),
+                Some("POLICY") => args.push("fixed:1s".into()),
                 Some(_) => args.push("1".into()),
                 None => {}
             }
@@ -411,6 +412,28 @@ fn groups_from_the_command_line() {
     let gone = runnel(&["group", "delete", "--addr", &addr, "jobs", "late"]);
     assert_eq!(gone.status.code(), Some(1));
     assert!(text(&gone.stderr).contains("UNKNOWN_GROUP"), "{}", text(&gone.stderr));
+}
+
+/// `runnel group create --retry POLICY` sets a group's retry policy,
+/// which `runnel groups` shows; a policy that does not read is a usage
+/// error, and one past `retry_delay_ms_max` the broker's BAD_ARGUMENT.
+#[test]
+fn a_retry_policy_from_the_command_line() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    let policy = "exp:100ms..30s,x2,jitter=20";
+    let created = runnel_ok(&["group", "create", "--addr", &addr, "--retry", policy, "jobs", "g"], b"");
+    assert_eq!(created, "created at 1\n");
+    let listed = runnel_ok(&["groups", "--addr", &addr, "jobs"], b"");
+    assert!(listed.contains(" retry=exp:100ms..30000ms,x2,jitter=20"), "{listed}");
+    runnel_ok(&["group", "create", "--addr", &addr, "--retry", "fixed:2s", "jobs", "g"], b"");
+    assert!(runnel_ok(&["groups", "--addr", &addr, "jobs"], b"").contains(" retry=fixed:2000ms"));
+    let bad = runnel(&["group", "create", "--addr", &addr, "--retry", "sometimes", "jobs", "g"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+    assert!(text(&bad.stderr).contains("retry policy"), "{}", text(&bad.stderr));
+    let long = runnel(&["group", "create", "--addr", &addr, "--retry", "fixed:25h", "jobs", "g"]);
+    assert_eq!(long.status.code(), Some(1), "{}", text(&long.stderr));
+    assert!(text(&long.stderr).contains("BAD_ARGUMENT"), "{}", text(&long.stderr));
 }
 
 /// `runnel consume --group G --tags EXPR` makes its group with that filter:

@@ -144,6 +144,7 @@ fn answer(out: &mut Vec<u8>, f: &Frame<'_>, version: u16, limits: &DecodeLimits)
                 max_deliveries: 2,
                 filter: "a || b",
                 ordered: false,
+                retry: None,
             };
             encode_groups_reply(out, rid, &[GroupInfo { name: "billing", settings, stats }]);
         }
@@ -256,8 +257,14 @@ fn group_calls_send_their_group_and_deliveries_carry_their_properties() {
 #[test]
 fn group_admin_calls_round_trip() {
     let (mut c, rx) = connect_v2();
-    let settings =
-        GroupSettings { broadcast: true, ack_timeout_ms: 9, max_deliveries: 2, filter: "a || b", ordered: false };
+    let settings = GroupSettings {
+        broadcast: true,
+        ack_timeout_ms: 9,
+        max_deliveries: 2,
+        filter: "a || b",
+        ordered: false,
+        retry: None,
+    };
     assert_eq!(c.create_group("t", "billing", settings, Start::Time(7)).expect("create"), (true, 1));
     assert_sent(&rx, &Request::CreateGroup { topic: "t", group: "billing", settings, start: Start::Time(7) });
     let groups = c.list_groups("t").expect("list");

@@ -1550,3 +1550,51 @@ fn the_idempotent_producer_stores_each_message_once_across_a_broker_restart() {
     check_stored_once(&got, batches, &told, seed);
     p.kill().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
 }
+
+/// A retry wait survives SIGKILL: in a group whose retry policy waits
+/// 3 s, one message NACKed without a delay and one whose ack deadline
+/// passed are waiting for retry when the broker is killed; after the
+/// restart neither is back before its wait ends, each with its delivery
+/// counted.
+#[test]
+fn a_retry_wait_survives_sigkill() {
+    let seed = common::seed(0x7e7_7a17);
+    println!("seed {seed}");
+    let data = TempDir::new("retry-data");
+    let logs = TempDir::new("retry-logs");
+    let p = spawn_broker(data.path(), logs.path(), "retry0", seed);
+    let mut c = client(p.addr).expect("connect");
+    let retry = Some(runnel::queue::RetryPolicy { initial_ms: 3000, multiplier_pct: 100, cap_ms: 3000, jitter_pct: 0 });
+    c.create_group("retry", "g", GroupSettings { retry, ..GroupSettings::default() }, Start::Earliest)
+        .unwrap_or_else(|e| panic!("seed {seed}: CREATE_GROUP: {e}"));
+    let (first, _) = c.produce_batch("retry", &[b"nacked".as_slice(), b"timed out"]).expect("produce");
+    let take = |c: &mut Client, ack_timeout_ms: u32| {
+        let f = Fetch { max_messages: 1, wait_ms: 20_000, ack_timeout_ms, ..Fetch::default() };
+        let got = c.fetch_group("retry", "g", f).unwrap_or_else(|e| panic!("seed {seed}: FETCH: {e}"));
+        got.iter().map(|m| (m.id, m.delivery_count)).collect::<Vec<_>>()
+    };
+    assert_eq!(take(&mut c, 0), [(first, 1)], "seed {seed}");
+    let nacked = Instant::now();
+    c.nack_group("retry", "g", &[first], 0, false).expect("NACK");
+    let timed = Instant::now();
+    assert_eq!(take(&mut c, 100), [(first + 1, 1)], "seed {seed}");
+    let waiting = |c: &mut Client| {
+        let stats = c.stats(Some("retry")).ok()?;
+        let g = stats.into_iter().find(|s| s.0 == "retry/g")?;
+        g.1.into_iter().find(|kv| kv.0 == "retry_waiting").map(|kv| kv.1)
+    };
+    common::wire::wait_until("both wait for retry", || waiting(&mut c) == Some(2));
+    // A produce's reply waits for the sync of a later turn than the
+    // NACK's and the deadline's: their records are written.
+    c.produce("other", b"x").expect("produce");
+    p.kill().unwrap_or_else(|e| panic!("seed {seed}: the broker {e}"));
+    let p = spawn_broker(data.path(), logs.path(), "retry1", seed);
+    let mut c = client(p.addr).expect("connect");
+    let mut back = take(&mut c, 0);
+    back.extend(take(&mut c, 0));
+    back.sort_unstable();
+    assert_eq!(back, [(first, 2), (first + 1, 2)], "seed {seed}");
+    assert!(nacked.elapsed() >= Duration::from_millis(3000), "seed {seed}: back after {:?}", nacked.elapsed());
+    assert!(timed.elapsed() >= Duration::from_millis(3100), "seed {seed}: back after {:?}", timed.elapsed());
+    p.kill().unwrap_or_else(|e| panic!("seed {seed}: the last broker {e}"));
+}

@@ -186,6 +186,7 @@ fn every_example_decodes_to_its_frame_and_encodes_back() {
     expected.extend(doc_frames_schedule());
     expected.extend(common::dedup_frames::doc_frames_dedup());
     expected.extend(common::inspect_frames::doc_frames_inspect());
+    expected.extend(common::retry_frames::doc_frames_retry());
     let mut failures = Vec::new();
     for ex in &found {
         if !expected.iter().any(|f| f.name == ex.tag) {
@@ -282,7 +283,7 @@ fn limits_table_matches_the_defaults() {
     let heading = "## Limits";
     let rows = table_rows(&doc, heading);
     let d = Limits::default();
-    let limits: [(&str, u64); 32] = [
+    let limits: [(&str, u64); 35] = [
         ("frame_bytes_max", d.frame_bytes_max.into()),
         ("message_bytes_max", d.message_bytes_max.into()),
         ("batch_messages_max", d.batch_messages_max.into()),
@@ -315,6 +316,9 @@ fn limits_table_matches_the_defaults() {
         ("dedup_window_ms_max", d.dedup_window_ms_max.into()),
         ("dedup_entries_max", d.dedup_entries_max.into()),
         ("dedup_id_bytes_max", d.dedup_id_bytes_max.into()),
+        ("retry_delay_ms_max", d.retry_delay_ms_max.into()),
+        ("retention_ms_max", d.retention_ms_max),
+        ("retention_bytes_max", d.retention_bytes_max),
     ];
     for (name, default) in limits {
         let row = rows

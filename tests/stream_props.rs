@@ -514,6 +514,7 @@ fn version_2_requests() -> Vec<(&'static str, Vec<u8>)> {
         max_deliveries: 2,
         filter: "a || b",
         ordered: false,
+        retry: None,
     };
     let requests = [
         ("produce", Request::Produce { flags: 0, topic, batch: Batch { count: 2, bytes: &batch, with_props: true } }),

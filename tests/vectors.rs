@@ -363,6 +363,7 @@ fn vectors(version: u16) -> Vec<Vector> {
             .chain(refusals_dedup())
             .chain(doc_vectors(common::inspect_frames::doc_frames_inspect()))
             .chain(refusals_inspect())
+            .chain(doc_vectors(common::retry_frames::doc_frames_retry()))
             .collect(),
     }
 }
@@ -480,6 +481,7 @@ fn frames_v2() -> Vec<Vector> {
         max_deliveries: 3,
         filter: r"re:^order\.",
         ordered: false,
+        retry: None,
     };
     let untagged_dead = Message {
         dead: Some(DeadInfo { origin_id: 4, origin_deliveries: 16, reason: DeadReason::AckTimeout }),
@@ -892,13 +894,14 @@ fn request_fields(r: &Request<'_>) -> Vec<(&'static str, J)> {
         }
         Request::Redrive { topic: t, max_messages, .. } => vec![topic(t), ("max_messages", num(max_messages))],
         Request::CreateGroup { topic: t, settings: g, start, .. } => {
-            let mut fields = vec![topic(t), ("flags", num(u8::from(g.broadcast)))];
+            let mut fields = vec![topic(t), ("flags", num(g.flags()))];
             fields.extend(start_json(start));
             fields.extend([
                 ("ack_timeout_ms", num(g.ack_timeout_ms)),
                 ("max_deliveries", num(g.max_deliveries)),
                 ("filter", text(g.filter)),
             ]);
+            fields.extend(retry_json(&g));
             fields
         }
         Request::DeleteGroup { topic: t, .. } | Request::ListGroups { topic: t } => vec![topic(t)],
@@ -961,14 +964,31 @@ fn message_json(m: &Message<'_>) -> J {
     J::Obj(fields)
 }
 
+/// A group's retry policy (version 4), when it has one.
+fn retry_json(g: &GroupSettings<'_>) -> Option<(&'static str, J)> {
+    let p = g.retry?;
+    Some((
+        "retry",
+        J::Obj(vec![
+            ("initial_ms", num(p.initial_ms)),
+            ("cap_ms", num(p.cap_ms)),
+            ("multiplier_pct", num(p.multiplier_pct)),
+            ("jitter_pct", num(p.jitter_pct)),
+        ]),
+    ))
+}
+
 fn group_json(g: &GroupInfo<'_>) -> J {
     let s = &g.stats;
-    J::Obj(vec![
+    let mut fields = vec![
         ("name", text(g.name)),
-        ("flags", num(u8::from(g.settings.broadcast))),
+        ("flags", num(g.settings.flags())),
         ("ack_timeout_ms", num(g.settings.ack_timeout_ms)),
         ("max_deliveries", num(g.settings.max_deliveries)),
         ("filter", text(g.settings.filter)),
+    ];
+    fields.extend(retry_json(&g.settings));
+    fields.extend([
         ("cursor", num(s.cursor)),
         ("lag", num(s.lag)),
         ("inflight", num(s.inflight)),
@@ -977,7 +997,8 @@ fn group_json(g: &GroupInfo<'_>) -> J {
         ("dead_lettered", num(s.dead_lettered)),
         ("oldest_unacked_age_ms", num(s.oldest_unacked_age_ms)),
         ("consumers", num(s.consumers)),
-    ])
+    ]);
+    J::Obj(fields)
 }
 
 /// The limits a HELLO reply of `version` carries, in layout order (the

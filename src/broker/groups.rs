@@ -68,9 +68,13 @@ fn unit_stats(t: &Topic, g: &Group, now: Now) -> GroupStats {
 
 impl Broker {
     /// A group's settings from CREATE_GROUP's fields: BAD_FILTER for a
-    /// filter that does not parse.
+    /// filter that does not parse, BAD_ARGUMENT for a retry policy the
+    /// broker does not take (`RetryPolicy::check`).
     fn group_config(&self, s: &GroupSettings<'_>) -> Result<GroupConfig, Refusal> {
         let l = &self.config.limits;
+        if let Some(p) = &s.retry {
+            p.check(l.retry_delay_ms_max).map_err(|e| (ErrorCode::BadArgument, e))?;
+        }
         let filter = Filter::parse(s.filter, l.filter_bytes_max, l.filter_compiled_bytes_max)
             .map_err(|e| (ErrorCode::BadFilter, e))?;
         Ok(GroupConfig {
@@ -80,6 +84,7 @@ impl Broker {
             filter_text: s.filter.into(),
             filter: (!matches!(filter, Filter::All)).then_some(filter),
             ordered: s.ordered,
+            retry: s.retry,
         })
     }
 
@@ -217,6 +222,7 @@ fn group_info<'a>(t: &'a Topic, g: &'a Group, now: Now, version: u16) -> GroupIn
         max_deliveries,
         filter: &c.filter_text,
         ordered: c.ordered && version >= codec::group::SINCE_ORDERED,
+        retry: c.retry.filter(|_| version >= codec::group::SINCE_RETRY),
     };
     GroupInfo { name: g.name(), settings, stats: group_stats(t, g, now) }
 }

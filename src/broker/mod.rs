@@ -56,6 +56,8 @@ mod deliveries;
 mod groups;
 mod inspect;
 mod requests;
+pub(crate) mod retain;
+mod retry;
 mod schedule;
 mod stats;
 mod subscriptions;

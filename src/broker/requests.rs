@@ -10,15 +10,15 @@
 use super::subscriptions::SubscribeArgs;
 use super::topics::{Entry, dead_letter_name, unknown, unknown_group};
 use super::waiters::Waiter;
-use super::{Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, dedup, schedule, stats};
+use super::{
+    Broker, ConnKey, GroupTimers, LoopStats, Now, Outcome, Session, Timer, TopicId, dedup, retry, schedule, stats,
+};
 use crate::codec::group::Start;
 use crate::codec::props::PROP_ORIGIN_GROUP;
 use crate::codec::{
     self, Batch, DecodeError, ErrorCode, Frame, Ids, Message, Request, Skip, TopicOptions, TopicSettings, op,
 };
-use crate::queue::{
-    Body, ConsumerId, Group, GroupConfig, GroupId, MsgId, Returned, Seq, Settings, TagSetId, Take, Topic,
-};
+use crate::queue::{Body, ConsumerId, Group, GroupConfig, GroupId, MsgId, Seq, Settings, TagSetId, Take, Topic};
 use crate::record::{MessageRecord, ProduceWriter, PurgeRecord, RemoveReason, RemoveRecord, RequeueRecord};
 use crate::wheel::{TimerKey, Wheel};
 
@@ -502,27 +502,11 @@ impl Broker {
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
         let group = self.group_of(tid, group, false, c)?;
         let dead_letter = flags & codec::NACK_FLAG_DEAD_LETTER != 0;
-        let delay = (delay_ms > 0).then(|| at.now.mono_ms + u64::from(delay_ms));
-        // The log states a delay on the wall clock, which a restart keeps.
-        let ready_at_wall_ms = at.now.wall_ms + u64::from(delay_ms);
-        let (mut dead, mut requeued, mut delayed) = (Vec::new(), Vec::new(), Vec::new());
-        self.ids_op(tid, group, ids, |t, id, timers| match t.nack(group, id, delay, dead_letter, timers) {
-            None => false,
-            Some(Returned::Retry) if delay.is_some() => {
-                t.note_delay_wall(group, id, ready_at_wall_ms);
-                delayed.push((id, t.deliveries(group, id), ready_at_wall_ms));
-                true
-            }
-            Some(Returned::Retry) => {
-                requeued.push((id, t.deliveries(group, id)));
-                true
-            }
-            Some(Returned::Dead(info)) => {
-                dead.push((id, info));
-                true
-            }
+        let mut back = retry::Returns::default();
+        self.ids_op(tid, group, ids, |t, id, timers| {
+            retry::nack_one(t, (group, id), (delay_ms, dead_letter), at.now, timers, &mut back)
         });
-        if !requeued.is_empty()
+        if !back.requeued.is_empty()
             && let Some(e) = self.topics.get_mut(tid)
         {
             self.turn.mark_for_publish(e);
@@ -532,9 +516,10 @@ impl Broker {
             self.credit_freed(tid, group);
         }
         if !group.is_member() {
-            self.log_returned(tid, group, &requeued, &delayed);
+            self.log_returned(tid, group, &back.requeued, &back.delayed);
         }
-        for (id, info) in dead {
+        self.log_waits(&mut back.waits.iter().map(|w| (tid, group, w.0, w.1, w.2)).collect::<Vec<_>>());
+        for (id, info) in back.dead {
             self.dead_letter(tid, group, id, info);
         }
         Ok(Outcome::Done)
@@ -548,7 +533,7 @@ impl Broker {
             self.compactor.note_group(tid, group);
         }
         if !delayed.is_empty() {
-            crate::record::DelayRecord { topic: tid, group, entries: delayed }.append(&mut self.log);
+            crate::record::DelayRecord { topic: tid, group, retry: false, entries: delayed }.append(&mut self.log);
             self.compactor.note_group(tid, group);
         }
     }
@@ -624,6 +609,7 @@ impl Broker {
             let msg = format!("dedup_window_ms {ms} is more than dedup_window_ms_max ({max})");
             return Err((ErrorCode::BadArgument, msg));
         }
+        self.check_retention(&options)?;
         let exists = self.topics.id(topic);
         let tid = match exists {
             Some(tid) => tid,
@@ -634,10 +620,12 @@ impl Broker {
             // A window the request does not name stays as it is (a new
             // topic has the broker's default).
             let window = options.dedup_window_ms.or(e.topic.settings.dedup_window_ms);
+            let retention = super::retain::retention_of(&options, e.topic.settings.retention);
             e.topic.settings = Settings {
                 ack_timeout_ms: if settings.ack_timeout_ms == 0 { d.ack_timeout_ms } else { settings.ack_timeout_ms },
                 max_deliveries: if settings.max_deliveries == 0 { d.max_deliveries } else { settings.max_deliveries },
                 dedup_window_ms: window,
+                retention,
             };
         }
         self.log_topic(tid);

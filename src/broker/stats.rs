@@ -170,6 +170,9 @@ impl Broker {
                 let window_ms = super::dedup::window_ms(&t.settings, &self.config.defaults, &self.config.limits);
                 w.kv(out, "dedup_window_ms", window_ms);
                 w.kv(out, "dedup_entries", self.dedup.entries_of(e.id));
+                for (k, v) in self.retention_stats(e.id, t.settings.retention) {
+                    w.kv(out, k, v);
+                }
             }
             if version >= 2 {
                 self.write_group_sections(e.id, t, now, &mut w, out);
@@ -207,6 +210,13 @@ impl Broker {
                 let (waiting, keys) = g.key_lines();
                 w.kv(out, "key_waiting", waiting);
                 w.kv(out, "keys_outstanding", keys);
+            }
+            if let Some(p) = &g.config.retry {
+                w.kv(out, "retry_initial_ms", p.initial_ms.into());
+                w.kv(out, "retry_cap_ms", p.cap_ms.into());
+                w.kv(out, "retry_multiplier_pct", p.multiplier_pct.into());
+                w.kv(out, "retry_jitter_pct", p.jitter_pct.into());
+                w.kv(out, "retry_waiting", g.retry_waiting());
             }
         }
     }

@@ -13,11 +13,11 @@ use std::hash::BuildHasherDefault;
 use std::ops::Range;
 use std::time::Instant;
 
-use super::{Broker, ConnKey, GroupTimers, Now, Outbox, Timer, TopicId, stats};
+use super::{Broker, ConnKey, Now, Outbox, Timer, TopicId, stats};
 use crate::codec::{self, ErrorCode, Request, op};
 use crate::log::{Committed, WrittenTurn};
 use crate::metrics::{Phase, PhaseNanos};
-use crate::queue::{GroupId, IdHasher, MsgId, Returned};
+use crate::queue::{GroupId, IdHasher, MsgId};
 use crate::record::RequeueRecord;
 
 /// A reply waiting for the commit.
@@ -244,22 +244,11 @@ impl Broker {
         let mut expired = std::mem::take(&mut self.scratch.expired);
         self.wheel.advance(now.mono_ms, &mut expired);
         let mut requeued: Vec<(TopicId, GroupId, MsgId, u16)> = Vec::new();
+        let mut waits = Vec::new();
         for (_, timer) in expired.drain(..) {
             match timer {
                 Timer::Msg { topic, group, id } => {
-                    let Some(e) = self.topics.get_mut(topic) else { continue };
-                    let mut timers = GroupTimers { wheel: &mut self.wheel, topic, group };
-                    match e.topic.timer_fired(group, id, &mut timers) {
-                        Some(Returned::Retry) => {
-                            requeued.push((topic, group, id, e.topic.deliveries(group, id)));
-                            self.turn.mark_for_publish(e);
-                        }
-                        Some(Returned::Dead(info)) => {
-                            self.dead_letter(topic, group, id, info);
-                            self.credit_freed(topic, group);
-                        }
-                        None => {}
-                    }
+                    self.msg_timer_fired((topic, group, id), now, &mut requeued, &mut waits);
                 }
                 Timer::Wait { waiter } => self.wait_over(waiter, outbox),
                 Timer::Due { topic } => self.due_fired(topic, now),
@@ -274,6 +263,7 @@ impl Broker {
             RequeueRecord { topic: chunk[0].0, group: chunk[0].1, entries: &entries }.append(&mut self.log);
             self.compactor.note_group(chunk[0].0, chunk[0].1);
         }
+        self.log_waits(&mut waits);
         self.sweep();
         self.expire_dedup(now);
     }
@@ -412,6 +402,7 @@ impl Broker {
                 } else {
                     let last = self.log.segments().last().map_or(0, |s| s.base);
                     self.compactor.committed(last);
+                    self.compactor.retained.note_turn(&mut self.log, now.wall_ms);
                 }
                 Stored { records: true, produces: !c.withdrawn }
             }

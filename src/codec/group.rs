@@ -8,6 +8,7 @@
 
 use super::{BodyError, ErrorCode, Rd, Request, malformed, put_str, put_u16, put_u32, put_u64, str_field, topic};
 use super::{DecodeLimits, REPLY_BIT, begin_frame, check_name_bytes, end_frame, op};
+use crate::queue::RetryPolicy;
 
 /// Bit in CREATE_GROUP's and LIST_GROUPS' flags: a broadcast group.
 pub const GROUP_FLAG_BROADCAST: u8 = 0x01;
@@ -16,17 +17,50 @@ pub const GROUP_FLAG_BROADCAST: u8 = 0x01;
 pub const GROUP_FLAG_ORDERED: u8 = 0x02;
 /// The protocol version that adds `GROUP_FLAG_ORDERED`.
 pub const SINCE_ORDERED: u16 = super::V4;
+/// Bit in CREATE_GROUP's and LIST_GROUPS' flags (version 4): a retry
+/// policy follows the filter (`RETRY_POLICY_WIRE_BYTES` bytes).
+pub const GROUP_FLAG_RETRY: u8 = 0x04;
+/// The protocol version that adds `GROUP_FLAG_RETRY`.
+pub const SINCE_RETRY: u16 = super::V4;
+/// Bytes of a retry policy on the wire: `initial_ms u32, cap_ms u32,
+/// multiplier_pct u16, jitter_pct u8`.
+pub const RETRY_POLICY_WIRE_BYTES: usize = 4 + 4 + 2 + 1;
 
 /// The group flags a session of `version` may set.
 fn group_flags_known(version: u16) -> u8 {
-    if version >= SINCE_ORDERED { GROUP_FLAG_BROADCAST | GROUP_FLAG_ORDERED } else { GROUP_FLAG_BROADCAST }
+    if version >= SINCE_ORDERED {
+        GROUP_FLAG_BROADCAST | GROUP_FLAG_ORDERED | GROUP_FLAG_RETRY
+    } else {
+        GROUP_FLAG_BROADCAST
+    }
 }
 
 impl GroupSettings<'_> {
     /// The flags byte of CREATE_GROUP and LIST_GROUPS.
     pub fn flags(&self) -> u8 {
-        (if self.broadcast { GROUP_FLAG_BROADCAST } else { 0 }) | (if self.ordered { GROUP_FLAG_ORDERED } else { 0 })
+        (if self.broadcast { GROUP_FLAG_BROADCAST } else { 0 })
+            | (if self.ordered { GROUP_FLAG_ORDERED } else { 0 })
+            | (if self.retry.is_some() { GROUP_FLAG_RETRY } else { 0 })
     }
+}
+
+/// Appends a retry policy (after the filter, with `GROUP_FLAG_RETRY`).
+fn put_retry(out: &mut Vec<u8>, retry: Option<RetryPolicy>) {
+    if let Some(p) = retry {
+        put_u32(out, p.initial_ms);
+        put_u32(out, p.cap_ms);
+        put_u16(out, p.multiplier_pct);
+        out.push(p.jitter_pct);
+    }
+}
+
+/// Reads a retry policy if `flags` says one follows.
+fn retry(rd: &mut Rd<'_>, flags: u8) -> Option<Option<RetryPolicy>> {
+    if flags & GROUP_FLAG_RETRY == 0 {
+        return Some(None);
+    }
+    let (initial_ms, cap_ms, multiplier_pct, jitter_pct) = (rd.u32()?, rd.u32()?, rd.u16()?, rd.u8()?);
+    Some(Some(RetryPolicy { initial_ms, multiplier_pct, cap_ms, jitter_pct }))
 }
 
 /// Where a group starts (CREATE_GROUP) or is moved to (RESET_GROUP). On the
@@ -85,6 +119,10 @@ pub struct GroupSettings<'a> {
     /// Ordered by key (version 4): messages with the same key go one at
     /// a time, in order.
     pub ordered: bool,
+    /// The retry policy (version 4, `GROUP_FLAG_RETRY`): how long a
+    /// message waits before it is ready again after a NACK without a delay
+    /// or a passed ack deadline. None: ready again at once.
+    pub retry: Option<RetryPolicy>,
 }
 
 /// What LIST_GROUPS reports of a group's state.
@@ -179,8 +217,9 @@ pub(super) fn parse_group_op<'a>(
             let ack_timeout_ms = rd.u32().ok_or_else(short)?;
             let max_deliveries = rd.u16().ok_or_else(short)?;
             let filter = filter(rd, limits)?;
+            let retry = retry(rd, flags).ok_or_else(|| malformed("retry policy runs past the frame"))?;
             let (broadcast, ordered) = (flags & GROUP_FLAG_BROADCAST != 0, flags & GROUP_FLAG_ORDERED != 0);
-            let settings = GroupSettings { broadcast, ack_timeout_ms, max_deliveries, filter, ordered };
+            let settings = GroupSettings { broadcast, ack_timeout_ms, max_deliveries, filter, ordered, retry };
             Request::CreateGroup { topic, group, settings, start }
         }
         op::DELETE_GROUP => Request::DeleteGroup { topic, group: group(rd, limits)? },
@@ -203,6 +242,7 @@ pub(super) fn encode_group_op(out: &mut Vec<u8>, req: &Request<'_>) {
             put_u32(out, settings.ack_timeout_ms);
             put_u16(out, settings.max_deliveries);
             put_str(out, settings.filter.as_bytes());
+            put_retry(out, settings.retry);
         }
         Request::DeleteGroup { topic, group } => {
             put_str(out, topic.as_bytes());
@@ -250,6 +290,7 @@ fn put_group_info(out: &mut Vec<u8>, g: &GroupInfo<'_>) {
     put_u32(out, g.settings.ack_timeout_ms);
     put_u16(out, g.settings.max_deliveries);
     put_str(out, g.settings.filter.as_bytes());
+    put_retry(out, g.settings.retry);
     let s = &g.stats;
     for v in [s.cursor, s.lag, s.inflight, s.retry, s.delayed, s.dead_lettered, s.oldest_unacked_age_ms] {
         put_u64(out, v);
@@ -261,14 +302,15 @@ fn put_group_info(out: &mut Vec<u8>, g: &GroupInfo<'_>) {
 pub(super) fn parse_group_info<'a>(rd: &mut Rd<'a>) -> Option<GroupInfo<'a>> {
     let name = str_field(rd)?;
     let flags = rd.u8()?;
-    if flags & !(GROUP_FLAG_BROADCAST | GROUP_FLAG_ORDERED) != 0 {
+    if flags & !(GROUP_FLAG_BROADCAST | GROUP_FLAG_ORDERED | GROUP_FLAG_RETRY) != 0 {
         return None;
     }
     let ack_timeout_ms = rd.u32()?;
     let max_deliveries = rd.u16()?;
     let filter = str_field(rd)?;
+    let retry = retry(rd, flags)?;
     let (broadcast, ordered) = (flags & GROUP_FLAG_BROADCAST != 0, flags & GROUP_FLAG_ORDERED != 0);
-    let settings = GroupSettings { broadcast, ack_timeout_ms, max_deliveries, filter, ordered };
+    let settings = GroupSettings { broadcast, ack_timeout_ms, max_deliveries, filter, ordered, retry };
     let stats = GroupStats {
         cursor: rd.u64()?,
         lag: rd.u64()?,

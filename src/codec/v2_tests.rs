@@ -134,6 +134,7 @@ fn random_request(rng: &mut Rng) -> Request<'static> {
                 max_deliveries: 2,
                 filter,
                 ordered: false,
+                retry: None,
             };
             Request::CreateGroup { topic, group, settings, start: random_start(rng) }
         }
@@ -450,8 +451,14 @@ fn create_group_raw(flags: u8, kind: u8, value: u64, filter: &[u8]) -> Vec<u8> {
 fn create_group_fields_are_checked() {
     let bytes = create_group_raw(GROUP_FLAG_BROADCAST, 3, 42, b"a || b");
     let Ok(Decoded::Frame(f, _)) = decode(&bytes, 2) else { panic!("valid") };
-    let want =
-        GroupSettings { broadcast: true, ack_timeout_ms: 0, max_deliveries: 0, filter: "a || b", ordered: false };
+    let want = GroupSettings {
+        broadcast: true,
+        ack_timeout_ms: 0,
+        max_deliveries: 0,
+        filter: "a || b",
+        ordered: false,
+        retry: None,
+    };
     assert_eq!(f.request, Request::CreateGroup { topic: "t", group: "g", settings: want, start: Start::Time(42) });
     assert_eq!(refused(&create_group_raw(0x02, 0, 0, b""), 2), ErrorCode::Malformed, "an unknown flag");
     assert_eq!(refused(&create_group_raw(0x02, 0, 0, b""), 3), ErrorCode::Malformed, "ordered before version 4");

@@ -17,20 +17,29 @@ impl Group {
     }
 
     /// Every delayed message with its deliveries so far and its ready-again
-    /// wall time, in id order: what compaction restates beside the group.
-    pub fn delays(&self) -> Vec<(MsgId, u16, u64)> {
-        let mut v: Vec<(MsgId, u16, u64)> =
-            self.delayed.iter().filter_map(|(id, (_, d))| self.delay_wall.get(id).map(|at| (*id, *d, *at))).collect();
+    /// wall time, in id order, those waiting for retry (`retry` true) or
+    /// the others: what compaction restates beside the group.
+    pub fn delays(&self, retry: bool) -> Vec<(MsgId, u16, u64)> {
+        let mut v: Vec<(MsgId, u16, u64)> = self
+            .delayed
+            .iter()
+            .filter(|(id, _)| self.retry_waits.contains_key(id) == retry)
+            .filter_map(|(id, (_, d))| self.delay_wall.get(id).map(|at| (*id, *d, *at)))
+            .collect();
         v.sort_unstable();
         v
     }
 
-    /// Recovery: messages whose delay had not passed. They are delayed
-    /// (the group needs them) without a timer until `arm_restored`.
-    pub fn restore_delays(&mut self, delays: Vec<(MsgId, u16, u64)>) {
+    /// Recovery: messages whose delay had not passed, and which of them
+    /// wait for retry. They are delayed (the group needs them) without a
+    /// timer until `arm_restored`.
+    pub fn restore_delays(&mut self, delays: Vec<(MsgId, u16, u64)>, retry_waits: impl Iterator<Item = MsgId>) {
         for &(id, d, at) in &delays {
             self.delayed.insert(id, (TimerKey::NONE, d));
             self.delay_wall.insert(id, at);
+        }
+        for id in retry_waits.filter(|id| self.delayed.contains_key(id)) {
+            self.retry_waits.insert(id, ());
         }
         self.restored_delays = delays;
     }

@@ -21,6 +21,7 @@
 use std::collections::VecDeque;
 
 use super::order::{Admit, KeyOrder};
+use super::retry::RetryPolicy;
 use super::seq::Seq;
 use super::tags::TagSetId;
 use super::{ConsumerId, Counters, Delivery, FastMap, GroupId, IdMap, MsgId, Returned, Take, Timers};
@@ -64,6 +65,9 @@ pub struct GroupConfig {
     pub filter: Option<Filter>,
     /// Messages with the same key go one at a time, in order (`KeyOrder`).
     pub ordered: bool,
+    /// How long a message waits before it is ready again after a NACK
+    /// without a delay or a passed ack deadline; None: no wait.
+    pub retry: Option<RetryPolicy>,
 }
 
 /// A message delivered and not yet acknowledged.
@@ -128,6 +132,9 @@ pub struct Group {
     /// The wall-clock time each delayed message is ready again, ms since
     /// the Unix epoch, as the log states it (`delays.rs`).
     pub(super) delay_wall: IdMap<u64>,
+    /// The delayed messages whose wait is the retry policy's ("waiting for
+    /// retry"), not a NACK's delay (`retry.rs`).
+    pub(super) retry_waits: IdMap<()>,
     /// Recovery: messages whose NACK delay had not passed, (id, deliveries
     /// so far, ready-again wall time ms), to be delayed again once the
     /// broker has a wheel (`Group::arm_restored`).
@@ -498,6 +505,7 @@ impl Group {
         } else if let Some((timer, _)) = self.delayed.remove(&id) {
             timers.disarm(timer);
             self.delay_wall.remove(&id);
+            self.retry_waits.remove(&id);
         } else if self.retry_set.remove(&id).is_none() {
             return false;
         }
@@ -568,18 +576,26 @@ impl Group {
         Some(self.give_back(id, f.deliveries, delay_until_ms, reason, policy, timers))
     }
 
-    /// A timer of this group fired for `id`: an ack deadline or the end of
-    /// a NACK delay. Every state change disarms the message's timer, so a
-    /// timer that fires is always the current one; an id in neither table
-    /// (its topic was purged) is ignored.
-    pub fn timer_fired(&mut self, id: MsgId, policy: Policy, timers: &mut impl Timers) -> Option<Returned> {
+    /// A timer of this group fired for `id`: an ack deadline (the message
+    /// waits for retry until `retry_until_ms` if given, else is ready
+    /// again) or the end of a delay. Every state change disarms the
+    /// message's timer, so a timer that fires is always the current one;
+    /// an id in neither table (its topic was purged) is ignored.
+    pub fn timer_fired(
+        &mut self,
+        id: MsgId,
+        retry_until_ms: Option<u64>,
+        policy: Policy,
+        timers: &mut impl Timers,
+    ) -> Option<Returned> {
         if let Some(f) = self.inflight.remove(&id) {
             self.disown(f.owner);
             self.counters.expired += 1;
-            return Some(self.give_back(id, f.deliveries, None, DeadReason::AckTimeout, policy, timers));
+            return Some(self.give_back(id, f.deliveries, retry_until_ms, DeadReason::AckTimeout, policy, timers));
         }
         let (_, deliveries) = self.delayed.remove(&id)?;
         self.delay_wall.remove(&id);
+        self.retry_waits.remove(&id);
         self.requeue(id, deliveries);
         Some(Returned::Retry)
     }

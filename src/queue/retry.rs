@@ -34,12 +34,46 @@ impl Topic {
     }
 }
 
+impl Topic {
+    /// How long message `id`, in flight to group `g`, waits for retry if
+    /// this delivery fails, ms: None if the group has no retry policy or
+    /// the message is not in flight to it.
+    pub fn retry_wait_ms(&self, g: GroupId, id: MsgId) -> Option<u64> {
+        let group = self.group(g)?;
+        let policy = group.config.retry?;
+        let f = group.inflight.get(&id)?;
+        Some(policy.wait_ms(id, f.deliveries, g))
+    }
+
+    /// Notes that delayed message `id` of group `g` waits for retry (its
+    /// delay is the retry policy's, not a NACK's).
+    pub fn note_retry_wait(&mut self, g: GroupId, id: MsgId) {
+        if let Some(group) = self.group_mut(g)
+            && group.delayed.contains_key(&id)
+        {
+            group.retry_waits.insert(id, ());
+        }
+    }
+}
+
 impl Group {
-    /// When message `id`, NACKed with a delay, is ready again: wall-clock
-    /// ms since the Unix epoch, as the log states it; None if it is not
-    /// delayed in this group (for an inspection: "delayed until").
+    /// When message `id`, NACKed with a delay or waiting for retry, is
+    /// ready again: wall-clock ms since the Unix epoch, as the log states
+    /// it; None if it is not delayed in this group (for an inspection:
+    /// "delayed until").
     pub fn delayed_until_wall_ms(&self, id: MsgId) -> Option<u64> {
         self.delayed.contains_key(&id).then(|| self.delay_wall.get(&id).copied()).flatten()
+    }
+
+    /// Messages waiting for retry (part of `delayed`).
+    pub fn retry_waiting(&self) -> u64 {
+        self.retry_waits.len() as u64
+    }
+
+    /// Whether delayed message `id` waits for retry (the retry policy's
+    /// wait) rather than for a NACK's delay.
+    pub fn waits_for_retry(&self, id: MsgId) -> bool {
+        self.retry_waits.contains_key(&id)
     }
 }
 
@@ -120,6 +154,80 @@ impl RetryPolicy {
     }
 }
 
+impl RetryPolicy {
+    /// Reads the CLI's syntax: `fixed:WAIT` or `exp:INITIAL..CAP`, then
+    /// optionally `,xM` (the multiplier, e.g. `x2` or `x1.5`; exp only,
+    /// 2 when left out) and `,jitter=P` (percent). A wait is a number
+    /// with `ms`, `s`, `m` or `h` (ms when bare). The policy is not
+    /// checked against the broker's limits (`check`, the broker's job).
+    pub fn parse(text: &str) -> Result<RetryPolicy, String> {
+        let bad = |why: &str| format!("retry policy {text:?}: {why} (fixed:500ms, exp:100ms..30s,x2,jitter=20)");
+        let mut parts = text.split(',');
+        let head = parts.next().unwrap_or("");
+        let (kind, waits) = head.split_once(':').ok_or_else(|| bad("want fixed: or exp:"))?;
+        let mut p = match kind {
+            "fixed" => {
+                let w = wait_ms(waits).ok_or_else(|| bad("a wait is a number with ms, s, m or h"))?;
+                RetryPolicy { initial_ms: w, multiplier_pct: 100, cap_ms: w, jitter_pct: 0 }
+            }
+            "exp" => {
+                let (a, b) = waits.split_once("..").ok_or_else(|| bad("exp: wants INITIAL..CAP"))?;
+                let (a, b) = (wait_ms(a), wait_ms(b));
+                let (Some(initial_ms), Some(cap_ms)) = (a, b) else {
+                    return Err(bad("a wait is a number with ms, s, m or h"));
+                };
+                RetryPolicy { initial_ms, multiplier_pct: 200, cap_ms, jitter_pct: 0 }
+            }
+            _ => return Err(bad("want fixed: or exp:")),
+        };
+        for part in parts {
+            if let Some(j) = part.strip_prefix("jitter=") {
+                p.jitter_pct = j.trim_end_matches('%').parse().map_err(|_| bad("jitter=P wants a percent"))?;
+            } else if let Some(m) = part.strip_prefix('x').filter(|_| kind == "exp") {
+                let m: f64 = m.parse().map_err(|_| bad("xM wants a number"))?;
+                if !(1.0..=655.0).contains(&m) {
+                    return Err(bad("xM wants a number from 1 to 655"));
+                }
+                p.multiplier_pct = (m * 100.0).round() as u16;
+            } else {
+                return Err(bad(&format!("unknown part {part:?}")));
+            }
+        }
+        Ok(p)
+    }
+}
+
+/// ms of a wait written `N`, `Nms`, `Ns`, `Nm` or `Nh`.
+fn wait_ms(v: &str) -> Option<u32> {
+    let (digits, unit) = v.split_at(v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len()));
+    let n: u64 = digits.parse().ok()?;
+    let scale = match unit {
+        "" | "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return None,
+    };
+    u32::try_from(n.checked_mul(scale)?).ok()
+}
+
+/// The CLI's syntax (`RetryPolicy::parse` reads it back), waits in ms.
+impl std::fmt::Display for RetryPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.multiplier_pct == 100 && self.cap_ms == self.initial_ms {
+            write!(f, "fixed:{}ms", self.initial_ms)?;
+        } else {
+            let m = self.multiplier_pct;
+            let x = if m.is_multiple_of(100) { format!("{}", m / 100) } else { format!("{}.{:02}", m / 100, m % 100) };
+            write!(f, "exp:{}ms..{}ms,x{}", self.initial_ms, self.cap_ms, x.trim_end_matches('0'))?;
+        }
+        if self.jitter_pct > 0 {
+            write!(f, ",jitter={}", self.jitter_pct)?;
+        }
+        Ok(())
+    }
+}
+
 /// A hash of (message id, deliveries, group id): splitmix64's finaliser.
 fn jitter_hash(id: MsgId, deliveries: u16, group: GroupId) -> u64 {
     let mut z = id ^ (u64::from(deliveries) << 48) ^ (u64::from(group.0).rotate_left(24));
@@ -172,6 +280,26 @@ mod tests {
         assert!(seen.iter().any(|&w| w < 810), "down to 80%");
         let full = policy(1000, 100, 1000, 100);
         assert!((0..1000).map(|id| full.wait_ms(id, 1, GroupId(0))).all(|w| w <= 1000));
+    }
+
+    #[test]
+    fn the_cli_syntax_reads_and_shows_a_policy() {
+        assert_eq!(RetryPolicy::parse("fixed:500ms"), Ok(policy(500, 100, 500, 0)));
+        assert_eq!(RetryPolicy::parse("fixed:2s,jitter=10"), Ok(policy(2000, 100, 2000, 10)));
+        assert_eq!(RetryPolicy::parse("exp:100ms..30s,x2,jitter=20"), Ok(policy(100, 200, 30_000, 20)));
+        assert_eq!(RetryPolicy::parse("exp:100..1m,x1.5"), Ok(policy(100, 150, 60_000, 0)));
+        assert_eq!(RetryPolicy::parse("exp:1s..1h"), Ok(policy(1000, 200, 3_600_000, 0)));
+        for bad in
+            ["", "fixed", "fixed:", "fixed:5d", "exp:1s", "exp:1s..", "fixed:1s,x2", "exp:1..2,y", "exp:1..2,x0.5"]
+        {
+            assert!(RetryPolicy::parse(bad).is_err(), "{bad:?} is refused");
+        }
+        for p in
+            [policy(500, 100, 500, 0), policy(100, 200, 30_000, 20), policy(100, 150, 60_000, 0), policy(7, 125, 9, 1)]
+        {
+            assert_eq!(RetryPolicy::parse(&p.to_string()), Ok(p), "{p} reads back");
+        }
+        assert_eq!(policy(100, 200, 30_000, 20).to_string(), "exp:100ms..30000ms,x2,jitter=20");
     }
 
     #[test]

@@ -662,8 +662,20 @@ impl Topic {
 
     /// A timer of group `g` fired for `id` (`Group::timer_fired`).
     pub fn timer_fired(&mut self, g: GroupId, id: MsgId, timers: &mut impl Timers) -> Option<Returned> {
+        self.timer_fired_retry(g, id, None, timers)
+    }
+
+    /// `timer_fired`, where a passed ack deadline makes the message wait
+    /// for retry until `retry_until_ms` (`Topic::retry_wait_ms`).
+    pub fn timer_fired_retry(
+        &mut self,
+        g: GroupId,
+        id: MsgId,
+        retry_until_ms: Option<u64>,
+        timers: &mut impl Timers,
+    ) -> Option<Returned> {
         let policy = self.policy(g);
-        self.group_mut(g)?.timer_fired(id, policy, timers)
+        self.group_mut(g)?.timer_fired(id, retry_until_ms, policy, timers)
     }
 
     /// A consumer of group `g` disconnected (`Group::disconnect`).

@@ -275,7 +275,14 @@ pub fn batch_v2(messages: &[(Props<'static>, &[u8])]) -> Batch<'static> {
 
 /// The settings of the `billing` group of the version-2 examples.
 pub fn billing_settings() -> GroupSettings<'static> {
-    GroupSettings { broadcast: false, ack_timeout_ms: 0, max_deliveries: 0, filter: "eu || us", ordered: false }
+    GroupSettings {
+        broadcast: false,
+        ack_timeout_ms: 0,
+        max_deliveries: 0,
+        filter: "eu || us",
+        ordered: false,
+        retry: None,
+    }
 }
 
 /// Every version-2 example docs/protocol.md must carry, in the order of
@@ -402,6 +409,7 @@ fn doc_frames_v2_admin(jobs: &'static str, billing: &'static str) -> Vec<Named> 
             max_deliveries: 16,
             filter: "",
             ordered: false,
+            retry: None,
         },
         stats: GroupStats { cursor: 3, lag: 0, inflight: 0, ..GroupStats::default() },
     };

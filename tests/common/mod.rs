@@ -8,6 +8,7 @@ pub mod frames;
 pub mod inspect_frames;
 pub mod logdir;
 pub mod push_frames;
+pub mod retry_frames;
 pub mod wire;
 
 use std::net::SocketAddr;

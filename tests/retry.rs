@@ -1,0 +1,335 @@
+//! Retries that back off (protocol version 4), in process, on a clock the
+//! test moves: a group's retry policy makes a NACK without a delay, and a
+//! passed ack deadline, wait before the message is ready again, for the
+//! time the policy says for its delivery count; the wait survives a
+//! restart and compaction (docs/protocol.md, "Retry policy (version 4)").
+//! The broker is driven as the reactor drives it (the turn's requests,
+//! then its timers, then its commit) with `Now` chosen by the test, so
+//! nothing here sleeps. Then the same over the wire, with older sessions;
+//! the SIGKILL test is in tests/crash.rs.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{Outs, TempDir};
+use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outcome, Session};
+use runnel::client::{Client, Fetch};
+use runnel::codec::group::{GroupSettings, Start};
+use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Ids, Props, Reply, Request};
+use runnel::log::LogOptions;
+use runnel::queue::{GroupId, RetryPolicy};
+use runnel::testkit::{Rng, SeedGuard, seeds};
+
+const START_WALL_MS: u64 = 1_767_225_600_000;
+/// Small segments, so that compaction restates the group's waits.
+const SEGMENT_BYTES_MAX: u64 = 8 << 10;
+const PAYLOAD: [u8; 200] = [b'm'; 200];
+
+/// A broker on a test clock, with one session of `version`.
+struct Harness {
+    broker: Broker,
+    session: Session,
+    now: Now,
+    rid: u32,
+}
+
+fn open(dir: &Path, now: Now, version: u16) -> Harness {
+    let log = LogOptions { segment_bytes_max: SEGMENT_BYTES_MAX, ..LogOptions::default() };
+    let broker = Broker::open(Config::default(), dir, log, now).expect("open broker");
+    let mut h = Harness { broker, session: Session { consumer: 1, ..Session::default() }, now, rid: 0 };
+    let out = h.call(Request::Hello { min_version: version, max_version: version, token: b"" });
+    assert!(matches!(decoded(&out), Reply::Hello { .. }), "hello");
+    h
+}
+
+fn start() -> Now {
+    Now { mono_ms: 1, wall_ms: START_WALL_MS }
+}
+
+/// The one reply in `bytes`.
+fn decoded(bytes: &[u8]) -> Reply<'_> {
+    match codec::decode_reply(bytes, usize::MAX) {
+        Ok(Decoded::Frame(f, n)) if n == bytes.len() => f.reply,
+        other => panic!("not one reply: {other:?}"),
+    }
+}
+
+fn policy(initial_ms: u32, multiplier_pct: u16, cap_ms: u32, jitter_pct: u8) -> RetryPolicy {
+    RetryPolicy { initial_ms, multiplier_pct, cap_ms, jitter_pct }
+}
+
+impl Harness {
+    /// Serves one request in a turn of its own (requests, timers, commit)
+    /// and returns its reply's bytes.
+    fn call(&mut self, request: Request<'_>) -> Vec<u8> {
+        self.rid += 1;
+        let mut out = Vec::new();
+        let frame = Frame { request_id: self.rid, request };
+        let outcome =
+            self.broker.handle(ConnKey(0), &mut self.session, &frame, self.now, &LoopStats::default(), &mut out);
+        let mut outs = Outs::default();
+        self.broker.advance(self.now, &mut outs);
+        self.broker.commit(self.now, &mut outs);
+        if outcome == Outcome::Held {
+            out = std::mem::take(&mut outs.0[0]);
+        }
+        out
+    }
+
+    /// A turn with no request at wall time `to_wall_ms`: the timers that
+    /// are due fire.
+    fn tick(&mut self, to_wall_ms: u64) {
+        let ahead = to_wall_ms.saturating_sub(self.now.wall_ms);
+        self.now = Now { mono_ms: self.now.mono_ms + ahead, wall_ms: self.now.wall_ms + ahead };
+        let mut outs = Outs::default();
+        self.broker.advance(self.now, &mut outs);
+        self.broker.commit(self.now, &mut outs);
+    }
+
+    /// CREATE_GROUP `group` of topic `t` with `retry`: the error code if
+    /// refused.
+    fn create(&mut self, group: &str, retry: Option<RetryPolicy>, ack_timeout_ms: u32) -> Option<ErrorCode> {
+        let settings = GroupSettings { retry, ack_timeout_ms, max_deliveries: 5, ..GroupSettings::default() };
+        let out = self.call(Request::CreateGroup { topic: "t", group, settings, start: Start::Earliest });
+        error_code(&decoded(&out))
+    }
+
+    fn produce(&mut self, n: u32) -> u64 {
+        let mut bytes = Vec::new();
+        for _ in 0..n {
+            codec::encode_message(&mut bytes, &Props::EMPTY, &PAYLOAD);
+        }
+        let batch = Batch { count: n, bytes: &bytes, with_props: true };
+        match decoded(&self.call(Request::Produce { topic: "t", flags: 0, batch })) {
+            Reply::Produced { first_id, .. } => first_id,
+            other => panic!("produce: {other:?}"),
+        }
+    }
+
+    /// FETCH for `group`: each message's id and delivery count.
+    fn fetch(&mut self, group: &str, ack_timeout_ms: u32) -> Vec<(u64, u16)> {
+        let fetch = Request::Fetch { topic: "t", group, max_messages: 100, max_bytes: 0, wait_ms: 0, ack_timeout_ms };
+        match decoded(&self.call(fetch)) {
+            Reply::Messages { messages, .. } => messages.iter().map(|m| (m.id, m.delivery_count)).collect(),
+            other => panic!("fetch: {other:?}"),
+        }
+    }
+
+    fn nack(&mut self, group: &str, id: u64, delay_ms: u32) {
+        let mut body = Vec::new();
+        codec::encode_ids(&mut body, &[id]);
+        let nack = Request::Nack { topic: "t", group, delay_ms, flags: 0, ids: Ids { bytes: &body } };
+        assert!(matches!(decoded(&self.call(nack)), Reply::Ids { done: 1, .. }), "nack {id}");
+    }
+
+    /// A key of group `group`'s STATS section.
+    fn stat(&mut self, group: &str, key: &str) -> Option<u64> {
+        let out = self.call(Request::Stats { topic: "t" });
+        let Reply::Stats(sections) = decoded(&out) else { panic!("stats") };
+        let name = format!("t/{group}");
+        let s = sections.iter().find(|s| s.0 == name).unwrap_or_else(|| panic!("no section {name}"));
+        s.1.iter().find(|kv| kv.0 == key).map(|kv| kv.1)
+    }
+
+    /// Moves the clock to one ms before `at` and checks `group` gets
+    /// nothing, then to `at` and returns what it gets: the wait ends at
+    /// `at`, not a millisecond sooner.
+    fn ready_at(&mut self, group: &str, at: u64) -> Vec<(u64, u16)> {
+        self.tick(at - 1);
+        assert_eq!(self.fetch(group, 0), [], "nothing ready 1 ms before {at}");
+        self.tick(at);
+        self.fetch(group, 0)
+    }
+}
+
+fn error_code(r: &Reply<'_>) -> Option<ErrorCode> {
+    match r {
+        Reply::Error { code, .. } => ErrorCode::from_u8(*code),
+        _ => None,
+    }
+}
+
+/// Each NACK without a delay makes the message wait what the policy says
+/// for its delivery count (exponential, capped, with jitter), and it comes
+/// back when the wait ends, with its deliveries counted: seeded policies
+/// against `RetryPolicy::wait_ms`, the model of the sequence.
+#[test]
+fn a_nack_without_a_delay_waits_as_the_policy_says() {
+    for seed in seeds(4) {
+        let test = "a_nack_without_a_delay_waits_as_the_policy_says";
+        let _guard = SeedGuard { test, seed, replay: "cargo test --release --test retry" };
+        println!("seed {seed}");
+        let mut rng = Rng::new(seed);
+        let dir = TempDir::new("retry-nack");
+        let mut h = open(dir.path(), start(), 4);
+        let initial = 1 + rng.below(500) as u32;
+        let (multiplier, cap) = (rng.pick(&[100, 150, 200, 300]), initial * (1 + rng.below(20) as u32));
+        let p = policy(initial, multiplier, cap, rng.pick(&[0, 20, 100]));
+        assert_eq!(h.create("", Some(p), 0), None, "seed {seed}: {p:?}");
+        let id = h.produce(1);
+        let mut got = h.fetch("", 0);
+        for deliveries in 1..5u16 {
+            assert_eq!(got, [(id, deliveries)], "seed {seed}: {p:?}");
+            h.nack("", id, 0);
+            assert_eq!(h.stat("", "retry_waiting"), Some(1), "seed {seed}");
+            assert_eq!(h.stat("", "delayed"), Some(1), "seed {seed}: a wait is counted in delayed");
+            let wait = p.wait_ms(id, deliveries, GroupId::DEFAULT);
+            got = if wait == 0 { h.fetch("", 0) } else { h.ready_at("", h.now.wall_ms + wait) };
+        }
+        assert_eq!(got, [(id, 5)], "seed {seed}");
+    }
+}
+
+/// A passed ack deadline makes the message wait as a NACK does; a NACK
+/// with a delay keeps its own delay; a message out of deliveries is
+/// dead-lettered at once, with no wait.
+#[test]
+fn an_ack_timeout_waits_a_nack_delay_wins_and_the_last_delivery_dead_letters() {
+    let dir = TempDir::new("retry-timeout");
+    let mut h = open(dir.path(), start(), 4);
+    assert_eq!(h.create("g", Some(policy(1000, 200, 60_000, 0)), 500), None);
+    let id = h.produce(1);
+    assert_eq!(h.fetch("g", 0), [(id, 1)]);
+    // The deadline passes at +500: the wait of the first delivery is 1 s.
+    h.tick(START_WALL_MS + 500);
+    assert_eq!(h.stat("g", "retry_waiting"), Some(1));
+    assert_eq!(h.ready_at("g", START_WALL_MS + 1_500), [(id, 2)]);
+    // An explicit delay is kept, not the policy's 2 s.
+    h.nack("g", id, 300);
+    assert_eq!(h.stat("g", "retry_waiting"), Some(0), "a NACK delay is not a retry wait");
+    assert_eq!(h.ready_at("g", h.now.wall_ms + 300), [(id, 3)]);
+    h.nack("g", id, 0);
+    assert_eq!(h.ready_at("g", h.now.wall_ms + 4_000), [(id, 4)]);
+    h.nack("g", id, 0);
+    assert_eq!(h.ready_at("g", h.now.wall_ms + 8_000), [(id, 5)]);
+    // The fifth of max_deliveries 5: dead-lettered, no wait.
+    h.nack("g", id, 0);
+    assert_eq!(h.stat("g", "delayed"), Some(0));
+    assert_eq!(h.stat("g", "dead_lettered"), Some(1));
+}
+
+/// A wait survives a restart (it ends at the same wall-clock time) and
+/// compaction's restatement of the group; so does the policy.
+#[test]
+fn a_retry_wait_survives_a_restart_and_compaction() {
+    let dir = TempDir::new("retry-restart");
+    let mut h = open(dir.path(), start(), 4);
+    assert_eq!(h.create("", Some(policy(10_000, 100, 10_000, 0)), 0), None);
+    let id = h.produce(1);
+    assert_eq!(h.fetch("", 0), [(id, 1)]);
+    h.nack("", id, 0);
+    drop(h);
+    let mut h = open(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 5_000 }, 4);
+    assert_eq!(h.stat("", "retry_waiting"), Some(1), "still waiting after the restart");
+    assert_eq!(h.fetch("", 0), [], "not before the wait ends");
+    // Enough traffic that compaction removes the segment of the Delay and
+    // Group records: it restates both.
+    for _ in 0..8 {
+        let first = h.produce(50);
+        let got = h.fetch("", 0);
+        assert_eq!(got.len(), 50);
+        let mut body = Vec::new();
+        codec::encode_ids(&mut body, &(first..first + 50).collect::<Vec<_>>());
+        h.call(Request::Ack { topic: "t", group: "", ids: Ids { bytes: &body } });
+    }
+    for _ in 0..400 {
+        h.tick(h.now.wall_ms);
+    }
+    assert!(h.broker.compactions() > 0, "compaction ran");
+    drop(h);
+    let mut h = open(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 6_000 }, 4);
+    assert_eq!(h.stat("", "retry_waiting"), Some(1), "still waiting after compaction and a restart");
+    assert_eq!(h.stat("", "retry_initial_ms"), Some(10_000), "the policy is kept");
+    assert_eq!(h.ready_at("", START_WALL_MS + 10_000), [(id, 2)], "ready when the wait ends");
+    // The policy still applies after the restarts.
+    h.nack("", id, 0);
+    assert_eq!(h.ready_at("", h.now.wall_ms + 10_000), [(id, 3)]);
+}
+
+/// A policy past `retry_delay_ms_max`, or one that makes no sense, is
+/// BAD_ARGUMENT; a group without one returns a NACKed message at once.
+#[test]
+fn a_bad_policy_is_refused_and_no_policy_returns_a_message_at_once() {
+    let dir = TempDir::new("retry-bad");
+    let mut h = open(dir.path(), start(), 4);
+    let day = Config::default().limits.retry_delay_ms_max;
+    assert_eq!(h.create("a", Some(policy(100, 200, day + 1, 0)), 0), Some(ErrorCode::BadArgument));
+    assert_eq!(h.create("a", Some(policy(0, 100, 0, 0)), 0), Some(ErrorCode::BadArgument));
+    assert_eq!(h.create("a", Some(policy(100, 50, 1000, 0)), 0), Some(ErrorCode::BadArgument));
+    assert_eq!(h.create("a", Some(policy(100, 200, day, 0)), 0), None);
+    assert_eq!(h.create("plain", None, 0), None);
+    let id = h.produce(1);
+    assert_eq!(h.fetch("plain", 0), [(id, 1)]);
+    h.nack("plain", id, 0);
+    assert_eq!(h.fetch("plain", 0), [(id, 2)], "no policy: ready again at once");
+    assert_eq!(h.stat("plain", "retry_initial_ms"), None, "no policy keys without a policy");
+}
+
+// ---------------------------------------------------------------------------
+// Over the wire: a broker in a thread, the client, real time. Waits are
+// checked from below only (a message is never back before its wait; how
+// late it is depends on the machine).
+// ---------------------------------------------------------------------------
+
+fn connect(srv: &common::Server, version: u16) -> Client {
+    let mut c = Client::connect_upto(srv.addr, b"", version).expect("connect");
+    c.set_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    c
+}
+
+/// Group `g`'s messages now, or within `wait_ms`, taken with ack timeout
+/// `ack_timeout_ms` (0: the topic's): (id, deliveries).
+fn take(c: &mut Client, wait_ms: u32, ack_timeout_ms: u32) -> Vec<(u64, u16)> {
+    let f = Fetch { max_messages: 10, wait_ms, ack_timeout_ms, ..Fetch::default() };
+    let got = c.fetch_group("t", "g", f).expect("FETCH");
+    got.iter().map(|m| (m.id, m.delivery_count)).collect()
+}
+
+/// A key of group `g`'s STATS section.
+fn group_stat(c: &mut Client, key: &str) -> Option<u64> {
+    let stats = c.stats(Some("t")).expect("STATS");
+    let section = stats.iter().find(|s| s.0 == "t/g")?;
+    section.1.iter().find(|kv| kv.0 == key).map(|kv| kv.1)
+}
+
+/// Over the wire: the policy is set and shown (LIST_GROUPS, STATS), a NACK
+/// without a delay and a passed ack deadline each make the message wait
+/// at least the policy's wait, and a version-3 session neither sees the
+/// policy nor may set one, while its NACKs wait as the group says.
+#[test]
+fn over_the_wire_a_nack_and_an_ack_timeout_wait_and_older_sessions_are_unaffected() {
+    let (srv, _dir) = common::Server::start(Config::default());
+    let mut c = connect(&srv, 4);
+    let p = policy(300, 200, 2_000, 0);
+    let settings = GroupSettings { retry: Some(p), ..GroupSettings::default() };
+    c.create_group("t", "g", settings, Start::Earliest).expect("CREATE_GROUP");
+    let groups = c.list_groups("t").expect("LIST_GROUPS");
+    assert_eq!(groups.iter().find(|g| g.name == "g").map(|g| g.retry), Some(Some(p)), "{groups:?}");
+    assert_eq!(group_stat(&mut c, "retry_cap_ms"), Some(2_000));
+    let id = c.produce("t", b"job").expect("PRODUCE");
+    assert_eq!(take(&mut c, 0, 0), [(id, 1)]);
+    let nacked = Instant::now();
+    c.nack_group("t", "g", &[id], 0, false).expect("NACK");
+    assert_eq!(take(&mut c, 0, 0), [], "waiting for retry, not ready at once");
+    assert_eq!(group_stat(&mut c, "retry_waiting"), Some(1));
+    // Taken with an ack deadline of 100 ms, which passes: then the second
+    // wait, 600 ms.
+    assert_eq!(take(&mut c, 20_000, 100), [(id, 2)]);
+    assert!(nacked.elapsed() >= Duration::from_millis(300), "back after {:?}", nacked.elapsed());
+    let fetched = Instant::now();
+    assert_eq!(take(&mut c, 20_000, 0), [(id, 3)]);
+    assert!(fetched.elapsed() >= Duration::from_millis(700), "back after {:?}", fetched.elapsed());
+    let mut v3 = connect(&srv, 3);
+    let groups = v3.list_groups("t").expect("LIST_GROUPS v3");
+    assert!(groups.iter().any(|g| g.name == "g" && g.retry.is_none()), "a version-3 session sees no policy");
+    let f = Fetch { max_messages: 10, wait_ms: 20_000, ..Fetch::default() };
+    c.nack_group("t", "g", &[id], 0, false).expect("NACK");
+    let got = v3.fetch_group("t", "g", f).expect("FETCH v3");
+    assert_eq!(got.iter().map(|m| (m.id, m.delivery_count)).collect::<Vec<_>>(), [(id, 4)]);
+    v3.nack_group("t", "g", &[id], 0, false).expect("NACK v3");
+    assert_eq!(take(&mut c, 0, 0), [], "a version-3 NACK waits as the group says");
+    let refused = v3.create_group("t", "h", settings, Start::Earliest);
+    assert!(refused.is_err(), "a version-3 session cannot set a policy: {refused:?}");
+}
