@@ -11,42 +11,17 @@ mod common;
 
 use std::path::Path;
 
-use common::Outs;
 use common::TempDir;
-use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outcome, Session};
-use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Ids, Props, PropsLimits, Reply, Request, props};
+use common::clocked::{Harness, START_WALL_MS, start};
+use runnel::broker::{Config, Now};
+use runnel::codec::{self, Batch, ErrorCode, Ids, Props, PropsLimits, Reply, Request, props};
 use runnel::codec::{TopicOptions, TopicSettings};
-use runnel::log::LogOptions;
 
-const START_WALL_MS: u64 = 1_767_225_600_000;
-/// Small segments, so that compaction removes the segments of acked
-/// messages soon.
-const SEGMENT_BYTES_MAX: u64 = 8 << 10;
+/// A payload that makes a few hundred messages fill several segments.
 const PAYLOAD: [u8; 200] = [b'm'; 200];
 
-/// A broker on a test clock, with one session of `version`.
-struct Harness {
-    broker: Broker,
-    session: Session,
-    now: Now,
-    rid: u32,
-}
-
-fn open_with(dir: &Path, now: Now, config: Config, version: u16) -> Harness {
-    let log = LogOptions { segment_bytes_max: SEGMENT_BYTES_MAX, ..LogOptions::default() };
-    let broker = Broker::open(config, dir, log, now).expect("open broker");
-    let mut h = Harness { broker, session: Session { consumer: 1, ..Session::default() }, now, rid: 0 };
-    let reply = h.call(Request::Hello { min_version: 1, max_version: version, token: b"" });
-    assert!(matches!(reply, Reply::Hello { version: v, .. } if v == version), "{reply:?}");
-    h
-}
-
 fn open(dir: &Path, now: Now) -> Harness {
-    open_with(dir, now, Config::default(), codec::V4)
-}
-
-fn start() -> Now {
-    Now { mono_ms: 1, wall_ms: START_WALL_MS }
+    Harness::open(dir, now, Config::default(), codec::V4)
 }
 
 /// What a PRODUCE answered: (first id, count, duplicates as (index, id)),
@@ -54,32 +29,9 @@ fn start() -> Now {
 type Produced = Result<(u64, u32, Vec<(u32, u64)>), ErrorCode>;
 
 impl Harness {
-    /// Serves one request in a turn of its own and returns its reply.
-    fn call(&mut self, request: Request<'_>) -> Reply<'static> {
-        self.rid += 1;
-        let mut out = Vec::new();
-        let frame = Frame { request_id: self.rid, request };
-        let outcome =
-            self.broker.handle(ConnKey(0), &mut self.session, &frame, self.now, &LoopStats::default(), &mut out);
-        let mut outs = Outs::default();
-        self.broker.advance(self.now, &mut outs);
-        self.broker.commit(self.now, &mut outs);
-        if outcome == Outcome::Held {
-            out = std::mem::take(&mut outs.0[0]);
-        }
-        let reply = match codec::decode_reply(&out, usize::MAX) {
-            Ok(Decoded::Frame(f, n)) if n == out.len() => f.reply,
-            other => panic!("not one reply: {other:?}"),
-        };
-        owned(reply)
-    }
-
     /// Moves the clock on by `ms` and runs a turn with no request.
     fn tick(&mut self, ms: u64) {
-        self.now = Now { mono_ms: self.now.mono_ms + ms, wall_ms: self.now.wall_ms + ms };
-        let mut outs = Outs::default();
-        self.broker.advance(self.now, &mut outs);
-        self.broker.commit(self.now, &mut outs);
+        self.tick_to(self.now.wall_ms + ms);
     }
 
     /// Produces one message per dedup id (None: without one) to `topic`.
@@ -136,39 +88,6 @@ impl Harness {
     fn stat(&mut self, section: &str, key: &str) -> u64 {
         let s = self.stats(section);
         s.iter().find(|kv| kv.0 == key).map(|kv| kv.1).unwrap_or_else(|| panic!("no key {key} in {section:?}"))
-    }
-}
-
-/// A reply, owned (its strings leaked: tests only).
-fn owned(r: Reply<'_>) -> Reply<'static> {
-    match r {
-        Reply::Messages { topic, messages } => Reply::Messages {
-            topic: String::from(topic).leak(),
-            messages: messages
-                .into_iter()
-                .map(|m| codec::Message {
-                    origin_group: "",
-                    props: Props::EMPTY,
-                    payload: m.payload.to_vec().leak(),
-                    ..m
-                })
-                .collect(),
-        },
-        Reply::Error { code, message } => Reply::Error { code, message: String::from(message).leak() },
-        Reply::Stats(s) => Reply::Stats(
-            s.into_iter()
-                .map(|(n, kv)| {
-                    let kv = kv.into_iter().map(|(k, v)| (&*String::from(k).leak(), v)).collect();
-                    (&*String::from(n).leak(), kv)
-                })
-                .collect(),
-        ),
-        Reply::Hello { version, limits, map_epoch } => Reply::Hello { version, limits, map_epoch },
-        Reply::Produced { first_id, count } => Reply::Produced { first_id, count },
-        Reply::Deduplicated { first_id, count, duplicates } => Reply::Deduplicated { first_id, count, duplicates },
-        Reply::Ids { done, failed } => Reply::Ids { done, failed },
-        Reply::Created { created } => Reply::Created { created },
-        other => panic!("a reply these tests do not expect: {other:?}"),
     }
 }
 
@@ -259,7 +178,7 @@ fn past_the_entries_limit_a_produce_gets_dedup_full_and_stores_nothing() {
     let dir = TempDir::new("dedup-full");
     let mut config = Config::default();
     config.limits.dedup_entries_max = 3;
-    let mut h = open_with(dir.path(), start(), config, codec::V4);
+    let mut h = Harness::open(dir.path(), start(), config, codec::V4);
     assert!(matches!(h.create("t", Some(1000)), Reply::Created { .. }));
     assert_eq!(h.produce("t", &[Some("a"), Some("b")]), Ok((1, 2, vec![])));
     assert_eq!(h.produce("t", &[Some("c"), Some("d")]), Err(ErrorCode::DedupFull));
@@ -286,7 +205,7 @@ fn bad_dedup_ids_and_windows_are_refused() {
 #[test]
 fn earlier_versions_cannot_send_dedup_ids_and_see_no_new_keys() {
     let dir = TempDir::new("dedup-v3");
-    let mut h = open_with(dir.path(), start(), Config::default(), 3);
+    let mut h = Harness::open(dir.path(), start(), Config::default(), 3);
     let mut bytes = Vec::new();
     codec::encode_batch(&mut bytes, &[b"x"]);
     let batch = Batch { count: 1, bytes: &bytes, with_props: false };

@@ -11,78 +11,25 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::Outs;
 use common::TempDir;
-use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outcome, Session};
+use common::clocked::{Harness, START_WALL_MS, start};
+use runnel::broker::{Config, Now};
 use runnel::codec::props::{self, PROP_DELAY, PROP_DELIVER_AT};
 use runnel::codec::schedule::When;
-use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Ids, Props, PropsLimits, Reply, Request};
-use runnel::log::LogOptions;
+use runnel::codec::{self, Batch, ErrorCode, Ids, Props, PropsLimits, Reply, Request};
 use runnel::testkit::{Rng, SeedGuard, seeds};
 
-const START_WALL_MS: u64 = 1_767_225_600_000;
 const GROUPS: [&str; 2] = ["", "b"];
-const SEGMENT_BYTES_MAX: u64 = 8 << 10;
 /// A payload large enough that a few hundred messages fill several segments.
 const PAYLOAD: [u8; 200] = [b'm'; 200];
 
-/// A broker on a test clock, with one version-3 session.
-struct Harness {
-    broker: Broker,
-    session: Session,
-    now: Now,
-    rid: u32,
-}
-
+/// A broker whose session speaks the newest version (scheduling came
+/// with version 3).
 fn open(dir: &Path, now: Now) -> Harness {
-    // Small segments, so that compaction restates groups and copies
-    // messages forward while some are scheduled.
-    let log = LogOptions { segment_bytes_max: SEGMENT_BYTES_MAX, ..LogOptions::default() };
-    let broker = Broker::open(Config::default(), dir, log, now).expect("open broker");
-    let mut h = Harness { broker, session: Session { consumer: 1, ..Session::default() }, now, rid: 0 };
-    let hello = Request::Hello { min_version: 1, max_version: codec::CODEC_VERSION_MAX, token: b"" };
-    let reply = h.call(hello);
-    assert!(matches!(reply, Reply::Hello { version: 3.., .. }), "{reply:?}");
-    h
-}
-
-/// The one reply in `bytes`.
-fn decoded(bytes: &[u8]) -> Reply<'_> {
-    match codec::decode_reply(bytes, usize::MAX) {
-        Ok(Decoded::Frame(f, n)) if n == bytes.len() => f.reply,
-        other => panic!("not one reply: {other:?}"),
-    }
+    Harness::open(dir, now, Config::default(), codec::CODEC_VERSION_MAX)
 }
 
 impl Harness {
-    /// Serves one request in a turn of its own (requests, timers, commit)
-    /// and returns its reply.
-    fn call(&mut self, request: Request<'_>) -> Reply<'static> {
-        self.rid += 1;
-        let mut out = Vec::new();
-        let frame = Frame { request_id: self.rid, request };
-        let outcome =
-            self.broker.handle(ConnKey(0), &mut self.session, &frame, self.now, &LoopStats::default(), &mut out);
-        let mut outs = Outs::default();
-        self.broker.advance(self.now, &mut outs);
-        self.broker.commit(self.now, &mut outs);
-        if outcome == Outcome::Held {
-            out = std::mem::take(&mut outs.0[0]);
-        }
-        let reply = decoded(&out);
-        // The reply borrows `out`: keep what the tests read.
-        owned(reply)
-    }
-
-    /// A turn with no request: the timers that are due fire.
-    fn tick(&mut self, to_wall_ms: u64) {
-        let ahead = to_wall_ms.saturating_sub(self.now.wall_ms);
-        self.now = Now { mono_ms: self.now.mono_ms + ahead, wall_ms: self.now.wall_ms + ahead };
-        let mut outs = Outs::default();
-        self.broker.advance(self.now, &mut outs);
-        self.broker.commit(self.now, &mut outs);
-    }
-
     /// Produces one message with a time property; returns its id.
     fn produce(&mut self, topic: &'static str, kind: u8, ms: u64) -> u64 {
         let mut blob = Vec::new();
@@ -139,52 +86,11 @@ impl Harness {
     }
 }
 
-/// A reply, owned (its strings and messages leaked: tests only).
-fn owned(r: Reply<'_>) -> Reply<'static> {
-    match r {
-        Reply::Messages { topic, messages } => Reply::Messages {
-            topic: String::from(topic).leak(),
-            messages: messages
-                .into_iter()
-                .map(|m| codec::Message {
-                    origin_group: String::from(m.origin_group).leak(),
-                    props: Props::parse(m.props.bytes().to_vec().leak(), 3, &PropsLimits::ANY).expect("props"),
-                    payload: m.payload.to_vec().leak(),
-                    ..m
-                })
-                .collect(),
-        },
-        Reply::Error { code, message } => Reply::Error { code, message: String::from(message).leak() },
-        Reply::Stats(s) => Reply::Stats(
-            s.into_iter()
-                .map(|(n, kv)| {
-                    let kv = kv.into_iter().map(|(k, v)| (&*String::from(k).leak(), v)).collect();
-                    (&*String::from(n).leak(), kv)
-                })
-                .collect(),
-        ),
-        Reply::Hello { version, limits, map_epoch } => Reply::Hello { version, limits, map_epoch },
-        Reply::Produced { first_id, count } => Reply::Produced { first_id, count },
-        Reply::Ids { done, failed } => Reply::Ids { done, failed },
-        Reply::Due(at) => Reply::Due(at),
-        Reply::Count(n) => Reply::Count(n),
-        Reply::Created { created } => Reply::Created { created },
-        Reply::GroupCreated { created, cursor } => Reply::GroupCreated { created, cursor },
-        Reply::Cursor(c) => Reply::Cursor(c),
-        Reply::AckProduced { done, failed, outputs } => Reply::AckProduced { done, failed, outputs },
-        other => panic!("a reply these tests do not expect: {other:?}"),
-    }
-}
-
 fn error_code(r: &Reply<'_>) -> Option<ErrorCode> {
     match r {
         Reply::Error { code, .. } => ErrorCode::from_u8(*code),
         _ => None,
     }
-}
-
-fn start() -> Now {
-    Now { mono_ms: 1, wall_ms: START_WALL_MS }
 }
 
 /// Two groups; each gets every scheduled message once, at or after its
@@ -260,7 +166,7 @@ fn run_model(seed: u64) {
             }
             6..=8 => {
                 let to = h.now.wall_ms + rng.below(60u64);
-                h.tick(to);
+                h.tick_to(to);
             }
             _ => {}
         }
@@ -281,7 +187,7 @@ fn run_model(seed: u64) {
     }
     // In the end every message not cancelled comes, to each group, once.
     let last = m.due.values().flatten().max().copied().unwrap_or(0);
-    h.tick(last.max(h.now.wall_ms) + 1);
+    h.tick_to(last.max(h.now.wall_ms) + 1);
     let now = h.now;
     compactions += h.broker.compactions();
     drop(h);
@@ -327,9 +233,9 @@ fn a_scheduled_message_waits_for_its_time_then_comes_to_every_group() {
     assert_eq!(h.stat("t", "ready"), 1, "the plain message alone is ready");
     assert_eq!(h.stat_of("t", "t/b", "lag"), 1, "and is the group's lag");
     assert_eq!(h.drain("t", ""), [(now_id, 1, None)], "the cursor steps over the scheduled one");
-    h.tick(START_WALL_MS + 999);
+    h.tick_to(START_WALL_MS + 999);
     assert_eq!(h.drain("t", ""), [], "not before its time");
-    h.tick(START_WALL_MS + 1000);
+    h.tick_to(START_WALL_MS + 1000);
     let due = Some(START_WALL_MS + 1000);
     assert_eq!(h.drain("t", ""), [(later, 1, due)], "a delay is stored as the time it names");
     assert_eq!(h.drain("t", "b"), [(later, 1, due), (now_id, 1, None)], "a group that had not reached it");
@@ -361,9 +267,9 @@ fn cancel_and_reschedule_hold_across_a_restart() {
     drop(h);
     let mut h = open(dir.path(), now);
     assert_eq!(h.stat("t", "scheduled"), 1, "b alone, still scheduled");
-    h.tick(START_WALL_MS + 10_000);
+    h.tick_to(START_WALL_MS + 10_000);
     assert_eq!(h.drain("t", ""), [], "b was moved to 20 s");
-    h.tick(START_WALL_MS + 20_000);
+    h.tick_to(START_WALL_MS + 20_000);
     assert_eq!(h.drain("t", ""), [(b, 1, Some(START_WALL_MS + 20_000))]);
     let late = h.call(Request::Cancel { topic: "t", id: b });
     assert_eq!(error_code(&late), Some(ErrorCode::NotScheduled), "its time has come");
@@ -405,7 +311,7 @@ fn compaction_copies_a_message_whose_time_came_without_its_time() {
         h.drain("t", g);
     }
     let id = h.produce("t", PROP_DELAY, 1000);
-    h.tick(START_WALL_MS + 1000);
+    h.tick_to(START_WALL_MS + 1000);
     let due = Some(START_WALL_MS + 1000);
     assert_eq!(h.drain("t", ""), [(id, 1, due)], "the default group acks it; group b still needs it");
     // The segment now being written holds its Due record, its Produce record
@@ -420,7 +326,7 @@ fn compaction_copies_a_message_whose_time_came_without_its_time() {
         assert_eq!(h.drain("f", "").len(), 50);
         // Compaction looks for work every 64 turns, and cleans over several.
         for _ in 0..100 {
-            h.tick(h.now.wall_ms);
+            h.tick_to(h.now.wall_ms);
         }
     }
     drop(h);
@@ -438,7 +344,7 @@ fn a_version_2_session_cannot_schedule_and_sees_no_time() {
     let mut h = open(dir.path(), start());
     h.drain("t", "");
     let id = h.produce("t", PROP_DELAY, 10);
-    h.tick(START_WALL_MS + 10);
+    h.tick_to(START_WALL_MS + 10);
     let hello = Request::Hello { min_version: 1, max_version: 2, token: b"" };
     assert!(matches!(h.call(hello), Reply::Hello { version: 2, .. }));
     h.session.version = 2;
@@ -495,13 +401,13 @@ fn a_nack_delay_survives_a_restart() {
     }
     // Compaction looks for work every 64 turns, and cleans over several.
     for _ in 0..400 {
-        h.tick(h.now.wall_ms);
+        h.tick_to(h.now.wall_ms);
     }
     assert!(h.broker.compactions() > 0, "compaction ran");
     drop(h);
     let mut h = open(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 6_000 });
     assert_eq!(h.stat("t", "delayed"), 1, "still delayed after compaction and a restart");
-    h.tick(START_WALL_MS + 10_000);
+    h.tick_to(START_WALL_MS + 10_000);
     assert_eq!(h.drain("t", ""), [(id, 2, None)], "ready when the delay ends, its first delivery counted");
 }
 
@@ -537,6 +443,6 @@ fn ack_produce_schedules_its_outputs_as_produce_does() {
     drop(h);
     let mut h = open(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 1_000 });
     assert_eq!(h.stat("out", "scheduled"), 1, "still scheduled after a restart");
-    h.tick(START_WALL_MS + 5_000);
+    h.tick_to(START_WALL_MS + 5_000);
     assert_eq!(h.drain("out", ""), [(id, 1, Some(START_WALL_MS + 5_000))]);
 }

@@ -368,6 +368,22 @@ fn vectors(version: u16) -> Vec<Vector> {
     }
 }
 
+/// A PRODUCE frame of version 3 or 4 (acknowledged once synced) with one
+/// message, `x`, whose properties are `props` as given: the refusals'
+/// requests, whose properties the encoder would not write.
+fn produce_one(request_id: u32, topic: &str, props: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&(topic.len() as u16).to_le_bytes());
+    body.extend_from_slice(topic.as_bytes());
+    body.push(0); // flags: acknowledged once synced
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.extend_from_slice(&(props.len() as u16).to_le_bytes());
+    body.extend_from_slice(props);
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.push(b'x');
+    raw(op::PRODUCE, request_id, &body)
+}
+
 /// Version-4 requests the broker's decoder refuses: an unknown topic
 /// setting, a setting of the wrong size, an empty dedup id.
 fn refusals_dedup() -> Vec<Vector> {
@@ -378,13 +394,6 @@ fn refusals_dedup() -> Vec<Vector> {
         body.extend_from_slice(settings);
         raw(op::CREATE_TOPIC, 34, &body)
     };
-    let mut produce = vec![4, 0];
-    produce.extend_from_slice(b"jobs");
-    produce.push(0); // flags: acknowledged once synced
-    produce.extend_from_slice(&1u32.to_le_bytes());
-    produce.extend_from_slice(&[3, 0, props::PROP_DEDUP_ID, 0, 0]); // an empty dedup id
-    produce.extend_from_slice(&1u32.to_le_bytes());
-    produce.push(b'x');
     vec![
         refused(
             "create-topic-unknown-setting-request",
@@ -401,7 +410,7 @@ fn refusals_dedup() -> Vec<Vector> {
         refused(
             "produce-empty-dedup-id-request",
             "PRODUCE (version 4) of a message whose dedup id is empty: BAD_ARGUMENT.",
-            raw(op::PRODUCE, 35, &produce),
+            produce_one(35, "jobs", &[props::PROP_DEDUP_ID, 0, 0]), // an empty dedup id
             ErrorCode::BadArgument,
         ),
     ]
@@ -417,15 +426,6 @@ fn refusals_inspect() -> Vec<Vector> {
     let mut keys = Vec::new();
     props::put_key(&mut keys, b"a");
     props::put_key(&mut keys, b"b");
-    let mut body = Vec::new();
-    body.extend_from_slice(&6u16.to_le_bytes());
-    body.extend_from_slice(b"orders");
-    body.push(0); // flags: acknowledged once synced
-    body.extend_from_slice(&1u32.to_le_bytes());
-    body.extend_from_slice(&(keys.len() as u16).to_le_bytes());
-    body.extend_from_slice(&keys);
-    body.extend_from_slice(&1u32.to_le_bytes());
-    body.push(b'x');
     vec![
         refused(
             "empty-key-request",
@@ -436,7 +436,7 @@ fn refusals_inspect() -> Vec<Vector> {
         refused(
             "two-keys-request",
             "A PRODUCE (version 4) whose message has two keys: BAD_ARGUMENT.",
-            raw(op::PRODUCE, 41, &body),
+            produce_one(41, "orders", &keys),
             ErrorCode::BadArgument,
         ),
     ]
@@ -445,20 +445,6 @@ fn refusals_inspect() -> Vec<Vector> {
 /// Version-3 requests the broker refuses: two times on one message, and a
 /// time of the wrong size.
 fn refusals_schedule() -> Vec<Vector> {
-    let produce = |props: &[u8]| {
-        let mut bytes = Vec::new();
-        bytes.extend_from_slice(&(props.len() as u16).to_le_bytes());
-        bytes.extend_from_slice(props);
-        bytes.extend_from_slice(&1u32.to_le_bytes());
-        bytes.push(b'x');
-        let mut body = Vec::new();
-        body.extend_from_slice(&4u16.to_le_bytes());
-        body.extend_from_slice(b"jobs");
-        body.push(0); // flags: acknowledged once synced
-        body.extend_from_slice(&1u32.to_le_bytes());
-        body.extend_from_slice(&bytes);
-        raw(op::PRODUCE, 30, &body)
-    };
     let mut delay = Vec::new();
     props::put_time(&mut delay, props::PROP_DELAY, 1000);
     let mut two = delay.clone();
@@ -468,13 +454,13 @@ fn refusals_schedule() -> Vec<Vector> {
         refused(
             "two-times-request",
             "A PRODUCE (version 3) whose message has both a delay_ms and a deliver_at_ms: BAD_ARGUMENT.",
-            produce(&two),
+            produce_one(30, "jobs", &two),
             ErrorCode::BadArgument,
         ),
         refused(
             "short-time-request",
             "A PRODUCE (version 3) whose delay_ms property is 4 bytes, not 8: MALFORMED.",
-            produce(&short),
+            produce_one(30, "jobs", &short),
             ErrorCode::Malformed,
         ),
     ]
