@@ -133,10 +133,7 @@ pub type Hook<'a> = &'a mut dyn FnMut(bool) -> Result<(), String>;
 /// W10: the W3 row at `W10_RATE` while a new group replays the filled
 /// topic from its start; `w3` runs the pair and calls `at` when sending
 /// starts and ends.
-pub fn w10(
-    ctx: &Ctx<'_>,
-    w3: &dyn Fn(Hook<'_>) -> Result<RunResult, String>,
-) -> Result<RunResult, String> {
+pub fn w10(ctx: &Ctx<'_>, w3: &dyn Fn(Hook<'_>) -> Result<RunResult, String>) -> Result<RunResult, String> {
     let addr = ctx.target.addr;
     let filled = fill(addr, ctx.scale.r1_log_bytes)?;
     crate::workload::drop_cache_under(&ctx.server.dir)?;
