@@ -19,7 +19,7 @@ use crate::compactor::Compactor;
 use crate::filter::Filter;
 use crate::log::ReadRecord;
 use crate::queue::{Group, GroupConfig, GroupId, IdMap, MsgId, Stray, Timers, Topic};
-use crate::record::{DedupEntries, GroupRecord, MessageRecord, Record, Requeues, TopicRecord};
+use crate::record::{DedupEntries, GroupRecord, MessageRecord, NackReasons, Record, Requeues, TopicRecord};
 use crate::wheel::TimerKey;
 
 /// A consumer group as recovery rebuilds it: what its records said so
@@ -49,6 +49,8 @@ struct GroupReplay {
     /// The ids of `delays` whose wait is the retry policy's (Delay records
     /// with the retry flag).
     retry_waits: IdMap<()>,
+    /// The last NACK reason of each id that has one (NackReason records).
+    nack_reasons: IdMap<Box<str>>,
 }
 
 impl GroupReplay {
@@ -102,6 +104,7 @@ impl GroupReplay {
         self.counts.clear();
         self.delays.clear();
         self.retry_waits.clear();
+        self.nack_reasons.clear();
         for (id, d) in entries.iter() {
             let to = if id < cursor { &mut self.pending } else { &mut self.counts };
             to.insert(id, d);
@@ -159,6 +162,7 @@ impl GroupReplay {
         let carried =
             self.counts.into_iter().filter(|(id, d)| *id >= cursor && *d > 0 && t.seq.contains(*id)).collect();
         group.restore(cursor, retry, carried);
+        group.restore_nack_reasons(self.nack_reasons.into_iter());
         group
     }
 }
@@ -348,6 +352,24 @@ impl<'a> Replay<'a> {
             }
             r @ (Record::Cancel { .. } | Record::Reschedule { .. } | Record::Due { .. }) => self.schedule_record(r),
             Record::Dedup { topic, entries } => self.dedup_record(r.segment, topic, entries)?,
+            Record::NackReason { topic, group, entries } => self.nack_reasons(r.segment, (topic, group), entries)?,
+        }
+        Ok(())
+    }
+
+    /// A NackReason record: the last reasons NACKs gave for messages of
+    /// group `group`.
+    fn nack_reasons(
+        &mut self,
+        segment: u64,
+        (topic, group): (TopicId, GroupId),
+        entries: NackReasons<'_>,
+    ) -> Result<(), String> {
+        self.notes.replayed_group(segment, topic, group);
+        let g = self.group(topic, group);
+        for e in entries {
+            let (id, reason) = e?;
+            g.nack_reasons.insert(id, reason.into());
         }
         Ok(())
     }
@@ -503,6 +525,7 @@ impl<'a> Replay<'a> {
             g.pending.retain(|id, _| *id >= below_id);
             g.done.retain(|id, _| *id >= below_id);
             g.counts.retain(|id, _| *id >= below_id);
+            g.nack_reasons.retain(|id, _| *id >= below_id);
         }
     }
 
@@ -515,6 +538,7 @@ impl<'a> Replay<'a> {
         g.done.insert(id, ());
         g.delays.remove(&id);
         g.retry_waits.remove(&id);
+        g.nack_reasons.remove(&id);
         let Some(groups) = self.groups.get_mut(&topic) else { return };
         if !groups.values().all(|g| g.is_done_with(id)) {
             return;
@@ -631,7 +655,8 @@ fn record_topic(record: &Record<'_>) -> Option<TopicId> {
         | Record::Delay { topic, .. }
         | Record::Deliver { topic, .. }
         | Record::AckProduce { topic, .. }
-        | Record::Dedup { topic, .. } => Some(*topic),
+        | Record::Dedup { topic, .. }
+        | Record::NackReason { topic, .. } => Some(*topic),
     }
 }
 

@@ -26,22 +26,27 @@ use crate::wheel::TimerKey;
 /// only in a topic that has had some.
 pub const DEAD_NOTES_PER_TOPIC_MAX: usize = 1024;
 
+/// A dead letter as the topic notes it: where it went and why, and the
+/// reason its last NACK gave.
+type DeadNote = (DeadInfo, Option<Box<str>>);
+
 /// A topic's recent dead letters: (id, the group that dead-lettered it,
-/// where it went and why), oldest first. Not logged: a restart forgets
-/// them (inspection then says "done").
+/// its note), oldest first. Not logged: a restart forgets them
+/// (inspection then says "done").
 #[derive(Debug, Default)]
-pub struct DeadNotes(VecDeque<(MsgId, GroupId, DeadInfo)>);
+pub struct DeadNotes(VecDeque<(MsgId, GroupId, DeadNote)>);
 
 impl DeadNotes {
-    fn note(&mut self, id: MsgId, g: GroupId, info: DeadInfo) {
+    fn note(&mut self, id: MsgId, g: GroupId, note: DeadNote) {
         if self.0.len() == DEAD_NOTES_PER_TOPIC_MAX {
             self.0.pop_front();
         }
-        self.0.push_back((id, g, info));
+        self.0.push_back((id, g, note));
     }
 
-    fn find(&self, id: MsgId, g: GroupId) -> Option<DeadInfo> {
-        self.0.iter().rev().find(|n| n.0 == id && n.1 == g).map(|n| n.2)
+    fn find(&self, id: MsgId, g: GroupId) -> Option<GroupState> {
+        let (info, reason) = &self.0.iter().rev().find(|n| n.0 == id && n.1 == g)?.2;
+        Some(GroupState::DeadLettered { info: *info, last_nack_reason: reason.clone() })
     }
 }
 
@@ -79,6 +84,9 @@ pub struct GroupInspection<'a> {
     /// own position, and its own line).
     pub member_of: Option<ConsumerId>,
     pub state: GroupState,
+    /// The reason the message's last NACK in this group gave, while the
+    /// group still needs it (a dead letter's is in its state).
+    pub last_nack_reason: Option<&'a str>,
 }
 
 /// What the topic can tell of one message.
@@ -97,9 +105,9 @@ pub struct Inspection<'a> {
 
 impl Topic {
     /// Group `g` moved message `id` to the dead-letter topic: noted for
-    /// inspection.
-    pub fn note_dead(&mut self, g: GroupId, id: MsgId, info: DeadInfo) {
-        self.dead_notes.note(id, g, info);
+    /// inspection, with its last NACK reason.
+    pub fn note_dead(&mut self, g: GroupId, id: MsgId, info: DeadInfo, reason: Option<Box<str>>) {
+        self.dead_notes.note(id, g, (info, reason));
     }
 
     /// Message `id` and its state in every group. `wall_of` turns a
@@ -121,7 +129,8 @@ impl Topic {
                 Some(_) => self.state_in(g, id, wall_of),
                 None => self.gone_state(g, id),
             };
-            groups.push(GroupInspection { name: g.name(), member_of: self.consumer_of(g.id()), state });
+            let (name, member_of, last_nack_reason) = (g.name(), self.consumer_of(g.id()), g.nack_reason(id));
+            groups.push(GroupInspection { name, member_of, state, last_nack_reason });
         }
         let dead = stored.and_then(|_| self.seq.dead_info(id));
         Some(Inspection { id, stored, dead, groups })
@@ -162,17 +171,14 @@ impl Topic {
 
     /// The state of a message the topic no longer holds in group `g`.
     fn gone_state(&self, g: &Group, id: MsgId) -> GroupState {
-        match self.dead_notes.find(id, g.id()) {
-            Some(info) => GroupState::DeadLettered { info, last_nack_reason: None },
-            None => GroupState::Done,
-        }
+        self.dead_notes.find(id, g.id()).unwrap_or(GroupState::Done)
     }
 
     /// The state of held message `id` in group `g`, which no longer needs
     /// it: dead-lettered, filtered out, or done.
     fn finished_state(&self, g: &Group, id: MsgId, seq: &Seq) -> GroupState {
-        if let Some(info) = self.dead_notes.find(id, g.id()) {
-            return GroupState::DeadLettered { info, last_nack_reason: None };
+        if let Some(state) = self.dead_notes.find(id, g.id()) {
+            return state;
         }
         if !g.would_pass(seq, id) {
             return GroupState::Filtered;
