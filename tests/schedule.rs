@@ -391,6 +391,45 @@ fn a_time_that_passed_while_down_is_ready_at_start_and_only_once() {
     assert_eq!(h.drain("t", ""), [], "acked: it does not come again");
 }
 
+/// A message whose time came and that a group still needs is copied
+/// forward by compaction without its passed delivery time, since the Due
+/// record that said its time came may go with the segment compaction
+/// removes: after a restart it is ready at once, not scheduled again, even
+/// with a wall clock stepped back before its time, and the group that had
+/// acked it does not get it again.
+#[test]
+fn compaction_copies_a_message_whose_time_came_without_its_time() {
+    let dir = TempDir::new("schedule-compacted-due");
+    let mut h = open(dir.path(), start());
+    for g in GROUPS {
+        h.drain("t", g);
+    }
+    let id = h.produce("t", PROP_DELAY, 1000);
+    h.tick(START_WALL_MS + 1000);
+    let due = Some(START_WALL_MS + 1000);
+    assert_eq!(h.drain("t", ""), [(id, 1, due)], "the default group acks it; group b still needs it");
+    // The segment now being written holds its Due record, its Produce record
+    // that one or an earlier one.
+    let written = h.broker.log().segments().last().expect("a segment").base;
+    let mut batch = Vec::new();
+    for _ in 0..50 {
+        codec::encode_message(&mut batch, &Props::EMPTY, &PAYLOAD);
+    }
+    while h.broker.log().segments()[0].base <= written {
+        h.call(Request::Produce { topic: "f", flags: 0, batch: Batch { count: 50, bytes: &batch, with_props: true } });
+        assert_eq!(h.drain("f", "").len(), 50);
+        // Compaction looks for work every 64 turns, and cleans over several.
+        for _ in 0..100 {
+            h.tick(h.now.wall_ms);
+        }
+    }
+    drop(h);
+    let mut h = open(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 500 });
+    assert_eq!(h.stat("t", "scheduled"), 0, "its copy carries no time");
+    assert_eq!(h.drain("t", "b"), [(id, 1, None)], "ready at once for the group that needs it");
+    assert_eq!(h.drain("t", ""), [], "and not again for the group that acked it");
+}
+
 /// A version-2 session may not schedule, and is delivered a scheduled
 /// message without the time property it does not know.
 #[test]

@@ -233,6 +233,47 @@ fn failed_and_torn_writes_leave_a_clean_log() {
     }
 }
 
+/// Produces one message per dedup id in a version-4 session (the payload
+/// is the id).
+fn produce_deduped(h: &mut Harness, topic: &str, dedup_ids: &[&'static str]) -> Reply<'static> {
+    let mut body = Vec::new();
+    for id in dedup_ids {
+        let mut blob = Vec::new();
+        codec::props::put_dedup_id(&mut blob, id.as_bytes());
+        let p = codec::Props::parse(&blob, codec::V4, &codec::PropsLimits::ANY).expect("valid");
+        codec::encode_message(&mut body, &p, id.as_bytes());
+    }
+    let body: &[u8] = &body;
+    let batch = Batch { count: dedup_ids.len() as u32, bytes: body, with_props: true };
+    h.call(&Request::Produce { flags: 0, topic, batch })
+}
+
+/// A PRODUCE answered STORAGE stored nothing, so it leaves no dedup id
+/// behind: the same ids retried once storage is back are stored, not
+/// answered as duplicates of messages that never were.
+#[test]
+fn a_failed_commit_withdraws_the_dedup_ids_of_its_produce() {
+    for (name, fault) in [("sync", FAIL_SYNC), ("write", FAIL_WRITE)] {
+        let dir = TempDir::new(&format!("fail-dedup-{name}"));
+        let mode = Arc::new(AtomicU8::new(OK));
+        let mut h = Harness::open(dir.path(), Some(mode.clone()));
+        let hello = Request::Hello { min_version: 1, max_version: codec::V4, token: b"" };
+        assert!(matches!(h.call(&hello), Reply::Hello { version: 4, .. }));
+        let Reply::Produced { first_id: kept, count: 1 } = produce_deduped(&mut h, "t", &["kept"]) else {
+            panic!("{name}: produce")
+        };
+        mode.store(fault, Ordering::SeqCst);
+        let r = produce_deduped(&mut h, "t", &["kept", "lost-1", "lost-2"]);
+        assert!(storage_error(&r), "{name}: want STORAGE, got {r:?}");
+        mode.store(OK, Ordering::SeqCst);
+        let r = produce_deduped(&mut h, "t", &["kept", "lost-1", "lost-2"]);
+        let Reply::Deduplicated { count, duplicates, .. } = r else { panic!("{name}: {r:?}") };
+        assert_eq!((count, duplicates), (2, vec![(0, kept)]), "{name}: only the stored one is a duplicate");
+        let payloads: Vec<Vec<u8>> = h.fetch_all("t").into_iter().map(|m| m.1).collect();
+        assert_eq!(payloads, [&b"kept"[..], b"lost-1", b"lost-2"], "{name}: each stored once");
+    }
+}
+
 /// Bytes a file takes on `SmallDisk`: whole 4 KiB blocks.
 fn blocks(len: u64) -> u64 {
     len.next_multiple_of(4096)

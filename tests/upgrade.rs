@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use common::{Server, TempDir};
 use runnel::broker::Config;
-use runnel::client::{Client, Delivered, Fetch};
+use runnel::client::{Client, Delivered, Fetch, Inspection};
 use runnel::codec::TopicSettings;
 use runnel::codec::schedule::When;
 use runnel::log::LogOptions;
@@ -33,12 +33,30 @@ fn copy_fixture(name: &str) -> TempDir {
     dir
 }
 
-/// A topic's line, its settings and next id.
-fn topic_line(c: &mut Client, name: &str, s: &TopicSettings, out: &mut String) {
+/// How a listing shows what it drains: as `dump_groups.py` prints it
+/// (version 2), as `dump_v6.py` (delivery times among the properties), or
+/// as `dump_v7.py` (every property in its order, the topic's dedup window).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Listing {
+    V5,
+    V6,
+    V7,
+}
+
+/// A topic's line, its settings (with `Listing::V7`, its dedup window) and
+/// next id.
+fn topic_line(c: &mut Client, name: &str, s: &TopicSettings, listing: Listing, out: &mut String) {
     let next_id = c.stat(name, "next_id").expect("STATS").expect("next_id key");
+    let window = match listing {
+        Listing::V7 => {
+            let window = c.stat(name, "dedup_window_ms").expect("STATS").expect("dedup_window_ms key");
+            format!(" dedup_window_ms={window}")
+        }
+        _ => String::new(),
+    };
     let _ = writeln!(
         out,
-        "topic {name} ack_timeout_ms={} max_deliveries={} next_id={next_id}",
+        "topic {name} ack_timeout_ms={} max_deliveries={}{window} next_id={next_id}",
         s.ack_timeout_ms, s.max_deliveries
     );
 }
@@ -51,7 +69,7 @@ fn drain(dir: &Path) -> String {
     topics.sort_by(|a, b| a.0.cmp(&b.0));
     let mut out = String::new();
     for (name, s) in topics {
-        topic_line(&mut c, &name, &s, &mut out);
+        topic_line(&mut c, &name, &s, Listing::V5, &mut out);
         loop {
             let batch = c.fetch(&name, Fetch { max_messages: 1000, ..Fetch::default() }).expect("FETCH");
             if batch.is_empty() {
@@ -76,9 +94,10 @@ fn drain(dir: &Path) -> String {
 /// A delivered message as `dump_groups.py` prints it, after `prefix`
 /// (`topic/group`): id, delivery count, dead-letter fields, origin group,
 /// properties, payload.
-/// With `times` set, the delivery time is among the properties (`at=`),
-/// as `dump_v6.py` prints it in version 3.
-fn group_line(prefix: &str, m: &Delivered, times: bool) -> String {
+/// With `Listing::V6` the delivery time is among the properties (`at=`),
+/// as `dump_v6.py` prints it in version 3; with `Listing::V7` every
+/// property is shown in its order, as `dump_v7.py` prints them.
+fn group_line(prefix: &str, m: &Delivered, listing: Listing) -> String {
     let dead = match m.dead {
         Some(d) => format!("dead:{}:{}:{}", d.origin_id, d.origin_deliveries, d.reason as u8),
         None => "-".into(),
@@ -86,10 +105,14 @@ fn group_line(prefix: &str, m: &Delivered, times: bool) -> String {
     let origin = if m.origin_group.is_empty() { "-" } else { &m.origin_group };
     let mut props: Vec<String> = m.tags().iter().map(|t| format!("tag={t}")).collect();
     props.extend(m.headers().iter().map(|(k, v)| format!("hdr:{k}={}", String::from_utf8_lossy(v))));
-    if let Some(at) = m.deliver_at_ms().filter(|_| times) {
+    if let Some(at) = m.deliver_at_ms().filter(|_| listing == Listing::V6) {
         props.push(format!("at={at}"));
     }
-    let props = if props.is_empty() { "-".into() } else { props.join(",") };
+    let props = match listing {
+        Listing::V7 => render_props(&m.props),
+        _ if props.is_empty() => "-".into(),
+        _ => props.join(","),
+    };
     let payload = String::from_utf8_lossy(&m.payload);
     format!("  {prefix} {} {} {dead} {origin} {props} {payload}", m.id, m.delivery_count)
 }
@@ -104,7 +127,7 @@ fn drain_groups(dir: &Path) -> String {
     let mut c = Client::connect_upto(server.addr, b"", 2).expect("connect");
     c.set_timeout(Some(Duration::from_secs(20))).expect("timeout");
     let mut out = String::new();
-    drain_groups_on(&mut c, false, &mut out);
+    drain_groups_on(&mut c, Listing::V5, &mut out);
     server.stop();
     out
 }
@@ -113,12 +136,21 @@ fn drain_groups(dir: &Path) -> String {
 /// `far.txt` (scheduled 50 years ahead) rescheduled to now, with the answer,
 /// then `drain_groups`'s listing in version 3, delivery times shown.
 fn drain_v6(dir: &Path) -> String {
-    let far = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v6/far.txt");
-    let far = fs::read_to_string(far).expect("read far.txt");
     let server = Server::start_in(Config::default(), LogOptions::default(), dir);
     let mut c = Client::connect_upto(server.addr, b"", 3).expect("connect");
     c.set_timeout(Some(Duration::from_secs(20))).expect("timeout");
     let mut out = String::new();
+    reschedule_far(&mut c, "v6", &mut out);
+    drain_groups_on(&mut c, Listing::V6, &mut out);
+    server.stop();
+    out
+}
+
+/// Reschedules to now each message named in the fixture's `far.txt`
+/// (scheduled 50 years ahead), with the answer, onto `out`.
+fn reschedule_far(c: &mut Client, fixture: &str, out: &mut String) {
+    let far = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(fixture).join("far.txt");
+    let far = fs::read_to_string(far).expect("read far.txt");
     for line in far.lines() {
         let (topic, id) = line.split_once(' ').expect("`topic id`");
         let id: u64 = id.parse().expect("an id");
@@ -129,24 +161,91 @@ fn drain_v6(dir: &Path) -> String {
         let _ = writeln!(out, "reschedule {topic} {id} status={status}");
     }
     c.ping().expect("PING");
-    drain_groups_on(&mut c, true, &mut out);
+}
+
+/// What `dump_v7.py` prints: `reschedule_far`'s lines, each key named in
+/// the fixture's `keys.txt` looked up (every message the index holds under
+/// it, and its state in every group), then every topic with its dedup
+/// window and every group drained in version 4, all properties shown.
+fn drain_v7(dir: &Path) -> String {
+    let server = Server::start_in(Config::default(), LogOptions::default(), dir);
+    let mut c = Client::connect_upto(server.addr, b"", 4).expect("connect");
+    c.set_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let mut out = String::new();
+    reschedule_far(&mut c, "v7", &mut out);
+    let keys = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v7/keys.txt");
+    for line in fs::read_to_string(keys).expect("read keys.txt").lines() {
+        let (topic, key) = line.split_once(' ').expect("`topic key`");
+        for found in c.lookup(topic, key.as_bytes()).expect("LOOKUP") {
+            lookup_lines(topic, key, &found, &mut out);
+        }
+    }
+    drain_groups_on(&mut c, Listing::V7, &mut out);
     server.stop();
     out
 }
 
+/// One LOOKUP entry and its group lines, as `dump_v7.py` prints them.
+fn lookup_lines(topic: &str, key: &str, found: &Inspection, out: &mut String) {
+    let m = found.message.as_ref();
+    let flags = m.is_some() as u8
+        | (m.is_some_and(|m| m.dead.is_some()) as u8) << 1
+        | (m.is_some_and(|m| m.payload.is_some()) as u8) << 2;
+    let _ = writeln!(
+        out,
+        "lookup {topic} {key} {} flags={flags} born_ms={} {} len={}",
+        found.id,
+        m.map_or(0, |m| m.born_ms),
+        render_props(m.map_or(&[][..], |m| &m.props)),
+        m.map_or(0, |m| m.len)
+    );
+    for g in &found.groups {
+        let _ = writeln!(
+            out,
+            "  '{}' state={} deliveries={} until_ms={} consumer={} dead_reason={} '{}'",
+            g.group, g.state as u8, g.deliveries, g.until_ms, g.consumer, g.dead_reason, g.last_nack_reason
+        );
+    }
+}
+
+/// A message's properties in their order, as `v2proto.render_props` shows
+/// them: `tag=`, `hdr:k=v`, `at=`, `key=`, `dedup=`, or `-` for none.
+fn render_props(raw: &[u8]) -> String {
+    let lossy = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
+    let mut items = Vec::new();
+    let mut p = 0;
+    while p + 3 <= raw.len() {
+        let len = u16::from_le_bytes([raw[p + 1], raw[p + 2]]) as usize;
+        let v = &raw[p + 3..p + 3 + len];
+        items.push(match raw[p] {
+            1 => format!("tag={}", lossy(v)),
+            3 => format!("at={}", u64::from_le_bytes(v.try_into().expect("8 bytes"))),
+            5 => format!("key={}", lossy(v)),
+            6 => format!("dedup={}", lossy(v)),
+            _ => {
+                let k = u16::from_le_bytes([v[0], v[1]]) as usize;
+                format!("hdr:{}={}", lossy(&v[2..2 + k]), lossy(&v[2 + k..]))
+            }
+        });
+        p += 3 + len;
+    }
+    if items.is_empty() { "-".into() } else { items.join(",") }
+}
+
 /// Every topic's settings, its groups' settings and cursors, and each
-/// group drained, onto `out`; delivery times shown when `times` is set.
-fn drain_groups_on(c: &mut Client, times: bool, out: &mut String) {
+/// group drained, onto `out`, shown as `listing` says.
+fn drain_groups_on(c: &mut Client, listing: Listing, out: &mut String) {
     let mut topics = c.list_topics().expect("LIST_TOPICS");
     topics.sort_by(|a, b| a.0.cmp(&b.0));
     for (name, s) in topics {
-        topic_line(c, &name, &s, out);
+        topic_line(c, &name, &s, listing, out);
         let groups = c.list_groups(&name).expect("LIST_GROUPS");
         for g in &groups {
+            let flags = g.broadcast as u8 | (g.ordered as u8) << 1;
             let _ = writeln!(
                 out,
-                " group '{}' flags={} ack_timeout_ms={} max_deliveries={} filter='{}' cursor={}",
-                g.name, g.broadcast as u8, g.ack_timeout_ms, g.max_deliveries, g.filter, g.stats.cursor
+                " group '{}' flags={flags} ack_timeout_ms={} max_deliveries={} filter='{}' cursor={}",
+                g.name, g.ack_timeout_ms, g.max_deliveries, g.filter, g.stats.cursor
             );
         }
         let mut names: Vec<String> = groups.into_iter().map(|g| g.name).collect();
@@ -160,7 +259,7 @@ fn drain_groups_on(c: &mut Client, times: bool, out: &mut String) {
                     break;
                 }
                 for m in &batch {
-                    let _ = writeln!(out, "{}", group_line(&format!("{name}/{g}"), m, times));
+                    let _ = writeln!(out, "{}", group_line(&format!("{name}/{g}"), m, listing));
                 }
                 let ids: Vec<u64> = batch.iter().map(|m| m.id).collect();
                 c.ack_group(&name, &g, &ids).expect("ACK");
@@ -242,6 +341,22 @@ fn v5_data_directory_opens_with_every_group_as_it_was() {
 #[test]
 fn v6_data_directory_opens_with_every_schedule_and_delay_as_it_was() {
     check_with("v6", drain_v6);
+}
+
+/// Written by commit 77c2238, with every record of protocol version 4:
+/// `make_v7.py`, the v6 fixture's directory and
+/// then version 4's records: topics with their own dedup window (Topic
+/// record version 3), keyed messages and messages with dedup ids (Dedup
+/// records where compaction restated the windows), an ordered group (Group
+/// flag 0x02) with keyed messages in flight and others waiting behind their
+/// key, and Deliver records (messages in flight at the stop, some fetched
+/// twice). Every topic's dedup window setting, every group's flags, what
+/// LOOKUP finds under each key and what every group hands out must be as
+/// that build showed them. (The windows themselves have passed by the time
+/// the test runs, so no duplicate is checked against them.)
+#[test]
+fn v7_data_directory_opens_with_every_key_dedup_window_and_delivery_as_it_was() {
+    check_with("v7", drain_v7);
 }
 
 /// The v5 fixture's dead letters were written before dead letters named

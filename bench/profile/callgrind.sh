@@ -6,7 +6,8 @@
 # functions. Given the echo floor (target/release/runnel-floor) instead, it
 # counts the floor's instructions for the same load: what runnel spends
 # above that is its own. RUNNEL_MODE=--memory-only counts runnel without a
-# log instead. Usage: bench/profile/callgrind.sh [path/to/runnel]
+# log instead. DRIVE=drive_dedup.py drives produces with dedup ids instead
+# (DEDUP=0: the same without). Usage: bench/profile/callgrind.sh [path/to/runnel]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 runnel=${1:-$here/../../target/release/runnel}
@@ -22,7 +23,7 @@ valgrind --tool=callgrind --callgrind-out-file="$out/cg.out" \
   "$runnel" "${args[@]}" >"$out/vg.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do python3 -c 'import socket; socket.create_connection(("127.0.0.1",17731))' 2>/dev/null && break; sleep 0.1; done
-python3 "$here/drive.py"
+python3 "$here/${DRIVE:-drive.py}"
 kill -INT "$pid"; wait "$pid" || true
 cp "$out/cg.out" /tmp/last-cg.out 2>/dev/null || true
 callgrind_annotate "$out/cg.out" 2>/dev/null | sed -n '/PROGRAM TOTALS/p;/file:function/,+20p'

@@ -1,20 +1,9 @@
 # Drives a fixed load against a broker on 127.0.0.1:17731 (see callgrind.sh).
-import os, socket, struct, time
+import os, struct, time
+from wire import Conn, frame
 # DRIVE_PAYLOAD_BYTES / DRIVE_ROUNDS change the load (default 128 B, 100 rounds).
 PAYLOAD=int(os.environ.get("DRIVE_PAYLOAD_BYTES","128")); ROUNDS=int(os.environ.get("DRIVE_ROUNDS","100"))
-s=socket.create_connection(("127.0.0.1",17731)); s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-def frame(op, rid, body): return struct.pack("<IBBHI", 8+len(body), op, 0, 0, rid)+body
-buf=b""
-def recv_frames(k):
-    global buf
-    out=[]
-    while len(out)<k:
-        while len(buf)>=4 and len(buf)>=4+struct.unpack("<I",buf[:4])[0]:
-            n=struct.unpack("<I",buf[:4])[0]; out.append(buf[4:4+n]); buf=buf[4+n:]
-        if len(out)>=k: break
-        buf+=s.recv(1<<20)
-    return out
-s.sendall(frame(1,1,struct.pack("<HHH",1,1,0))); recv_frames(1)
+s=Conn(1); recv_frames=s.recv_frames
 topic=b"t"; payload=b"x"*PAYLOAD
 body=struct.pack("<H",len(topic))+topic+struct.pack("<I",1)+struct.pack("<I",len(payload))+payload
 t=time.time()

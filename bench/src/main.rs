@@ -16,6 +16,7 @@ mod redis_conn;
 mod report;
 mod runnel_conn;
 mod server;
+mod stages;
 mod sys;
 mod tracker;
 mod wire;
@@ -46,7 +47,8 @@ usage:
                    skipped with a note)
   --workloads      W1 produce throughput, W2 fan-in, W3 open-loop latency,
                    W4 work queue, W5 backlog, W6 fan-out to consumer
-                   groups, W7 scheduled delivery lateness, W3C latency
+                   groups, W7 scheduled delivery lateness, W8 ordered
+                   by key, W9 two-stage pipeline, W3C latency
                    while the log is rewritten, W3S
                    runnel's --spin-us, W3B latency with a busy-polling
                    client (its core 100% busy), R1 recovery of a 1 GiB

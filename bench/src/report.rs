@@ -55,7 +55,7 @@ pub struct Report {
     pub skipped: Vec<String>,
 }
 
-const WORKLOADS: [(&str, &str); 11] = [
+const WORKLOADS: [(&str, &str); 13] = [
     ("W1", "W1: produce throughput (1 connection, closed loop)"),
     ("W2", "W2: fan-in (many connections, depth 1)"),
     ("W3", "W3: end-to-end latency, open loop"),
@@ -65,6 +65,11 @@ const WORKLOADS: [(&str, &str); 11] = [
     (
         "W7",
         "W7: scheduled delivery lateness (each message scheduled 1 s ahead; Redis Streams has no scheduled delivery)",
+    ),
+    ("W8", "W8: a backlog drained by 4 consumers of one group, unordered and ordered by key (runnel only)"),
+    (
+        "W9",
+        "W9: a two-stage pipeline, forwarding with ACK_PRODUCE or with PRODUCE then ACK (runnel only; msgs/s through both stages)",
     ),
     ("W3C", "W3C: end-to-end latency while the log is rewritten (durable)"),
     ("W3S", "W3S: end-to-end latency with runnel's --spin-us (log, no sync)"),

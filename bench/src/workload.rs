@@ -40,6 +40,7 @@ use crate::conn::{Consumer, Producer, Target};
 use crate::latency::{Latency, Samples, now_ns};
 use crate::runnel_conn;
 use crate::server::{Durability, Kind, Server};
+use crate::stages;
 use crate::sys;
 use crate::tracker::{self, Seen, Verify};
 
@@ -58,6 +59,8 @@ pub struct Scale {
     pub w3_warmup: Duration,
     pub w4_time: Duration,
     pub w5_msgs: u64,
+    /// W8 and W9: the backlog drained.
+    pub w8_msgs: u64,
     /// 4 KiB write + fdatasync rounds of the disk probe.
     pub fsync_probe_rounds: usize,
     /// A drain gives up after this long with nothing delivered.
@@ -101,6 +104,7 @@ impl Scale {
                 w3_warmup: Duration::from_millis(20),
                 w4_time: Duration::from_millis(150),
                 w5_msgs: 100_000,
+                w8_msgs: 5_000,
                 fsync_probe_rounds: 50,
                 drain_idle: Duration::from_secs(3),
                 w3_lag_max: Duration::from_millis(200),
@@ -124,6 +128,7 @@ impl Scale {
                 w3_warmup: Duration::from_millis(300),
                 w4_time: Duration::from_secs(2),
                 w5_msgs: 10_000_000,
+                w8_msgs: 200_000,
                 fsync_probe_rounds: 2000,
                 drain_idle: Duration::from_secs(5),
                 w3_lag_max: Duration::from_secs(1),
@@ -214,6 +219,16 @@ pub enum Config {
     W7 {
         rate: u64,
     },
+    /// A backlog drained by `stages::W8_CONSUMERS` consumers of one group,
+    /// ordered by key over `keys` keys (0: unordered, unkeyed).
+    W8 {
+        keys: u32,
+    },
+    /// A two-stage pipeline, stage one forwarding with ACK_PRODUCE
+    /// (`atomic`) or with PRODUCE then ACK.
+    W9 {
+        atomic: bool,
+    },
     /// Recovery of a durable log of `log_bytes` after a restart.
     R1 {
         log_bytes: u64,
@@ -251,7 +266,7 @@ const W3B_SPIN_US: u32 = 200;
 /// unit of beanstalkd's `put` delay.
 const W7_DELAY_MS: u64 = 1_000;
 /// All the workload ids, in the order they run.
-pub const WORKLOADS: [&str; 11] = ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W3C", "W3S", "W3B", "R1"];
+pub const WORKLOADS: [&str; 13] = ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W3C", "W3S", "W3B", "R1"];
 
 impl Config {
     pub fn workload(&self) -> &'static str {
@@ -263,6 +278,8 @@ impl Config {
             Config::W5 { .. } => "W5",
             Config::W6 { .. } => "W6",
             Config::W7 { .. } => "W7",
+            Config::W8 { .. } => "W8",
+            Config::W9 { .. } => "W9",
             Config::W3Compact { .. } => "W3C",
             Config::W3Spin { .. } => "W3S",
             Config::W3Busy { .. } => "W3B",
@@ -304,6 +321,8 @@ impl Config {
                 v
             }
             "W7" => [1_000, 10_000].map(|rate| Config::W7 { rate }).to_vec(),
+            "W8" => [0, 1, 100, 10_000].map(|keys| Config::W8 { keys }).to_vec(),
+            "W9" => [false, true].map(|atomic| Config::W9 { atomic }).to_vec(),
             "W3C" => vec![Config::W3Compact { rate: 10_000 }],
             "W3S" => {
                 let mut v = Vec::new();
@@ -341,7 +360,8 @@ impl Config {
         }
         match self {
             Config::W1 { produce: Produce::Batch(_), .. } => kind.speaks_runnel(),
-            Config::W3Spin { .. } | Config::R1 { .. } => kind == Kind::Runnel,
+            // Ordered groups and ACK_PRODUCE are runnel's.
+            Config::W3Spin { .. } | Config::R1 { .. } | Config::W8 { .. } | Config::W9 { .. } => kind == Kind::Runnel,
             // With groups: runnel's and Redis Streams' (beanstalkd has none).
             Config::W5 { groups } => kind != Kind::Floor && (*groups == 0 || kind != Kind::Beanstalkd),
             // Only runnel filters by tag; the floor has no groups.
@@ -403,6 +423,9 @@ impl Config {
             Config::W3Spin { .. } => &[Durability::Unsynced],
             Config::W5 { .. } | Config::W3Busy { .. } => &[Durability::Memory],
             Config::W3Compact { .. } | Config::R1 { .. } | Config::W6 { .. } => &[Durability::Durable],
+            // Durable (every fetch round trip waits for the sync of the acks
+            // before it) and not (the broker's own cost).
+            Config::W8 { .. } | Config::W9 { .. } => &[Durability::Durable, Durability::Unsynced],
             _ => &Durability::ALL,
         }
     }
@@ -476,6 +499,19 @@ impl Config {
             Config::W3Busy { rate, spin_us, .. } => format!(
                 "{} msgs/s open loop, {SIZE} B, busy-polling client (1 thread, its core 100% busy) + server --spin-us {spin_us}",
                 rate_label(rate)
+            ),
+            Config::W8 { keys: 0 } => {
+                format!("backlog drained by {} consumers of one group, unordered, {SIZE} B", stages::W8_CONSUMERS)
+            }
+            Config::W8 { keys } => format!(
+                "backlog drained by {} consumers of one group ordered by key, {keys} key{}, {SIZE} B",
+                stages::W8_CONSUMERS,
+                if keys == 1 { "" } else { "s" }
+            ),
+            Config::W9 { atomic } => format!(
+                "backlog through 2 stages ({} forwarding workers, 1 consumer), forwarded with {}, {SIZE} B",
+                stages::W9_WORKERS,
+                if atomic { "ACK_PRODUCE" } else { "PRODUCE, then ACK" }
             ),
             Config::R1 { log_bytes } => {
                 format!("{} MiB log of {} B messages", log_bytes >> 20, size_label(R1_SIZE))
@@ -574,7 +610,7 @@ pub struct RunResult {
 }
 
 impl RunResult {
-    fn new(ctx: &Ctx<'_>, size: usize, phase: &'static str) -> RunResult {
+    pub fn new(ctx: &Ctx<'_>, size: usize, phase: &'static str) -> RunResult {
         RunResult {
             config: ctx.config,
             order: ctx.order,
@@ -647,6 +683,8 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
         Config::W6 { groups, tagged } => w6(ctx, groups, tagged).map(|r| vec![r]),
         Config::W3Compact { rate } => w3c(ctx, rate).map(|r| vec![r]),
         Config::W3Busy { rate, .. } => w3b(ctx, rate).map(|r| vec![r]),
+        Config::W8 { keys } => stages::w8(ctx, keys, ctx.scale.w8_msgs).map(|r| vec![r]),
+        Config::W9 { atomic } => stages::w9(ctx, atomic, ctx.scale.w8_msgs).map(|r| vec![r]),
         Config::R1 { .. } => Err("R1 restarts its server: run it with `recovery`".into()),
     }
 }

@@ -33,11 +33,8 @@ pub(crate) struct Dedup {
 /// stored and which are duplicates.
 #[derive(Debug, Default)]
 pub(crate) struct Plan {
-    /// Per message of the batch, the id of the message it duplicates (None:
-    /// stored). Empty when the batch has no dedup id, or the topic no
-    /// window: every message is stored.
-    pub originals: Vec<Option<MsgId>>,
-    /// (index in the batch, original id) of each duplicate, in batch order.
+    /// (index in the batch, original id) of each duplicate, in batch order
+    /// (empty, and no allocation, when the batch has none).
     pub duplicates: Vec<(u32, MsgId)>,
     /// Messages stored.
     pub count: u32,
@@ -50,7 +47,7 @@ pub(crate) struct Plan {
 impl Plan {
     /// Whether message `i` of the batch is a duplicate (not stored).
     pub fn duplicate(&self, i: usize) -> bool {
-        self.originals.get(i).is_some_and(Option::is_some)
+        self.duplicates.binary_search_by_key(&(i as u32), |d| d.0).is_ok()
     }
 }
 
@@ -114,23 +111,26 @@ impl Dedup {
             return Ok(plan);
         }
         let window = self.windows.get(&tid);
-        let mut this_batch: HashMap<&[u8], MsgId> = HashMap::new();
+        // Ids repeated within the batch; a batch of one message (a
+        // pipelining producer's usual request) needs no such map.
+        let mut this_batch: Option<HashMap<&[u8], MsgId>> = (batch.count > 1).then(HashMap::new);
         let (mut next, mut bytes) = (first, 0);
         for (i, (props, payload)) in batch.messages().enumerate() {
             let id = props.dedup_id();
-            let original = id
-                .and_then(|d| this_batch.get(d).copied().or_else(|| window.and_then(|w| w.get(d, now_ms, window_ms))));
+            let earlier = |d: &[u8]| this_batch.as_ref().and_then(|m| m.get(d).copied());
+            let original = id.and_then(|d| earlier(d).or_else(|| window.and_then(|w| w.get(d, now_ms, window_ms))));
             if let Some(original) = original {
                 plan.duplicates.push((i as u32, original));
             } else {
                 if let Some(d) = id {
-                    this_batch.insert(d, next);
+                    if let Some(m) = this_batch.as_mut() {
+                        m.insert(d, next);
+                    }
                     plan.entries += 1;
                 }
                 next += 1;
                 bytes += (props.bytes().len() + payload.len()) as u64;
             }
-            plan.originals.push(original);
         }
         plan.count = (next - first) as u32;
         plan.bytes = bytes;

@@ -6,7 +6,10 @@
 //! its key (so the first deliveries that were acked come in produce
 //! order), at most one message of a key is in flight at a time, messages
 //! without a key are never held back, and in the end every message is
-//! acked or dead-lettered: nothing waits forever behind its key.
+//! acked or dead-lettered: nothing waits forever behind its key. With
+//! redrives, the same holds when REDRIVE naming the group moves ready
+//! messages out of it (`Topic::drain_ready_where`, `Group::take_ahead`)
+//! and brings redriven keyed messages back into it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -59,6 +62,8 @@ struct Run {
     first_delivery: BTreeMap<MsgId, usize>,
     step: usize,
     op: String,
+    /// Whether steps include REDRIVE's moves out of and into the group.
+    redrives: bool,
 }
 
 impl Run {
@@ -173,6 +178,45 @@ impl Run {
         }
     }
 
+    /// REDRIVE naming the group, as a dead-letter topic's group sees it:
+    /// some of its ready messages (those with a random id remainder) move
+    /// out, so the group is done with them; the others stay where they
+    /// are, whatever their key.
+    fn redrive_out(&mut self) {
+        let (m, r) = (self.rng.range(2, 4), self.rng.below(4));
+        let max = if self.rng.percent(50) { u64::MAX } else { self.rng.range(1, 4) };
+        self.op = format!("redrive out ids = {r} mod {m}, max {max}");
+        let mut moved = Vec::new();
+        self.t.drain_ready_where(
+            G,
+            max,
+            |x| x.id % m == r,
+            |x, _| {
+                moved.push(x.id);
+                true
+            },
+        );
+        for id in moved {
+            let ctx = self.ctx();
+            assert!(!self.inflight.contains_key(&id), "{ctx}: moved {id}, which is in flight");
+            assert!(self.done.insert(id), "{ctx}: moved {id}, which the group was done with");
+        }
+    }
+
+    /// REDRIVE naming the group, as its topic sees it: a dead letter of a
+    /// random key comes back as a new message for this group alone, behind
+    /// whatever of its key the group still has.
+    fn redrive_in(&mut self) {
+        let key = self.rng.below(KEYS);
+        self.op = format!("redrive in key {key}");
+        let mut blob = key_blob(key);
+        crate::codec::props::put_broker_entry(&mut blob, crate::codec::props::PROP_REDRIVEN_TO, "ordered");
+        let id =
+            self.t.append_moved(self.now_ms, Body { props: Props::trusted(&blob), tag_set: None, payload: b"r" }, None);
+        self.keys.insert(id, Some(key));
+        self.t.publish();
+    }
+
     fn step(&mut self) {
         match self.rng.below(100) {
             0..25 => self.produce(),
@@ -180,6 +224,8 @@ impl Run {
             55..75 => self.ack(),
             75..85 => self.nack(),
             85..89 => self.disconnect(),
+            89..92 if self.redrives => self.redrive_out(),
+            92..95 if self.redrives => self.redrive_in(),
             _ => {
                 let by = self.rng.range(1, 30);
                 self.advance(by);
@@ -228,7 +274,7 @@ impl Run {
     }
 }
 
-fn run(seed: u64, steps: usize) {
+fn run(seed: u64, steps: usize, redrives: bool) {
     let _guard = SeedGuard { test: "ordered_by_key", seed, replay: "cargo test --release --lib ordered_by_key" };
     let settings = Settings { ack_timeout_ms: 40, max_deliveries: MAX_DELIVERIES, ..Settings::default() };
     let mut t = Topic::new("t", false, settings, 1);
@@ -247,6 +293,7 @@ fn run(seed: u64, steps: usize) {
         first_delivery: BTreeMap::new(),
         step: 0,
         op: "start".into(),
+        redrives,
     };
     for step in 1..=steps {
         r.step = step;
@@ -259,7 +306,19 @@ fn run(seed: u64, steps: usize) {
 #[test]
 fn ordered_by_key_delivers_each_key_in_produce_order_one_at_a_time() {
     for seed in seeds(80) {
-        run(seed, 500);
+        run(seed, 500, false);
+    }
+}
+
+/// REDRIVE naming an ordered group keeps the order: moving some of its
+/// ready messages out steps its cursor past them and puts the ones passed
+/// back for retry (`Group::take_ahead`), where their key still holds them
+/// back; a redriven keyed message waits behind the message of its key the
+/// group has in flight.
+#[test]
+fn ordered_by_key_holds_with_redrives_naming_the_group() {
+    for seed in seeds(80) {
+        run(seed, 500, true);
     }
 }
 
