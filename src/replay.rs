@@ -621,8 +621,25 @@ impl<'a> Replay<'a> {
             e.topic.restore_done();
             floor = floor.max(e.topic.seq.next_id());
         }
+        self.recover_dead_notes();
         self.topics.raise_id_floor(floor);
         fell_due
+    }
+}
+
+impl Replay<'_> {
+    /// Rebuilds each topic's dead notes (what inspection tells of a dead
+    /// letter) from its dead-letter topic's messages.
+    fn recover_dead_notes(&mut self) {
+        let suffix = crate::codec::DEAD_LETTER_SUFFIX;
+        let origin_of = |e: &crate::broker::topics::Entry| e.topic.name.strip_suffix(suffix).map(str::to_string);
+        let pairs: Vec<(String, TopicId)> = self.topics.iter().filter_map(|e| Some((origin_of(e)?, e.id))).collect();
+        for (name, dlq) in pairs {
+            let Some(origin) = self.topics.id(&name) else { continue };
+            if let [Some(o), Some(d)] = self.topics.pair_mut(origin, dlq) {
+                o.topic.recover_dead_notes(&d.topic.seq);
+            }
+        }
     }
 }
 

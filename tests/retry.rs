@@ -130,6 +130,14 @@ impl Harness {
         assert!(matches!(decoded(&self.call(nack)), Reply::Ids { done: 1, .. }), "nack {id}");
     }
 
+    /// PEEK: message `id`'s state in `group`, and its `until_ms`.
+    fn peek_state(&mut self, group: &str, id: u64) -> (u8, u64) {
+        let out = self.call(Request::Peek { topic: "t", id });
+        let Reply::Inspected(entries) = decoded(&out) else { panic!("peek") };
+        let line = entries[0].groups.iter().find(|l| l.name == group).expect("the group's line");
+        (line.state as u8, line.until_ms)
+    }
+
     /// PEEK: message `id`'s last NACK reason in `group`.
     fn reason(&mut self, group: &str, id: u64) -> String {
         let out = self.call(Request::Peek { topic: "t", id });
@@ -258,6 +266,7 @@ fn a_retry_wait_survives_a_restart_and_compaction() {
     assert_eq!(h.stat("", "retry_waiting"), Some(1), "still waiting after compaction and a restart");
     assert_eq!(h.stat("", "retry_initial_ms"), Some(10_000), "the policy is kept");
     assert_eq!(h.reason("", id), "flaky", "and the NACK's reason");
+    assert_eq!(h.peek_state("", id), (State::Waiting as u8, START_WALL_MS + 10_000), "waiting until the wait ends");
     assert_eq!(h.ready_at("", START_WALL_MS + 10_000), [(id, 2)], "ready when the wait ends");
     // The policy still applies after the restarts.
     h.nack("", id, 0);
@@ -353,7 +362,7 @@ fn over_the_wire_a_nack_and_an_ack_timeout_wait_and_older_sessions_are_unaffecte
 /// A NACK's reason is kept with the message (PEEK shows it), survives a
 /// restart, and goes into the dead letter when a later NACK dead-letters
 /// the message (property 7 of the copy, and the origin's dead-lettered
-/// line). A reason over `nack_reason_bytes_max` is BAD_ARGUMENT; a
+/// line, which a restart rebuilds from the copy). A reason over `nack_reason_bytes_max` is BAD_ARGUMENT; a
 /// version-3 session cannot give one.
 #[test]
 fn a_nack_reason_is_kept_across_a_restart_and_carried_into_the_dead_letter() {
@@ -388,6 +397,15 @@ fn a_nack_reason_is_kept_across_a_restart_and_carried_into_the_dead_letter() {
     let i = c.peek("t", id).expect("PEEK");
     let line = i.groups.iter().find(|l| l.group == "g").expect("line of g");
     assert_eq!((line.state, line.last_nack_reason.as_str()), (State::DeadLettered, "still down"));
+    srv.stop();
+    // The dead note is rebuilt at the restart from the dead letter that
+    // t.dlq holds (it is not consumed: the FETCH above did not ack it).
+    let srv = common::Server::start_in(Config::default(), LogOptions::default(), dir.path());
+    let mut c = connect(&srv, 4);
+    let i = c.peek("t", id).expect("PEEK");
+    let line = i.groups.iter().find(|l| l.group == "g").expect("line of g");
+    let got = (line.state, line.deliveries, line.last_nack_reason.as_str());
+    assert_eq!(got, (State::DeadLettered, 2, "still down"), "after a restart: {line:?}");
     let mut v3 = connect(&srv, 3);
     let old = v3.nack_why("t", "g", &[id], (0, false), "why");
     assert!(matches!(old, Err(runnel::client::Error::Version { .. })), "{old:?}");

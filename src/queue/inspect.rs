@@ -19,6 +19,7 @@ use super::seq::{Seq, Stored};
 use super::topic::Topic;
 use super::{ConsumerId, GroupId, MsgId};
 use crate::codec::DeadInfo;
+use crate::codec::props::PROP_ORIGIN_GROUP;
 use crate::wheel::TimerKey;
 
 /// Most dead letters a topic remembers for inspection, the oldest
@@ -31,8 +32,9 @@ pub const DEAD_NOTES_PER_TOPIC_MAX: usize = 1024;
 type DeadNote = (DeadInfo, Option<Box<str>>);
 
 /// A topic's recent dead letters: (id, the group that dead-lettered it,
-/// its note), oldest first. Not logged: a restart forgets them
-/// (inspection then says "done").
+/// its note), oldest first. Not logged: recovery rebuilds them from the
+/// dead letters the dead-letter topic still holds (`recover_dead_notes`);
+/// for one consumed or redriven from there, inspection says "done".
 #[derive(Debug, Default)]
 pub struct DeadNotes(VecDeque<(MsgId, GroupId, DeadNote)>);
 
@@ -108,6 +110,23 @@ impl Topic {
     /// inspection, with its last NACK reason.
     pub fn note_dead(&mut self, g: GroupId, id: MsgId, info: DeadInfo, reason: Option<Box<str>>) {
         self.dead_notes.note(id, g, (info, reason));
+    }
+
+    /// Recovery: the dead notes are not logged, so they are rebuilt from
+    /// the dead letters this topic's dead-letter topic (`dlq`) still
+    /// holds, in id order (the ring keeps the newest): each names its
+    /// origin id, deliveries and reason, its origin group (a broker entry;
+    /// none for the default group) and its last NACK reason (property 7).
+    pub fn recover_dead_notes(&mut self, dlq: &Seq) {
+        let mut from = 0;
+        while let Some(id) = dlq.next_live(from, dlq.visible_id()) {
+            from = id + 1;
+            let (Some(m), Some(info)) = (dlq.get(id), dlq.dead_info(id)) else { continue };
+            let origin = m.props.broker_entry(PROP_ORIGIN_GROUP).unwrap_or("");
+            let Some(g) = self.group_named(origin).map(Group::id) else { continue };
+            let reason = m.props.last_nack_reason().map(Box::from);
+            self.dead_notes.note(info.origin_id, g, (info, reason));
+        }
     }
 
     /// Message `id` and its state in every group. `wall_of` turns a
