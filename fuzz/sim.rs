@@ -134,9 +134,9 @@ impl SimConfig {
             limits.output_bytes_max = least_output_bytes_max(&limits);
         }
         let defaults = if flags & 16 != 0 {
-            Settings { ack_timeout_ms: 10, max_deliveries: 1, dedup_window_ms: None }
+            Settings { ack_timeout_ms: 10, max_deliveries: 1, dedup_window_ms: None, retention: Default::default() }
         } else {
-            Settings { ack_timeout_ms: 1000, max_deliveries: 3, dedup_window_ms: None }
+            Settings { ack_timeout_ms: 1000, max_deliveries: 3, dedup_window_ms: None, retention: Default::default() }
         };
         let broker = Config {
             limits,

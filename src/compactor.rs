@@ -47,6 +47,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::broker::dedup::Dedup;
+use crate::broker::retain::Retained;
 use crate::broker::topics::Topics;
 use crate::broker::{Now, TopicId};
 use crate::failure_log::FailureLog;
@@ -171,6 +172,9 @@ pub(crate) struct Compactor {
     recheck: bool,
     /// Segments removed.
     pub compactions: u64,
+    /// Where each topic's messages are in the files: what retention keeps
+    /// and replay reads.
+    pub(crate) retained: Retained,
 }
 
 fn push_range(ranges: &mut Vec<Range>, topic: TopicId, id: MsgId) {
@@ -247,6 +251,7 @@ impl Compactor {
         self.turn_dedup.retain(|t| *t != topic);
         self.group_segment.retain(|(t, _), _| *t != topic);
         self.turn_groups.retain(|(t, _)| *t != topic);
+        self.retained.forget_topic(topic);
     }
 
     /// Recovery met a Produce record in `segment`.
@@ -422,6 +427,11 @@ impl Compactor {
             return None;
         }
         let oldest = segments[0].base;
+        // A segment a topic retains stays, unless the disk is short of
+        // space: then retention yields.
+        if !short && self.retained.keeps(oldest, p.topics, now.wall_ms) {
+            return None;
+        }
         let bytes = p.log.bytes();
         let due = (short && bytes > 2 * live)
             || (segments.len() >= 3 && bytes > 2 * live + 2 * p.log.segment_bytes_max())
@@ -565,6 +575,7 @@ impl Compactor {
         match p.log.remove_oldest(base) {
             Ok(()) => {
                 self.compactions += 1;
+                self.retained.forget_segment(base);
                 log::debug!("compaction removed segment {base}");
             }
             // A segment that cannot be removed (its file gone from under

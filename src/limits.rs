@@ -168,6 +168,16 @@ pub struct Limits {
     /// needs and written into its log record: a sentence, not a stack
     /// trace.
     pub nack_reason_bytes_max: u32,
+    // Retention and replay (protocol version 4).
+    /// Longest retention by age a topic may ask for, ms (CREATE_TOPIC past
+    /// it gets BAD_ARGUMENT). A year: retained messages cost disk, not
+    /// memory, but one retaining topic keeps whole segments (and the other
+    /// topics' records in them) on disk.
+    pub retention_ms_max: u64,
+    /// Largest retention by size a topic may ask for, bytes of its log
+    /// (BAD_ARGUMENT past it). A TiB: the bound on the disk one topic's
+    /// retention may hold.
+    pub retention_bytes_max: u64,
 }
 
 impl Default for Limits {
@@ -209,6 +219,8 @@ impl Default for Limits {
             dedup_id_bytes_max: 64,
             retry_delay_ms_max: 24 * 3600 * 1000,
             nack_reason_bytes_max: 256,
+            retention_ms_max: 365 * 24 * 3600 * 1000,
+            retention_bytes_max: 1 << 40,
         }
     }
 }

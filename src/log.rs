@@ -292,6 +292,9 @@ pub struct Log {
     /// loop takes it (`take_phases`).
     phases: PhaseNanos,
     pub stats: LogStats,
+    /// The last committed turn's records, for the index of where each
+    /// topic's messages are (`Log::take_kept_turn`).
+    kept: reader::KeptTurn,
 }
 
 /// The turn's records, set aside while compaction writes its own ahead of
@@ -469,6 +472,7 @@ impl Log {
             clean_stop_marked: false,
             phases: PhaseNanos::default(),
             stats: LogStats::default(),
+            kept: reader::KeptTurn::default(),
         }
     }
 
@@ -648,7 +652,9 @@ impl Log {
         }
         self.dirty = false;
         if let Some(s) = self.segments.last_mut() {
+            let at = reader::ReadPos { segment: s.base, at_bytes: s.bytes };
             s.bytes += turn.bytes;
+            self.keep_turn(at);
         }
         self.unsynced_bytes = if turn.sync { 0 } else { self.unsynced_bytes + turn.bytes };
         self.clear_turn();

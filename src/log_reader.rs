@@ -24,7 +24,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-use super::{Log, RECORD_HEADER_BYTES, ReadRecord, parse_record, segment_name};
+use super::{Log, RECORD_HEADER_BYTES, ReadRecord, RecordKind, parse_record, segment_name};
 use crate::broker::TopicId;
 use crate::queue::MsgId;
 
@@ -76,7 +76,48 @@ impl Reader {
     }
 }
 
+/// The records of the last turn committed, kept until the broker notes
+/// where its Produce records went (`Log::take_kept_turn`): two turn
+/// buffers take turns, so keeping one costs no copy.
+#[derive(Default)]
+pub(super) struct KeptTurn {
+    /// Where the turn's first record starts; None once taken (or before
+    /// the first commit).
+    pos: Option<ReadPos>,
+    /// The turn's records, as written.
+    buf: Vec<u8>,
+}
+
 impl Log {
+    /// The turn just synced, whose records start at `at`, is kept for
+    /// `take_kept_turn` (its buffer trades places with the one kept
+    /// before, which the caller then clears).
+    pub(super) fn keep_turn(&mut self, at: ReadPos) {
+        std::mem::swap(&mut self.buf, &mut self.kept.buf);
+        self.kept.pos = Some(at);
+    }
+
+    /// Passes each record of the last committed turn to `each`, with its
+    /// position, once: a second call (or one after a turn that committed
+    /// nothing) passes none. The records are the log's own, just written:
+    /// their CRCs are not checked again.
+    pub fn take_kept_turn(&mut self, mut each: impl FnMut(ReadRecord<'_>)) {
+        let Some(at) = self.kept.pos.take() else { return };
+        let buf = &self.kept.buf;
+        let mut used = 0;
+        while let Some(header) = buf.get(used..used + RECORD_HEADER_BYTES) {
+            let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+            let (Some(kind), Some(body)) =
+                (RecordKind::from_u8(header[8]), buf.get(used + RECORD_HEADER_BYTES..used + RECORD_HEADER_BYTES + len))
+            else {
+                return;
+            };
+            let offset = at.segment + at.at_bytes + used as u64;
+            each(ReadRecord { kind, version: header[9], body, offset, segment: at.segment });
+            used += RECORD_HEADER_BYTES + len;
+        }
+    }
+
     /// Reads the whole records after `r`'s position, in log order, passing
     /// each to `each`, reading at most `budget_bytes` of the files (or one
     /// record, if the next is larger). Moves into the next segment at the
@@ -181,10 +222,12 @@ impl SparseIndex {
 
     /// A Produce record of `topic` with messages `first_id..next_id`,
     /// `bytes` long, starts at `pos`: appended now, or met in recovery.
-    pub fn note(&mut self, topic: TopicId, first_id: MsgId, next_id: MsgId, bytes: u64, pos: ReadPos) {
+    /// False for a compaction copy (ids below ones met before), which is
+    /// not indexed.
+    pub fn note(&mut self, topic: TopicId, first_id: MsgId, next_id: MsgId, bytes: u64, pos: ReadPos) -> bool {
         let t = self.topics.entry(topic).or_default();
         if first_id < t.next_id {
-            return;
+            return false;
         }
         t.next_id = next_id;
         let new_segment = t.last_segment != Some(pos.segment);
@@ -194,6 +237,13 @@ impl SparseIndex {
             t.last_segment = Some(pos.segment);
         }
         t.since_bytes += bytes;
+        true
+    }
+
+    /// The first id of the topic's oldest indexed record: the oldest
+    /// message the files still hold in id order.
+    pub fn first_id(&self, topic: TopicId) -> Option<MsgId> {
+        Some(self.topics.get(&topic)?.entries.first()?.first_id)
     }
 
     /// Where to start reading to find message `id` of `topic`: the start

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use runnel::client::{Client, Delivered, Fetch, GroupLine, Inspection, ProduceMessage, State};
 use runnel::codec::group::{GroupSettings, Start};
-use runnel::codec::{self, DeadReason, TopicSettings, props};
+use runnel::codec::{self, DeadReason, TopicOptions, TopicSettings, props};
 use runnel::config::{Args, ArgsError, DEFAULT_ADDR, Flag, Serve, flag, serve_flags, switch};
 use runnel::log::{FsyncMode, Log};
 use runnel::reactor::Reactor;
@@ -138,6 +138,13 @@ fn sub(name: &str) -> Option<Sub> {
                 addr(),
                 flag("--ack-timeout-ms", "MS", "the broker's", "time a consumer has to acknowledge a delivery"),
                 flag("--max-deliveries", "N", "the broker's", "deliveries before a message moves to TOPIC.dlq"),
+                flag("--retain-ms", "MS", "as it is (0)", "keep done messages for replay this long (version 4)"),
+                flag(
+                    "--retain-bytes",
+                    "N",
+                    "as it is (0)",
+                    "keep this many log bytes of done messages for replay (version 4)",
+                ),
             ],
         ),
         "delete" => ("TOPIC", "delete TOPIC and its messages", vec![addr()]),
@@ -981,6 +988,11 @@ fn admin(raw: &[String], sub: &Sub) -> Result<(), Exit> {
         ack_timeout_ms: a.num("--ack-timeout-ms")?.unwrap_or(0),
         max_deliveries: a.num("--max-deliveries")?.unwrap_or(0),
     };
+    let options = TopicOptions {
+        retention_ms: a.num("--retain-ms")?,
+        retention_bytes: a.num("--retain-bytes")?,
+        ..TopicOptions::default()
+    };
     let count: u32 = a.num("--count")?.unwrap_or(0);
     let group = a.take("--group").unwrap_or_default();
     a.done()?;
@@ -999,7 +1011,12 @@ fn admin(raw: &[String], sub: &Sub) -> Result<(), Exit> {
             out
         }
         "create" => {
-            format!("{}\n", if client.create_topic(topic, settings).map_err(e)? { "created" } else { "updated" })
+            let created = if options.is_empty() {
+                client.create_topic(topic, settings)
+            } else {
+                client.create_topic_with(topic, settings, options)
+            };
+            format!("{}\n", if created.map_err(e)? { "created" } else { "updated" })
         }
         "delete" => format!("deleted, {} removed\n", messages(client.delete_topic(topic).map_err(e)?)),
         "purge" => format!("purged {}\n", messages(client.purge_topic(topic).map_err(e)?)),

@@ -22,7 +22,7 @@ use byteorder::{ByteOrder, LittleEndian};
 
 use crate::codec::{self, DeadInfo, DeadReason, Props};
 use crate::log::{Log, RECORD_HEADER_BYTES, RecordStart};
-use crate::queue::{Body, GroupId, MsgId, RetryPolicy, Settings};
+use crate::queue::{Body, GroupId, MsgId, Retention, RetryPolicy, Settings};
 pub use crate::record_deliver::{DeliverRecord, DeliveredIds};
 
 /// A topic's number in the log: assigned at creation, never reused.
@@ -331,7 +331,12 @@ impl TopicRecord<'_> {
         codec::put_str(b, self.name.as_bytes());
         let len_at = b.len();
         codec::put_u16(b, 0);
-        let options = codec::TopicOptions { dedup_window_ms: self.settings.dedup_window_ms };
+        let r = self.settings.retention;
+        let options = codec::TopicOptions {
+            dedup_window_ms: self.settings.dedup_window_ms,
+            retention_ms: (r.ms > 0).then_some(r.ms),
+            retention_bytes: (r.bytes > 0).then_some(r.bytes),
+        };
         codec::topic_settings::put_options(b, &options);
         let len = (b.len() - len_at - 2) as u16;
         b[len_at..len_at + 2].copy_from_slice(&len.to_le_bytes());
@@ -340,8 +345,8 @@ impl TopicRecord<'_> {
 }
 
 /// Bytes of the settings a Topic record carries, at most: the dedup
-/// window's entry.
-const TOPIC_SETTINGS_BYTES_MAX: usize = 3 + 4;
+/// window's entry and the two retention entries.
+const TOPIC_SETTINGS_BYTES_MAX: usize = 3 + 4 + 2 * (3 + 8);
 
 /// A Delete record: the topic and its messages are gone, and no id below
 /// `next_id` is handed out again by any topic created later.
@@ -985,7 +990,8 @@ fn read_topic<'a>(rd: &mut Reader<'a>, topic: TopicId, version: u8) -> Result<To
     } else {
         codec::TopicOptions::default()
     };
-    let settings = Settings { ack_timeout_ms, max_deliveries, dedup_window_ms: options.dedup_window_ms };
+    let retention = Retention { ms: options.retention_ms.unwrap_or(0), bytes: options.retention_bytes.unwrap_or(0) };
+    let settings = Settings { ack_timeout_ms, max_deliveries, dedup_window_ms: options.dedup_window_ms, retention };
     Ok(TopicRecord { topic, next_id, settings, next_group_id, name })
 }
 
@@ -998,6 +1004,13 @@ pub struct Messages<'a> {
     left: u32,
     /// The record's version: the message layout.
     version: u8,
+}
+
+impl Messages<'_> {
+    /// Messages not yet read.
+    pub fn left(&self) -> u32 {
+        self.left
+    }
 }
 
 impl<'a> Iterator for Messages<'a> {

@@ -33,7 +33,8 @@ fn one(write: impl FnOnce(&mut Log)) -> (RecordKind, u8, Vec<u8>) {
 
 #[test]
 fn every_kind_round_trips_at_its_version() {
-    let settings = Settings { ack_timeout_ms: 1234, max_deliveries: 7, dedup_window_ms: None };
+    let settings =
+        Settings { ack_timeout_ms: 1234, max_deliveries: 7, dedup_window_ms: None, retention: Default::default() };
     let topic = TopicRecord { topic: TopicId(3), next_id: 99, settings, next_group_id: Some(5), name: "orders.dlq" };
     let (kind, version, body) = one(|log| topic.append(log));
     assert_eq!((kind, version), (RecordKind::Topic, RecordKind::Topic.version()));
@@ -128,7 +129,9 @@ fn the_sizes_counted_are_the_sizes_written() {
         let (payload, props) = (m.payload.len() as u64, m.props.bytes().len() as u64);
         assert_eq!(body.len() as u64, message_record_bytes(payload, props, m.dead.is_some()), "{m:?}");
     }
-    let settings = Settings::default();
+    // Every setting a Topic record may carry, so that it is at its largest.
+    let retention = crate::queue::Retention { ms: 1, bytes: 1 };
+    let settings = Settings { retention, ..Settings::default() };
     let log_bytes = |write: &dyn Fn(&mut Log)| -> u64 {
         let dir = TempDir::new("record-size");
         let (mut log, _) = Log::open(dir.path(), LogOptions::default(), |_| Ok(())).expect("open");

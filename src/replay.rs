@@ -302,6 +302,7 @@ impl<'a> Replay<'a> {
             Record::Delete(d) => self.delete(d.topic, d.next_id, r.segment),
             Record::Purge(p) => self.purge(p.topic, p.below_id),
             Record::Produce { topic, messages } => {
+                self.notes.retained.replayed(r, topic, &messages);
                 for m in messages {
                     let m = m?;
                     self.notes.replayed_produce(r.segment, topic, m.id);

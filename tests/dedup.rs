@@ -123,7 +123,7 @@ impl Harness {
 
     fn create(&mut self, topic: &'static str, dedup_window_ms: Option<u32>) -> Reply<'static> {
         let settings = TopicSettings::default();
-        let options = TopicOptions { dedup_window_ms };
+        let options = TopicOptions { dedup_window_ms, ..TopicOptions::default() };
         self.call(Request::CreateTopic { topic, settings, options })
     }
 

@@ -283,7 +283,7 @@ fn limits_table_matches_the_defaults() {
     let heading = "## Limits";
     let rows = table_rows(&doc, heading);
     let d = Limits::default();
-    let limits: [(&str, u64); 34] = [
+    let limits: [(&str, u64); 36] = [
         ("frame_bytes_max", d.frame_bytes_max.into()),
         ("message_bytes_max", d.message_bytes_max.into()),
         ("batch_messages_max", d.batch_messages_max.into()),
@@ -318,6 +318,8 @@ fn limits_table_matches_the_defaults() {
         ("dedup_id_bytes_max", d.dedup_id_bytes_max.into()),
         ("retry_delay_ms_max", d.retry_delay_ms_max.into()),
         ("nack_reason_bytes_max", d.nack_reason_bytes_max.into()),
+        ("retention_ms_max", d.retention_ms_max),
+        ("retention_bytes_max", d.retention_bytes_max),
     ];
     for (name, default) in limits {
         let row = rows

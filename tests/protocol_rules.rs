@@ -182,7 +182,8 @@ fn failed_ids_keep_request_order_and_duplicates_count_each_time() {
 /// them (`topics_max` does not: tests/broker_limits.rs).
 #[test]
 fn a_dlq_topic_gets_the_broker_defaults_and_accepts_produce_and_create() {
-    let defaults = Settings { ack_timeout_ms: 45_000, max_deliveries: 7, dedup_window_ms: None };
+    let defaults =
+        Settings { ack_timeout_ms: 45_000, max_deliveries: 7, dedup_window_ms: None, retention: Default::default() };
     let (srv, _dir) = Server::start(Config { defaults, ..Config::default() });
     let mut c = srv.client();
     c.create_topic("jobs", TopicSettings { ack_timeout_ms: 60_000, max_deliveries: 2 }).unwrap();

@@ -56,6 +56,7 @@ mod deliveries;
 mod groups;
 mod inspect;
 mod requests;
+pub(crate) mod retain;
 mod retry;
 mod schedule;
 mod stats;

@@ -610,6 +610,7 @@ impl Broker {
             let msg = format!("dedup_window_ms {ms} is more than dedup_window_ms_max ({max})");
             return Err((ErrorCode::BadArgument, msg));
         }
+        self.check_retention(&options)?;
         let exists = self.topics.id(topic);
         let tid = match exists {
             Some(tid) => tid,
@@ -620,10 +621,12 @@ impl Broker {
             // A window the request does not name stays as it is (a new
             // topic has the broker's default).
             let window = options.dedup_window_ms.or(e.topic.settings.dedup_window_ms);
+            let retention = super::retain::retention_of(&options, e.topic.settings.retention);
             e.topic.settings = Settings {
                 ack_timeout_ms: if settings.ack_timeout_ms == 0 { d.ack_timeout_ms } else { settings.ack_timeout_ms },
                 max_deliveries: if settings.max_deliveries == 0 { d.max_deliveries } else { settings.max_deliveries },
                 dedup_window_ms: window,
+                retention,
             };
         }
         self.log_topic(tid);

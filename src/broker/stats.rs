@@ -170,6 +170,9 @@ impl Broker {
                 let window_ms = super::dedup::window_ms(&t.settings, &self.config.defaults, &self.config.limits);
                 w.kv(out, "dedup_window_ms", window_ms);
                 w.kv(out, "dedup_entries", self.dedup.entries_of(e.id));
+                for (k, v) in self.retention_stats(e.id, t.settings.retention) {
+                    w.kv(out, k, v);
+                }
             }
             if version >= 2 {
                 self.write_group_sections(e.id, t, now, &mut w, out);

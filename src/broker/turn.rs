@@ -402,6 +402,7 @@ impl Broker {
                 } else {
                     let last = self.log.segments().last().map_or(0, |s| s.base);
                     self.compactor.committed(last);
+                    self.compactor.retained.note_turn(&mut self.log, now.wall_ms);
                 }
                 Stored { records: true, produces: !c.withdrawn }
             }

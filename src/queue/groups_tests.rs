@@ -290,7 +290,8 @@ impl Run {
 
 fn run(seed: u64, steps: usize) {
     let _guard = SeedGuard { test: "groups_match_model", seed, replay: "cargo test --release --lib groups_match" };
-    let settings = Settings { ack_timeout_ms: 50, max_deliveries: u16::MAX, dedup_window_ms: None };
+    let settings =
+        Settings { ack_timeout_ms: 50, max_deliveries: u16::MAX, dedup_window_ms: None, retention: Default::default() };
     let mut r = Run {
         rng: Rng::new(seed),
         t: Topic::new("t", false, settings, 1),

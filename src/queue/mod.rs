@@ -31,6 +31,7 @@ mod inspect;
 mod keys;
 mod nack_reasons;
 mod order;
+mod retain;
 mod retry;
 mod schedule;
 mod seq;
@@ -41,6 +42,7 @@ pub use dedup::DedupWindow;
 pub use group::{FILTER_SKIPS_PER_CALL_MAX, Group, GroupConfig, Policy};
 pub use inspect::{DEAD_NOTES_PER_TOPIC_MAX, GroupInspection, GroupState, Inspection};
 pub use keys::KeyIndex;
+pub use retain::Retention;
 pub use retry::{RETRY_MULTIPLIER_PCT_MAX, RetryPolicy};
 pub use schedule::Schedule;
 pub use seq::{Body, Seq, Stored};
@@ -133,6 +135,8 @@ pub struct Settings {
     /// (0: no deduplication); None for a topic whose record predates the
     /// setting: it has the broker's default (`Config::defaults`).
     pub dedup_window_ms: Option<u32>,
+    /// Done messages kept in the log for replay (off by default).
+    pub retention: Retention,
 }
 
 /// The dedup window a topic gets unless it asks for another: 2 minutes, as
@@ -142,7 +146,12 @@ pub const DEDUP_WINDOW_MS_DEFAULT: u32 = 120_000;
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { ack_timeout_ms: 30_000, max_deliveries: 16, dedup_window_ms: Some(DEDUP_WINDOW_MS_DEFAULT) }
+        Settings {
+            ack_timeout_ms: 30_000,
+            max_deliveries: 16,
+            dedup_window_ms: Some(DEDUP_WINDOW_MS_DEFAULT),
+            retention: Retention::default(),
+        }
     }
 }
 

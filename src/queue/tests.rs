@@ -578,7 +578,7 @@ fn seq_block_mostly_released_while_open_is_shrunk_when_it_closes() {
 // ---------------------------------------------------------------------------
 
 fn settings(max_deliveries: u16) -> Settings {
-    Settings { ack_timeout_ms: 30_000, max_deliveries, dedup_window_ms: None }
+    Settings { ack_timeout_ms: 30_000, max_deliveries, dedup_window_ms: None, retention: Default::default() }
 }
 
 #[test]
@@ -1609,7 +1609,11 @@ impl Run {
         let max_deliveries = rng.pick(&[0, 1, 2, 2, 3, 3, 4, 6, u16::MAX]);
         let first_id = rng.pick(&[0, 1, 2, 1_000_000]);
         let now = 1_000_000 + rng.below(1_000);
-        let t = new_topic(name, Settings { ack_timeout_ms: 30_000, max_deliveries, dedup_window_ms: None }, first_id);
+        let t = new_topic(
+            name,
+            Settings { ack_timeout_ms: 30_000, max_deliveries, dedup_window_ms: None, retention: Default::default() },
+            first_id,
+        );
         let m = Model::new(is_dlq, max_deliveries, first_id);
         let op = format!("new {name} max_deliveries {max_deliveries} first_id {first_id}");
         let ctx = Ctx { seed, step: 0, op };

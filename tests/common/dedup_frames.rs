@@ -24,7 +24,7 @@ pub fn dedup_props(id: &[u8]) -> Props<'static> {
 /// The examples of idempotent produce, in the doc's order.
 pub fn doc_frames_dedup() -> Vec<Named> {
     let settings = TopicSettings { ack_timeout_ms: 0, max_deliveries: 0 };
-    let options = TopicOptions { dedup_window_ms: Some(300_000) };
+    let options = TopicOptions { dedup_window_ms: Some(300_000), ..TopicOptions::default() };
     let batch = || batch_v2(&[(dedup_props(b"p1-7"), b"hello"), (dedup_props(b"p1-8"), b"world")]);
     let retry = batch_v2(&[(dedup_props(b"p1-8"), b"world"), (dedup_props(b"p1-9"), b"again")]);
     vec![

@@ -1,0 +1,186 @@
+//! Retention (protocol version 4): what the commit log holds of each
+//! topic, so that compaction keeps the segments a retaining topic still
+//! needs and no other, and replay finds a topic's messages in the files.
+//!
+//! `Retained` learns where every Produce record went, from each committed
+//! turn (`Log::take_kept_turn`) and from recovery, into two small maps: a
+//! `SparseIndex` (an entry per megabyte of a topic's records) and, per
+//! segment and topic, the bytes of the topic's records and when the newest
+//! was written. Both cost memory per segment, never per message, and are
+//! kept for every topic (a topic may start retaining later; recovery meets
+//! records before the Topic record that says whether their topic retains).
+//! A compaction copy (a message re-appended at the head) is not counted:
+//! its message is live, in memory, and replay reads only what the index
+//! leads to.
+
+use std::collections::BTreeMap;
+
+use super::requests::Refusal;
+use super::topics::Topics;
+use super::{Broker, TopicId};
+use crate::codec::{ErrorCode, TopicOptions};
+use crate::log::reader::{INDEX_STRIDE_BYTES, ReadPos, SparseIndex};
+use crate::log::{Log, RECORD_HEADER_BYTES, ReadRecord, RecordKind};
+use crate::queue::{MsgId, Retention};
+use crate::record::{Messages, Record};
+
+/// What one segment holds of one topic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Held {
+    topic: TopicId,
+    /// Bytes of the topic's Produce records in the segment, headers
+    /// included.
+    bytes: u64,
+    /// When the newest of them was written: wall clock ms (its newest
+    /// message's born time, as recovery reads it).
+    newest_ms: u64,
+}
+
+/// Where each topic's messages are in the files.
+pub(crate) struct Retained {
+    /// Message id to file position, sparsely.
+    pub index: SparseIndex,
+    /// Per segment (by base offset), what it holds of each topic.
+    segments: BTreeMap<u64, Vec<Held>>,
+}
+
+impl Default for Retained {
+    fn default() -> Self {
+        Retained { index: SparseIndex::new(INDEX_STRIDE_BYTES), segments: BTreeMap::new() }
+    }
+}
+
+impl Retained {
+    /// A Produce record of `topic` holding `messages` (not yet read) starts
+    /// at `pos`, `bytes` long (header included), written at `written_ms`.
+    fn note(&mut self, topic: TopicId, messages: &Messages<'_>, bytes: u64, pos: ReadPos, written_ms: u64) {
+        let count = u64::from(messages.left());
+        let Some(Ok(first)) = messages.clone().next() else { return };
+        if !self.index.note(topic, first.id, first.id + count, bytes, pos) {
+            return;
+        }
+        let held = self.segments.entry(pos.segment).or_default();
+        match held.iter_mut().find(|h| h.topic == topic) {
+            Some(h) => {
+                h.bytes += bytes;
+                h.newest_ms = h.newest_ms.max(written_ms);
+            }
+            None => held.push(Held { topic, bytes, newest_ms: written_ms }),
+        }
+    }
+
+    /// Notes the Produce records of the turn the log just committed,
+    /// written at `now_wall_ms`.
+    pub(crate) fn note_turn(&mut self, log: &mut Log, now_wall_ms: u64) {
+        log.take_kept_turn(|r| {
+            if r.kind == RecordKind::Produce
+                && let Ok(Record::Produce { topic, messages }) = Record::decode(r.kind, r.version, r.body)
+            {
+                self.note(topic, &messages, record_bytes(&r), position(&r), now_wall_ms);
+            }
+        });
+    }
+
+    /// Recovery met a Produce record of `topic` holding `messages`.
+    pub(crate) fn replayed(&mut self, r: &ReadRecord<'_>, topic: TopicId, messages: &Messages<'_>) {
+        let newest_ms = messages.clone().filter_map(Result::ok).map(|m| m.born_ms).max().unwrap_or(0);
+        self.note(topic, messages, record_bytes(r), position(r), newest_ms);
+    }
+
+    /// Segment `base` was removed.
+    pub(crate) fn forget_segment(&mut self, base: u64) {
+        self.index.forget_segment(base);
+        self.segments.remove(&base);
+    }
+
+    /// Topic `topic` was deleted.
+    pub(crate) fn forget_topic(&mut self, topic: TopicId) {
+        self.index.forget_topic(topic);
+        for held in self.segments.values_mut() {
+            held.retain(|h| h.topic != topic);
+        }
+    }
+
+    /// Whether segment `base` holds a message some topic retains at
+    /// `now_ms` (wall clock): then compaction does not clean it.
+    pub(crate) fn keeps(&self, base: u64, topics: &Topics, now_ms: u64) -> bool {
+        let Some(held) = self.segments.get(&base) else { return false };
+        held.iter().any(|h| {
+            let retention = topics.get(h.topic).map_or(Retention::default(), |e| e.topic.settings.retention);
+            retention.is_on() && retention.keeps(h.newest_ms, self.newer_bytes(base, h.topic), now_ms)
+        })
+    }
+
+    /// Bytes of `topic`'s records in the segments after `base`.
+    fn newer_bytes(&self, base: u64, topic: TopicId) -> u64 {
+        let after = self.segments.range(base + 1..);
+        after.flat_map(|(_, held)| held.iter().filter(|h| h.topic == topic)).map(|h| h.bytes).sum()
+    }
+
+    /// Bytes of `topic`'s records the files hold.
+    pub(crate) fn bytes_of(&self, topic: TopicId) -> u64 {
+        self.segments.values().flat_map(|held| held.iter().filter(|h| h.topic == topic)).map(|h| h.bytes).sum()
+    }
+
+    /// The oldest message id of `topic` the files hold (in id order).
+    pub(crate) fn oldest_id(&self, topic: TopicId) -> Option<MsgId> {
+        self.index.first_id(topic)
+    }
+}
+
+/// A record's bytes in the log, header included.
+fn record_bytes(r: &ReadRecord<'_>) -> u64 {
+    (RECORD_HEADER_BYTES + r.body.len()) as u64
+}
+
+/// Where a record starts.
+fn position(r: &ReadRecord<'_>) -> ReadPos {
+    ReadPos { segment: r.segment, at_bytes: r.offset - r.segment }
+}
+
+/// The retention a CREATE_TOPIC with `options` gives a topic that has
+/// `current`: a bound the request does not name stays as it is.
+pub(super) fn retention_of(options: &TopicOptions, current: Retention) -> Retention {
+    Retention {
+        ms: options.retention_ms.unwrap_or(current.ms),
+        bytes: options.retention_bytes.unwrap_or(current.bytes),
+    }
+}
+
+impl Broker {
+    /// BAD_ARGUMENT for a retention past its limit, or any retention on a
+    /// broker without files (`--memory-only`).
+    pub(super) fn check_retention(&self, options: &TopicOptions) -> Result<(), Refusal> {
+        let l = &self.config.limits;
+        let (ms, bytes) = (options.retention_ms.unwrap_or(0), options.retention_bytes.unwrap_or(0));
+        if ms > l.retention_ms_max {
+            return Err((
+                ErrorCode::BadArgument,
+                format!("retention_ms {ms} is more than retention_ms_max ({})", l.retention_ms_max),
+            ));
+        }
+        if bytes > l.retention_bytes_max {
+            let max = l.retention_bytes_max;
+            return Err((
+                ErrorCode::BadArgument,
+                format!("retention_bytes {bytes} is more than retention_bytes_max ({max})"),
+            ));
+        }
+        if (ms > 0 || bytes > 0) && self.log.memory_only() {
+            return Err((ErrorCode::BadArgument, "a memory-only broker keeps no log to retain messages in".into()));
+        }
+        Ok(())
+    }
+
+    /// The STATS keys of topic `tid`'s retention (version 4): its bounds,
+    /// the oldest message the files hold of it (0: none) and their bytes.
+    pub(super) fn retention_stats(&self, tid: TopicId, retention: Retention) -> [(&'static str, u64); 4] {
+        let r = &self.compactor.retained;
+        [
+            ("retention_ms", retention.ms),
+            ("retention_bytes", retention.bytes),
+            ("retained_oldest_id", if retention.is_on() { r.oldest_id(tid).unwrap_or(0) } else { 0 }),
+            ("retained_bytes", if retention.is_on() { r.bytes_of(tid) } else { 0 }),
+        ]
+    }
+}
