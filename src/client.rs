@@ -119,6 +119,12 @@ impl Delivered {
     pub fn key(&self) -> Option<&[u8]> {
         self.parsed_props().key()
     }
+
+    /// A dead letter's last NACK reason (property 7, version 4), if it
+    /// has one.
+    pub fn last_nack_reason(&self) -> Option<&str> {
+        self.parsed_props().last_nack_reason()
+    }
     /// The time it was scheduled for, if it was (version 3).
     pub fn deliver_at_ms(&self) -> Option<u64> {
         match self.parsed_props().schedule() {
@@ -249,7 +255,8 @@ pub struct GroupLine {
     pub consumer: u64,
     /// Dead-lettered: a `DeadReason` number; else 0.
     pub dead_reason: u8,
-    /// Dead-lettered: its last NACK's reason (empty: none).
+    /// The reason its last NACK in the group gave, while the group still
+    /// needs it or once it dead-lettered it (empty: none).
     pub last_nack_reason: String,
 }
 
@@ -792,9 +799,29 @@ impl Client {
         delay_ms: u32,
         dead_letter: bool,
     ) -> Result<IdsResult> {
-        let flags = if dead_letter { codec::NACK_FLAG_DEAD_LETTER } else { 0 };
+        self.nack_why(topic, group, ids, (delay_ms, dead_letter), "")
+    }
+
+    /// `nack_group` saying why (version 4; empty: no reason): the broker
+    /// keeps the reason with each message as its last NACK reason, shows
+    /// it in PEEK and LOOKUP, and puts it in a dead letter's copy
+    /// (property `last_nack_reason`). At most `nack_reason_bytes_max`
+    /// bytes.
+    pub fn nack_why(
+        &mut self,
+        topic: &str,
+        group: &str,
+        ids: &[u64],
+        (delay_ms, dead_letter): (u32, bool),
+        reason: &str,
+    ) -> Result<IdsResult> {
+        let mut flags = if dead_letter { codec::NACK_FLAG_DEAD_LETTER } else { 0 };
+        if !reason.is_empty() {
+            self.require(codec::SINCE_NACK_REASON)?;
+            flags |= codec::NACK_FLAG_REASON;
+        }
         let body = self.ids_body(ids);
-        let r = self.call(&Request::Nack { topic, group, delay_ms, flags, ids: Ids { bytes: &body } });
+        let r = self.call(&Request::Nack { topic, group, delay_ms, flags, ids: Ids { bytes: &body }, reason });
         self.body = body;
         ids_result(r)
     }

@@ -69,6 +69,11 @@ pub const MSG_FLAG_PROPS: u8 = 0x02;
 pub const MSG_FLAG_ORIGIN_GROUP: u8 = 0x04;
 /// Bit in NACK's flags: dead-letter the messages now instead of retrying.
 pub const NACK_FLAG_DEAD_LETTER: u8 = 0x01;
+/// Bit in NACK's flags (version 4): a reason follows the ids (`reason_len`
+/// u16, UTF-8), kept with each message as its last NACK reason.
+pub const NACK_FLAG_REASON: u8 = 0x02;
+/// The protocol version that adds `NACK_FLAG_REASON`.
+pub const SINCE_NACK_REASON: u16 = V4;
 /// The first protocol version whose PRODUCE has a flags byte (after the
 /// topic).
 pub const SINCE_PRODUCE_FLAGS: u16 = 3;
@@ -482,6 +487,8 @@ pub enum Request<'a> {
         delay_ms: u32,
         flags: u8,
         ids: Ids<'a>,
+        /// With `NACK_FLAG_REASON` (version 4): why, UTF-8; else empty.
+        reason: &'a str,
     },
     Touch {
         topic: &'a str,
@@ -614,7 +621,7 @@ impl Request<'_> {
         let v4 = match *self {
             Request::Produce { batch, .. } => batch.messages().any(|(p, _)| !p.known_to(V3) && p.known_to(V4)),
             Request::CreateTopic { options, .. } => !options.is_empty(),
-            Request::CreateGroup { settings, .. } => settings.ordered,
+            Request::CreateGroup { settings, .. } => settings.ordered || settings.retry.is_some(),
             other => op::since(other.op()) == Some(V4),
         };
         if v4 {
@@ -849,15 +856,7 @@ fn parse_body<'a>(op: u8, rd: &mut Rd<'a>, limits: &DecodeLimits, version: u16) 
             let (topic, group) = (topic(rd, limits, false)?, group_of(rd, limits, version)?);
             Request::Ack { topic, group, ids: ids(rd, limits)? }
         }
-        op::NACK => {
-            let (topic, group) = (topic(rd, limits, false)?, group_of(rd, limits, version)?);
-            let delay_ms = rd.u32().ok_or_else(short)?;
-            let flags = rd.u8().ok_or_else(short)?;
-            if flags & !NACK_FLAG_DEAD_LETTER != 0 {
-                return Err(malformed("unknown NACK flag"));
-            }
-            Request::Nack { topic, group, delay_ms, flags, ids: ids(rd, limits)? }
-        }
+        op::NACK => parse_nack(rd, limits, version)?,
         op::TOUCH => {
             let (topic, group) = (topic(rd, limits, false)?, group_of(rd, limits, version)?);
             let ack_timeout_ms = rd.u32().ok_or_else(short)?;
@@ -1094,11 +1093,9 @@ pub fn encode_request(out: &mut Vec<u8>, request_id: u32, req: &Request<'_>, ver
             topic_group(out, topic, group);
             put_id_list(out, ids);
         }
-        Request::Nack { topic, group, delay_ms, flags, ids } => {
+        Request::Nack { topic, group, delay_ms, flags, ids, reason } => {
             topic_group(out, topic, group);
-            put_u32(out, delay_ms);
-            out.push(flags);
-            put_id_list(out, ids);
+            put_nack(out, (delay_ms, flags), ids, (reason, version));
         }
         Request::Touch { topic, group, ack_timeout_ms, ids } => {
             topic_group(out, topic, group);
@@ -1596,6 +1593,39 @@ pub struct ReplyFrame<'a> {
     pub op: u8,
     pub request_id: u32,
     pub reply: Reply<'a>,
+}
+
+/// The body of a NACK: flag 0x02 (version 4) adds a reason after the ids.
+fn parse_nack<'a>(rd: &mut Rd<'a>, limits: &DecodeLimits, version: u16) -> Result<Request<'a>, BodyError> {
+    let (topic, group) = (topic(rd, limits, false)?, group_of(rd, limits, version)?);
+    let delay_ms = rd.u32().ok_or_else(|| malformed("body too short"))?;
+    let flags = rd.u8().ok_or_else(|| malformed("body too short"))?;
+    let known = NACK_FLAG_DEAD_LETTER | if version >= SINCE_NACK_REASON { NACK_FLAG_REASON } else { 0 };
+    if flags & !known != 0 {
+        return Err(malformed("unknown NACK flag"));
+    }
+    let ids = ids(rd, limits)?;
+    let reason = if flags & NACK_FLAG_REASON != 0 { nack_reason(rd)? } else { "" };
+    Ok(Request::Nack { topic, group, delay_ms, flags, ids, reason })
+}
+
+/// Appends a NACK's body after its topic and group: its delay, flags and
+/// ids, then its reason when its flags say one follows (version 4).
+fn put_nack(out: &mut Vec<u8>, (delay_ms, flags): (u32, u8), ids: Ids<'_>, (reason, version): (&str, u16)) {
+    put_u32(out, delay_ms);
+    out.push(flags);
+    put_id_list(out, ids);
+    if flags & NACK_FLAG_REASON != 0 && version >= SINCE_NACK_REASON {
+        put_str(out, reason.as_bytes());
+    }
+}
+
+/// A NACK's reason (version 4): not UTF-8 is BAD_ARGUMENT (its length is
+/// the broker's to judge, `nack_reason_bytes_max`).
+fn nack_reason<'a>(rd: &mut Rd<'a>) -> Result<&'a str, BodyError> {
+    let len = rd.u16().ok_or_else(|| malformed("NACK reason length missing"))?;
+    let bytes = rd.bytes(len as usize).ok_or_else(|| malformed("NACK reason runs past the frame"))?;
+    std::str::from_utf8(bytes).map_err(|_| BodyError(ErrorCode::BadArgument, "NACK reason is not UTF-8".into()))
 }
 
 fn str_field<'a>(rd: &mut Rd<'a>) -> Option<&'a str> {

@@ -225,7 +225,7 @@ fn request_with_topic(op: u8, topic: &str) -> Request<'_> {
             Request::Fetch { topic, group: "", max_messages: 10, max_bytes: 1000, wait_ms: 0, ack_timeout_ms: 0 }
         }
         op::ACK => Request::Ack { topic, group: "", ids: Ids { bytes: ONE_ID } },
-        op::NACK => Request::Nack { topic, group: "", delay_ms: 0, flags: 0, ids: Ids { bytes: ONE_ID } },
+        op::NACK => Request::Nack { topic, group: "", delay_ms: 0, flags: 0, ids: Ids { bytes: ONE_ID }, reason: "" },
         op::TOUCH => Request::Touch { topic, group: "", ack_timeout_ms: 100, ids: Ids { bytes: ONE_ID } },
         op::STATS => Request::Stats { topic },
         op::CREATE_TOPIC => {
@@ -337,7 +337,7 @@ impl Samples {
             ),
             ("ack one", Request::Ack { topic: "orders", group: "", ids: one_id }),
             ("ack many", Request::Ack { topic: "orders", group: "", ids: many_ids }),
-            ("nack", Request::Nack { topic: "orders", group: "", delay_ms: 0, flags: 0, ids: many_ids }),
+            ("nack", Request::Nack { topic: "orders", group: "", delay_ms: 0, flags: 0, ids: many_ids, reason: "" }),
             (
                 "nack dead letter",
                 Request::Nack {
@@ -346,6 +346,7 @@ impl Samples {
                     delay_ms: u32::MAX,
                     flags: NACK_FLAG_DEAD_LETTER,
                     ids: one_id,
+                    reason: "",
                 },
             ),
             ("touch", Request::Touch { topic: "orders", group: "", ack_timeout_ms: 5_000, ids: many_ids }),
@@ -735,7 +736,7 @@ fn batch_and_ids_iterate_what_was_encoded() {
     let ids = Ids { bytes: &samples.many_ids_bytes };
     for req in [
         Request::Ack { topic: "t", group: "", ids },
-        Request::Nack { topic: "t", group: "", delay_ms: 1, flags: NACK_FLAG_DEAD_LETTER, ids },
+        Request::Nack { topic: "t", group: "", delay_ms: 1, flags: NACK_FLAG_DEAD_LETTER, ids, reason: "" },
         Request::Touch { topic: "t", group: "", ack_timeout_ms: 1, ids },
     ] {
         let buf = encode(10, &req);
@@ -970,6 +971,7 @@ fn random_request_frame(rng: &mut Rng) -> Vec<u8> {
             delay_ms: rng.next_u64() as u32,
             flags: rng.pick(&[0, NACK_FLAG_DEAD_LETTER]),
             ids,
+            reason: "",
         },
         op::TOUCH => Request::Touch { topic: &topic, group: "", ack_timeout_ms: rng.next_u64() as u32, ids },
         op::STATS => Request::Stats { topic: if rng.one_in(3) { "" } else { &topic } },
@@ -1372,7 +1374,7 @@ fn a_batch_of_none_or_too_many_is_refused() {
         let ids = Ids { bytes: &ids };
         for req in [
             Request::Ack { topic: "t", group: "", ids },
-            Request::Nack { topic: "t", group: "", delay_ms: 0, flags: 0, ids },
+            Request::Nack { topic: "t", group: "", delay_ms: 0, flags: 0, ids, reason: "" },
             Request::Touch { topic: "t", group: "", ack_timeout_ms: 0, ids },
         ] {
             let what = format!("op 0x{:02x} with {count} ids", req.op());
@@ -1492,7 +1494,7 @@ fn a_body_cut_short_is_refused() {
 fn unknown_nack_flags_are_refused() {
     let ids = ids_bytes(&[1]);
     for flags in [0x02, 0x03, 0x80, 0xff] {
-        let req = Request::Nack { topic: "t", group: "", delay_ms: 0, flags, ids: Ids { bytes: &ids } };
+        let req = Request::Nack { topic: "t", group: "", delay_ms: 0, flags, ids: Ids { bytes: &ids }, reason: "" };
         assert_refused(&encode(17, &req), &SMALL, ErrorCode::Malformed, &format!("flags {flags:#x}"));
     }
 }

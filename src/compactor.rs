@@ -666,6 +666,7 @@ fn restate_group(topics: &Topics, log: &mut Log, t: TopicId, g: GroupId, unwritt
             record::DelayRecord { topic: t, group: g, retry, entries: &delays }.append(log);
         }
     }
+    record::NackReasonRecord { topic: t, group: g, entries: &group.nack_reasons() }.append(log);
     true
 }
 
@@ -713,6 +714,8 @@ fn live_and_restate_bytes(topics: &Topics) -> (u64, u64) {
             restate += group_record(e.id, g).bytes() + record::GroupStateRecord::bytes(g.pending_len());
             // Two Delay records: NACK delays and retry waits.
             restate += record::DelayRecord::bytes(g.delayed() as usize) + record::DelayRecord::bytes(0);
+            let (reasons, reason_bytes) = g.nack_reasons_size();
+            restate += record::NackReasonRecord::bytes(reasons, reason_bytes);
         }
     }
     (live, restate)

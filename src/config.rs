@@ -314,6 +314,7 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--dedup-entries-max", "N", "most dedup ids remembered, over all topics"),
     ("--dedup-id-bytes-max", "N", "longest dedup id"),
     ("--retry-delay-ms-max", "MS", "longest wait a group's retry policy may set"),
+    ("--nack-reason-bytes-max", "N", "longest reason a NACK may give"),
     ("--retention-ms-max", "MS", "longest retention by age a topic may have"),
     ("--retention-bytes-max", "N", "largest retention by size a topic may have"),
     ("--replay-read-bytes-per-turn", "N", "most bytes of the log files replays read per loop turn"),
@@ -477,7 +478,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 39] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 40] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -514,6 +515,7 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 39] {
         ("dedup-entries-max", l.dedup_entries_max.into()),
         ("dedup-id-bytes-max", l.dedup_id_bytes_max.into()),
         ("retry-delay-ms-max", l.retry_delay_ms_max.into()),
+        ("nack-reason-bytes-max", l.nack_reason_bytes_max.into()),
         ("retention-ms-max", l.retention_ms_max),
         ("retention-bytes-max", l.retention_bytes_max),
         ("replay-read-bytes-per-turn", l.replay_read_bytes_per_turn),
@@ -567,6 +569,7 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         dedup_entries_max,
         dedup_id_bytes_max,
         retry_delay_ms_max,
+        nack_reason_bytes_max,
         retention_ms_max,
         retention_bytes_max,
         replay_read_bytes_per_turn,

@@ -163,6 +163,11 @@ pub struct Limits {
     /// message waiting for retry holds its topic's room and a timer, so a
     /// wait must end within the time an operator still looks at it.
     pub retry_delay_ms_max: u32,
+    /// Longest reason a NACK may give, bytes (BAD_ARGUMENT past it). The
+    /// last reason is kept in memory with each message a group still
+    /// needs and written into its log record: a sentence, not a stack
+    /// trace.
+    pub nack_reason_bytes_max: u32,
     // Retention and replay (protocol version 4).
     /// Longest retention by age a topic may ask for, ms (CREATE_TOPIC past
     /// it gets BAD_ARGUMENT). A year: retained messages cost disk, not
@@ -223,6 +228,7 @@ impl Default for Limits {
             dedup_entries_max: 1_000_000,
             dedup_id_bytes_max: 64,
             retry_delay_ms_max: 24 * 3600 * 1000,
+            nack_reason_bytes_max: 256,
             retention_ms_max: 365 * 24 * 3600 * 1000,
             retention_bytes_max: 1 << 40,
             replay_read_bytes_per_turn: 1 << 20,
@@ -324,6 +330,9 @@ impl Limits {
         }
         if self.retry_delay_ms_max == 0 {
             return Err("retry-delay-ms-max must be at least 1".into());
+        }
+        if self.nack_reason_bytes_max > u32::from(u16::MAX) {
+            return Err("nack-reason-bytes-max must be at most 65535 (its length is a u16)".into());
         }
         Ok(())
     }

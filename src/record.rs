@@ -91,6 +91,9 @@ pub enum RecordKind {
     /// other topics, in one record, so that a torn or lost record is
     /// neither (protocol version 3).
     AckProduce = 15,
+    /// The reasons NACKs gave for messages of a consumer group (protocol
+    /// version 4): each message's last one, until the group is done with it.
+    NackReason = 16,
     /// A topic's dedup window restated by compaction (protocol version 4):
     /// the dedup ids still remembered, with their messages and produce
     /// times, so that removing the Produce records that carried them
@@ -116,6 +119,7 @@ impl RecordKind {
             13 => RecordKind::Delay,
             14 => RecordKind::Deliver,
             15 => RecordKind::AckProduce,
+            16 => RecordKind::NackReason,
             17 => RecordKind::Dedup,
             _ => return None,
         })
@@ -140,6 +144,7 @@ impl RecordKind {
             // Its messages are laid out as in a Produce record of version 2.
             RecordKind::AckProduce => 1,
             RecordKind::Dedup => 1,
+            RecordKind::NackReason => 1,
             // Version 2 names the consumer group; version 1 meant the
             // default group.
             RecordKind::Remove | RecordKind::Requeue => 2,
@@ -719,6 +724,57 @@ impl<'a> Iterator for DedupEntries<'a> {
     }
 }
 
+/// A NackReason record: the last reason a NACK gave for each of these
+/// messages of group `group` of topic `topic`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NackReasonRecord<'a> {
+    pub topic: TopicId,
+    pub group: GroupId,
+    /// (id, reason).
+    pub entries: &'a [(MsgId, &'a str)],
+}
+
+impl NackReasonRecord<'_> {
+    /// Log bytes of a NackReason record with `entries` entries whose
+    /// reasons take `reason_bytes` bytes in all.
+    pub const fn bytes(entries: usize, reason_bytes: usize) -> u64 {
+        (RECORD_HEADER_BYTES + 4 + 4 + 4 + (8 + 2) * entries + reason_bytes) as u64
+    }
+
+    /// Writes version 1: `topic_id u32, group_id u32, count u32, count x
+    /// (id u64, reason str)`. Nothing for no entries.
+    pub fn append(&self, log: &mut Log) {
+        if self.entries.is_empty() {
+            return;
+        }
+        let at = log.begin(RecordKind::NackReason);
+        let b = log.body();
+        codec::put_u32(b, self.topic.0);
+        codec::put_u32(b, self.group.0);
+        codec::put_u32(b, self.entries.len() as u32);
+        for (id, reason) in self.entries {
+            codec::put_u64(b, *id);
+            codec::put_str(b, reason.as_bytes());
+        }
+        log.end(at);
+    }
+}
+
+/// The entries of a NackReason record, decoded as they are read: (id,
+/// reason).
+#[derive(Clone, Debug)]
+pub struct NackReasons<'a> {
+    rd: Reader<'a>,
+    left: u32,
+}
+
+impl<'a> Iterator for NackReasons<'a> {
+    type Item = Result<(MsgId, &'a str), String>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.rd.entry(&mut self.left, |rd| Ok((rd.u64()?, rd.str()?)))
+    }
+}
+
 /// Bit in a Delay record's flags (version 2): the messages wait for retry
 /// (their group's retry policy), not for a NACK's delay.
 pub const DELAY_RECORD_RETRY: u8 = 0x01;
@@ -812,6 +868,11 @@ pub enum Record<'a> {
         topic: TopicId,
         ids: Ids<'a>,
     },
+    NackReason {
+        topic: TopicId,
+        group: GroupId,
+        entries: NackReasons<'a>,
+    },
     Delay {
         topic: TopicId,
         group: GroupId,
@@ -872,6 +933,10 @@ impl<'a> Record<'a> {
                 Record::Delay { topic, group, retry, entries: Delays(rd.list(18)?) }
             }
             RecordKind::Deliver => return crate::record_deliver::decode(topic, &rd.b[rd.pos..]),
+            RecordKind::NackReason => {
+                let (group, left) = (GroupId(rd.u32()?), rd.u32()?);
+                return Ok(Record::NackReason { topic, group, entries: NackReasons { rd, left } });
+            }
             RecordKind::Dedup => {
                 let left = rd.u32()?;
                 return Ok(Record::Dedup { topic, entries: DedupEntries { rd, left } });

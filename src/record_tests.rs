@@ -366,6 +366,23 @@ fn a_delay_record_round_trips() {
 }
 
 #[test]
+fn a_nack_reason_record_round_trips() {
+    let entries = [(4, "db timeout"), (u64::MAX, "")];
+    let r = NackReasonRecord { topic: TopicId(7), group: GroupId(3), entries: &entries };
+    let (kind, version, body) = one(|log| r.append(log));
+    assert_eq!((kind, version), (RecordKind::NackReason, 1));
+    assert_eq!(body.len() as u64 + RECORD_HEADER_BYTES as u64, NackReasonRecord::bytes(2, 10));
+    let Ok(Record::NackReason { topic, group, entries: got }) = Record::decode(kind, version, &body) else {
+        panic!("a NackReason record decodes to NackReason")
+    };
+    let got: Vec<(u64, &str)> = got.map(|e| e.expect("entry")).collect();
+    assert_eq!((topic, group, got), (TopicId(7), GroupId(3), entries.to_vec()));
+    let short = Record::decode(kind, version, &body[..body.len() - 1]).expect("the header reads");
+    let Record::NackReason { mut entries, .. } = short else { panic!("NackReason") };
+    assert!(entries.any(|e| e.is_err()), "a short body is refused");
+}
+
+#[test]
 fn a_group_record_keeps_its_retry_policy_and_version_1_has_none() {
     let retry = Some(RetryPolicy { initial_ms: 100, multiplier_pct: 200, cap_ms: 30_000, jitter_pct: 20 });
     let g = GroupRecord {

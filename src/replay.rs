@@ -19,7 +19,7 @@ use crate::compactor::Compactor;
 use crate::filter::Filter;
 use crate::log::ReadRecord;
 use crate::queue::{Group, GroupConfig, GroupId, IdMap, MsgId, Stray, Timers, Topic};
-use crate::record::{DedupEntries, GroupRecord, MessageRecord, Record, Requeues, TopicRecord};
+use crate::record::{DedupEntries, GroupRecord, MessageRecord, NackReasons, Record, Requeues, TopicRecord};
 use crate::wheel::TimerKey;
 
 /// A consumer group as recovery rebuilds it: what its records said so
@@ -53,6 +53,8 @@ struct GroupReplay {
     /// recovery had already released (every group known then was done
     /// with them): it was replaying them from the log files, from here.
     replay_from: Option<MsgId>,
+    /// The last NACK reason of each id that has one (NackReason records).
+    nack_reasons: IdMap<Box<str>>,
 }
 
 impl GroupReplay {
@@ -106,6 +108,7 @@ impl GroupReplay {
         self.counts.clear();
         self.delays.clear();
         self.retry_waits.clear();
+        self.nack_reasons.clear();
         for (id, d) in entries.iter() {
             let to = if id < cursor { &mut self.pending } else { &mut self.counts };
             to.insert(id, d);
@@ -163,6 +166,7 @@ impl GroupReplay {
         let carried =
             self.counts.into_iter().filter(|(id, d)| *id >= cursor && *d > 0 && t.seq.contains(*id)).collect();
         group.restore(cursor, retry, carried);
+        group.restore_nack_reasons(self.nack_reasons.into_iter());
         group
     }
 }
@@ -354,6 +358,24 @@ impl<'a> Replay<'a> {
             }
             r @ (Record::Cancel { .. } | Record::Reschedule { .. } | Record::Due { .. }) => self.schedule_record(r),
             Record::Dedup { topic, entries } => self.dedup_record(r.segment, topic, entries)?,
+            Record::NackReason { topic, group, entries } => self.nack_reasons(r.segment, (topic, group), entries)?,
+        }
+        Ok(())
+    }
+
+    /// A NackReason record: the last reasons NACKs gave for messages of
+    /// group `group`.
+    fn nack_reasons(
+        &mut self,
+        segment: u64,
+        (topic, group): (TopicId, GroupId),
+        entries: NackReasons<'_>,
+    ) -> Result<(), String> {
+        self.notes.replayed_group(segment, topic, group);
+        let g = self.group(topic, group);
+        for e in entries {
+            let (id, reason) = e?;
+            g.nack_reasons.insert(id, reason.into());
         }
         Ok(())
     }
@@ -520,6 +542,7 @@ impl<'a> Replay<'a> {
             g.pending.retain(|id, _| *id >= below_id);
             g.done.retain(|id, _| *id >= below_id);
             g.counts.retain(|id, _| *id >= below_id);
+            g.nack_reasons.retain(|id, _| *id >= below_id);
         }
     }
 
@@ -532,6 +555,7 @@ impl<'a> Replay<'a> {
         g.done.insert(id, ());
         g.delays.remove(&id);
         g.retry_waits.remove(&id);
+        g.nack_reasons.remove(&id);
         // A message released already (a replay from the files put it back
         // for this group): its note stays, so that a resumed replay steps
         // over it.
@@ -625,8 +649,25 @@ impl<'a> Replay<'a> {
             e.topic.restore_done();
             floor = floor.max(e.topic.seq.next_id());
         }
+        self.recover_dead_notes();
         self.topics.raise_id_floor(floor);
         fell_due
+    }
+}
+
+impl Replay<'_> {
+    /// Rebuilds each topic's dead notes (what inspection tells of a dead
+    /// letter) from its dead-letter topic's messages.
+    fn recover_dead_notes(&mut self) {
+        let suffix = crate::codec::DEAD_LETTER_SUFFIX;
+        let origin_of = |e: &crate::broker::topics::Entry| e.topic.name.strip_suffix(suffix).map(str::to_string);
+        let pairs: Vec<(String, TopicId)> = self.topics.iter().filter_map(|e| Some((origin_of(e)?, e.id))).collect();
+        for (name, dlq) in pairs {
+            let Some(origin) = self.topics.id(&name) else { continue };
+            if let [Some(o), Some(d)] = self.topics.pair_mut(origin, dlq) {
+                o.topic.recover_dead_notes(&d.topic.seq);
+            }
+        }
     }
 }
 
@@ -659,7 +700,8 @@ fn record_topic(record: &Record<'_>) -> Option<TopicId> {
         | Record::Delay { topic, .. }
         | Record::Deliver { topic, .. }
         | Record::AckProduce { topic, .. }
-        | Record::Dedup { topic, .. } => Some(*topic),
+        | Record::Dedup { topic, .. }
+        | Record::NackReason { topic, .. } => Some(*topic),
     }
 }
 

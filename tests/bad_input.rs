@@ -236,7 +236,10 @@ fn truncated_bodies_and_trailing_bytes_are_malformed() {
     );
     let body = batch_body(&[b"abc".as_slice(), b"defg"]);
     let produce = encode(23, &produce_req("t", &body, 2));
-    let nack = encode(24, &Request::Nack { topic: "t", group: "", delay_ms: 0, flags: 0, ids: Ids { bytes: &ids } });
+    let nack = encode(
+        24,
+        &Request::Nack { topic: "t", group: "", delay_ms: 0, flags: 0, ids: Ids { bytes: &ids }, reason: "" },
+    );
     let mut cases: Vec<(&str, u32, Vec<u8>)> = vec![
         ("FETCH without ack_timeout_ms", 20, reframe(fetch[..fetch.len() - 4].to_vec())),
         ("FETCH with a byte too many", 20, reframe([fetch.as_slice(), &[0]].concat())),
@@ -284,7 +287,7 @@ fn bad_topic_names_get_bad_topic() {
             produce_req(name, &body, 1),
             Request::Fetch { topic: name, group: "", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 },
             Request::Ack { topic: name, group: "", ids: Ids { bytes: &ids } },
-            Request::Nack { topic: name, group: "", delay_ms: 0, flags: 0, ids: Ids { bytes: &ids } },
+            Request::Nack { topic: name, group: "", delay_ms: 0, flags: 0, ids: Ids { bytes: &ids }, reason: "" },
             Request::Touch { topic: name, group: "", ack_timeout_ms: 0, ids: Ids { bytes: &ids } },
             Request::CreateTopic { topic: name, settings: TopicSettings::default(), options: Default::default() },
             Request::DeleteTopic { topic: name },

@@ -246,7 +246,7 @@ fn group_calls_send_their_group_and_deliveries_carry_their_properties() {
     c.nack_group("t", "billing", &[5, 6], 1000, true).expect("nack");
     assert_sent(
         &rx,
-        &Request::Nack { topic: "t", group: "billing", delay_ms: 1000, flags: NACK_FLAG_DEAD_LETTER, ids },
+        &Request::Nack { topic: "t", group: "billing", delay_ms: 1000, flags: NACK_FLAG_DEAD_LETTER, ids, reason: "" },
     );
     c.touch_group("t", "billing", &[5, 6], 60_000).expect("touch");
     assert_sent(&rx, &Request::Touch { topic: "t", group: "billing", ack_timeout_ms: 60_000, ids });

@@ -283,7 +283,7 @@ fn limits_table_matches_the_defaults() {
     let heading = "## Limits";
     let rows = table_rows(&doc, heading);
     let d = Limits::default();
-    let limits: [(&str, u64); 37] = [
+    let limits: [(&str, u64); 38] = [
         ("frame_bytes_max", d.frame_bytes_max.into()),
         ("message_bytes_max", d.message_bytes_max.into()),
         ("batch_messages_max", d.batch_messages_max.into()),
@@ -317,6 +317,7 @@ fn limits_table_matches_the_defaults() {
         ("dedup_entries_max", d.dedup_entries_max.into()),
         ("dedup_id_bytes_max", d.dedup_id_bytes_max.into()),
         ("retry_delay_ms_max", d.retry_delay_ms_max.into()),
+        ("nack_reason_bytes_max", d.nack_reason_bytes_max.into()),
         ("retention_ms_max", d.retention_ms_max),
         ("retention_bytes_max", d.retention_bytes_max),
         ("replay_read_bytes_per_turn", d.replay_read_bytes_per_turn),

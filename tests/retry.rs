@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{Outs, TempDir};
 use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outcome, Session};
-use runnel::client::{Client, Fetch};
+use runnel::client::{Client, Fetch, State};
 use runnel::codec::group::{GroupSettings, Start};
 use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Ids, Props, Reply, Request};
 use runnel::log::LogOptions;
@@ -118,10 +118,32 @@ impl Harness {
     }
 
     fn nack(&mut self, group: &str, id: u64, delay_ms: u32) {
+        self.nack_why(group, id, delay_ms, "");
+    }
+
+    /// NACK giving `reason` (none if empty).
+    fn nack_why(&mut self, group: &str, id: u64, delay_ms: u32, reason: &str) {
         let mut body = Vec::new();
         codec::encode_ids(&mut body, &[id]);
-        let nack = Request::Nack { topic: "t", group, delay_ms, flags: 0, ids: Ids { bytes: &body } };
+        let flags = if reason.is_empty() { 0 } else { codec::NACK_FLAG_REASON };
+        let nack = Request::Nack { topic: "t", group, delay_ms, flags, ids: Ids { bytes: &body }, reason };
         assert!(matches!(decoded(&self.call(nack)), Reply::Ids { done: 1, .. }), "nack {id}");
+    }
+
+    /// PEEK: message `id`'s state in `group`, and its `until_ms`.
+    fn peek_state(&mut self, group: &str, id: u64) -> (u8, u64) {
+        let out = self.call(Request::Peek { topic: "t", id });
+        let Reply::Inspected(entries) = decoded(&out) else { panic!("peek") };
+        let line = entries[0].groups.iter().find(|l| l.name == group).expect("the group's line");
+        (line.state as u8, line.until_ms)
+    }
+
+    /// PEEK: message `id`'s last NACK reason in `group`.
+    fn reason(&mut self, group: &str, id: u64) -> String {
+        let out = self.call(Request::Peek { topic: "t", id });
+        let Reply::Inspected(entries) = decoded(&out) else { panic!("peek") };
+        let line = entries[0].groups.iter().find(|l| l.name == group).expect("the group's line");
+        line.last_nack_reason.to_string()
     }
 
     /// A key of group `group`'s STATS section.
@@ -211,7 +233,8 @@ fn an_ack_timeout_waits_a_nack_delay_wins_and_the_last_delivery_dead_letters() {
 }
 
 /// A wait survives a restart (it ends at the same wall-clock time) and
-/// compaction's restatement of the group; so does the policy.
+/// compaction's restatement of the group; so do the policy and the NACK's
+/// reason.
 #[test]
 fn a_retry_wait_survives_a_restart_and_compaction() {
     let dir = TempDir::new("retry-restart");
@@ -219,7 +242,7 @@ fn a_retry_wait_survives_a_restart_and_compaction() {
     assert_eq!(h.create("", Some(policy(10_000, 100, 10_000, 0)), 0), None);
     let id = h.produce(1);
     assert_eq!(h.fetch("", 0), [(id, 1)]);
-    h.nack("", id, 0);
+    h.nack_why("", id, 0, "flaky");
     drop(h);
     let mut h = open(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 5_000 }, 4);
     assert_eq!(h.stat("", "retry_waiting"), Some(1), "still waiting after the restart");
@@ -242,6 +265,8 @@ fn a_retry_wait_survives_a_restart_and_compaction() {
     let mut h = open(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 6_000 }, 4);
     assert_eq!(h.stat("", "retry_waiting"), Some(1), "still waiting after compaction and a restart");
     assert_eq!(h.stat("", "retry_initial_ms"), Some(10_000), "the policy is kept");
+    assert_eq!(h.reason("", id), "flaky", "and the NACK's reason");
+    assert_eq!(h.peek_state("", id), (State::Waiting as u8, START_WALL_MS + 10_000), "waiting until the wait ends");
     assert_eq!(h.ready_at("", START_WALL_MS + 10_000), [(id, 2)], "ready when the wait ends");
     // The policy still applies after the restarts.
     h.nack("", id, 0);
@@ -332,4 +357,57 @@ fn over_the_wire_a_nack_and_an_ack_timeout_wait_and_older_sessions_are_unaffecte
     assert_eq!(take(&mut c, 0, 0), [], "a version-3 NACK waits as the group says");
     let refused = v3.create_group("t", "h", settings, Start::Earliest);
     assert!(refused.is_err(), "a version-3 session cannot set a policy: {refused:?}");
+}
+
+/// A NACK's reason is kept with the message (PEEK shows it), survives a
+/// restart, and goes into the dead letter when a later NACK dead-letters
+/// the message (property 7 of the copy, and the origin's dead-lettered
+/// line, which a restart rebuilds from the copy). A reason over `nack_reason_bytes_max` is BAD_ARGUMENT; a
+/// version-3 session cannot give one.
+#[test]
+fn a_nack_reason_is_kept_across_a_restart_and_carried_into_the_dead_letter() {
+    let dir = TempDir::new("nack-reason");
+    let srv = common::Server::start_in(Config::default(), LogOptions::default(), dir.path());
+    let mut c = connect(&srv, 4);
+    let settings = GroupSettings { max_deliveries: 2, ..GroupSettings::default() };
+    c.create_group("t", "g", settings, Start::Earliest).expect("CREATE_GROUP");
+    // A second group keeps the message held after g dead-letters it, so
+    // that PEEK still finds it.
+    c.create_group("t", "h", GroupSettings::default(), Start::Earliest).expect("CREATE_GROUP");
+    let id = c.produce("t", b"job").expect("PRODUCE");
+    assert_eq!(take(&mut c, 0, 0), [(id, 1)]);
+    let long = "x".repeat(Config::default().limits.nack_reason_bytes_max as usize + 1);
+    let refused = c.nack_why("t", "g", &[id], (0, false), &long);
+    assert_eq!(refused.as_ref().err().and_then(|e| e.code()), Some(ErrorCode::BadArgument), "{refused:?}");
+    c.nack_why("t", "g", &[id], (0, false), "db timeout").expect("NACK with a reason");
+    let reason_in_g = |c: &mut Client| {
+        let i = c.peek("t", id).expect("PEEK");
+        i.groups.iter().find(|l| l.group == "g").map(|l| l.last_nack_reason.clone())
+    };
+    assert_eq!(reason_in_g(&mut c).as_deref(), Some("db timeout"));
+    srv.stop();
+    let srv = common::Server::start_in(Config::default(), LogOptions::default(), dir.path());
+    let mut c = connect(&srv, 4);
+    assert_eq!(reason_in_g(&mut c).as_deref(), Some("db timeout"), "kept across a restart");
+    assert_eq!(take(&mut c, 0, 0), [(id, 2)]);
+    c.nack_why("t", "g", &[id], (0, false), "still down").expect("NACK");
+    let dead = c.fetch("t.dlq", Fetch { max_messages: 10, ..Fetch::default() }).expect("FETCH t.dlq");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].last_nack_reason(), Some("still down"), "property 7 of the dead letter");
+    let i = c.peek("t", id).expect("PEEK");
+    let line = i.groups.iter().find(|l| l.group == "g").expect("line of g");
+    assert_eq!((line.state, line.last_nack_reason.as_str()), (State::DeadLettered, "still down"));
+    srv.stop();
+    // The dead note is rebuilt at the restart from the dead letter that
+    // t.dlq holds (it is not consumed: the FETCH above did not ack it).
+    let srv = common::Server::start_in(Config::default(), LogOptions::default(), dir.path());
+    let mut c = connect(&srv, 4);
+    let i = c.peek("t", id).expect("PEEK");
+    let line = i.groups.iter().find(|l| l.group == "g").expect("line of g");
+    let got = (line.state, line.deliveries, line.last_nack_reason.as_str());
+    assert_eq!(got, (State::DeadLettered, 2, "still down"), "after a restart: {line:?}");
+    let mut v3 = connect(&srv, 3);
+    let old = v3.nack_why("t", "g", &[id], (0, false), "why");
+    assert!(matches!(old, Err(runnel::client::Error::Version { .. })), "{old:?}");
+    srv.stop();
 }

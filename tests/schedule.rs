@@ -383,7 +383,8 @@ fn a_nack_delay_survives_a_restart() {
     assert_eq!(messages.len(), 1);
     let mut body = Vec::new();
     codec::encode_ids(&mut body, &[id]);
-    let nack = Request::Nack { topic: "t", group: "", delay_ms: 10_000, flags: 0, ids: Ids { bytes: &body } };
+    let nack =
+        Request::Nack { topic: "t", group: "", delay_ms: 10_000, flags: 0, ids: Ids { bytes: &body }, reason: "" };
     assert!(matches!(h.call(nack), Reply::Ids { done: 1, .. }));
     drop(h);
     let mut h = open(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 5_000 });

@@ -765,7 +765,7 @@ impl Harness {
     fn nack(&mut self, topic: &str, ids: &[u64]) -> Reply<'static> {
         let mut body = Vec::new();
         codec::encode_ids(&mut body, ids);
-        self.call(&Request::Nack { topic, group: "", delay_ms: 0, flags: 0, ids: Ids { bytes: &body } })
+        self.call(&Request::Nack { topic, group: "", delay_ms: 0, flags: 0, ids: Ids { bytes: &body }, reason: "" })
     }
 }
 

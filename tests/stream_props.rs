@@ -158,6 +158,7 @@ fn valid_frame(rng: &mut Rng, request_id: u32, token: &[u8]) -> Vec<u8> {
             delay_ms: if rng.one_in(3) { rng.u32() } else { short_ms(rng) },
             flags: rng.pick(&[0, NACK_FLAG_DEAD_LETTER]),
             ids,
+            reason: "",
         },
         op::TOUCH => Request::Touch { topic: &topic, group: "", ack_timeout_ms: rng.u32(), ids },
         op::STATS => Request::Stats { topic: if rng.one_in(3) { "" } else { &topic } },
@@ -520,7 +521,7 @@ fn version_2_requests() -> Vec<(&'static str, Vec<u8>)> {
         ("produce", Request::Produce { flags: 0, topic, batch: Batch { count: 2, bytes: &batch, with_props: true } }),
         ("fetch", Request::Fetch { topic, group, max_messages: 2, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 }),
         ("ack", Request::Ack { topic, group, ids }),
-        ("nack", Request::Nack { topic, group, delay_ms: 5, flags: 0, ids }),
+        ("nack", Request::Nack { topic, group, delay_ms: 5, flags: 0, ids, reason: "" }),
         ("touch", Request::Touch { topic, group, ack_timeout_ms: 5, ids }),
         ("redrive", Request::Redrive { topic, group, max_messages: 0 }),
         ("create-group", Request::CreateGroup { topic, group, settings, start: codec::Start::Id(3) }),
@@ -601,8 +602,14 @@ fn write_seed_corpus() {
     codec::encode_request(&mut produce_fetch, 3, &fetch, 1);
     let mut nack = Vec::new();
     codec::encode_ids(&mut nack, &[1]);
-    let nack =
-        Request::Nack { topic: "a", group: "", delay_ms: 0, flags: NACK_FLAG_DEAD_LETTER, ids: Ids { bytes: &nack } };
+    let nack = Request::Nack {
+        topic: "a",
+        group: "",
+        delay_ms: 0,
+        flags: NACK_FLAG_DEAD_LETTER,
+        ids: Ids { bytes: &nack },
+        reason: "",
+    };
     codec::encode_request(&mut produce_fetch, 4, &nack, 1);
     let fetch_dlq =
         Request::Fetch { topic: "a.dlq", group: "", max_messages: 5, max_bytes: 0, wait_ms: 30, ack_timeout_ms: 0 };

@@ -138,7 +138,14 @@ fn more_frames() -> Vec<Vector> {
             "NACK with the DEAD_LETTER flag: move message 3 to jobs.dlq at once (delay_ms is ignored).",
             request(
                 19,
-                Request::Nack { topic: jobs, group: "", delay_ms: 0, flags: NACK_FLAG_DEAD_LETTER, ids: ids(&[3]) },
+                Request::Nack {
+                    topic: jobs,
+                    group: "",
+                    delay_ms: 0,
+                    flags: NACK_FLAG_DEAD_LETTER,
+                    ids: ids(&[3]),
+                    reason: "",
+                },
             ),
         ),
         frame(
@@ -259,7 +266,7 @@ fn refusals() -> Vec<Vector> {
         refused(
             "nack-unknown-flag-request",
             "NACK with flags 0x02, a bit this version does not define: MALFORMED.",
-            encoded(34, Request::Nack { topic: jobs, group: "", delay_ms: 0, flags: 0x02, ids: ids(&[1]) }),
+            encoded(34, Request::Nack { topic: jobs, group: "", delay_ms: 0, flags: 0x02, ids: ids(&[1]), reason: "" }),
             ErrorCode::Malformed,
         ),
         refused(
@@ -835,6 +842,11 @@ fn props_json(props: &Props<'_>) -> J {
         props::Prop::DedupId(id) => {
             J::Obj(vec![("type", num(props::PROP_DEDUP_ID)), ("name", text("dedup_id")), ("value", hex(id))])
         }
+        props::Prop::LastNackReason(r) => J::Obj(vec![
+            ("type", num(props::PROP_LAST_NACK_REASON)),
+            ("name", text("last_nack_reason")),
+            ("value", text(r)),
+        ]),
     };
     J::Arr(props.iter().map(entry).collect())
 }
@@ -863,13 +875,20 @@ fn request_fields(r: &Request<'_>) -> Vec<(&'static str, J)> {
         Request::Ack { topic: t, ids, .. } => {
             vec![topic(t), ("count", num(ids.len() as u64)), ("ids", id_list(ids.iter()))]
         }
-        Request::Nack { topic: t, delay_ms, flags, ids, .. } => vec![
-            topic(t),
-            ("delay_ms", num(delay_ms)),
-            ("flags", num(flags)),
-            ("count", num(ids.len() as u64)),
-            ("ids", id_list(ids.iter())),
-        ],
+        Request::Nack { topic: t, delay_ms, flags, ids, reason, .. } => {
+            let mut fields = vec![
+                topic(t),
+                ("delay_ms", num(delay_ms)),
+                ("flags", num(flags)),
+                ("count", num(ids.len() as u64)),
+                ("ids", id_list(ids.iter())),
+            ];
+            // Version 4: the reason, with its flag.
+            if flags & NACK_FLAG_REASON != 0 {
+                fields.push(("reason", text(reason)));
+            }
+            fields
+        }
         Request::Touch { topic: t, ack_timeout_ms, ids, .. } => vec![
             topic(t),
             ("ack_timeout_ms", num(ack_timeout_ms)),

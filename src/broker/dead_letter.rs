@@ -11,7 +11,8 @@ use super::requests::{Refusal, room_for};
 use super::topics::{unknown, unknown_group};
 use super::{Broker, GroupId, TopicId};
 use crate::codec::props::{
-    PROP_ENTRY_OVERHEAD_BYTES, PROP_ORIGIN_GROUP, PROP_REDRIVEN_TO, put_broker_entry, without_schedule,
+    PROP_ENTRY_OVERHEAD_BYTES, PROP_ORIGIN_GROUP, PROP_REDRIVEN_TO, put_broker_entry, with_last_nack_reason,
+    without_schedule,
 };
 use crate::codec::{DeadInfo, Props};
 use crate::queue::{Body, MsgId, Stored};
@@ -19,15 +20,24 @@ use crate::record::{MessageRecord, ProduceWriter, RemoveReason, RemoveRecord};
 
 impl Broker {
     /// Moves message `id` of `tid` to its dead-letter topic for group
-    /// `group`. If that topic is full (or cannot be created), the message
-    /// goes back to ready instead: it is never dropped.
+    /// `group`, with its last NACK reason in the group. If that topic is
+    /// full (or cannot be created), the message goes back to ready
+    /// instead: it is never dropped.
     pub(super) fn dead_letter(&mut self, tid: TopicId, group: GroupId, id: MsgId, info: DeadInfo) {
+        self.dead_letter_nacked(tid, group, id, info, "");
+    }
+
+    /// `dead_letter` for a NACK that gave `reason` (empty: none, the
+    /// message's last one in the group is its reason).
+    pub(super) fn dead_letter_nacked(&mut self, tid: TopicId, group: GroupId, id: MsgId, info: DeadInfo, reason: &str) {
+        let kept = self.topics.get(tid).and_then(|e| e.topic.nack_reason(group, id));
+        let reason: Option<Box<str>> = if reason.is_empty() { kept.map(Box::from) } else { Some(reason.into()) };
         let Some(name) = self.dead_letter_name_of(tid) else { return };
         let dlq = match self.topic_for(&name, true) {
             Ok(d) => d,
             Err((_, why)) => {
                 log::warn!("cannot create dead-letter topic {name}: {why}; message {id} stays in its topic");
-                self.requeue_undead(tid, group, id, info);
+                self.requeue_undead(tid, group, id, info, reason.as_deref());
                 return;
             }
         };
@@ -35,13 +45,15 @@ impl Broker {
         let Some(m) = src.topic.seq.get(id) else { return };
         if room_for(&dst.topic, 1, m.bytes(), &self.config.limits).is_err() {
             log::warn!("dead-letter topic {name} is full; message {id} stays in its topic");
-            self.requeue_undead(tid, group, id, info);
+            self.requeue_undead(tid, group, id, info, reason.as_deref());
             return;
         }
         let origin = src.topic.group(group).map_or("", |g| g.name());
         // Its time has come: the dead letter is not scheduled.
         let untimed = m.props.schedule().map(|_| without_schedule(&m.props));
         let base = untimed.as_deref().map_or(m.props, Props::trusted);
+        let reasoned = reason.as_deref().and_then(|r| with_last_nack_reason(&base, r));
+        let base = reasoned.as_deref().map_or(base, Props::trusted);
         let props_buf = with_entry(base, PROP_ORIGIN_GROUP, origin);
         let props = props_buf.as_deref().map_or(base.public(), Props::trusted);
         let new_id = dst.topic.append_moved(m.born_ms, Body { props, tag_set: None, payload: m.payload }, Some(info));
@@ -51,7 +63,7 @@ impl Broker {
         w.end(&mut self.log);
         self.compactor.note_produce(dlq, new_id);
         src.topic.dead_lettered(group, id);
-        src.topic.note_dead(group, id, info);
+        src.topic.note_dead(group, id, info, reason);
         self.turn.mark_for_publish(dst);
         if !group.is_member() {
             RemoveRecord { topic: tid, group, reason: RemoveReason::DeadLettered, ids: &[id] }.append(&mut self.log);
@@ -59,10 +71,12 @@ impl Broker {
         }
     }
 
-    /// A message that could not be dead-lettered goes back to ready.
-    fn requeue_undead(&mut self, tid: TopicId, group: GroupId, id: MsgId, info: DeadInfo) {
+    /// A message that could not be dead-lettered goes back to ready, with
+    /// its last NACK reason.
+    fn requeue_undead(&mut self, tid: TopicId, group: GroupId, id: MsgId, info: DeadInfo, reason: Option<&str>) {
         if let Some(e) = self.topics.get_mut(tid) {
             e.topic.requeue(group, id, info.origin_deliveries);
+            e.topic.note_nack_reason(group, id, reason.unwrap_or(""));
             self.turn.mark_for_publish(e);
         }
     }

@@ -76,12 +76,13 @@ fn entry<'a>(i: &'a Inspection<'a>, payload: bool) -> Inspected<'a> {
         len: m.payload.len() as u32,
         payload: payload.then_some(m.payload),
     });
-    let groups = i.groups.iter().map(|g| line(g.name, g.member_of, &g.state)).collect();
+    let groups = i.groups.iter().map(|g| line(g.name, (g.member_of, g.last_nack_reason), &g.state)).collect();
     Inspected { id: i.id, message, groups }
 }
 
-/// One group's line.
-fn line<'a>(name: &'a str, member_of: Option<u64>, s: &'a GroupState) -> GroupLine<'a> {
+/// One group's line: `member_of` names a broadcast member's consumer,
+/// `reason` the message's last NACK reason in the group.
+fn line<'a>(name: &'a str, (member_of, reason): (Option<u64>, Option<&'a str>), s: &'a GroupState) -> GroupLine<'a> {
     let base = GroupLine {
         name,
         state: State::Ready,
@@ -89,7 +90,7 @@ fn line<'a>(name: &'a str, member_of: Option<u64>, s: &'a GroupState) -> GroupLi
         until_ms: 0,
         consumer: member_of.unwrap_or(0),
         dead_reason: 0,
-        last_nack_reason: "",
+        last_nack_reason: reason.unwrap_or(""),
     };
     match s {
         GroupState::Ready { deliveries } => GroupLine { deliveries: *deliveries, ..base },

@@ -140,8 +140,8 @@ impl Broker {
             Request::Touch { topic, group, ack_timeout_ms, ids } => {
                 self.touch((topic, group, session.consumer), ack_timeout_ms, ids, at, out)
             }
-            Request::Nack { topic, group, delay_ms, flags, ids } => {
-                self.nack((topic, group, session.consumer), delay_ms, flags, ids, at, out)
+            Request::Nack { topic, group, delay_ms, flags, ids, reason } => {
+                self.nack((topic, group, session.consumer), (delay_ms, flags, reason), ids, at, out)
             }
             Request::Stats { topic } => self.stats(topic, session.version, at, out),
             Request::ListTopics => self.list_topics(at, out),
@@ -495,16 +495,16 @@ impl Broker {
     }
 
     /// NACK: each id goes back to ready (now or after a delay), or to the
-    /// dead-letter topic.
+    /// dead-letter topic; a reason is kept with each (`retry.rs`).
     fn nack(
         &mut self,
         (topic, group, c): (&str, &str, ConsumerId),
-        delay_ms: u32,
-        flags: u8,
+        (delay_ms, flags, reason): (u32, u8, &str),
         ids: Ids<'_>,
         at: At<'_>,
         out: &mut Vec<u8>,
     ) -> Result<Outcome, Refusal> {
+        retry::check_nack_reason(reason, &self.config.limits)?;
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
         let group = self.group_of(tid, group, false, c)?;
         let dead_letter = flags & codec::NACK_FLAG_DEAD_LETTER != 0;
@@ -525,8 +525,9 @@ impl Broker {
             self.log_returned(tid, group, &back.requeued, &back.delayed);
         }
         self.log_waits(&mut back.waits.iter().map(|w| (tid, group, w.0, w.1, w.2)).collect::<Vec<_>>());
+        self.keep_nack_reasons(tid, group, &back, reason);
         for (id, info) in back.dead {
-            self.dead_letter(tid, group, id, info);
+            self.dead_letter_nacked(tid, group, id, info, reason);
         }
         Ok(Outcome::Done)
     }

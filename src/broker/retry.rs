@@ -4,11 +4,28 @@
 //! as a NACK's is (the group's `delayed` table and a wheel timer), logged
 //! in a Delay record with the retry flag, so a restart keeps it; a
 //! message out of deliveries is dead-lettered at once, without a wait.
+//!
+//! A NACK may say why (version 4): the reason is kept with each message
+//! the group still needs (`queue/nack_reasons.rs`), logged in a
+//! NackReason record so a restart keeps it, and carried into a dead
+//! letter's copy.
 
+use super::requests::Refusal;
 use super::{Broker, GroupTimers, Now, TopicId};
-use crate::codec::DeadInfo;
+use crate::codec::{DeadInfo, ErrorCode};
+use crate::limits::Limits;
 use crate::queue::{GroupId, MsgId, Returned, Timers, Topic};
-use crate::record::DelayRecord;
+use crate::record::{DelayRecord, NackReasonRecord};
+
+/// BAD_ARGUMENT for a NACK reason over `nack_reason_bytes_max`.
+pub(super) fn check_nack_reason(reason: &str, limits: &Limits) -> Result<(), Refusal> {
+    let max = limits.nack_reason_bytes_max;
+    if reason.len() > max as usize {
+        let message = format!("NACK reason is {} bytes, more than nack_reason_bytes_max ({max})", reason.len());
+        return Err((ErrorCode::BadArgument, message));
+    }
+    Ok(())
+}
 
 /// Where the messages of one NACK went, for its records.
 #[derive(Default)]
@@ -96,6 +113,25 @@ impl Broker {
                 self.credit_freed(topic, group);
             }
             None => {}
+        }
+    }
+
+    /// Keeps a NACK's `reason` (if it gave one) with each message it
+    /// returned to group `group`, and logs them in a NackReason record (a
+    /// dead-lettered one takes it into its copy instead).
+    pub(super) fn keep_nack_reasons(&mut self, tid: TopicId, group: GroupId, back: &Returns, reason: &str) {
+        if reason.is_empty() {
+            return;
+        }
+        let Some(e) = self.topics.get_mut(tid) else { return };
+        let returned = back.delayed.iter().chain(&back.waits).map(|d| d.0).chain(back.requeued.iter().map(|r| r.0));
+        let entries: Vec<(MsgId, &str)> = returned.map(|id| (id, reason)).collect();
+        for (id, _) in &entries {
+            e.topic.note_nack_reason(group, *id, reason);
+        }
+        if !entries.is_empty() && !group.is_member() {
+            NackReasonRecord { topic: tid, group, entries: &entries }.append(&mut self.log);
+            self.compactor.note_group(tid, group);
         }
     }
 

@@ -51,6 +51,10 @@ pub const PROP_DELAY: u8 = 4;
 pub const PROP_DEDUP_ID: u8 = 6;
 /// The protocol version that adds dedup ids.
 const SINCE_DEDUP: u16 = 4;
+/// Property type (version 4): the reason the last NACK of the message
+/// gave (UTF-8), which the broker writes into a dead letter's copy
+/// (docs/protocol.md, "NACK reasons (version 4)").
+pub const PROP_LAST_NACK_REASON: u8 = 7;
 /// The protocol version that adds the time properties.
 const SINCE_SCHEDULE: u16 = 3;
 /// Property type (version 4): the message's key, any bytes, at most one
@@ -119,6 +123,8 @@ pub enum Prop<'a> {
     Key(&'a [u8]),
     /// The message's dedup id (version 4).
     DedupId(&'a [u8]),
+    /// A dead letter's last NACK reason (version 4).
+    LastNackReason(&'a str),
 }
 
 /// A validated properties blob (possibly empty).
@@ -134,7 +140,7 @@ pub fn prop_type_known(kind: u8, version: u16) -> bool {
         PROP_TAG | PROP_HEADER => version >= 2,
         PROP_DELIVER_AT | PROP_DELAY => version >= SINCE_SCHEDULE,
         PROP_KEY => version >= SINCE_KEY,
-        PROP_DEDUP_ID => version >= SINCE_DEDUP,
+        PROP_DEDUP_ID | PROP_LAST_NACK_REASON => version >= SINCE_DEDUP,
         _ => false,
     }
 }
@@ -238,6 +244,8 @@ impl<'a> Props<'a> {
             } else if kind == PROP_KEY {
                 keys += 1;
                 check_key(value, keys, limits.key_bytes_max)?;
+            } else if kind == PROP_LAST_NACK_REASON {
+                std::str::from_utf8(value).map_err(|_| bad("a last_nack_reason is not UTF-8".into()))?;
             } else if kind == PROP_DEDUP_ID {
                 dedups += 1;
                 if value.is_empty() || dedups > 1 {
@@ -356,6 +364,14 @@ impl<'a> Props<'a> {
         })
     }
 
+    /// A dead letter's last NACK reason (property 7), if it has one.
+    pub fn last_nack_reason(&self) -> Option<&'a str> {
+        self.iter().find_map(|p| match p {
+            Prop::LastNackReason(r) => Some(r),
+            _ => None,
+        })
+    }
+
     /// Where in the blob the value of the time property is, if there is one.
     pub fn schedule_value_at(&self) -> Option<usize> {
         let mut at = 0;
@@ -408,6 +424,7 @@ impl<'a> Iterator for PropsIter<'a> {
             PROP_DELAY => Prop::Delay(time_value(value).ok()?),
             PROP_KEY => Prop::Key(value),
             PROP_DEDUP_ID => Prop::DedupId(value),
+            PROP_LAST_NACK_REASON => Prop::LastNackReason(std::str::from_utf8(value).ok()?),
             _ => {
                 let (key, value) = header(value).ok()?;
                 Prop::Header { key, value }
@@ -442,6 +459,28 @@ pub fn put_key(out: &mut Vec<u8>, key: &[u8]) {
     out.push(PROP_KEY);
     put_u16(out, key.len() as u16);
     out.extend_from_slice(key);
+}
+
+/// The client properties of `props` with `reason` as their last NACK
+/// reason (property 7, replacing any), for a dead letter's copy; None if
+/// the blob would pass the 65535 bytes its length field holds.
+pub fn with_last_nack_reason(props: &Props<'_>, reason: &str) -> Option<Vec<u8>> {
+    let public = props.public().bytes;
+    let mut out = Vec::with_capacity(public.len() + PROP_ENTRY_OVERHEAD_BYTES + reason.len());
+    let mut at = 0;
+    while let Some((kind, _, n)) = entry(&public[at..]) {
+        if kind != PROP_LAST_NACK_REASON {
+            out.extend_from_slice(&public[at..at + n]);
+        }
+        at += n;
+    }
+    if out.len() + PROP_ENTRY_OVERHEAD_BYTES + reason.len() > usize::from(u16::MAX) {
+        return None;
+    }
+    out.push(PROP_LAST_NACK_REASON);
+    put_u16(&mut out, reason.len() as u16);
+    out.extend_from_slice(reason.as_bytes());
+    Some(out)
 }
 
 /// Appends one of the broker's own entries (`kind`, a group name) to a

@@ -123,7 +123,7 @@ fn random_request(rng: &mut Rng) -> Request<'static> {
         }
         1 => Request::Fetch { topic, group, max_messages: 3, max_bytes: 0, wait_ms: 9, ack_timeout_ms: 7 },
         2 => Request::Ack { topic, group, ids },
-        3 => Request::Nack { topic, group, delay_ms: 5, flags: rng.pick(&[0, NACK_FLAG_DEAD_LETTER]), ids },
+        3 => Request::Nack { topic, group, delay_ms: 5, flags: rng.pick(&[0, NACK_FLAG_DEAD_LETTER]), ids, reason: "" },
         4 => Request::Touch { topic, group, ack_timeout_ms: 1, ids },
         5 => Request::Redrive { topic, group, max_messages: rng.below(3) },
         6 => {

@@ -134,6 +134,9 @@ pub struct Group {
     /// The delayed messages whose wait is the retry policy's ("waiting for
     /// retry"), not a NACK's delay (`retry.rs`).
     pub(super) retry_waits: IdMap<()>,
+    /// The last reason a NACK gave, of the messages the group still needs
+    /// that have one (`nack_reasons.rs`).
+    pub(super) nack_reasons: IdMap<Box<str>>,
     /// Recovery: messages whose NACK delay had not passed, (id, deliveries
     /// so far, ready-again wall time ms), to be delayed again once the
     /// broker has a wheel (`Group::arm_restored`).
@@ -536,6 +539,7 @@ impl Group {
         if !self.carried.is_empty() {
             self.carried.remove(&id);
         }
+        self.forget_nack_reason(id);
     }
 
     /// Extends the deadline of an in-flight message.

@@ -19,6 +19,7 @@ use super::seq::{Seq, Stored};
 use super::topic::Topic;
 use super::{ConsumerId, GroupId, MsgId};
 use crate::codec::DeadInfo;
+use crate::codec::props::PROP_ORIGIN_GROUP;
 use crate::wheel::TimerKey;
 
 /// Most dead letters a topic remembers for inspection, the oldest
@@ -26,22 +27,28 @@ use crate::wheel::TimerKey;
 /// only in a topic that has had some.
 pub const DEAD_NOTES_PER_TOPIC_MAX: usize = 1024;
 
+/// A dead letter as the topic notes it: where it went and why, and the
+/// reason its last NACK gave.
+type DeadNote = (DeadInfo, Option<Box<str>>);
+
 /// A topic's recent dead letters: (id, the group that dead-lettered it,
-/// where it went and why), oldest first. Not logged: a restart forgets
-/// them (inspection then says "done").
+/// its note), oldest first. Not logged: recovery rebuilds them from the
+/// dead letters the dead-letter topic still holds (`recover_dead_notes`);
+/// for one consumed or redriven from there, inspection says "done".
 #[derive(Debug, Default)]
-pub struct DeadNotes(VecDeque<(MsgId, GroupId, DeadInfo)>);
+pub struct DeadNotes(VecDeque<(MsgId, GroupId, DeadNote)>);
 
 impl DeadNotes {
-    fn note(&mut self, id: MsgId, g: GroupId, info: DeadInfo) {
+    fn note(&mut self, id: MsgId, g: GroupId, note: DeadNote) {
         if self.0.len() == DEAD_NOTES_PER_TOPIC_MAX {
             self.0.pop_front();
         }
-        self.0.push_back((id, g, info));
+        self.0.push_back((id, g, note));
     }
 
-    fn find(&self, id: MsgId, g: GroupId) -> Option<DeadInfo> {
-        self.0.iter().rev().find(|n| n.0 == id && n.1 == g).map(|n| n.2)
+    fn find(&self, id: MsgId, g: GroupId) -> Option<GroupState> {
+        let (info, reason) = &self.0.iter().rev().find(|n| n.0 == id && n.1 == g)?.2;
+        Some(GroupState::DeadLettered { info: *info, last_nack_reason: reason.clone() })
     }
 }
 
@@ -79,6 +86,9 @@ pub struct GroupInspection<'a> {
     /// own position, and its own line).
     pub member_of: Option<ConsumerId>,
     pub state: GroupState,
+    /// The reason the message's last NACK in this group gave, while the
+    /// group still needs it (a dead letter's is in its state).
+    pub last_nack_reason: Option<&'a str>,
 }
 
 /// What the topic can tell of one message.
@@ -97,9 +107,26 @@ pub struct Inspection<'a> {
 
 impl Topic {
     /// Group `g` moved message `id` to the dead-letter topic: noted for
-    /// inspection.
-    pub fn note_dead(&mut self, g: GroupId, id: MsgId, info: DeadInfo) {
-        self.dead_notes.note(id, g, info);
+    /// inspection, with its last NACK reason.
+    pub fn note_dead(&mut self, g: GroupId, id: MsgId, info: DeadInfo, reason: Option<Box<str>>) {
+        self.dead_notes.note(id, g, (info, reason));
+    }
+
+    /// Recovery: the dead notes are not logged, so they are rebuilt from
+    /// the dead letters this topic's dead-letter topic (`dlq`) still
+    /// holds, in id order (the ring keeps the newest): each names its
+    /// origin id, deliveries and reason, its origin group (a broker entry;
+    /// none for the default group) and its last NACK reason (property 7).
+    pub fn recover_dead_notes(&mut self, dlq: &Seq) {
+        let mut from = 0;
+        while let Some(id) = dlq.next_live(from, dlq.visible_id()) {
+            from = id + 1;
+            let (Some(m), Some(info)) = (dlq.get(id), dlq.dead_info(id)) else { continue };
+            let origin = m.props.broker_entry(PROP_ORIGIN_GROUP).unwrap_or("");
+            let Some(g) = self.group_named(origin).map(Group::id) else { continue };
+            let reason = m.props.last_nack_reason().map(Box::from);
+            self.dead_notes.note(info.origin_id, g, (info, reason));
+        }
     }
 
     /// Message `id` and its state in every group. `wall_of` turns a
@@ -121,7 +148,8 @@ impl Topic {
                 Some(_) => self.state_in(g, id, wall_of),
                 None => self.gone_state(g, id),
             };
-            groups.push(GroupInspection { name: g.name(), member_of: self.consumer_of(g.id()), state });
+            let (name, member_of, last_nack_reason) = (g.name(), self.consumer_of(g.id()), g.nack_reason(id));
+            groups.push(GroupInspection { name, member_of, state, last_nack_reason });
         }
         let dead = stored.and_then(|_| self.seq.dead_info(id));
         Some(Inspection { id, stored, dead, groups })
@@ -162,17 +190,14 @@ impl Topic {
 
     /// The state of a message the topic no longer holds in group `g`.
     fn gone_state(&self, g: &Group, id: MsgId) -> GroupState {
-        match self.dead_notes.find(id, g.id()) {
-            Some(info) => GroupState::DeadLettered { info, last_nack_reason: None },
-            None => GroupState::Done,
-        }
+        self.dead_notes.find(id, g.id()).unwrap_or(GroupState::Done)
     }
 
     /// The state of held message `id` in group `g`, which no longer needs
     /// it: dead-lettered, filtered out, or done.
     fn finished_state(&self, g: &Group, id: MsgId, seq: &Seq) -> GroupState {
-        if let Some(info) = self.dead_notes.find(id, g.id()) {
-            return GroupState::DeadLettered { info, last_nack_reason: None };
+        if let Some(state) = self.dead_notes.find(id, g.id()) {
+            return state;
         }
         if !g.would_pass(seq, id) {
             return GroupState::Filtered;

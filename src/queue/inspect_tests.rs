@@ -154,7 +154,7 @@ impl Run {
             Returned::Dead(info) => {
                 assert!(dead, "step {}: {id} dead-lettered", self.step);
                 assert_eq!((info.reason, info.origin_deliveries), (reason, deliveries), "step {}", self.step);
-                self.t.note_dead(g, id, info);
+                self.t.note_dead(g, id, info, None);
                 self.t.dead_lettered(g, id);
                 GroupState::DeadLettered { info, last_nack_reason: None }
             }

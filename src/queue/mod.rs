@@ -29,6 +29,7 @@ mod delays;
 mod group;
 mod inspect;
 mod keys;
+mod nack_reasons;
 mod order;
 mod retain;
 mod retry;

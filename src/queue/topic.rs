@@ -449,8 +449,11 @@ impl Topic {
     /// still needs it. O(groups), no memory per message.
     fn done(&mut self, g: GroupId, id: MsgId) {
         debug_assert!(!self.group(g).is_some_and(|x| x.needs(id)), "group {g:?} is done with {id} and still needs it");
-        if let Some(group) = self.group_mut(g).filter(|x| x.config.ordered) {
-            group.done_with(id);
+        if let Some(group) = self.group_mut(g) {
+            group.forget_nack_reason(id);
+            if group.config.ordered {
+                group.done_with(id);
+            }
         }
         if self.seq.scheduled(id) || self.groups.iter().any(|h| h.id() != g && h.needs(id)) {
             return;

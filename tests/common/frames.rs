@@ -183,7 +183,7 @@ pub fn doc_frames() -> Vec<Named> {
         named(
             "nack-request",
             "NACK: give message 2 back, to be ready again in 1 s.",
-            request(7, Request::Nack { topic: jobs, group: "", delay_ms: 1000, flags: 0, ids: ids(&[2]) }),
+            request(7, Request::Nack { topic: jobs, group: "", delay_ms: 1000, flags: 0, ids: ids(&[2]), reason: "" }),
         ),
         named(
             "nack-reply",
@@ -389,7 +389,10 @@ fn doc_frames_v2_consumer(jobs: &'static str, billing: &'static str) -> Vec<Name
         named(
             "nack-v2-request",
             "NACK (version 2) message 1 for the group billing, to be ready again in 1 s.",
-            request_v2(6, Request::Nack { topic: jobs, group: billing, delay_ms: 1000, flags: 0, ids: ids(&[1]) }),
+            request_v2(
+                6,
+                Request::Nack { topic: jobs, group: billing, delay_ms: 1000, flags: 0, ids: ids(&[1]), reason: "" },
+            ),
         ),
         named(
             "touch-v2-request",

@@ -1,6 +1,6 @@
 //! The frames of docs/protocol.md's examples of retries that back off
 //! (protocol version 4: a group's retry policy in CREATE_GROUP and
-//! LIST_GROUPS), as codec values: tests/protocol_doc.rs holds the doc's
+//! LIST_GROUPS, a NACK's reason), as codec values: tests/protocol_doc.rs holds the doc's
 //! hex dumps to them, and tests/vectors.rs publishes them in
 //! docs/vectors/protocol-v4.json. Kept apart from `frames.rs` so that
 //! each capability's examples are one list.
@@ -10,7 +10,7 @@ use runnel::codec::*;
 use runnel::queue::RetryPolicy;
 
 use super::dedup_frames::request_v4;
-use super::frames::{Named, named, reply};
+use super::frames::{Named, ids, named, reply};
 
 /// The policy of the examples: 100 ms, doubling, at most 30 s, up to 20%
 /// shorter (`exp:100ms..30s,x2,jitter=20`).
@@ -32,6 +32,21 @@ pub fn doc_frames_retry() -> Vec<Named> {
             "list-groups-retry-reply",
             "LIST_GROUPS of jobs (version 4): billing with its retry policy, two messages waiting (NACK delays and retry waits).",
             reply(op::LIST_GROUPS, 41, Reply::Groups(vec![GroupInfo { name: "billing", settings: shown, stats }])),
+        ),
+        named(
+            "nack-reason-request",
+            "NACK (version 4) message 1 for billing, saying why: db timeout.",
+            request_v4(
+                42,
+                Request::Nack {
+                    topic: "jobs",
+                    group: "billing",
+                    delay_ms: 0,
+                    flags: NACK_FLAG_REASON,
+                    ids: ids(&[1]),
+                    reason: "db timeout",
+                },
+            ),
         ),
     ]
 }

@@ -479,7 +479,8 @@ mod tests {
         assert_eq!(code(&produce(&mut echo, "t", &[b"1"])), ErrorCode::QueueFull as u8);
         assert_eq!(code(&fetch(&mut echo, 2, 0, 0, 0).1), ErrorCode::BadArgument as u8);
         let mut out = Vec::new();
-        let nack = Request::Nack { topic: "t", group: "", delay_ms: 0, flags: 0, ids: Ids { bytes: &[0; 8] } };
+        let nack =
+            Request::Nack { topic: "t", group: "", delay_ms: 0, flags: 0, ids: Ids { bytes: &[0; 8] }, reason: "" };
         echo.handle(1, &Frame { request_id: 3, request: nack }, 0, &mut out);
         assert_eq!(code(&out), ErrorCode::UnknownOp as u8);
         let mut out = Vec::new();
