@@ -925,13 +925,17 @@ const GROUPS: [(&str, &str); 3] = [("g-all", ""), ("g-some", ""), ("g-red", "red
 const GROUP_TOPIC: &str = "crash-groups";
 
 /// What the group crash test knows: acknowledged produces, and for each
-/// group the acks answered (with their round) and the acks sent without an
-/// answer (they may or may not have taken effect).
+/// group the acks answered (with their round), the acks sent without an
+/// answer (they may or may not have taken effect), and the messages it
+/// dead-lettered: a message that a group fetched and left unacked
+/// `max_deliveries` times (deliveries cut by a kill count too) goes to
+/// the `.dlq`, which ends it for that group as an ack does.
 #[derive(Default)]
 struct GroupRecord {
     produced: HashSet<u64>,
     acked: [HashMap<u64, u64>; 3],
     maybe_acked: [HashSet<u64>; 3],
+    dead: [HashSet<u64>; 3],
 }
 
 impl GroupRecord {
@@ -952,7 +956,8 @@ impl GroupRecord {
         if complete {
             let got: HashSet<u64> = got.iter().copied().collect();
             for id in &self.produced {
-                let done = self.acked[g].contains_key(id) || self.maybe_acked[g].contains(id);
+                let done =
+                    self.acked[g].contains_key(id) || self.maybe_acked[g].contains(id) || self.dead[g].contains(id);
                 let lost = !done && !got.contains(id);
                 assert!(!lost, "seed {seed}: {name} lost {id} (acknowledged, not acked) in round {round}");
             }
@@ -976,6 +981,24 @@ impl GroupRecord {
                 false
             }
         }
+    }
+}
+
+/// Takes every dead letter the groups made out of the topic's `.dlq`,
+/// noting each for the group that dead-lettered it.
+fn take_dead_letters(c: &mut Client, rec: &mut GroupRecord, seed: u64) {
+    let dlq = format!("{GROUP_TOPIC}.dlq");
+    let f = Fetch { max_messages: 100_000, wait_ms: 0, ack_timeout_ms: 600_000, ..Fetch::default() };
+    let dead = c.fetch(&dlq, f).unwrap_or_else(|e| panic!("seed {seed}: fetch the dead letters: {e}"));
+    for m in &dead {
+        let info = m.dead.unwrap_or_else(|| panic!("seed {seed}: a message of {dlq} without its dead-letter fields"));
+        let g = GROUPS.iter().position(|(name, _)| *name == m.origin_group);
+        let g = g.unwrap_or_else(|| panic!("seed {seed}: a dead letter of group {:?}", m.origin_group));
+        rec.dead[g].insert(info.origin_id);
+    }
+    let ids: Vec<u64> = dead.iter().map(|m| m.id).collect();
+    if !ids.is_empty() {
+        c.ack(&dlq, &ids).unwrap_or_else(|e| panic!("seed {seed}: ack the dead letters: {e}"));
     }
 }
 
@@ -1032,6 +1055,7 @@ fn three_groups_survive_sigkill() {
                 c.create_group(GROUP_TOPIC, name, settings, Start::Earliest).expect("create group");
             }
         }
+        take_dead_letters(&mut c, &mut rec, seed);
         for g in 0..GROUPS.len() {
             let got = fetch_group_all(&mut c, g).expect("drain a group after a restart");
             rec.check(g, round, &got, true, seed);
