@@ -96,6 +96,10 @@ impl GroupReplay {
         }
     }
 
+    fn is_done_with(&self, id: MsgId) -> bool {
+        self.done.contains_key(&id) || (id < self.floor && !self.pending.contains_key(&id))
+    }
+
     /// A GroupState record: the group's whole state from here on.
     fn checkpoint(&mut self, cursor: MsgId, entries: Requeues<'_>) {
         self.floor = cursor;
@@ -596,6 +600,7 @@ impl<'a> Replay<'a> {
                 e.topic.merge(strays.into_iter());
             }
         }
+        self.release_done();
         let nameless: Vec<TopicId> = self.topics.iter().filter(|e| e.topic.name.is_empty()).map(|e| e.id).collect();
         for tid in nameless {
             if let Some(e) = self.topics.remove(tid) {
@@ -636,6 +641,28 @@ impl<'a> Replay<'a> {
 }
 
 impl Replay<'_> {
+    /// Once every group is known: releases each held message every group
+    /// of its topic is done with, and forgets the groups' notes of it (a
+    /// note of a message no longer held stays: a resumed replay from the
+    /// files steps over it).
+    fn release_done(&mut self) {
+        for (&tid, groups) in self.groups.iter_mut() {
+            let Some(e) = self.topics.get_mut(tid) else { continue };
+            let mut ids: Vec<MsgId> = groups.values().flat_map(|g| g.done.keys().copied()).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            for id in ids {
+                if e.topic.seq.contains(id) && groups.values().all(|g| g.is_done_with(id)) {
+                    for g in groups.values_mut() {
+                        g.done.remove(&id);
+                        g.counts.remove(&id);
+                    }
+                    e.topic.seq.release(id);
+                }
+            }
+        }
+    }
+
     /// Rebuilds each topic's dead notes (what inspection tells of a dead
     /// letter) from its dead-letter topic's messages.
     fn recover_dead_notes(&mut self) {
