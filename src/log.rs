@@ -324,6 +324,30 @@ pub struct ReadRecord<'a> {
     pub segment: u64,
 }
 
+/// What recovery reads the records into, in log order.
+pub trait Replayer {
+    /// Whether the log is read twice: every record into `scan` first,
+    /// then every record into `apply`.
+    fn scans(&self) -> bool {
+        false
+    }
+    /// A record of the first pass. Records that do not decode are for
+    /// `apply` to refuse; damage stops the first pass's reading of a
+    /// segment where it stops `apply`'s.
+    fn scan(&mut self, _r: &ReadRecord<'_>) {}
+    /// A record of the (second) pass: an error stops the start.
+    fn apply(&mut self, r: &ReadRecord<'_>) -> Result<(), String>;
+}
+
+/// A closure as a `Replayer` that reads the log once.
+struct Applier<F>(F);
+
+impl<F: FnMut(&ReadRecord<'_>) -> Result<(), String>> Replayer for Applier<F> {
+    fn apply(&mut self, r: &ReadRecord<'_>) -> Result<(), String> {
+        (self.0)(r)
+    }
+}
+
 /// Why recovery stopped.
 #[derive(Debug)]
 pub enum OpenError {
@@ -416,9 +440,20 @@ impl Log {
         dir: &Path,
         options: LogOptions,
         opener: Opener,
-        mut apply: impl FnMut(&ReadRecord<'_>) -> Result<(), String>,
+        apply: impl FnMut(&ReadRecord<'_>) -> Result<(), String>,
     ) -> Result<(Log, Recovery), OpenError> {
-        let recovered = recovery::recover(dir, &options, &mut apply)?;
+        Log::open_replaying(dir, options, opener, &mut Applier(apply))
+    }
+
+    /// `open_with`, reading the records into `replayer`: twice if it
+    /// `scans`.
+    pub fn open_replaying(
+        dir: &Path,
+        options: LogOptions,
+        opener: Opener,
+        replayer: &mut dyn Replayer,
+    ) -> Result<(Log, Recovery), OpenError> {
+        let recovered = recovery::recover(dir, &options, replayer)?;
         let mut log = Log::over(dir.to_path_buf(), options, Some(recovered.lock), opener, recovered.segments);
         log.clean_stop_marked = recovered.marked;
         Ok((log, recovered.recovery))

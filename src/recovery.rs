@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use super::{
     FsyncMode, Log, LogOptions, NEWER, OpenError, RECORD_HEADER_BYTES, REMOVING_SUFFIX, ReadRecord, RecordKind,
-    Recovery, Segment, parse_record, segment_name, sync_dir,
+    Recovery, Replayer, Segment, parse_record, segment_name, sync_dir,
 };
 
 #[path = "recovery/damage.rs"]
@@ -317,11 +317,7 @@ pub(super) struct Recovered {
 
 /// Locks `dir` (creating it if needed), repairs it if `options.repair` and
 /// it needs it, and replays every record into `apply` in log order.
-pub(super) fn recover(
-    dir: &Path,
-    options: &LogOptions,
-    apply: &mut dyn FnMut(&ReadRecord<'_>) -> Result<(), String>,
-) -> Result<Recovered, OpenError> {
+pub(super) fn recover(dir: &Path, options: &LogOptions, replayer: &mut dyn Replayer) -> Result<Recovered, OpenError> {
     let started = Instant::now();
     fs::create_dir_all(dir).map_err(io_error(dir))?;
     let lock = DirLock::take(dir, true)?;
@@ -352,7 +348,11 @@ pub(super) fn recover(
         }
     }
     rec.clean_stop = stop != LastStop::MayHaveCrashed;
-    let segments = match replay(dir, &bases, stop, apply, &mut rec) {
+    if replayer.scans() {
+        scan_records(dir, &bases, replayer)?;
+    }
+    let mut apply = |r: &ReadRecord<'_>| replayer.apply(r);
+    let segments = match replay(dir, &bases, stop, &mut apply, &mut rec) {
         Ok(s) => s,
         Err(Halt::Open(e)) => return Err(e),
         Err(Halt::Refuse { file, offset, why }) => {
@@ -407,6 +407,23 @@ fn list_segments(dir: &Path, tidy: bool) -> Result<Vec<u64>, OpenError> {
 fn read_segment(path: &Path, data: &mut Vec<u8>) -> Result<(), OpenError> {
     data.clear();
     File::open(path).and_then(|mut f| f.read_to_end(data)).map_err(io_error(path))?;
+    Ok(())
+}
+
+/// The first pass of a `Replayer` that `scans`: every valid record of
+/// every segment, in log order, each segment read up to where `replay`
+/// reads it (its first record that is not valid; `replay` then cuts a torn
+/// tail or refuses the start).
+fn scan_records(dir: &Path, bases: &[u64], replayer: &mut dyn Replayer) -> Result<(), OpenError> {
+    let mut data = Vec::new();
+    for &base in bases {
+        read_segment(&dir.join(segment_name(base)), &mut data)?;
+        let mut pos = 0;
+        while let Ok((kind, version, body, used)) = parse_record(&data[pos..]) {
+            replayer.scan(&ReadRecord { kind, version, body, offset: base + pos as u64, segment: base });
+            pos += used;
+        }
+    }
     Ok(())
 }
 

@@ -12,6 +12,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+#[path = "replay/ahead.rs"]
+mod ahead;
+
 use crate::broker::TopicId;
 use crate::broker::dedup::Dedup;
 use crate::broker::topics::Topics;
@@ -55,6 +58,12 @@ struct GroupReplay {
     replay_from: Option<MsgId>,
     /// The last NACK reason of each id that has one (NackReason records).
     nack_reasons: IdMap<Box<str>>,
+    /// The highest id at or above `floor` it was done with, released or
+    /// not: its cursor goes past it, as it had before the restart.
+    done_max: Option<MsgId>,
+    /// Placed by the first pass with no state known (`ahead::First::Unknown`):
+    /// it needs every message it has not acked until its first GroupState.
+    unknown: bool,
 }
 
 impl GroupReplay {
@@ -103,6 +112,7 @@ impl GroupReplay {
     /// A GroupState record: the group's whole state from here on.
     fn checkpoint(&mut self, cursor: MsgId, entries: Requeues<'_>) {
         self.floor = cursor;
+        self.done_max = None;
         self.pending.clear();
         self.done.clear();
         self.counts.clear();
@@ -135,7 +145,7 @@ impl GroupReplay {
     /// that comes back for retry, in id order.
     fn build(self, id: GroupId, t: &Topic, now_wall_ms: u64) -> Group {
         // A delayed message was delivered: the cursor had passed it.
-        let passed = self.done.keys().chain(self.delays.keys());
+        let passed = self.done.keys().chain(self.delays.keys()).chain(self.done_max.as_ref());
         let max_done = passed.filter(|&&d| d >= self.floor).max().map(|d| d + 1);
         let cursor = max_done.unwrap_or(self.floor).max(self.floor).max(self.exhausted_past(t));
         let mut group = Group::with(id, &self.name, self.config, cursor);
@@ -219,6 +229,11 @@ pub(crate) struct Replay<'a> {
     /// The dedup windows being rebuilt (protocol version 4), and the
     /// longest window, ms: an entry older than that is not kept.
     dedup: Option<(&'a mut Dedup, u64)>,
+    /// The first pass (`ahead`), until the second begins.
+    ahead: Option<ahead::Ahead>,
+    /// Groups the first pass found existing before their first record, of
+    /// topics whose last Delete record the second pass has not yet passed.
+    placed_after_delete: HashMap<TopicId, ahead::TopicAhead>,
 }
 
 /// Scheduled messages whose time came while the broker was down (or
@@ -235,6 +250,8 @@ impl<'a> Replay<'a> {
             due: HashMap::new(),
             now_wall_ms: 0,
             dedup: None,
+            ahead: Some(ahead::Ahead::default()),
+            placed_after_delete: HashMap::new(),
         }
     }
 
@@ -294,6 +311,9 @@ impl<'a> Replay<'a> {
     /// match its layout, a record naming the floor's topic id) stops the
     /// start.
     pub fn apply(&mut self, r: &ReadRecord<'_>) -> Result<(), String> {
+        if let Some(ahead) = self.ahead.take() {
+            self.begin(ahead);
+        }
         let record = Record::decode(r.kind, r.version, r.body)?;
         let topic = record_topic(&record);
         if let Some(topic) = topic
@@ -303,7 +323,7 @@ impl<'a> Replay<'a> {
         }
         match record {
             Record::Topic(t) => self.topic(&t, r.segment),
-            Record::Delete(d) => self.delete(d.topic, d.next_id, r.segment),
+            Record::Delete(d) => self.delete(d.topic, d.next_id, r),
             Record::Purge(p) => self.purge(p.topic, p.below_id),
             Record::Produce { topic, messages } => {
                 self.notes.retained.replayed(r, topic, &messages);
@@ -353,14 +373,83 @@ impl<'a> Replay<'a> {
             }
             Record::GroupState { topic, group, cursor, entries } => {
                 self.notes.replayed_group(r.segment, topic, group);
-                self.group(topic, group).checkpoint(cursor, entries);
-                self.note_replay_from(topic, group);
+                self.group_state((topic, group), cursor, entries);
             }
             r @ (Record::Cancel { .. } | Record::Reschedule { .. } | Record::Due { .. }) => self.schedule_record(r),
             Record::Dedup { topic, entries } => self.dedup_record(r.segment, topic, entries)?,
             Record::NackReason { topic, group, entries } => self.nack_reasons(r.segment, (topic, group), entries)?,
         }
         Ok(())
+    }
+
+    /// A GroupState record: the group's whole state from here on.
+    fn group_state(&mut self, (topic, group): (TopicId, GroupId), cursor: MsgId, entries: Requeues<'_>) {
+        let g = self.group(topic, group);
+        g.checkpoint(cursor, entries);
+        if std::mem::take(&mut g.unknown) {
+            self.release_done(topic);
+        }
+        self.note_replay_from(topic, group);
+    }
+
+    /// A record read by the first pass (`ahead`).
+    pub fn scan(&mut self, r: &ReadRecord<'_>) {
+        if let Some(ahead) = self.ahead.as_mut() {
+            ahead.scan(r);
+        }
+    }
+
+    /// The second pass begins: the groups the first found are placed.
+    fn begin(&mut self, ahead: ahead::Ahead) {
+        for (tid, t) in ahead.finish() {
+            match t.after {
+                None => self.place(tid, t.groups),
+                Some(_) => drop(self.placed_after_delete.insert(tid, t)),
+            }
+        }
+    }
+
+    /// Places the groups of topic `tid` the first pass found existing
+    /// before their first record, at the state it found (before any record
+    /// of the topic the second pass applies, or after its last Delete).
+    fn place(&mut self, tid: TopicId, groups: BTreeMap<u32, ahead::First>) {
+        let known = self.groups.entry(tid).or_default();
+        for (gid, first) in groups {
+            let g = known.entry(gid).or_default();
+            match first {
+                ahead::First::Restated { floor, pending } => {
+                    g.floor = floor;
+                    g.pending = pending;
+                }
+                ahead::First::Unknown => g.unknown = true,
+                ahead::First::Created => {}
+            }
+        }
+    }
+
+    /// Releases each message of `topic` that some group acked and every
+    /// group is now done with: those a group placed with no state known
+    /// held until its first GroupState.
+    fn release_done(&mut self, topic: TopicId) {
+        let Some(groups) = self.groups.get_mut(&topic) else { return };
+        let strays = self.strays.get_mut(&topic);
+        let seq = &mut self.topics.nameless(topic).topic.seq;
+        // A message released already keeps its notes (see `done_with`).
+        let held = |id: &MsgId| seq.contains(*id) || strays.as_ref().is_some_and(|s| s.contains_key(id));
+        let mut acked: Vec<MsgId> = groups.values().flat_map(|g| g.done.keys().copied()).filter(held).collect();
+        acked.sort_unstable();
+        acked.dedup();
+        acked.retain(|&id| groups.values().all(|g| g.is_done_with(id)));
+        for &id in &acked {
+            for g in groups.values_mut() {
+                g.done.remove(&id);
+                g.counts.remove(&id);
+            }
+            seq.release(id);
+        }
+        if let Some(strays) = strays {
+            acked.iter().for_each(|id| drop(strays.remove(id)));
+        }
     }
 
     /// A NackReason record: the last reasons NACKs gave for messages of
@@ -382,7 +471,7 @@ impl<'a> Replay<'a> {
 
     /// A Delete record: topic `topic` is gone, and no id below `next_id`
     /// is given again.
-    fn delete(&mut self, topic: TopicId, next_id: MsgId, segment: u64) {
+    fn delete(&mut self, topic: TopicId, next_id: MsgId, r: &ReadRecord<'_>) {
         if let Some((dedup, _)) = self.dedup.as_mut() {
             dedup.forget_topic(topic);
         }
@@ -390,7 +479,14 @@ impl<'a> Replay<'a> {
         self.topics.remove(topic);
         self.strays.remove(&topic);
         self.groups.remove(&topic);
-        self.notes.replayed_delete(segment);
+        self.notes.replayed_delete(r.segment);
+        // The groups of the topic that may take its id, found by the first pass.
+        if let Some(t) = self.placed_after_delete.remove(&topic) {
+            match t.after == Some(r.offset) {
+                true => self.place(topic, t.groups),
+                false => drop(self.placed_after_delete.insert(topic, t)),
+            }
+        }
     }
 
     /// A record of scheduled messages: Cancel, Reschedule or Due.
@@ -553,6 +649,9 @@ impl<'a> Replay<'a> {
     fn done_with(&mut self, topic: TopicId, group: GroupId, id: MsgId) {
         let g = self.group(topic, group);
         g.done.insert(id, ());
+        if id >= g.floor {
+            g.done_max = g.done_max.max(Some(id));
+        }
         g.delays.remove(&id);
         g.retry_waits.remove(&id);
         g.nack_reasons.remove(&id);
@@ -671,6 +770,20 @@ impl Replay<'_> {
     }
 }
 
+/// The log is read twice: the first pass finds the groups that existed
+/// before their first record (`ahead`).
+impl crate::log::Replayer for Replay<'_> {
+    fn scans(&self) -> bool {
+        true
+    }
+    fn scan(&mut self, r: &ReadRecord<'_>) {
+        Replay::scan(self, r);
+    }
+    fn apply(&mut self, r: &ReadRecord<'_>) -> Result<(), String> {
+        Replay::apply(self, r)
+    }
+}
+
 /// Timers that do nothing (recovery has no deadlines).
 struct NoTimers;
 
@@ -768,7 +881,8 @@ mod tests {
         let mut topics = Topics::default();
         let mut notes = Compactor::default();
         let mut replay = Replay::new(&mut topics, &mut notes);
-        Log::open(dir.path(), LogOptions::default(), |r| replay.apply(r)).expect("reopen");
+        Log::open_replaying(dir.path(), LogOptions::default(), Box::new(crate::log::open_file), &mut replay)
+            .expect("reopen");
         replay.finish();
         topics
     }
@@ -937,5 +1051,82 @@ mod tests {
             // leaves no record, and acked nothing.
         });
         assert!(live(&topics).is_empty(), "untagged messages are done for the filtering group");
+    }
+
+    fn restated(log: &mut Log, g: u32, name: &str, cursor: MsgId, pending: &[(MsgId, u16)]) {
+        group(log, g, name, cursor, "");
+        GroupStateRecord { topic: T, group: GroupId(g), cursor, entries: pending }.append(log);
+    }
+
+    #[test]
+    fn a_group_restated_after_the_acks_of_another_keeps_what_it_still_needs() {
+        // b's own records were in a segment compaction removed: it comes
+        // back only in its restatement, after a's acks.
+        let topics = replayed(|log| {
+            topic(log, Some(3));
+            group(log, 1, "a", 1, "");
+            produce(log, 1..=6, 0);
+            acked(log, 1, &[1, 2, 3, 4, 5, 6]);
+            restated(log, 2, "b", 4, &[(2, 1)]);
+        });
+        assert_eq!(live(&topics), [2, 4, 5, 6], "b had 2 in flight and had not read 4..=6");
+        assert_eq!(state(&topics, 2, 2), (4, 4, 1), "2 back for retry, then 4, 5 and 6");
+        assert_eq!(state(&topics, 1, 7).0, 7, "a read past 6");
+    }
+
+    #[test]
+    fn a_group_first_met_in_its_own_acks_holds_what_it_has_not_acked_until_its_state() {
+        // b's oldest records went with a removed segment: its next acks
+        // come before its restatement.
+        let topics = replayed(|log| {
+            topic(log, Some(3));
+            group(log, 1, "a", 1, "");
+            produce(log, 1..=6, 0);
+            acked(log, 1, &[1, 2, 3, 4, 5, 6]);
+            acked(log, 2, &[5]);
+            restated(log, 2, "b", 6, &[(3, 2)]);
+        });
+        assert_eq!(live(&topics), [3, 6], "b still had 3 and had not read 6; it acked 5 and the rest before");
+        assert_eq!(state(&topics, 2, 3), (6, 2, 2), "3 back for retry, then 6");
+    }
+
+    #[test]
+    fn a_group_created_after_others_acked_does_not_bring_their_messages_back() {
+        let topics = replayed(|log| {
+            topic(log, Some(2));
+            group(log, 1, "a", 1, "");
+            produce(log, 1..=3, 0);
+            acked(log, 1, &[1, 2, 3]);
+            topic(log, Some(3));
+            group(log, 2, "b", 1, "");
+        });
+        assert!(live(&topics).is_empty(), "b was created after 1..=3 were released");
+    }
+
+    #[test]
+    fn a_groups_cursor_goes_past_what_it_acked_even_when_that_is_released() {
+        let topics = replayed(|log| {
+            topic(log, Some(2));
+            group(log, 1, "a", 1, "");
+            produce(log, 1..=4, 0);
+            acked(log, 1, &[1, 2, 3]);
+        });
+        assert_eq!(live(&topics), [4]);
+        assert_eq!(state(&topics, 1, 4), (4, 1, 0), "the cursor the group had before the restart");
+    }
+
+    #[test]
+    fn groups_of_a_deleted_topic_are_not_placed_in_the_topic_that_takes_its_id() {
+        let topics = replayed(|log| {
+            topic(log, Some(2));
+            group(log, 1, "old", 1, "");
+            DeleteRecord { topic: T, next_id: 1 }.append(log);
+            topic(log, Some(3));
+            group(log, 1, "a", 1, "");
+            produce(log, 1..=3, 0);
+            acked(log, 1, &[1, 2, 3]);
+            restated(log, 2, "b", 2, &[]);
+        });
+        assert_eq!(live(&topics), [2, 3], "b, restated after the Delete record, had not read 2 and 3");
     }
 }

@@ -296,7 +296,7 @@ impl Broker {
         let window_ms_max = u64::from(config.limits.dedup_window_ms_max);
         let mut replay =
             Replay::new(&mut topics, &mut compactor).at_wall_ms(now.wall_ms).with_dedup(&mut dedup, window_ms_max);
-        let (log, recovery) = Log::open_with(dir, log_options, opener, |r| replay.apply(r))?;
+        let (log, recovery) = Log::open_replaying(dir, log_options, opener, &mut replay)?;
         let fell_due = replay.finish();
         let mut broker = Broker::assemble(config, topics, compactor, log, recovery, now);
         broker.restore_dedup(dedup, now);
