@@ -199,7 +199,9 @@ pub fn encode_reply(f: &ReplyFrame<'_>) -> Vec<u8> {
         Reply::GroupCreated { created, cursor } => codec::encode_group_created_reply(&mut out, rid, *created, *cursor),
         Reply::Groups(groups) => codec::encode_groups_reply(&mut out, rid, groups),
         Reply::Cursor(cursor) | Reply::Due(cursor) => codec::encode_u64_reply(&mut out, f.op, rid, *cursor),
-        Reply::Inspected(entries) => codec::inspect::encode_inspected_reply(&mut out, f.op, rid, entries),
+        Reply::Inspected(entries) => {
+            codec::inspect::encode_inspected_reply(&mut out, (f.op, rid), entries, codec::CODEC_VERSION_MAX)
+        }
     }
     out
 }

@@ -47,15 +47,17 @@ pub use topic_settings::TopicOptions;
 
 /// The protocol versions the broker negotiates.
 pub const VERSION_MIN: u16 = 1;
-pub const VERSION_MAX: u16 = 4;
+pub const VERSION_MAX: u16 = 5;
 /// The highest version this codec, and so the client, speaks. The broker
 /// raises VERSION_MAX to it once it serves every op of that version.
-pub const CODEC_VERSION_MAX: u16 = 4;
+pub const CODEC_VERSION_MAX: u16 = 5;
 /// Version 3: time and identity (scheduled messages and their ops).
 pub const V3: u16 = 3;
 /// Version 4: keys, inspection, idempotent produce, retry policy, ordering
 /// by key.
 pub const V4: u16 = 4;
+/// Version 5: inspection tells a retry wait and a wait behind a key apart.
+pub const V5: u16 = 5;
 /// Bytes in a frame header.
 pub const HEADER_BYTES: usize = 12;
 /// Bit set in the op of every reply.

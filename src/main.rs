@@ -694,7 +694,7 @@ fn group_line_text(g: &GroupLine) -> String {
     let mut line = format!("  {name:<16} {:<14}", g.state.name());
     match g.state {
         State::InFlight => line.push_str(&format!(" to consumer {} until {}", g.consumer, g.until_ms)),
-        State::Waiting | State::Scheduled => line.push_str(&format!(" until {}", g.until_ms)),
+        State::Waiting | State::RetryWaiting | State::Scheduled => line.push_str(&format!(" until {}", g.until_ms)),
         State::DeadLettered => {
             let why = DeadReason::from_u8(g.dead_reason).map_or("?", DeadReason::name);
             line.push_str(&format!(" {why}"));

@@ -115,7 +115,8 @@ fn with_a_token_every_frame_before_a_successful_hello_counts_toward_the_close() 
     }
     kinds.push(("a wrong token".into(), hello_with(11, 1, 1, b"wrong"), (op::HELLO | 0x80, unauthenticated)));
     kinds.push(("no token".into(), hello_with(12, 1, 1, b""), (op::HELLO | 0x80, unauthenticated)));
-    let no_version = hello_with(13, 5, 6, TOKEN);
+    let above = codec::VERSION_MAX + 1;
+    let no_version = hello_with(13, above, above + 1, TOKEN);
     kinds.push(("the token, no common version".into(), no_version, (op::HELLO | 0x80, ErrorCode::Version)));
     for (what, frame, want) in &kinds {
         // Three of the kind in one write: three replies, then the close.

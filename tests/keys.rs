@@ -137,3 +137,42 @@ fn the_key_index_is_rebuilt_from_the_log_after_a_restart() {
     assert_eq!((ids_of(&after.0), ids_of(&after.1)), (ids_of(&before.0), ids_of(&before.1)));
     assert_eq!(state_in(&after.1[0], "g").state, State::Ready);
 }
+
+/// Version 5 tells a retry wait and a wait behind a key apart from a NACK
+/// delay and from ready; a version-4 session is told `waiting` and
+/// `ready` for them, as version 4 says.
+#[test]
+fn version_5_tells_a_retry_wait_and_a_wait_behind_a_key_apart() {
+    let (srv, _dir) = common::start(Limits::default());
+    let mut c = srv.client_v2();
+    let retry = runnel::queue::RetryPolicy { initial_ms: 60_000, multiplier_pct: 100, cap_ms: 60_000, jitter_pct: 0 };
+    let settings = GroupSettings { ordered: true, retry: Some(retry), ..GroupSettings::default() };
+    c.create_group("t", "o", settings, Start::Earliest).expect("group");
+    let m1 = produce_keyed(&mut c, "t", b"k", b"first");
+    let m2 = produce_keyed(&mut c, "t", b"k", b"second");
+    let m3 = produce_keyed(&mut c, "t", b"j", b"other key");
+    let got = c.fetch_group("t", "o", now(3)).expect("fetch");
+    assert_eq!(got.iter().map(|d| d.id).collect::<Vec<_>>(), [m1, m3], "m2 waits behind m1");
+    c.nack_group("t", "o", &[m1], 0, false).expect("nack: the retry policy's wait");
+    c.nack_group("t", "o", &[m3], 60_000, false).expect("nack with a delay");
+    let states = |c: &mut Client| -> Vec<(State, u16, bool)> {
+        [m1, m2, m3]
+            .iter()
+            .map(|&id| {
+                let l = state_in(&c.peek("t", id).expect("peek"), "o");
+                (l.state, l.deliveries, l.until_ms > 0)
+            })
+            .collect()
+    };
+    assert_eq!(
+        states(&mut c),
+        [(State::RetryWaiting, 1, true), (State::BehindKey, 0, false), (State::Waiting, 1, true)],
+        "version 5"
+    );
+    let mut v4 = client_upto(&srv, 4);
+    assert_eq!(
+        states(&mut v4),
+        [(State::Waiting, 1, true), (State::Ready, 0, false), (State::Waiting, 1, true)],
+        "version 4"
+    );
+}

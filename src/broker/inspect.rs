@@ -15,12 +15,12 @@ impl Broker {
     pub(super) fn inspect_op(
         &self,
         req: &Request<'_>,
-        (now, rid): (Now, u32),
+        (now, rid, version): (Now, u32, u16),
         out: &mut Vec<u8>,
     ) -> Result<Outcome, Refusal> {
         match *req {
-            Request::Lookup { topic, key } => self.lookup((topic, key), now, rid, out)?,
-            Request::Peek { topic, id } => self.peek((topic, id), now, rid, out)?,
+            Request::Lookup { topic, key } => self.lookup((topic, key), now, (rid, version), out)?,
+            Request::Peek { topic, id } => self.peek((topic, id), now, (rid, version), out)?,
             _ => unreachable!("not an inspection op: {req:?}"),
         }
         Ok(Outcome::Done)
@@ -28,7 +28,13 @@ impl Broker {
 
     /// PEEK: message `id` of `topic` with its payload, and its state in
     /// every group. NOT_FOUND if the topic does not hold it.
-    fn peek(&self, (topic, id): (&str, MsgId), now: Now, rid: u32, out: &mut Vec<u8>) -> Result<(), Refusal> {
+    fn peek(
+        &self,
+        (topic, id): (&str, MsgId),
+        now: Now,
+        (rid, v): (u32, u16),
+        out: &mut Vec<u8>,
+    ) -> Result<(), Refusal> {
         let t = self.topic_named(topic)?;
         let wall_of = |k: TimerKey| self.wall_of(k, now);
         let found = t.inspect(id, &wall_of).filter(|i| i.stored.is_some());
@@ -38,19 +44,25 @@ impl Broker {
             );
             return Err((ErrorCode::NotFound, why));
         };
-        encode_inspected_reply(out, op::PEEK, rid, &[entry(&i, true)]);
+        encode_inspected_reply(out, (op::PEEK, rid), &[entry(&i, true)], v);
         Ok(())
     }
 
     /// LOOKUP: the messages of `topic` indexed under `key`, newest first,
     /// without payloads, each with its state in every group.
-    fn lookup(&self, (topic, key): (&str, &[u8]), now: Now, rid: u32, out: &mut Vec<u8>) -> Result<(), Refusal> {
+    fn lookup(
+        &self,
+        (topic, key): (&str, &[u8]),
+        now: Now,
+        (rid, v): (u32, u16),
+        out: &mut Vec<u8>,
+    ) -> Result<(), Refusal> {
         let t = self.topic_named(topic)?;
         let wall_of = |k: TimerKey| self.wall_of(k, now);
         let found: Vec<Inspection<'_>> =
             t.keys().lookup(key).into_iter().filter_map(|id| t.inspect(id, &wall_of)).collect();
         let entries: Vec<Inspected<'_>> = found.iter().map(|i| entry(i, false)).collect();
-        encode_inspected_reply(out, op::LOOKUP, rid, &entries);
+        encode_inspected_reply(out, (op::LOOKUP, rid), &entries, v);
         Ok(())
     }
 
@@ -104,6 +116,10 @@ fn line<'a>(name: &'a str, (member_of, reason): (Option<u64>, Option<&'a str>), 
         GroupState::Waiting { deliveries, until_ms } => {
             GroupLine { state: State::Waiting, deliveries: *deliveries, until_ms: *until_ms, ..base }
         }
+        GroupState::RetryWaiting { deliveries, until_ms } => {
+            GroupLine { state: State::RetryWaiting, deliveries: *deliveries, until_ms: *until_ms, ..base }
+        }
+        GroupState::BehindKey { deliveries } => GroupLine { state: State::BehindKey, deliveries: *deliveries, ..base },
         GroupState::Scheduled { due_ms } => GroupLine { state: State::Scheduled, until_ms: *due_ms, ..base },
         GroupState::DeadLettered { info, last_nack_reason } => GroupLine {
             state: State::DeadLettered,

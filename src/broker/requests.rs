@@ -193,7 +193,7 @@ impl Broker {
             Request::Reschedule { topic, id, when } => {
                 self.reschedule_op((topic, id), when, at.now, rid, out).map(|()| Outcome::Held)
             }
-            Request::Lookup { .. } | Request::Peek { .. } => self.inspect_op(req, (at.now, rid), out),
+            Request::Lookup { .. } | Request::Peek { .. } => self.inspect_op(req, (at.now, rid, session.version), out),
             Request::AckProduce { topic, group, ids, outputs } => self
                 .ack_produce((topic, group, session.consumer), ids, outputs, (rid, at.now), out)
                 .map(|()| Outcome::Held),

@@ -25,7 +25,8 @@ pub enum State {
     Ready = 1,
     /// Delivered to `consumer`, not acknowledged, until `until_ms`.
     InFlight = 2,
-    /// NACKed with a delay, or waiting for a retry, until `until_ms`.
+    /// NACKed with a delay until `until_ms` (and, to a session of version
+    /// 4, waiting for retry: `RetryWaiting`).
     Waiting = 3,
     /// Scheduled for `until_ms`.
     Scheduled = 4,
@@ -36,12 +37,20 @@ pub enum State {
     Done = 6,
     /// The group's tag filter drops it.
     Filtered = 7,
+    /// Version 5: waiting for retry (the group's retry policy) until
+    /// `until_ms`.
+    RetryWaiting = 8,
+    /// Version 5: ready, but held back behind the message of its key the
+    /// group has outstanding (a group ordered by key).
+    BehindKey = 9,
 }
 
 impl State {
     pub fn from_u8(v: u8) -> Option<State> {
         use State::*;
-        [Ready, InFlight, Waiting, Scheduled, DeadLettered, Done, Filtered].into_iter().find(|s| *s as u8 == v)
+        [Ready, InFlight, Waiting, Scheduled, DeadLettered, Done, Filtered, RetryWaiting, BehindKey]
+            .into_iter()
+            .find(|s| *s as u8 == v)
     }
     /// Its name in docs/protocol.md and the CLI.
     pub fn name(self) -> &'static str {
@@ -53,6 +62,18 @@ impl State {
             State::DeadLettered => "dead_lettered",
             State::Done => "done",
             State::Filtered => "filtered",
+            State::RetryWaiting => "retry_waiting",
+            State::BehindKey => "behind_key",
+        }
+    }
+
+    /// The state a session of `version` is told: version 4 has no byte for
+    /// a retry wait (it shows `Waiting`) or a wait behind a key (`Ready`).
+    pub fn for_version(self, version: u16) -> State {
+        match self {
+            State::RetryWaiting if version < super::V5 => State::Waiting,
+            State::BehindKey if version < super::V5 => State::Ready,
+            s => s,
         }
     }
 }
@@ -134,15 +155,16 @@ pub(super) fn encode_inspect_op(out: &mut Vec<u8>, req: &Request<'_>) {
     }
 }
 
-/// Appends a LOOKUP or PEEK reply (`op`) of `entries`.
-pub fn encode_inspected_reply(out: &mut Vec<u8>, op: u8, request_id: u32, entries: &[Inspected<'_>]) {
+/// Appends a LOOKUP or PEEK reply (`op`) of `entries`, as a session of
+/// `version` reads it.
+pub fn encode_inspected_reply(out: &mut Vec<u8>, (op, request_id): (u8, u32), entries: &[Inspected<'_>], version: u16) {
     let start = super::begin_frame(out, op | super::REPLY_BIT, 0, request_id);
     put_u32(out, entries.len() as u32);
     for e in entries {
         put_u64(out, e.id);
         let Some(m) = &e.message else {
             out.push(0);
-            put_groups(out, &e.groups);
+            put_groups(out, &e.groups, version);
             continue;
         };
         let flags = INSPECT_FLAG_HELD
@@ -158,16 +180,16 @@ pub fn encode_inspected_reply(out: &mut Vec<u8>, op: u8, request_id: u32, entrie
         put_props(out, &m.props);
         put_u32(out, m.len);
         out.extend_from_slice(m.payload.unwrap_or_default());
-        put_groups(out, &e.groups);
+        put_groups(out, &e.groups, version);
     }
     super::end_frame(out, start);
 }
 
-fn put_groups(out: &mut Vec<u8>, groups: &[GroupLine<'_>]) {
+fn put_groups(out: &mut Vec<u8>, groups: &[GroupLine<'_>], version: u16) {
     put_u16(out, groups.len() as u16);
     for g in groups {
         put_str(out, g.name.as_bytes());
-        out.push(g.state as u8);
+        out.push(g.state.for_version(version) as u8);
         put_u16(out, g.deliveries);
         put_u64(out, g.until_ms);
         put_u64(out, g.consumer);

@@ -649,6 +649,12 @@ impl Group {
         returned
     }
 
+    /// Whether ready message `id` waits behind the message of its key the
+    /// group has outstanding (a group ordered by key).
+    pub fn behind_key(&self, id: MsgId) -> bool {
+        self.order.holds_back(id)
+    }
+
     /// The deliveries so far of a message that is ready, delayed or in
     /// flight (for the log's requeue records and compaction).
     pub fn deliveries(&self, id: MsgId) -> u16 {

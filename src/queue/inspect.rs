@@ -61,9 +61,14 @@ pub enum GroupState {
     /// Delivered to `consumer` and not acknowledged; its ack deadline is
     /// `deadline_ms` (wall clock, ms since the Unix epoch).
     InFlight { consumer: ConsumerId, deliveries: u16, deadline_ms: u64 },
-    /// NACKed with a delay (or waiting to be retried): ready again at
-    /// `until_ms` (wall clock).
+    /// NACKed with a delay: ready again at `until_ms` (wall clock).
     Waiting { deliveries: u16, until_ms: u64 },
+    /// Waiting for retry (the group's retry policy): ready again at
+    /// `until_ms` (wall clock).
+    RetryWaiting { deliveries: u16, until_ms: u64 },
+    /// Ready, but held back behind the message of its key the group has
+    /// outstanding (a group ordered by key).
+    BehindKey { deliveries: u16 },
     /// Scheduled for `due_ms` (wall clock): no group gets it before.
     Scheduled { due_ms: u64 },
     /// Moved to the dead-letter topic by this group: where and why.
@@ -171,13 +176,19 @@ impl Topic {
         }
         if let Some(&(timer, deliveries)) = g.delayed.get(&id) {
             let until_ms = g.delay_wall.get(&id).copied().or_else(|| wall_of(timer)).unwrap_or(0);
-            return GroupState::Waiting { deliveries, until_ms };
+            return match g.waits_for_retry(id) {
+                true => GroupState::RetryWaiting { deliveries, until_ms },
+                false => GroupState::Waiting { deliveries, until_ms },
+            };
         }
         if let Some(due_ms) = self.seq.schedule().due_ms(id) {
             return match g.would_pass(&self.seq, id) {
                 true => GroupState::Scheduled { due_ms },
                 false => GroupState::Filtered,
             };
+        }
+        if g.behind_key(id) {
+            return GroupState::BehindKey { deliveries: g.deliveries(id) };
         }
         if g.needs(id) && (id < g.cursor() || g.would_pass(&self.seq, id)) {
             return GroupState::Ready { deliveries: g.deliveries(id) };

@@ -510,7 +510,9 @@ pub fn encode_reply(out: &mut Vec<u8>, frame: &ReplyFrame<'_>) {
         Reply::GroupCreated { created, cursor } => encode_group_created_reply(out, id, *created, *cursor),
         Reply::Groups(groups) => encode_groups_reply(out, id, groups),
         Reply::Cursor(cursor) | Reply::Due(cursor) => encode_u64_reply(out, op, id, *cursor),
-        Reply::Inspected(entries) => runnel::codec::inspect::encode_inspected_reply(out, op, id, entries),
+        Reply::Inspected(entries) => {
+            runnel::codec::inspect::encode_inspected_reply(out, (op, id), entries, runnel::codec::CODEC_VERSION_MAX)
+        }
         Reply::Error { code, message } => {
             let code = ErrorCode::from_u8(*code).unwrap_or_else(|| panic!("error code {code} is not an ErrorCode"));
             encode_error(out, op, id, code, message);
