@@ -1011,6 +1011,11 @@ impl Messages<'_> {
     pub fn left(&self) -> u32 {
         self.left
     }
+    /// Bytes of the messages not yet read (of a Produce record, the rest
+    /// of its body; of an AckProduce record's output, the output's).
+    pub fn bytes_left(&self) -> usize {
+        self.rd.b.len() - self.rd.pos
+    }
 }
 
 impl<'a> Iterator for Messages<'a> {

@@ -292,15 +292,16 @@ impl<'a> Replay<'a> {
 
     /// The messages an AckProduce record stored in its output topics, as a
     /// Produce record's.
-    fn outputs(&mut self, segment: u64, outputs: crate::record::Outputs<'_>) -> Result<(), String> {
+    fn outputs(&mut self, r: &ReadRecord<'_>, outputs: crate::record::Outputs<'_>) -> Result<(), String> {
         for output in outputs {
             let (topic, messages) = output?;
             if topic == TopicId::FLOOR {
                 return Err(format!("topic id {topic} names no topic; only a Delete record may carry it"));
             }
+            self.notes.retained.replayed_output(r, topic, &messages);
             for m in messages {
                 let m = m?;
-                self.notes.replayed_produce(segment, topic, m.id);
+                self.notes.replayed_produce(r.segment, topic, m.id);
                 self.message(topic, &m);
             }
         }
@@ -347,7 +348,7 @@ impl<'a> Replay<'a> {
                 for id in ids.iter() {
                     self.done_with(topic, group, id);
                 }
-                self.outputs(r.segment, outputs)?;
+                self.outputs(r, outputs)?;
             }
             Record::Requeue { topic, group, entries } => {
                 self.notes.replayed_group(r.segment, topic, group);

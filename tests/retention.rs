@@ -158,6 +158,7 @@ fn owned(r: Reply<'_>) -> Reply<'static> {
         Reply::Created { created } => Reply::Created { created },
         Reply::GroupCreated { created, cursor } => Reply::GroupCreated { created, cursor },
         Reply::Cursor(n) => Reply::Cursor(n),
+        Reply::AckProduced { done, failed, outputs } => Reply::AckProduced { done, failed, outputs },
         other => panic!("a reply these tests do not expect: {other:?}"),
     }
 }
@@ -281,6 +282,32 @@ impl Harness {
             let reply = self.call(Request::Produce { topic, flags: 0, batch });
             assert!(matches!(reply, Reply::Produced { count: 1, .. }), "{reply:?}");
         }
+    }
+
+    /// Fetches one message of `source`'s default group and acks it with an
+    /// ACK_PRODUCE whose one output to `topic` is marked message `k`, as
+    /// `produce_marked` marks them.
+    fn ack_produce_marked(&mut self, source: &'static str, topic: &'static str, k: usize) {
+        let fetch =
+            Request::Fetch { topic: source, group: "", max_messages: 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 };
+        let Reply::Messages { messages, .. } = self.call(fetch) else { panic!("fetch") };
+        let mut acked = Vec::new();
+        codec::encode_ids(&mut acked, &[messages[0].id]);
+        let mut blob = Vec::new();
+        props::put_tag(&mut blob, &format!("t{}", k % 3));
+        props::put_header(&mut blob, "k", k.to_string().as_bytes());
+        let mut bytes = Vec::new();
+        codec::encode_message(
+            &mut bytes,
+            &Props::parse(&blob, codec::V4, &PropsLimits::ANY).expect("valid"),
+            &payload(k),
+        );
+        let mut outputs = Vec::new();
+        let batch = Batch { count: 1, bytes: &bytes, with_props: true };
+        codec::ack_produce::encode_output(&mut outputs, topic, &batch);
+        let outputs = codec::ack_produce::Outputs { count: 1, bytes: &outputs };
+        let reply = self.call(Request::AckProduce { topic: source, group: "", ids: Ids { bytes: &acked }, outputs });
+        assert!(matches!(reply, Reply::AckProduced { done: 1, .. }), "{reply:?}");
     }
 
     fn create_group(&mut self, topic: &'static str, group: &'static str, start: Start) -> u64 {
@@ -420,6 +447,33 @@ fn a_restart_during_a_replay_resumes_it() {
     let mut h = open_at(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 5000 });
     let rest = h.receive("r", "late", 300 - seen);
     assert_eq!(rest, expected(1 + seen as u64, seen, 300 - seen), "the rest, those in flight again, none acked before");
+}
+
+/// Messages an ACK_PRODUCE stored in a retaining topic are retained and
+/// replayed as produced ones are, before and after a restart (which
+/// rebuilds the index of the files from the log).
+#[test]
+fn what_an_ack_produce_stored_is_replayed_too() {
+    let dir = TempDir::new("replay-ack-produce");
+    let mut h = open_at(dir.path(), start());
+    h.create("r", Some(3_600_000), None);
+    h.create("src", None, None);
+    h.produce("src", 100);
+    for k in 0..200 {
+        match k % 2 {
+            0 => h.produce_marked("r", k, 1),
+            _ => h.ack_produce_marked("src", "r", k),
+        }
+    }
+    assert_eq!(h.drain("r"), 200);
+    h.tick(1, 100);
+    assert_eq!(h.stat("r", "bytes"), 0, "every message left memory");
+    h.create_group("r", "late", Start::Earliest);
+    assert_eq!(h.receive("r", "late", 200), expected(1, 0, 200), "the outputs among the produced, in order");
+    drop(h);
+    let mut h = open_at(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 5000 });
+    h.create_group("r", "later", Start::Earliest);
+    assert_eq!(h.receive("r", "later", 200), expected(1, 0, 200), "after a restart too");
 }
 
 #[test]

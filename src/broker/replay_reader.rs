@@ -24,7 +24,7 @@ use crate::codec::group::Start;
 use crate::log::reader::{Reader, Slice};
 use crate::log::{RECORD_HEADER_BYTES, ReadRecord, RecordKind};
 use crate::queue::{Body, GroupId, MsgId, Topic};
-use crate::record::{GroupStateRecord, Record};
+use crate::record::{GroupStateRecord, Messages, Record};
 
 /// One group's replay.
 struct Replaying {
@@ -247,13 +247,25 @@ impl Broker {
 /// Puts back the messages of record `rec` that replay `r` needs (its
 /// group at `cursor`), moving `r.until` on; notes in `met` what it met.
 fn put_back_record(t: &mut Topic, r: &mut Replaying, cursor: MsgId, rec: &ReadRecord<'_>, met: &mut Met) {
-    if rec.kind != RecordKind::Produce {
+    if !matches!(rec.kind, RecordKind::Produce | RecordKind::AckProduce) {
         return;
     }
-    let Ok(Record::Produce { topic, messages }) = Record::decode(rec.kind, rec.version, rec.body) else { return };
-    if topic != r.topic {
-        return;
-    }
+    let messages = match Record::decode(rec.kind, rec.version, rec.body) {
+        Ok(Record::Produce { topic, messages }) if topic == r.topic => messages,
+        // An ACK_PRODUCE's output to the topic: messages produced as any.
+        Ok(Record::AckProduce { outputs, .. }) => {
+            let Some((_, messages)) = outputs.filter_map(Result::ok).find(|(topic, _)| *topic == r.topic) else {
+                return;
+            };
+            messages
+        }
+        _ => return,
+    };
+    put_back_messages(t, r, cursor, messages, met);
+}
+
+/// `put_back_record`'s messages of the replay's topic.
+fn put_back_messages(t: &mut Topic, r: &mut Replaying, cursor: MsgId, messages: Messages<'_>, met: &mut Met) {
     for m in messages {
         let Ok(m) = m else { return };
         // A compaction copy, or a message before the group's start.

@@ -2,7 +2,8 @@
 //! topic, so that compaction keeps the segments a retaining topic still
 //! needs and no other, and replay finds a topic's messages in the files.
 //!
-//! `Retained` learns where every Produce record went, from each committed
+//! `Retained` learns where every Produce record (and every output of an
+//! AckProduce record) went, from each committed
 //! turn (`Log::take_kept_turn`) and from recovery, into two small maps: a
 //! `SparseIndex` (an entry per megabyte of a topic's records) and, per
 //! segment and topic, the bytes of the topic's records and when the newest
@@ -55,8 +56,9 @@ impl Default for Retained {
 }
 
 impl Retained {
-    /// A Produce record of `topic` holding `messages` (not yet read) starts
-    /// at `pos`, `bytes` long (header included), written at `written_ms`.
+    /// A record holding `messages` of `topic` (not yet read) starts at
+    /// `pos`, its messages `bytes` long (a Produce record's whole length,
+    /// header included), written at `written_ms`.
     fn note(&mut self, topic: TopicId, messages: &Messages<'_>, bytes: u64, pos: ReadPos, written_ms: u64) {
         let count = u64::from(messages.left());
         let Some(Ok(first)) = messages.clone().next() else { return };
@@ -76,12 +78,20 @@ impl Retained {
     /// Notes the Produce records of the turn the log just committed,
     /// written at `now_wall_ms`.
     pub(crate) fn note_turn(&mut self, log: &mut Log, now_wall_ms: u64) {
-        log.take_kept_turn(|r| {
-            if r.kind == RecordKind::Produce
-                && let Ok(Record::Produce { topic, messages }) = Record::decode(r.kind, r.version, r.body)
-            {
-                self.note(topic, &messages, record_bytes(&r), position(&r), now_wall_ms);
+        log.take_kept_turn(|r| match r.kind {
+            RecordKind::Produce => {
+                if let Ok(Record::Produce { topic, messages }) = Record::decode(r.kind, r.version, r.body) {
+                    self.note(topic, &messages, record_bytes(&r), position(&r), now_wall_ms);
+                }
             }
+            RecordKind::AckProduce => {
+                if let Ok(Record::AckProduce { outputs, .. }) = Record::decode(r.kind, r.version, r.body) {
+                    for (topic, messages) in outputs.filter_map(Result::ok) {
+                        self.note(topic, &messages, messages.bytes_left() as u64, position(&r), now_wall_ms);
+                    }
+                }
+            }
+            _ => {}
         });
     }
 
@@ -89,6 +99,13 @@ impl Retained {
     pub(crate) fn replayed(&mut self, r: &ReadRecord<'_>, topic: TopicId, messages: &Messages<'_>) {
         let newest_ms = messages.clone().filter_map(Result::ok).map(|m| m.born_ms).max().unwrap_or(0);
         self.note(topic, messages, record_bytes(r), position(r), newest_ms);
+    }
+
+    /// Recovery met the output of an AckProduce record `r` to `topic`,
+    /// holding `messages`.
+    pub(crate) fn replayed_output(&mut self, r: &ReadRecord<'_>, topic: TopicId, messages: &Messages<'_>) {
+        let newest_ms = messages.clone().filter_map(Result::ok).map(|m| m.born_ms).max().unwrap_or(0);
+        self.note(topic, messages, messages.bytes_left() as u64, position(r), newest_ms);
     }
 
     /// Recovery rebuilt group `g` of topic `t`, which was replaying from
