@@ -272,12 +272,7 @@ impl Harness {
     /// naming its number from `from`, one PRODUCE each.
     fn produce_marked(&mut self, topic: &'static str, from: usize, n: usize) {
         for k in from..from + n {
-            let mut blob = Vec::new();
-            props::put_tag(&mut blob, &format!("t{}", k % 3));
-            props::put_header(&mut blob, "k", k.to_string().as_bytes());
-            let p = Props::parse(&blob, codec::V4, &PropsLimits::ANY).expect("valid");
-            let mut bytes = Vec::new();
-            codec::encode_message(&mut bytes, &p, &payload(k));
+            let bytes = marked(k);
             let batch = Batch { count: 1, bytes: &bytes, with_props: true };
             let reply = self.call(Request::Produce { topic, flags: 0, batch });
             assert!(matches!(reply, Reply::Produced { count: 1, .. }), "{reply:?}");
@@ -293,15 +288,7 @@ impl Harness {
         let Reply::Messages { messages, .. } = self.call(fetch) else { panic!("fetch") };
         let mut acked = Vec::new();
         codec::encode_ids(&mut acked, &[messages[0].id]);
-        let mut blob = Vec::new();
-        props::put_tag(&mut blob, &format!("t{}", k % 3));
-        props::put_header(&mut blob, "k", k.to_string().as_bytes());
-        let mut bytes = Vec::new();
-        codec::encode_message(
-            &mut bytes,
-            &Props::parse(&blob, codec::V4, &PropsLimits::ANY).expect("valid"),
-            &payload(k),
-        );
+        let bytes = marked(k);
         let mut outputs = Vec::new();
         let batch = Batch { count: 1, bytes: &bytes, with_props: true };
         codec::ack_produce::encode_output(&mut outputs, topic, &batch);
@@ -345,6 +332,18 @@ impl Harness {
         }
         got
     }
+}
+
+/// Message `k` as a batch holds it: a tag and a header naming its number,
+/// and its payload.
+fn marked(k: usize) -> Vec<u8> {
+    let mut blob = Vec::new();
+    props::put_tag(&mut blob, &format!("t{}", k % 3));
+    props::put_header(&mut blob, "k", k.to_string().as_bytes());
+    let p = Props::parse(&blob, codec::V4, &PropsLimits::ANY).expect("valid");
+    let mut bytes = Vec::new();
+    codec::encode_message(&mut bytes, &p, &payload(k));
+    bytes
 }
 
 fn payload(k: usize) -> Vec<u8> {
