@@ -11,63 +11,22 @@ mod common;
 
 use std::path::Path;
 
-use common::{Outs, TempDir};
-use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outcome, Session};
+use common::Outs;
+use common::TempDir;
+use common::clocked::{Harness, SEGMENT_BYTES_MAX, START_WALL_MS, start};
+use runnel::broker::{Broker, Config, Now};
 use runnel::codec::group::{GroupSettings, Start};
-use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Ids, Props, PropsLimits, Reply, Request, props};
+use runnel::codec::{self, Batch, ErrorCode, Ids, Props, PropsLimits, Reply, Request, props};
 use runnel::codec::{TopicOptions, TopicSettings};
-use runnel::log::LogOptions;
 
-const START_WALL_MS: u64 = 1_767_225_600_000;
-/// Small segments, so that a few hundred messages fill several.
-const SEGMENT_BYTES_MAX: u64 = 8 << 10;
 const PAYLOAD_BYTES: usize = 200;
 
-/// A broker on a test clock, with one version-4 session.
-struct Harness {
-    broker: Broker,
-    session: Session,
-    now: Now,
-    rid: u32,
-}
-
+/// A broker on a test clock at `now`, with one version-4 session.
 fn open_at(dir: &Path, now: Now) -> Harness {
-    let log = LogOptions { segment_bytes_max: SEGMENT_BYTES_MAX, ..LogOptions::default() };
-    let broker = Broker::open(Config::default(), dir, log, now).expect("open broker");
-    Harness::with(broker, now)
-}
-
-fn start() -> Now {
-    Now { mono_ms: 1, wall_ms: START_WALL_MS }
+    Harness::open(dir, now, Config::default(), codec::V4)
 }
 
 impl Harness {
-    fn with(broker: Broker, now: Now) -> Harness {
-        let mut h = Harness { broker, session: Session { consumer: 1, ..Session::default() }, now, rid: 0 };
-        let reply = h.call(Request::Hello { min_version: 1, max_version: codec::V4, token: b"" });
-        assert!(matches!(reply, Reply::Hello { .. }), "{reply:?}");
-        h
-    }
-
-    /// Serves one request in a turn of its own and returns its reply.
-    fn call(&mut self, request: Request<'_>) -> Reply<'static> {
-        self.rid += 1;
-        let mut out = Vec::new();
-        let frame = Frame { request_id: self.rid, request };
-        let outcome =
-            self.broker.handle(ConnKey(0), &mut self.session, &frame, self.now, &LoopStats::default(), &mut out);
-        let mut outs = Outs::default();
-        self.broker.advance(self.now, &mut outs);
-        self.broker.commit(self.now, &mut outs);
-        if outcome == Outcome::Held {
-            out = std::mem::take(&mut outs.0[0]);
-        }
-        match codec::decode_reply(&out, usize::MAX) {
-            Ok(Decoded::Frame(f, n)) if n == out.len() => owned(f.reply),
-            other => panic!("not one reply: {other:?}"),
-        }
-    }
-
     /// Moves the clock on by `ms` and runs `turns` turns with no request.
     fn tick(&mut self, ms: u64, turns: u32) {
         self.now = Now { mono_ms: self.now.mono_ms + ms, wall_ms: self.now.wall_ms + ms };
@@ -129,40 +88,6 @@ impl Harness {
     }
 }
 
-fn owned(r: Reply<'_>) -> Reply<'static> {
-    match r {
-        Reply::Messages { topic, messages } => Reply::Messages {
-            topic: String::from(topic).leak(),
-            messages: messages
-                .into_iter()
-                .map(|m| codec::Message {
-                    origin_group: "",
-                    props: Props::parse_stored(m.props.bytes().to_vec().leak(), codec::V4).expect("props"),
-                    payload: m.payload.to_vec().leak(),
-                    ..m
-                })
-                .collect(),
-        },
-        Reply::Error { code, message } => Reply::Error { code, message: String::from(message).leak() },
-        Reply::Stats(s) => Reply::Stats(
-            s.into_iter()
-                .map(|(n, kv)| {
-                    let kv = kv.into_iter().map(|(k, v)| (&*String::from(k).leak(), v)).collect();
-                    (&*String::from(n).leak(), kv)
-                })
-                .collect(),
-        ),
-        Reply::Hello { version, limits, map_epoch } => Reply::Hello { version, limits, map_epoch },
-        Reply::Produced { first_id, count } => Reply::Produced { first_id, count },
-        Reply::Ids { done, failed } => Reply::Ids { done, failed },
-        Reply::Created { created } => Reply::Created { created },
-        Reply::GroupCreated { created, cursor } => Reply::GroupCreated { created, cursor },
-        Reply::Cursor(n) => Reply::Cursor(n),
-        Reply::AckProduced { done, failed, outputs } => Reply::AckProduced { done, failed, outputs },
-        other => panic!("a reply these tests do not expect: {other:?}"),
-    }
-}
-
 fn code(reply: Reply<'_>) -> Option<ErrorCode> {
     match reply {
         Reply::Error { code, .. } => ErrorCode::from_u8(code),
@@ -193,7 +118,7 @@ fn the_settings_are_kept_across_a_restart_and_held_to_their_limits() {
 
 #[test]
 fn a_memory_only_broker_refuses_retention() {
-    let mut h = Harness::with(Broker::in_memory(Config::default(), start()), start());
+    let mut h = Harness::over(Broker::in_memory(Config::default(), start()), start(), codec::V4);
     assert_eq!(code(h.create("r", Some(60_000), None)), Some(ErrorCode::BadArgument));
     assert_eq!(code(h.create("r", None, Some(1))), Some(ErrorCode::BadArgument));
     assert!(matches!(h.create("r", Some(0), None), Reply::Created { created: true }), "off is fine");
@@ -413,9 +338,7 @@ fn a_replay_keeps_a_bounded_window_in_memory_and_reads_a_bounded_amount_a_turn()
     let mut config = Config::default();
     config.limits.replay_read_bytes_per_turn = 2048;
     config.limits.replay_window_messages_max = 20;
-    let log = LogOptions { segment_bytes_max: SEGMENT_BYTES_MAX, ..LogOptions::default() };
-    let broker = Broker::open(config, dir.path(), log, start()).expect("open broker");
-    let mut h = Harness::with(broker, start());
+    let mut h = Harness::open(dir.path(), start(), config, codec::V4);
     h.create("r", None, Some(1 << 30));
     h.produce_marked("r", 0, 300);
     assert_eq!(h.drain("r"), 300);

@@ -13,47 +13,21 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Outs, TempDir};
-use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outcome, Session};
+use common::TempDir;
+use common::clocked::{Harness, START_WALL_MS, start};
+use runnel::broker::{Config, Now};
 use runnel::client::{Client, Fetch, State};
 use runnel::codec::group::{GroupSettings, Start};
-use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Ids, Props, Reply, Request};
+use runnel::codec::{self, Batch, ErrorCode, Ids, Props, Reply, Request};
 use runnel::log::LogOptions;
 use runnel::queue::{GroupId, RetryPolicy};
 use runnel::testkit::{Rng, SeedGuard, seeds};
 
-const START_WALL_MS: u64 = 1_767_225_600_000;
-/// Small segments, so that compaction restates the group's waits.
-const SEGMENT_BYTES_MAX: u64 = 8 << 10;
 const PAYLOAD: [u8; 200] = [b'm'; 200];
 
-/// A broker on a test clock, with one session of `version`.
-struct Harness {
-    broker: Broker,
-    session: Session,
-    now: Now,
-    rid: u32,
-}
-
+/// A broker on a test clock at `now`, with one session of `version`.
 fn open(dir: &Path, now: Now, version: u16) -> Harness {
-    let log = LogOptions { segment_bytes_max: SEGMENT_BYTES_MAX, ..LogOptions::default() };
-    let broker = Broker::open(Config::default(), dir, log, now).expect("open broker");
-    let mut h = Harness { broker, session: Session { consumer: 1, ..Session::default() }, now, rid: 0 };
-    let out = h.call(Request::Hello { min_version: version, max_version: version, token: b"" });
-    assert!(matches!(decoded(&out), Reply::Hello { .. }), "hello");
-    h
-}
-
-fn start() -> Now {
-    Now { mono_ms: 1, wall_ms: START_WALL_MS }
-}
-
-/// The one reply in `bytes`.
-fn decoded(bytes: &[u8]) -> Reply<'_> {
-    match codec::decode_reply(bytes, usize::MAX) {
-        Ok(Decoded::Frame(f, n)) if n == bytes.len() => f.reply,
-        other => panic!("not one reply: {other:?}"),
-    }
+    Harness::open(dir, now, Config::default(), version)
 }
 
 fn policy(initial_ms: u32, multiplier_pct: u16, cap_ms: u32, jitter_pct: u8) -> RetryPolicy {
@@ -61,39 +35,12 @@ fn policy(initial_ms: u32, multiplier_pct: u16, cap_ms: u32, jitter_pct: u8) -> 
 }
 
 impl Harness {
-    /// Serves one request in a turn of its own (requests, timers, commit)
-    /// and returns its reply's bytes.
-    fn call(&mut self, request: Request<'_>) -> Vec<u8> {
-        self.rid += 1;
-        let mut out = Vec::new();
-        let frame = Frame { request_id: self.rid, request };
-        let outcome =
-            self.broker.handle(ConnKey(0), &mut self.session, &frame, self.now, &LoopStats::default(), &mut out);
-        let mut outs = Outs::default();
-        self.broker.advance(self.now, &mut outs);
-        self.broker.commit(self.now, &mut outs);
-        if outcome == Outcome::Held {
-            out = std::mem::take(&mut outs.0[0]);
-        }
-        out
-    }
-
-    /// A turn with no request at wall time `to_wall_ms`: the timers that
-    /// are due fire.
-    fn tick(&mut self, to_wall_ms: u64) {
-        let ahead = to_wall_ms.saturating_sub(self.now.wall_ms);
-        self.now = Now { mono_ms: self.now.mono_ms + ahead, wall_ms: self.now.wall_ms + ahead };
-        let mut outs = Outs::default();
-        self.broker.advance(self.now, &mut outs);
-        self.broker.commit(self.now, &mut outs);
-    }
-
     /// CREATE_GROUP `group` of topic `t` with `retry`: the error code if
     /// refused.
     fn create(&mut self, group: &str, retry: Option<RetryPolicy>, ack_timeout_ms: u32) -> Option<ErrorCode> {
         let settings = GroupSettings { retry, ack_timeout_ms, max_deliveries: 5, ..GroupSettings::default() };
         let out = self.call(Request::CreateGroup { topic: "t", group, settings, start: Start::Earliest });
-        error_code(&decoded(&out))
+        error_code(&out)
     }
 
     fn produce(&mut self, n: u32) -> u64 {
@@ -102,7 +49,7 @@ impl Harness {
             codec::encode_message(&mut bytes, &Props::EMPTY, &PAYLOAD);
         }
         let batch = Batch { count: n, bytes: &bytes, with_props: true };
-        match decoded(&self.call(Request::Produce { topic: "t", flags: 0, batch })) {
+        match self.call(Request::Produce { topic: "t", flags: 0, batch }) {
             Reply::Produced { first_id, .. } => first_id,
             other => panic!("produce: {other:?}"),
         }
@@ -111,7 +58,7 @@ impl Harness {
     /// FETCH for `group`: each message's id and delivery count.
     fn fetch(&mut self, group: &str, ack_timeout_ms: u32) -> Vec<(u64, u16)> {
         let fetch = Request::Fetch { topic: "t", group, max_messages: 100, max_bytes: 0, wait_ms: 0, ack_timeout_ms };
-        match decoded(&self.call(fetch)) {
+        match self.call(fetch) {
             Reply::Messages { messages, .. } => messages.iter().map(|m| (m.id, m.delivery_count)).collect(),
             other => panic!("fetch: {other:?}"),
         }
@@ -127,13 +74,13 @@ impl Harness {
         codec::encode_ids(&mut body, &[id]);
         let flags = if reason.is_empty() { 0 } else { codec::NACK_FLAG_REASON };
         let nack = Request::Nack { topic: "t", group, delay_ms, flags, ids: Ids { bytes: &body }, reason };
-        assert!(matches!(decoded(&self.call(nack)), Reply::Ids { done: 1, .. }), "nack {id}");
+        assert!(matches!(self.call(nack), Reply::Ids { done: 1, .. }), "nack {id}");
     }
 
     /// PEEK: message `id`'s state in `group`, and its `until_ms`.
     fn peek_state(&mut self, group: &str, id: u64) -> (u8, u64) {
         let out = self.call(Request::Peek { topic: "t", id });
-        let Reply::Inspected(entries) = decoded(&out) else { panic!("peek") };
+        let Reply::Inspected(entries) = out else { panic!("peek") };
         let line = entries[0].groups.iter().find(|l| l.name == group).expect("the group's line");
         (line.state as u8, line.until_ms)
     }
@@ -141,7 +88,7 @@ impl Harness {
     /// PEEK: message `id`'s last NACK reason in `group`.
     fn reason(&mut self, group: &str, id: u64) -> String {
         let out = self.call(Request::Peek { topic: "t", id });
-        let Reply::Inspected(entries) = decoded(&out) else { panic!("peek") };
+        let Reply::Inspected(entries) = out else { panic!("peek") };
         let line = entries[0].groups.iter().find(|l| l.name == group).expect("the group's line");
         line.last_nack_reason.to_string()
     }
@@ -149,7 +96,7 @@ impl Harness {
     /// A key of group `group`'s STATS section.
     fn stat(&mut self, group: &str, key: &str) -> Option<u64> {
         let out = self.call(Request::Stats { topic: "t" });
-        let Reply::Stats(sections) = decoded(&out) else { panic!("stats") };
+        let Reply::Stats(sections) = out else { panic!("stats") };
         let name = format!("t/{group}");
         let s = sections.iter().find(|s| s.0 == name).unwrap_or_else(|| panic!("no section {name}"));
         s.1.iter().find(|kv| kv.0 == key).map(|kv| kv.1)
@@ -159,9 +106,9 @@ impl Harness {
     /// nothing, then to `at` and returns what it gets: the wait ends at
     /// `at`, not a millisecond sooner.
     fn ready_at(&mut self, group: &str, at: u64) -> Vec<(u64, u16)> {
-        self.tick(at - 1);
+        self.tick_to(at - 1);
         assert_eq!(self.fetch(group, 0), [], "nothing ready 1 ms before {at}");
-        self.tick(at);
+        self.tick_to(at);
         self.fetch(group, 0)
     }
 }
@@ -215,7 +162,7 @@ fn an_ack_timeout_waits_a_nack_delay_wins_and_the_last_delivery_dead_letters() {
     let id = h.produce(1);
     assert_eq!(h.fetch("g", 0), [(id, 1)]);
     // The deadline passes at +500: the wait of the first delivery is 1 s.
-    h.tick(START_WALL_MS + 500);
+    h.tick_to(START_WALL_MS + 500);
     assert_eq!(h.stat("g", "retry_waiting"), Some(1));
     assert_eq!(h.ready_at("g", START_WALL_MS + 1_500), [(id, 2)]);
     // An explicit delay is kept, not the policy's 2 s.
@@ -258,7 +205,7 @@ fn a_retry_wait_survives_a_restart_and_compaction() {
         h.call(Request::Ack { topic: "t", group: "", ids: Ids { bytes: &body } });
     }
     for _ in 0..400 {
-        h.tick(h.now.wall_ms);
+        h.tick_to(h.now.wall_ms);
     }
     assert!(h.broker.compactions() > 0, "compaction ran");
     drop(h);

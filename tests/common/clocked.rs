@@ -1,11 +1,13 @@
 //! A broker on a test clock, driven as the reactor drives it — a turn's
 //! requests, then its timers, then its commit — with `Now` chosen by the
-//! test, so that nothing sleeps: the harness of tests/dedup.rs and
-//! tests/schedule.rs, each of which adds the requests it needs.
+//! test, so that nothing sleeps: the harness of tests/dedup.rs,
+//! tests/schedule.rs, tests/retry.rs and tests/retention.rs, each of which
+//! adds the requests it needs.
 
 use std::path::Path;
 
 use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outcome, Session};
+use runnel::codec::inspect::{GroupLine, HeldMessage, Inspected};
 use runnel::codec::{self, Decoded, Frame, Props, PropsLimits, Reply, Request};
 use runnel::log::LogOptions;
 
@@ -37,7 +39,12 @@ impl Harness {
     /// with a session that negotiated `version`.
     pub fn open(dir: &Path, now: Now, config: Config, version: u16) -> Harness {
         let log = LogOptions { segment_bytes_max: SEGMENT_BYTES_MAX, ..LogOptions::default() };
-        let broker = Broker::open(config, dir, log, now).expect("open broker");
+        Harness::over(Broker::open(config, dir, log, now).expect("open broker"), now, version)
+    }
+
+    /// A harness over `broker` (a memory-only one, say) at `now`, with a
+    /// session that negotiated `version`.
+    pub fn over(broker: Broker, now: Now, version: u16) -> Harness {
         let mut h = Harness { broker, session: Session { consumer: 1, ..Session::default() }, now, rid: 0 };
         let reply = h.call(Request::Hello { min_version: 1, max_version: version, token: b"" });
         assert!(matches!(reply, Reply::Hello { version: v, .. } if v == version), "{reply:?}");
@@ -112,6 +119,27 @@ pub fn owned(r: Reply<'_>) -> Reply<'static> {
         Reply::GroupCreated { created, cursor } => Reply::GroupCreated { created, cursor },
         Reply::Cursor(c) => Reply::Cursor(c),
         Reply::AckProduced { done, failed, outputs } => Reply::AckProduced { done, failed, outputs },
+        Reply::Inspected(entries) => Reply::Inspected(entries.into_iter().map(owned_inspected).collect()),
         other => panic!("a reply these tests do not expect: {other:?}"),
     }
+}
+
+/// An inspection entry, owned.
+fn owned_inspected(e: Inspected<'_>) -> Inspected<'static> {
+    let message = e.message.map(|m| HeldMessage {
+        props: Props::parse(m.props.bytes().to_vec().leak(), codec::CODEC_VERSION_MAX, &PropsLimits::ANY)
+            .expect("props"),
+        payload: m.payload.map(|p| &*p.to_vec().leak()),
+        ..m
+    });
+    let groups = e
+        .groups
+        .into_iter()
+        .map(|g| GroupLine {
+            name: String::from(g.name).leak(),
+            last_nack_reason: String::from(g.last_nack_reason).leak(),
+            ..g
+        })
+        .collect();
+    Inspected { id: e.id, message, groups }
 }
