@@ -12,7 +12,9 @@
 //!    connection until WouldBlock (or its fair share), decode every complete
 //!    frame and hand it to the broker, whose replies go to the connection's
 //!    output buffer — except replies that must wait for the log, which the
-//!    broker holds;
+//!    broker holds; if one of those waits for an `fdatasync`, poll once
+//!    more without waiting and serve what arrived meanwhile the same way,
+//!    so that it shares the turn's sync (`Reactor::serve_late`);
 //! 4. **advance the timing wheel**: ack deadlines, NACK delays and long-poll
 //!    waits that passed;
 //! 5. **write**: a step of compaction: a slice of copies appended (at
@@ -251,6 +253,9 @@ pub struct Reactor {
     conns: Conns,
     /// The queues, the log, and the requests' handling.
     broker: Broker,
+    /// The readiness found by a turn's second, non-blocking poll
+    /// (`serve_late`); kept to reuse its buffer.
+    late: Events,
     /// Connections with undecoded input to serve next turn.
     hot: Vec<ConnKey>,
     /// The other half of `hot`'s double buffer.
@@ -334,6 +339,7 @@ impl Reactor {
             broker,
             hot: Vec::new(),
             hot_spare: Vec::new(),
+            late: Events::with_capacity(EVENTS_PER_POLL),
             dirty: Vec::new(),
             closing: Vec::new(),
             unwritable: Vec::new(),
@@ -419,14 +425,7 @@ impl Reactor {
             }
         }
         for event in events.iter() {
-            match Source::of(event.token()) {
-                Source::Listener => self.accept(now),
-                Source::Waker => {}
-                Source::Signals => self.drain_signals(),
-                Source::Metrics => self.accept_http(now),
-                Source::Http(key) => self.serve_http(key, now),
-                Source::Conn(key) => self.ready(key, event, now),
-            }
+            self.dispatch(event, now);
         }
         for &key in &hot {
             self.serve(key, now);
@@ -435,8 +434,59 @@ impl Reactor {
         self.hot_spare = hot;
     }
 
+    /// Step 3, once more, in a turn that will `fdatasync`: a poll that does
+    /// not wait, and what it finds served as the first poll's was. The
+    /// requests that arrived while the turn was being served (a pipelining
+    /// client's next batch, sent moments after the one that woke the loop)
+    /// so share this turn's sync instead of waiting a whole turn, sync
+    /// included, for the next: a client with N requests in flight would
+    /// otherwise have them split between two syncs, N/2 each. A connection
+    /// that used its share of the turn is not read again: it is hot, so
+    /// the next turn serves it anyway (what its event says besides "read"
+    /// is kept, since an edge is said once).
+    fn serve_late(&mut self, now: Now) {
+        if !self.broker.turn_will_sync() {
+            return;
+        }
+        let mut late = std::mem::replace(&mut self.late, Events::with_capacity(0));
+        // A failed poll is not this pass's to report: the next turn's
+        // poll says it again.
+        if self.poll_once(&mut late, Some(Duration::ZERO)).is_ok() {
+            for event in late.iter() {
+                match Source::of(event.token()) {
+                    Source::Conn(key) if self.conns.get_mut(key).is_some_and(|c| c.hot) => {
+                        self.note_edges(key, event);
+                    }
+                    _ => self.dispatch(event, now),
+                }
+            }
+        }
+        self.late = late;
+    }
+
+    /// One readiness event of a poll, handed to whatever it is for.
+    fn dispatch(&mut self, event: &Event, now: Now) {
+        match Source::of(event.token()) {
+            Source::Listener => self.accept(now),
+            Source::Waker => {}
+            Source::Signals => self.drain_signals(),
+            Source::Metrics => self.accept_http(now),
+            Source::Http(key) => self.serve_http(key, now),
+            Source::Conn(key) => self.ready(key, event, now),
+        }
+    }
+
     /// A client connection's readiness event.
     fn ready(&mut self, key: ConnKey, event: &Event, now: Now) {
+        self.note_edges(key, event);
+        if event.is_readable() || event.is_read_closed() || event.is_error() {
+            self.serve(key, now);
+        }
+    }
+
+    /// What a connection's readiness event says besides "read": the peer
+    /// closed, or the socket takes output again.
+    fn note_edges(&mut self, key: ConnKey, event: &Event) {
         if event.is_read_closed() || event.is_error() {
             // Edge-triggered: this is said once. Remember it, for a
             // connection that parks or pauses before it reads to the EOF.
@@ -446,9 +496,6 @@ impl Reactor {
         }
         if event.is_writable() {
             self.mark_dirty(key);
-        }
-        if event.is_readable() || event.is_read_closed() || event.is_error() {
-            self.serve(key, now);
         }
     }
 
@@ -880,6 +927,7 @@ struct ReactorTurn<'a> {
 impl TurnSteps for ReactorTurn<'_> {
     fn serve_ready(&mut self, now: Now) {
         self.reactor.handle_readiness(self.events, now);
+        self.reactor.serve_late(now);
     }
     fn advance(&mut self, now: Now) {
         let r = &mut *self.reactor;

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use super::{Broker, ConnKey, Now, Outbox, Timer, TopicId, stats};
 use crate::codec::{self, ErrorCode, Request, op};
-use crate::log::{Committed, WrittenTurn};
+use crate::log::{Committed, FsyncMode, WrittenTurn};
 use crate::metrics::{Phase, PhaseNanos};
 use crate::queue::{GroupId, IdHasher, MsgId};
 use crate::record::RequeueRecord;
@@ -185,6 +185,14 @@ impl Broker {
     /// (its reply would overtake the held one).
     pub fn must_wait(&self, conn: ConnKey, req: Option<&Request<'_>>) -> bool {
         req.is_none_or(|r| !r.waits_for_sync()) && self.turn.holds(conn)
+    }
+
+    /// Whether this turn, as served so far, ends with an `fdatasync`: a
+    /// reply waits on it and the log syncs its turns. The reactor then
+    /// reads once more before the write, so that requests which arrived
+    /// meanwhile share the sync.
+    pub fn turn_will_sync(&self) -> bool {
+        self.turn.sync_wanted() && !self.log.memory_only() && self.log.fsync_mode() == FsyncMode::Turn
     }
 
     /// Holds a reply `handle` encoded into the turn's buffer with `encode`
