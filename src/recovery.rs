@@ -413,18 +413,58 @@ fn read_segment(path: &Path, data: &mut Vec<u8>) -> Result<(), OpenError> {
 /// The first pass of a `Replayer` that `scans`: every valid record of
 /// every segment, in log order, each segment read up to where `replay`
 /// reads it (its first record that is not valid; `replay` then cuts a torn
-/// tail or refuses the start).
+/// tail or refuses the start). Produce and Dedup records, which the first
+/// pass does not look into and which hold nearly all of a log's bytes, are
+/// stepped over unread when larger than the read buffer: a log of large
+/// records costs this pass little more than their headers.
 fn scan_records(dir: &Path, bases: &[u64], replayer: &mut dyn Replayer) -> Result<(), OpenError> {
-    let mut data = Vec::new();
+    let mut rec = Vec::new();
     for &base in bases {
-        read_segment(&dir.join(segment_name(base)), &mut data)?;
-        let mut pos = 0;
-        while let Ok((kind, version, body, used)) = parse_record(&data[pos..]) {
-            replayer.scan(&ReadRecord { kind, version, body, offset: base + pos as u64, segment: base });
+        let path = dir.join(segment_name(base));
+        let file = File::open(&path).map_err(io_error(&path))?;
+        let file_bytes = file.metadata().map_err(io_error(&path))?.len();
+        let mut rd = io::BufReader::with_capacity(SCAN_BUFFER_BYTES, file);
+        let mut pos = 0u64;
+        while let Some(used) = scan_record(&mut rd, &mut rec, file_bytes - pos, |r| {
+            replayer.scan(&ReadRecord { offset: base + pos, segment: base, ..r });
+        }) {
             pos += used;
         }
     }
     Ok(())
+}
+
+/// Bytes `scan_records` reads from a segment at a time.
+const SCAN_BUFFER_BYTES: usize = 64 << 10;
+
+/// Reads the record at `rd`'s position (into `rec`) and hands it to
+/// `scan`, or steps over it if it is a Produce or Dedup record; the bytes
+/// it takes. None at the end of the valid records (or of the `left` bytes
+/// the file has after the position: a torn length never makes it read or
+/// allocate past the file).
+fn scan_record(
+    rd: &mut io::BufReader<File>,
+    rec: &mut Vec<u8>,
+    left: u64,
+    scan: impl FnOnce(ReadRecord<'_>),
+) -> Option<u64> {
+    rec.resize(RECORD_HEADER_BYTES, 0);
+    rd.read_exact(rec).ok()?;
+    let len = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]) as usize;
+    let kind = RecordKind::from_u8(rec[8])?;
+    let used = (RECORD_HEADER_BYTES + len) as u64;
+    if used > left {
+        return None;
+    }
+    if matches!(kind, RecordKind::Produce | RecordKind::Dedup) {
+        rd.seek_relative(i64::try_from(len).ok()?).ok()?;
+        return Some(used);
+    }
+    rec.resize(RECORD_HEADER_BYTES + len, 0);
+    rd.read_exact(&mut rec[RECORD_HEADER_BYTES..]).ok()?;
+    let (kind, version, body, _) = parse_record(rec).ok()?;
+    scan(ReadRecord { kind, version, body, offset: 0, segment: 0 });
+    Some(used)
 }
 
 /// Why `replay` stopped.
