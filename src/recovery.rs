@@ -410,13 +410,16 @@ fn read_segment(path: &Path, data: &mut Vec<u8>) -> Result<(), OpenError> {
     Ok(())
 }
 
-/// The first pass of a `Replayer` that `scans`: every valid record of
-/// every segment, in log order, each segment read up to where `replay`
-/// reads it (its first record that is not valid; `replay` then cuts a torn
-/// tail or refuses the start). Produce and Dedup records, which the first
-/// pass does not look into and which hold nearly all of a log's bytes, are
-/// stepped over unread when larger than the read buffer: a log of large
-/// records costs this pass little more than their headers.
+/// The first pass of a `Replayer` that `scans`: the records of every
+/// segment, in log order, up to the first that is not valid (where
+/// `replay` cuts a torn tail or refuses the start). Produce and Dedup
+/// records, which the first pass does not look into and which hold nearly
+/// all of a log's bytes, are stepped over by their length, unread when
+/// larger than the read buffer and without their CRC checked: a log of
+/// large records costs this pass little more than their headers. So after
+/// a torn Produce record it may read records `replay` cuts; a group it
+/// places from those alone is never named, so it is never built, and what
+/// it held back is released at the end (`Topic::restore_done`).
 fn scan_records(dir: &Path, bases: &[u64], replayer: &mut dyn Replayer) -> Result<(), OpenError> {
     let mut rec = Vec::new();
     for &base in bases {
