@@ -21,7 +21,6 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -36,6 +35,13 @@ mod recovery;
 #[path = "releaser.rs"]
 mod releaser;
 pub use recovery::{CLEAN_STOP_FILE, Damage, DamageKind, Inspection, LastStop};
+#[path = "log_open.rs"]
+mod open;
+#[path = "segment_file.rs"]
+mod segment_file;
+use open::Applier;
+pub use open::{OpenError, Recovery, Replayer};
+pub use segment_file::{Opener, SegmentFile, open_file};
 
 pub use crate::record::RecordKind;
 
@@ -107,54 +113,6 @@ impl Default for LogOptions {
     fn default() -> Self {
         LogOptions { segment_bytes_max: 64 << 20, fsync: FsyncMode::Turn, repair: false }
     }
-}
-
-/// The file operations the log needs from a segment. A trait so that tests
-/// can inject a failing write or sync without filling a disk.
-pub trait SegmentFile: Send {
-    /// Writes all of `buf` at byte `offset` of the file.
-    fn write_all_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()>;
-    fn sync_data(&mut self) -> io::Result<()>;
-    fn set_len(&mut self, len: u64) -> io::Result<()>;
-    /// Reserves space so that the file is at least `len` bytes long and
-    /// writes below `len` change neither its size nor its allocation
-    /// (`fallocate`). Best effort: the log writes whether or not it worked.
-    fn reserve(&mut self, len: u64) -> io::Result<()>;
-    /// Bytes free on the file's filesystem for an unprivileged writer
-    /// (`fstatvfs`); an error means unknown, and the log does not keep
-    /// headroom then.
-    fn free_bytes(&self) -> io::Result<u64> {
-        Err(io::ErrorKind::Unsupported.into())
-    }
-}
-
-impl SegmentFile for File {
-    fn write_all_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()> {
-        FileExt::write_all_at(self, buf, offset)
-    }
-    fn sync_data(&mut self) -> io::Result<()> {
-        File::sync_data(self)
-    }
-    fn set_len(&mut self, len: u64) -> io::Result<()> {
-        File::set_len(self, len)
-    }
-    fn reserve(&mut self, len: u64) -> io::Result<()> {
-        crate::sys::allocate(self, len)
-    }
-    fn free_bytes(&self) -> io::Result<u64> {
-        crate::sys::free_bytes(self)
-    }
-}
-
-/// Opens a segment file for appending; swapped in tests.
-pub type Opener = Box<dyn FnMut(&Path) -> io::Result<Box<dyn SegmentFile>> + Send>;
-
-/// The real opener: a file opened for writing at the log's own offsets
-/// (not `O_APPEND`: the end of the file is reserved space, not the end of
-/// the records).
-pub fn open_file(path: &Path) -> io::Result<Box<dyn SegmentFile>> {
-    let f = OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
-    Ok(Box::new(f))
 }
 
 /// One segment file.
@@ -322,104 +280,6 @@ pub struct ReadRecord<'a> {
     pub offset: u64,
     /// Base offset (file name) of the segment it is in.
     pub segment: u64,
-}
-
-/// What recovery reads the records into, in log order.
-pub trait Replayer {
-    /// Whether the log is read twice: every record into `scan` first,
-    /// then every record into `apply`.
-    fn scans(&self) -> bool {
-        false
-    }
-    /// A record of the first pass. Records that do not decode are for
-    /// `apply` to refuse; damage stops the first pass's reading of a
-    /// segment where it stops `apply`'s.
-    fn scan(&mut self, _r: &ReadRecord<'_>) {}
-    /// A record of the (second) pass: an error stops the start.
-    fn apply(&mut self, r: &ReadRecord<'_>) -> Result<(), String>;
-}
-
-/// A closure as a `Replayer` that reads the log once.
-struct Applier<F>(F);
-
-impl<F: FnMut(&ReadRecord<'_>) -> Result<(), String>> Replayer for Applier<F> {
-    fn apply(&mut self, r: &ReadRecord<'_>) -> Result<(), String> {
-        (self.0)(r)
-    }
-}
-
-/// Why recovery stopped.
-#[derive(Debug)]
-pub enum OpenError {
-    /// Another process holds the directory (its path).
-    Locked(PathBuf),
-    Io(PathBuf, io::Error),
-    /// The log is damaged in a way a start does not cut on its own: the
-    /// first damage found (a segment's file and byte offset; for a gap, the
-    /// file after it at offset 0), and what a full read found, which is
-    /// what `--repair` would drop.
-    Corrupt {
-        file: PathBuf,
-        offset: u64,
-        why: String,
-        report: Option<Box<Inspection>>,
-    },
-    /// The broker could not apply a record.
-    Apply {
-        file: PathBuf,
-        offset: u64,
-        why: String,
-    },
-}
-
-impl std::fmt::Display for OpenError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            OpenError::Locked(p) => {
-                write!(
-                    f,
-                    "data directory {} is locked by another runnel process; stop it or use another --data",
-                    p.display()
-                )
-            }
-            OpenError::Io(p, e) => write!(f, "{}: {e}", p.display()),
-            OpenError::Corrupt { file, offset, why, report } => {
-                writeln!(f, "commit log corrupt in {} at byte {offset}: {why}", file.display())?;
-                if let Some(r) = report {
-                    write!(f, "{}", r.damage_text())?;
-                }
-                write!(
-                    f,
-                    "start with --repair to drop the damaged bytes and keep every valid record (docs/log-format.md, \"Repair\", says what dropping a record means), or with --repair --dry-run to see this again without changing anything"
-                )
-            }
-            OpenError::Apply { file, offset, why } => {
-                write!(f, "commit log record in {} at byte {offset} cannot be applied: {why}", file.display())
-            }
-        }
-    }
-}
-
-impl std::error::Error for OpenError {}
-
-/// What recovery found.
-#[derive(Clone, Debug, Default)]
-pub struct Recovery {
-    pub records: u64,
-    pub bytes: u64,
-    pub segments: usize,
-    /// Bytes cut from the tail of the last segment (a torn write, and the
-    /// space reserved after it).
-    pub truncated_bytes: u64,
-    /// Bytes dropped by --repair (damaged stretches of segment files).
-    pub repaired_bytes: u64,
-    /// The first damaged or missing stretches --repair found (listed up to
-    /// a bound; `repaired_bytes` counts them all).
-    pub damage: Vec<Damage>,
-    /// Whether the previous run stopped cleanly (its marker was found and
-    /// the log matched it).
-    pub clean_stop: bool,
-    pub millis: u64,
 }
 
 impl Log {
