@@ -105,3 +105,24 @@ pub struct Recovery {
     pub clean_stop: bool,
     pub millis: u64,
 }
+
+impl Recovery {
+    /// What recovery found in `data_dir`, in a line (the broker logs it at
+    /// start).
+    pub fn summary(&self, data_dir: &std::path::Path) -> String {
+        format!(
+            "recovered {} records, {} bytes in {} segments from {} in {} ms; the last run {}{}",
+            self.records,
+            self.bytes,
+            self.segments,
+            data_dir.display(),
+            self.millis,
+            if self.clean_stop { "stopped cleanly" } else { "may have crashed" },
+            if self.truncated_bytes > 0 {
+                format!(" (cut a torn tail of {} bytes)", self.truncated_bytes)
+            } else {
+                String::new()
+            }
+        )
+    }
+}

@@ -98,7 +98,7 @@ use crate::config::ServeConfig;
 use crate::conn::{ConnState, FULL_HOLDING_BYTES_MAX, Serve, Step};
 use crate::http::{HttpKey, HttpServer, LoopParts};
 use crate::limits::Limits;
-use crate::log::{OpenError, Recovery};
+use crate::log::OpenError;
 use crate::metrics::{self, LoopMetrics, PhaseNanos};
 use crate::sys;
 use crate::wheel::{TimerKey, Wheel};
@@ -316,7 +316,7 @@ impl Reactor {
         } else {
             let broker = Broker::open(cfg.broker.clone(), &cfg.data_dir, cfg.log.clone(), now)
                 .map_err(|e: OpenError| e.to_string())?;
-            log_recovery(&broker.recovery, &cfg.data_dir);
+            log::info!("{}", broker.recovery.summary(&cfg.data_dir));
             broker
         };
         let poll = Poll::new().map_err(|e| format!("epoll: {e}"))?;
@@ -964,24 +964,6 @@ impl TurnSteps for ReactorTurn<'_> {
         self.reactor.close_ended();
         self.reactor.watch_buffers(now);
     }
-}
-
-/// Says what recovery found in `data_dir`.
-fn log_recovery(r: &Recovery, data_dir: &std::path::Path) {
-    log::info!(
-        "recovered {} records, {} bytes in {} segments from {} in {} ms; the last run {}{}",
-        r.records,
-        r.bytes,
-        r.segments,
-        data_dir.display(),
-        r.millis,
-        if r.clean_stop { "stopped cleanly" } else { "may have crashed" },
-        if r.truncated_bytes > 0 {
-            format!(" (cut a torn tail of {} bytes)", r.truncated_bytes)
-        } else {
-            String::new()
-        }
-    );
 }
 
 /// Connections the kernel may complete before the loop accepts them. The
