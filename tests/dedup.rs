@@ -14,7 +14,7 @@ use std::path::Path;
 use common::TempDir;
 use common::clocked::{Harness, START_WALL_MS, start};
 use runnel::broker::{Config, Now};
-use runnel::codec::{self, Batch, ErrorCode, Ids, Props, PropsLimits, Reply, Request, props};
+use runnel::codec::{self, Batch, ErrorCode, Props, PropsLimits, Reply, Request, props};
 use runnel::codec::{TopicOptions, TopicSettings};
 
 /// A payload that makes a few hundred messages fill several segments.
@@ -54,25 +54,6 @@ impl Harness {
         }
     }
 
-    /// Fetches and acks everything ready in `topic`; returns how many.
-    fn drain(&mut self, topic: &'static str) -> usize {
-        let mut n = 0;
-        loop {
-            let fetch =
-                Request::Fetch { topic, group: "", max_messages: 1000, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 };
-            let Reply::Messages { messages, .. } = self.call(fetch) else { panic!("fetch") };
-            if messages.is_empty() {
-                return n;
-            }
-            let ids: Vec<u64> = messages.iter().map(|m| m.id).collect();
-            n += ids.len();
-            let mut body = Vec::new();
-            codec::encode_ids(&mut body, &ids);
-            let ack = self.call(Request::Ack { topic, group: "", ids: Ids { bytes: &body } });
-            assert!(matches!(ack, Reply::Ids { failed, .. } if failed.is_empty()));
-        }
-    }
-
     fn create(&mut self, topic: &'static str, dedup_window_ms: Option<u32>) -> Reply<'static> {
         let settings = TopicSettings::default();
         let options = TopicOptions { dedup_window_ms, ..TopicOptions::default() };
@@ -103,7 +84,7 @@ fn a_duplicate_within_the_window_is_answered_with_the_original_id() {
     assert_eq!(h.produce("t", &[Some("d"), Some("d")]), Ok((5, 1, vec![(1, 5)])));
     // Ids are per topic.
     assert_eq!(h.produce("u", &[Some("a")]), Ok((1, 1, vec![])));
-    assert_eq!(h.drain("t"), 5, "each message stored once");
+    assert_eq!(h.ack_all("t"), 5, "each message stored once");
     // Acked, the original is still remembered.
     assert_eq!(h.produce("t", &[Some("a")]), Ok((0, 0, vec![(0, 1)])));
     assert_eq!(h.stat("t", "dedup_entries"), 4);
@@ -135,7 +116,7 @@ fn the_window_survives_a_restart_and_expires_by_the_wall_clock() {
     assert!(matches!(h.create("short", Some(10_000)), Reply::Created { created: true }));
     assert_eq!(h.produce("t", &[Some("a"), Some("b")]), Ok((1, 2, vec![])));
     assert_eq!(h.produce("short", &[Some("a")]), Ok((1, 1, vec![])));
-    assert_eq!(h.drain("t"), 2);
+    assert_eq!(h.ack_all("t"), 2);
     drop(h);
     let later = Now { mono_ms: 1, wall_ms: START_WALL_MS + 10_000 };
     let mut h = open(dir.path(), later);
@@ -152,14 +133,14 @@ fn compaction_keeps_the_window_of_acked_messages() {
     for id in &ids {
         assert!(matches!(h.produce("t", &[Some(id)]), Ok((_, 1, d)) if d.is_empty()));
     }
-    assert_eq!(h.drain("t"), 20);
+    assert_eq!(h.ack_all("t"), 20);
     // Filler without ids, acked at once, until compaction has removed the
     // segments that held the dedup ids' Produce records a few times over.
     while h.broker.compactions() < 6 {
         for _ in 0..10 {
             h.produce("filler", &[None]).expect("filler");
         }
-        h.drain("filler");
+        h.ack_all("filler");
     }
     let first = h.broker.log().segments()[0].base;
     assert!(first > 0, "the first segment is gone");

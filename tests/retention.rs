@@ -62,25 +62,6 @@ impl Harness {
         }
     }
 
-    /// Fetches and acks everything ready in `topic`'s default group.
-    fn drain(&mut self, topic: &'static str) -> usize {
-        let mut n = 0;
-        loop {
-            let fetch =
-                Request::Fetch { topic, group: "", max_messages: 1000, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 };
-            let Reply::Messages { messages, .. } = self.call(fetch) else { panic!("fetch") };
-            if messages.is_empty() {
-                return n;
-            }
-            let ids: Vec<u64> = messages.iter().map(|m| m.id).collect();
-            n += ids.len();
-            let mut body = Vec::new();
-            codec::encode_ids(&mut body, &ids);
-            let ack = self.call(Request::Ack { topic, group: "", ids: Ids { bytes: &body } });
-            assert!(matches!(ack, Reply::Ids { failed, .. } if failed.is_empty()));
-        }
-    }
-
     fn stat(&mut self, section: &str, key: &str) -> u64 {
         let Reply::Stats(sections) = self.call(Request::Stats { topic: "" }) else { panic!("stats") };
         let s = sections.into_iter().find(|s| s.0 == section).map(|s| s.1).unwrap_or_default();
@@ -128,7 +109,7 @@ fn a_memory_only_broker_refuses_retention() {
 /// turns enough for compaction to look more than once.
 fn fill_and_ack(h: &mut Harness, topic: &'static str) {
     h.produce(topic, 300);
-    assert_eq!(h.drain(topic), 300);
+    assert_eq!(h.ack_all(topic), 300);
     h.tick(1, 300);
 }
 
@@ -291,7 +272,7 @@ fn replayable(dir: &Path) -> Harness {
     let mut h = open_at(dir, start());
     h.create("r", Some(3_600_000), None);
     h.produce_marked("r", 0, 300);
-    assert_eq!(h.drain("r"), 300);
+    assert_eq!(h.ack_all("r"), 300);
     h.tick(1, 100);
     assert_eq!(h.stat("r", "bytes"), 0, "every message left memory");
     h
@@ -321,7 +302,7 @@ fn a_group_created_or_reset_at_an_id_or_a_time_replays_from_there() {
     h.tick(10_000, 1);
     let second_ms = h.now.wall_ms;
     h.produce_marked("r", 150, 150);
-    assert_eq!(h.drain("r"), 300);
+    assert_eq!(h.ack_all("r"), 300);
     h.tick(1, 100);
     assert_eq!(h.create_group("r", "at-id", Start::Id(101)), 101);
     assert_eq!(h.receive("r", "at-id", 200), expected(101, 100, 200));
@@ -341,7 +322,7 @@ fn a_replay_keeps_a_bounded_window_in_memory_and_reads_a_bounded_amount_a_turn()
     let mut h = Harness::open(dir.path(), start(), config, codec::V4);
     h.create("r", None, Some(1 << 30));
     h.produce_marked("r", 0, 300);
-    assert_eq!(h.drain("r"), 300);
+    assert_eq!(h.ack_all("r"), 300);
     h.create_group("r", "late", Start::Earliest);
     h.tick(0, 200);
     let held = h.stat("r", "bytes");
@@ -387,7 +368,7 @@ fn what_an_ack_produce_stored_is_replayed_too() {
             _ => h.ack_produce_marked("src", "r", k),
         }
     }
-    assert_eq!(h.drain("r"), 200);
+    assert_eq!(h.ack_all("r"), 200);
     h.tick(1, 100);
     assert_eq!(h.stat("r", "bytes"), 0, "every message left memory");
     h.create_group("r", "late", Start::Earliest);
@@ -404,7 +385,7 @@ fn a_topic_without_retention_replays_nothing() {
     let mut h = open_at(dir.path(), start());
     h.create("plain", None, None);
     h.produce_marked("plain", 0, 50);
-    assert_eq!(h.drain("plain"), 50);
+    assert_eq!(h.ack_all("plain"), 50);
     assert_eq!(h.create_group("plain", "late", Start::Earliest), 51, "earliest is the next message");
     assert!(h.receive("plain", "late", 1).is_empty());
     assert_eq!(h.stat("", "replay_read_bytes"), 0);

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outcome, Session};
 use runnel::codec::inspect::{GroupLine, HeldMessage, Inspected};
-use runnel::codec::{self, Decoded, Frame, Props, PropsLimits, Reply, Request};
+use runnel::codec::{self, Decoded, Frame, Ids, Props, PropsLimits, Reply, Request};
 use runnel::log::LogOptions;
 
 use super::Outs;
@@ -71,6 +71,26 @@ impl Harness {
         };
         // The reply borrows `out`: keep what the tests read.
         owned(reply)
+    }
+
+    /// Fetches and acks everything ready in `topic`'s default group;
+    /// returns how many.
+    pub fn ack_all(&mut self, topic: &'static str) -> usize {
+        let mut n = 0;
+        loop {
+            let fetch =
+                Request::Fetch { topic, group: "", max_messages: 1000, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 };
+            let Reply::Messages { messages, .. } = self.call(fetch) else { panic!("fetch") };
+            if messages.is_empty() {
+                return n;
+            }
+            let ids: Vec<u64> = messages.iter().map(|m| m.id).collect();
+            n += ids.len();
+            let mut body = Vec::new();
+            codec::encode_ids(&mut body, &ids);
+            let ack = self.call(Request::Ack { topic, group: "", ids: Ids { bytes: &body } });
+            assert!(matches!(ack, Reply::Ids { failed, .. } if failed.is_empty()));
+        }
     }
 
     /// A turn with no request at wall clock `to_wall_ms` (the monotonic
