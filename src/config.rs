@@ -318,6 +318,7 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--retention-ms-max", "MS", "longest retention by age a topic may have"),
     ("--retention-bytes-max", "N", "largest retention by size a topic may have"),
     ("--replay-read-bytes-per-turn", "N", "most bytes of the log files replays read per loop turn"),
+    ("--replay-read-bytes-per-sec", "N", "most bytes of the log files replays read per second (0: unpaced)"),
     ("--replay-window-messages-max", "N", "most messages a replay puts back ahead of its group"),
 ];
 
@@ -478,7 +479,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 40] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 41] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -519,6 +520,7 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 40] {
         ("retention-ms-max", l.retention_ms_max),
         ("retention-bytes-max", l.retention_bytes_max),
         ("replay-read-bytes-per-turn", l.replay_read_bytes_per_turn),
+        ("replay-read-bytes-per-sec", l.replay_read_bytes_per_sec),
         ("replay-window-messages-max", l.replay_window_messages_max.into()),
     ]
 }
@@ -573,6 +575,7 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         retention_ms_max,
         retention_bytes_max,
         replay_read_bytes_per_turn,
+        replay_read_bytes_per_sec,
         replay_window_messages_max
     );
     Ok(())

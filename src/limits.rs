@@ -184,6 +184,15 @@ pub struct Limits {
     /// few from a disk: a group replaying a gigabyte never stalls the
     /// other connections, and still reads hundreds of MB/s on a busy loop.
     pub replay_read_bytes_per_turn: u64,
+    /// Most bytes per second of the log files read for replays, over every
+    /// replaying group (0: unpaced, as much as each turn may). After a turn
+    /// reads, the next replay read waits until the average is back under
+    /// this. The loop reads synchronously: from a cold disk a megabyte
+    /// stalls the turn for milliseconds, and back-to-back reads keep the
+    /// disk busy under every durable turn's `fdatasync`. 64 MiB/s replays a
+    /// gigabyte in 16 s with the loop stalled a fraction of its time
+    /// (bench/README.md, "Replay from the files").
+    pub replay_read_bytes_per_sec: u64,
     /// Most messages a replay puts back ahead of its group's cursor: what
     /// a replaying group costs in memory, at most this many messages (one
     /// block's worth), whatever the size of the replay.
@@ -232,6 +241,7 @@ impl Default for Limits {
             retention_ms_max: 365 * 24 * 3600 * 1000,
             retention_bytes_max: 1 << 40,
             replay_read_bytes_per_turn: 1 << 20,
+            replay_read_bytes_per_sec: 64 << 20,
             replay_window_messages_max: 4096,
         }
     }

@@ -234,7 +234,7 @@ impl Harness {
                 let ack = self.call(Request::Ack { topic, group, ids: Ids { bytes: &body } });
                 assert!(matches!(ack, Reply::Ids { failed, .. } if failed.is_empty()));
             }
-            self.tick(0, 1);
+            self.tick(1, 1);
         }
         got
     }
@@ -331,6 +331,64 @@ fn a_replay_keeps_a_bounded_window_in_memory_and_reads_a_bounded_amount_a_turn()
     let most = h.stat("", "replay_turn_bytes_max");
     // A Produce record of one message here is some 300 bytes.
     assert!(most <= 2048 + 400, "{most} bytes read in one turn");
+}
+
+/// A replay paced at `rate` bytes a second with `per_turn` bytes a turn:
+/// after the first read, the bytes read over `ms` milliseconds (in turns
+/// of 1 ms), checked at every step against the rate.
+fn paced_reads(dir: &Path, rate: u64, per_turn: u64, ms: u64) -> (u64, u64) {
+    let mut config = Config::default();
+    config.limits.replay_read_bytes_per_turn = per_turn;
+    config.limits.replay_read_bytes_per_sec = rate;
+    let mut h = Harness::open(dir, start(), config, codec::V4);
+    h.create("r", None, Some(1 << 30));
+    h.produce_marked("r", 0, 300);
+    assert_eq!(h.ack_all("r"), 300);
+    h.create_group("r", "late", Start::Earliest);
+    // Many turns with no time passing: one turn's read at most when paced.
+    h.tick(0, 50);
+    let first = h.stat("", "replay_read_bytes");
+    let turn_max = h.stat("", "replay_turn_bytes_max");
+    if rate > 0 {
+        // Waiting for its pace, the replay lets the loop sleep until then.
+        let wake = h.broker.next_deadline_ms();
+        assert!(wake.is_some_and(|d| d > h.now.mono_ms), "wake at {wake:?}, now {}", h.now.mono_ms);
+        assert!(!h.broker.busy(), "a paced replay between its reads keeps the loop busy");
+    }
+    for t in 1..=ms {
+        h.tick(1, 1);
+        let read = h.stat("", "replay_read_bytes");
+        if rate > 0 {
+            // What the rate allows since the first read, and one turn's
+            // read (a record larger than the budget is read whole).
+            let allowed = first + rate * t / 1000 + turn_max;
+            assert!(read <= allowed, "{read} bytes read after {t} ms at {rate} B/s (first read {first})");
+        }
+    }
+    (first, h.stat("", "replay_read_bytes"))
+}
+
+#[test]
+fn a_paced_replay_reads_no_faster_than_its_rate_and_finishes() {
+    let paced = TempDir::new("replay-paced");
+    // 20 KiB/s, 2 KiB a turn: a read every 100 ms or so.
+    let (first, after_1s) = paced_reads(paced.path(), 20_480, 2048, 1000);
+    assert!(first <= 2048 + 400, "{first} bytes in the first turns with no time passing");
+    assert!(after_1s > first, "the replay went on as time passed ({after_1s} bytes after 1 s)");
+    let unpaced = TempDir::new("replay-unpaced");
+    let (first_unpaced, _) = paced_reads(unpaced.path(), 0, 2048, 0);
+    assert!(first_unpaced > 10 * 2048, "unpaced, every turn reads ({first_unpaced} bytes in 50 turns)");
+    // Paced, the replay still delivers everything in order.
+    let dir = TempDir::new("replay-paced-all");
+    let mut config = Config::default();
+    config.limits.replay_read_bytes_per_turn = 2048;
+    config.limits.replay_read_bytes_per_sec = 1 << 20;
+    let mut h = Harness::open(dir.path(), start(), config, codec::V4);
+    h.create("r", None, Some(1 << 30));
+    h.produce_marked("r", 0, 300);
+    assert_eq!(h.ack_all("r"), 300);
+    h.create_group("r", "late", Start::Earliest);
+    assert_eq!(h.receive("r", "late", 300), expected(1, 0, 300));
 }
 
 #[test]

@@ -363,9 +363,13 @@ impl Broker {
     pub fn log(&self) -> &Log {
         &self.log
     }
-    /// The earliest time a timer may fire, for the poll timeout.
+    /// The earliest time a timer may fire or a paced replay may read, for
+    /// the poll timeout.
     pub fn next_deadline_ms(&self) -> Option<u64> {
-        self.wheel.next_deadline_ms()
+        match (self.wheel.next_deadline_ms(), self.replays.next_read_ms()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
     /// Segments removed by compaction.
     pub fn compactions(&self) -> u64 {

@@ -58,11 +58,28 @@ pub(crate) struct Replays {
     pub(crate) read_bytes: u64,
     /// The most bytes one turn's replays read.
     pub(crate) turn_bytes_max: u64,
+    /// Paced (`replay_read_bytes_per_sec`): no replay reads before this
+    /// monotonic ms, when the bytes read so far are back under the rate.
+    next_read_ms: u64,
+    /// Whether the last step found `next_read_ms` ahead of it: the loop
+    /// may sleep until then.
+    waiting: bool,
 }
 
 impl Replays {
-    /// Whether a replay is under way (the loop should not sleep).
+    /// Whether a replay is under way and may read now (the loop should
+    /// not sleep).
     pub(crate) fn busy(&self) -> bool {
+        !self.list.is_empty() && !self.waiting
+    }
+
+    /// When a paced replay may read next, if it is waiting for that.
+    pub(crate) fn next_read_ms(&self) -> Option<u64> {
+        (!self.list.is_empty() && self.waiting).then_some(self.next_read_ms)
+    }
+
+    /// Whether a replay is under way.
+    pub(crate) fn any(&self) -> bool {
         !self.list.is_empty()
     }
 
@@ -148,8 +165,26 @@ impl Broker {
     }
 
     /// One turn of replays: reads at most `replay_read_bytes_per_turn` of
-    /// the files over all of them (or one record, if larger), round robin.
-    pub(super) fn replay_step(&mut self) {
+    /// the files over all of them (or one record, if larger), round robin,
+    /// if the pace lets it read at `now_ms`.
+    pub(super) fn replay_step(&mut self, now_ms: u64) {
+        let rate = self.config.limits.replay_read_bytes_per_sec;
+        self.replays.waiting = rate > 0 && now_ms < self.replays.next_read_ms;
+        if self.replays.waiting {
+            return;
+        }
+        let turn_bytes = self.replay_reads();
+        if rate > 0 && turn_bytes > 0 {
+            // The next read waits out what this one read at the rate (at
+            // least a ms: the clock's step), so reads come in whole turns'
+            // budgets spaced apart, not in slivers every turn.
+            let wait_ms = (u128::from(turn_bytes) * 1000).div_ceil(u128::from(rate));
+            self.replays.next_read_ms = now_ms.saturating_add(u64::try_from(wait_ms).unwrap_or(u64::MAX).max(1));
+        }
+    }
+
+    /// Reads one turn's budget over the replays; returns the bytes read.
+    fn replay_reads(&mut self) -> u64 {
         let mut budget = self.config.limits.replay_read_bytes_per_turn;
         let n = self.replays.list.len();
         let (mut turn_bytes, mut i, mut served) = (0, self.replays.next % n.max(1), 0);
@@ -169,6 +204,7 @@ impl Broker {
         self.replays.next = i;
         self.replays.read_bytes += turn_bytes;
         self.replays.turn_bytes_max = self.replays.turn_bytes_max.max(turn_bytes);
+        turn_bytes
     }
 
     /// Reads one slice of replay `i`, within `budget` bytes; true when it

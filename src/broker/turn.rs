@@ -274,8 +274,8 @@ impl Broker {
         self.log_waits(&mut waits);
         self.sweep();
         self.expire_dedup(now);
-        if self.replays.busy() {
-            self.replay_step();
+        if self.replays.any() {
+            self.replay_step(now.mono_ms);
         }
     }
 
