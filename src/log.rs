@@ -41,7 +41,7 @@ mod open;
 mod segment_file;
 use open::Applier;
 pub use open::{OpenError, Recovery, Replayer};
-pub use segment_file::{Opener, SegmentFile, open_file};
+pub use segment_file::{Opener, SegmentFile, open_file, open_mapped};
 
 pub use crate::record::RecordKind;
 
@@ -95,6 +95,16 @@ pub enum FsyncMode {
     /// Never sync: the page cache only. A produce is acknowledged after the
     /// `write`; a machine crash can lose it (a process crash cannot).
     Never,
+}
+
+/// How segment files are opened in `fsync` mode: mapped for `Never`,
+/// where a copy into the page cache costs less than a `pwrite`
+/// (`MappedFile`), and plain files for `Turn`.
+pub fn opener_for(fsync: FsyncMode) -> Opener {
+    match fsync {
+        FsyncMode::Turn => Box::new(open_file),
+        FsyncMode::Never => Box::new(open_mapped),
+    }
 }
 
 /// How the log is set up.
@@ -292,7 +302,8 @@ impl Log {
         options: LogOptions,
         apply: impl FnMut(&ReadRecord<'_>) -> Result<(), String>,
     ) -> Result<(Log, Recovery), OpenError> {
-        Log::open_with(dir, options, Box::new(open_file), apply)
+        let opener = opener_for(options.fsync);
+        Log::open_with(dir, options, opener, apply)
     }
 
     /// `open` with a custom segment opener (tests inject failures).

@@ -1,8 +1,9 @@
 //! Every call into the operating system that Rust's standard library and
 //! mio do not wrap, each behind a safe function: a listener with a chosen
 //! backlog, pinning the loop to a CPU, raising the open-file limit,
-//! reserving space in a file, and asking how much space its filesystem has
-//! free.
+//! reserving space in a file, asking how much space its filesystem has
+//! free, and mapping a file's reserved space to write it without a system
+//! call.
 //!
 //! The only `unsafe` code in the crate lives here (lib.rs denies it
 //! elsewhere), one block per function, each with a SAFETY note that says why
@@ -150,6 +151,76 @@ pub fn free_bytes(file: &File) -> io::Result<u64> {
     // The field types differ between targets (u32 on some 32-bit ones).
     #[allow(clippy::useless_conversion)]
     Ok(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+}
+
+/// A file's bytes `[0, len)` mapped shared and writable: a copy into it
+/// goes straight into the page cache, as a `pwrite` would, without the
+/// system call. The mapping is owned here alone (no reference into it ever
+/// leaves this type) and unmapped when it drops.
+///
+/// A write through it needs the file to stay at least `len` bytes long:
+/// the caller maps only space it has reserved (`allocate`) and drops the
+/// mapping before it shrinks the file. If another process shrank the file
+/// underneath, a write would raise SIGBUS and end the broker; it cannot
+/// break memory safety.
+pub struct SharedMap {
+    /// The first mapped byte.
+    ptr: std::ptr::NonNull<u8>,
+    /// Bytes mapped.
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value alone; moving it
+// to another thread moves that ownership with it.
+unsafe impl Send for SharedMap {}
+
+impl SharedMap {
+    /// Maps `file`'s bytes `[0, len)`; the file must be open for reading
+    /// and writing and at least `len` bytes long.
+    pub fn new(file: &File, len: u64) -> io::Result<SharedMap> {
+        let len = usize::try_from(len).map_err(|_| io::Error::other("mapping past usize"))?;
+        if len == 0 {
+            return Err(io::Error::other("an empty mapping"));
+        }
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: a fresh mapping at an address the kernel picks, so no
+        // existing memory is touched; the descriptor is borrowed from a File
+        // that stays open for the call (the mapping outlives the descriptor
+        // safely: it holds its own reference to the file).
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave null"))?;
+        Ok(SharedMap { ptr, len })
+    }
+
+    /// Bytes mapped.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.len as u64
+    }
+
+    /// Copies `buf` to byte `offset` of the mapping; false (nothing
+    /// written) if it does not fit inside it.
+    pub fn write_at(&mut self, buf: &[u8], offset: u64) -> bool {
+        let Ok(at) = usize::try_from(offset) else { return false };
+        if at.checked_add(buf.len()).is_none_or(|end| end > self.len) {
+            return false;
+        }
+        // SAFETY: `[at, at + buf.len())` lies inside the mapping (checked
+        // above), which this value owns alone, and `buf` is caller memory
+        // that cannot overlap it (nothing hands out a pointer into it).
+        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), self.ptr.as_ptr().add(at), buf.len()) };
+        true
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the range `new` mapped, once; no reference
+        // into it exists.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
 }
 
 #[cfg(test)]

@@ -278,7 +278,8 @@ impl Broker {
     /// Opens the data directory, recovers every topic from the log, and
     /// returns a broker ready for its first turn.
     pub fn open(config: Config, dir: &Path, log_options: LogOptions, now: Now) -> Result<Broker, OpenError> {
-        Broker::open_with(config, dir, log_options, Box::new(crate::log::open_file), now)
+        let opener = crate::log::opener_for(log_options.fsync);
+        Broker::open_with(config, dir, log_options, opener, now)
     }
 
     /// `open` with a custom segment opener (tests inject storage failures).
