@@ -147,7 +147,7 @@ impl SimConfig {
         };
         assert_eq!(broker.limits.check(), Ok(()), "the simulation's limits must be valid");
         let segment_bytes_max = if flags & 8 != 0 { 512 } else { 64 << 10 };
-        SimConfig { broker, log: LogOptions { segment_bytes_max, fsync: FsyncMode::Never, repair: false } }
+        SimConfig { broker, log: LogOptions { segment_bytes_max, fsync: FsyncMode::Never, ..LogOptions::default() } }
     }
 }
 

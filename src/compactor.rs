@@ -321,6 +321,32 @@ impl Compactor {
         }
     }
 
+    /// The log dropped the records it kept for the next commit (they
+    /// passed `unwritten_records_bytes_max`; `Log::take_unwritten_dropped`):
+    /// every note of them goes with them, so these lists never outgrow what
+    /// the log keeps, and nothing waits for a record that will never be
+    /// written. The acks of a dropped ACK_PRODUCE then hold back no
+    /// segment (they would only until the next commit anyway, which clears
+    /// them): memory and the log disagree from here on, as the log's error
+    /// line warns.
+    pub(crate) fn dropped(&mut self) {
+        self.discarded();
+        self.turn_groups.clear();
+    }
+
+    /// How many notes of records not yet committed the compactor holds
+    /// (tests bound them by what the log keeps).
+    #[cfg(test)]
+    pub(crate) fn unwritten_notes(&self) -> usize {
+        self.turn_ranges.len()
+            + self.turn_withdrawable_ranges.len()
+            + self.turn_topics.len()
+            + self.turn_groups.len()
+            + self.turn_dedup.len()
+            + self.unwritten_acks.len()
+            + self.unwritten_deliveries.len()
+    }
+
     /// Whether compaction wants another turn soon (the loop should not
     /// sleep). A segment held back for an ACK_PRODUCE whose commit failed waits
     /// for the next commit without spinning the loop.

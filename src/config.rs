@@ -320,6 +320,7 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--replay-read-bytes-per-turn", "N", "most bytes of the log files replays read per loop turn"),
     ("--replay-read-bytes-per-sec", "N", "most bytes of the log files replays read per second (0: unpaced)"),
     ("--replay-window-messages-max", "N", "most messages a replay puts back ahead of its group"),
+    ("--unwritten-records-bytes-max", "N", "most bytes of records kept for the next commit while commits fail"),
 ];
 
 /// `runnel serve`'s flags with their defaults.
@@ -479,7 +480,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 41] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 42] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -522,6 +523,7 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 41] {
         ("replay-read-bytes-per-turn", l.replay_read_bytes_per_turn),
         ("replay-read-bytes-per-sec", l.replay_read_bytes_per_sec),
         ("replay-window-messages-max", l.replay_window_messages_max.into()),
+        ("unwritten-records-bytes-max", l.unwritten_records_bytes_max),
     ]
 }
 
@@ -576,7 +578,8 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         retention_bytes_max,
         replay_read_bytes_per_turn,
         replay_read_bytes_per_sec,
-        replay_window_messages_max
+        replay_window_messages_max,
+        unwritten_records_bytes_max
     );
     Ok(())
 }
@@ -624,6 +627,17 @@ mod tests {
             let flag = format!("--{k}");
             assert!(flags.iter().any(|f| f.name == flag), "{flag} is a config key but not in `serve --help`");
         }
+    }
+
+    #[test]
+    fn the_bound_on_records_kept_for_a_failing_disk_is_a_flag_and_a_key() {
+        let default = default_keys();
+        assert!(default.iter().any(|(k, v)| k == "unwritten-records-bytes-max" && v == "67108864"), "{default:?}");
+        let s = Serve::parse(&["--unwritten-records-bytes-max".into(), "4096".into()]).expect("parse");
+        assert_eq!(s.cfg.broker.limits.unwritten_records_bytes_max, 4096);
+        assert!(s.config_text().lines().any(|l| l == "unwritten-records-bytes-max = 4096"));
+        let bad = Serve::parse(&["--unwritten-records-bytes-max=lots".into()]);
+        assert!(matches!(bad, Err(ArgsError::Usage(m)) if m.contains("unwritten-records-bytes-max")));
     }
 
     #[test]

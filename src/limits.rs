@@ -197,6 +197,15 @@ pub struct Limits {
     /// a replaying group costs in memory, at most this many messages (one
     /// block's worth), whatever the size of the replay.
     pub replay_window_messages_max: u32,
+    // The commit log.
+    /// Most bytes of records the log keeps for its next commit while
+    /// commits fail (a failing or full disk): a failed turn's acks, dead
+    /// letters and topic changes, already done in memory, are written with
+    /// the next commit so the log catches up. Past it they are dropped,
+    /// with an error logged, and a restart may redeliver acknowledged
+    /// messages: a disk that never comes back must not take the broker's
+    /// memory. 0 keeps none.
+    pub unwritten_records_bytes_max: u64,
 }
 
 impl Default for Limits {
@@ -243,6 +252,7 @@ impl Default for Limits {
             replay_read_bytes_per_turn: 1 << 20,
             replay_read_bytes_per_sec: 64 << 20,
             replay_window_messages_max: 4096,
+            unwritten_records_bytes_max: 64 << 20,
         }
     }
 }

@@ -50,10 +50,6 @@ pub const RECORD_HEADER_BYTES: usize = 12;
 /// Most bytes written without an fdatasync (turns that only acked): past
 /// it, the next turn syncs anyway.
 const UNSYNCED_BYTES_MAX: u64 = 4 << 20;
-/// Most bytes of a failed turn's records kept for the next commit while the
-/// disk keeps failing (acks, dead letters, topic changes already done in
-/// memory); past it they are dropped, loudly.
-const RETAIN_BYTES_MAX: usize = 64 << 20;
 /// The largest record body a reader accepts: a bound on what a corrupt
 /// length field can make recovery allocate.
 pub const RECORD_BYTES_MAX: usize = 1 << 30;
@@ -117,11 +113,21 @@ pub struct LogOptions {
     /// Keep the valid prefix when corruption is found before the tail,
     /// instead of refusing to start.
     pub repair: bool,
+    /// Most bytes of failed turns' records kept for the next commit while
+    /// the disk keeps failing; past it they are dropped
+    /// (`Log::take_unwritten_dropped`). The broker sets it from
+    /// `Limits::unwritten_records_bytes_max`, which says why.
+    pub unwritten_records_bytes_max: u64,
 }
 
 impl Default for LogOptions {
     fn default() -> Self {
-        LogOptions { segment_bytes_max: 64 << 20, fsync: FsyncMode::Turn, repair: false }
+        LogOptions {
+            segment_bytes_max: 64 << 20,
+            fsync: FsyncMode::Turn,
+            repair: false,
+            unwritten_records_bytes_max: crate::limits::Limits::default().unwritten_records_bytes_max,
+        }
     }
 }
 
@@ -263,6 +269,10 @@ pub struct Log {
     /// The last committed turn's records, for the index of where each
     /// topic's messages are (`Log::take_kept_turn`).
     kept: reader::KeptTurn,
+    /// The records kept from failed commits passed
+    /// `unwritten_records_bytes_max` and were dropped, since the last
+    /// `take_unwritten_dropped`: whoever noted them must forget them.
+    unwritten_dropped: bool,
 }
 
 /// The turn's records, set aside while compaction writes its own ahead of
@@ -379,6 +389,7 @@ impl Log {
             phases: PhaseNanos::default(),
             stats: LogStats::default(),
             kept: reader::KeptTurn::default(),
+            unwritten_dropped: false,
         }
     }
 
@@ -488,7 +499,11 @@ impl Log {
     /// Nothing may be appended between `write` and its `sync`. On error the
     /// turn has failed as `sync` describes, and there is nothing to sync.
     pub fn write(&mut self, sync: bool) -> io::Result<WrittenTurn> {
-        self.write_with(sync, self.headroom_bytes)
+        let written = self.write_with(sync, self.headroom_bytes);
+        if written.is_err() {
+            self.bound_unwritten_records();
+        }
+        written
     }
 
     /// `write`, leaving `headroom` bytes of the disk free after the records.
@@ -536,8 +551,20 @@ impl Log {
     /// written: the file is cut back to its committed length (now, or
     /// before the next write if cutting fails too), withdrawable records
     /// are dropped, the others wait for the next commit, and the caller
-    /// must not acknowledge anything that waited on this commit.
+    /// must not acknowledge anything that waited on this commit. The
+    /// records kept are bounded by `unwritten_records_bytes_max`: past it
+    /// they are dropped too (`take_unwritten_dropped`).
     pub fn sync(&mut self, turn: WrittenTurn) -> io::Result<Committed> {
+        let committed = self.sync_turn(turn);
+        if committed.is_err() {
+            self.bound_unwritten_records();
+        }
+        committed
+    }
+
+    /// `sync`, without the bound on the records kept: `commit_ahead` puts
+    /// the turn's own records back after it, whatever it kept.
+    fn sync_turn(&mut self, turn: WrittenTurn) -> io::Result<Committed> {
         // Produces refused for a full disk count as a failure too.
         self.stats.failures += u64::from(turn.withdrawn);
         if turn.bytes == 0 {
@@ -580,12 +607,12 @@ impl Log {
         }
     }
 
-    /// A write or sync failed: keeps the records for the next commit
-    /// (`keep_for_retry`) and cuts the file back to its committed length
-    /// if the write had begun (`dirty`).
+    /// A write or sync failed: drops the withdrawable records, keeping the
+    /// others for the next commit, and cuts the file back to its committed
+    /// length if the write had begun (`dirty`).
     fn fail_turn(&mut self, e: io::Error) -> io::Error {
         self.space_short |= is_no_space(&e);
-        self.keep_for_retry();
+        self.drop_withdrawable();
         self.stats.failures += 1;
         // Best effort now; `write_turn` retries before the next write.
         let _ = self.cut_back();
@@ -617,7 +644,7 @@ impl Log {
         let result = if self.buf.is_empty() {
             self.sync_written()
         } else {
-            self.write_with(true, 0).and_then(|turn| self.sync(turn))
+            self.write_with(true, 0).and_then(|turn| self.sync_turn(turn))
         };
         self.buf = aside.buf;
         self.buf_records = aside.records;
@@ -644,18 +671,36 @@ impl Log {
         Ok(Committed { bytes: 0, synced: true, nanos, withdrawn: false })
     }
 
-    /// After a failed commit: keeps every record but the withdrawable ones
-    /// for the next commit, up to `RETAIN_BYTES_MAX`.
-    fn keep_for_retry(&mut self) {
-        self.drop_withdrawable();
-        if self.buf.len() > RETAIN_BYTES_MAX {
-            log::error!(
-                "commit log: {} bytes of records wait for a disk that keeps failing; dropping them (a restart may redeliver acknowledged messages)",
-                self.buf.len()
-            );
-            self.buf.clear();
-            self.buf_records = 0;
+    /// After a failed commit of a turn: drops the records kept for the next
+    /// commit once they pass `unwritten_records_bytes_max`, so a disk that
+    /// keeps failing cannot make them grow without end, and says so
+    /// (`take_unwritten_dropped`).
+    fn bound_unwritten_records(&mut self) {
+        if self.buf.len() as u64 <= self.options.unwritten_records_bytes_max {
+            return;
         }
+        log::error!(
+            "commit log: {} bytes of records wait for a disk that keeps failing, past unwritten-records-bytes-max ({}); dropping them (a restart may redeliver acknowledged messages)",
+            self.buf.len(),
+            self.options.unwritten_records_bytes_max
+        );
+        self.buf_records = 0;
+        self.clear_turn();
+        self.unwritten_dropped = true;
+    }
+
+    /// Bytes of records appended and not yet committed: this turn's, and
+    /// those kept from failed commits (at most
+    /// `unwritten_records_bytes_max` of these once a turn ends).
+    pub fn unwritten_bytes(&self) -> u64 {
+        self.buf.len() as u64
+    }
+
+    /// Whether the records kept from failed commits were dropped (past
+    /// `unwritten_records_bytes_max`) since the last call: whoever noted
+    /// what they hold, to be attached once committed, must forget it.
+    pub fn take_unwritten_dropped(&mut self) -> bool {
+        std::mem::take(&mut self.unwritten_dropped)
     }
 
     /// Drops the withdrawable records from the turn buffer.

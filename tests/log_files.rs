@@ -33,7 +33,7 @@ use runnel::log::{CLEAN_STOP_FILE, FsyncMode, Log, LogOptions, OpenError, RECORD
 const BODY_BYTES: usize = 88;
 
 fn options(segment_bytes_max: u64) -> LogOptions {
-    LogOptions { segment_bytes_max, fsync: FsyncMode::Turn, repair: false }
+    LogOptions { segment_bytes_max, fsync: FsyncMode::Turn, ..LogOptions::default() }
 }
 
 /// A reopened log and the record bodies it replayed.

@@ -846,3 +846,58 @@ fn delivery_counts_survive_crashes_and_compaction() {
         assert!(compacted > 0, "seed {seed}: the run compacted nothing");
     }
 }
+
+/// The records a failed commit keeps for the next one are bounded by
+/// `unwritten_records_bytes_max`: while the disk keeps failing they pile
+/// up to it, then are dropped (and the log says so once), and once the
+/// disk works again the log commits what came after the drop. A commit
+/// ahead (compaction's restatement) larger than the bound fails without
+/// dropping the turn's records.
+#[test]
+fn records_kept_for_a_failing_disk_are_bounded() {
+    use runnel::log::{Log, RecordKind};
+    const RECORD_BYTES: u64 = 100;
+    let dir = TempDir::new("unwritten-bound");
+    let mode = Arc::new(AtomicU8::new(OK));
+    let options = LogOptions { unwritten_records_bytes_max: 10 * RECORD_BYTES, ..LogOptions::default() };
+    let (mut log, _) = Log::open_with(dir.path(), options, faulty(mode.clone()), |_| Ok(())).expect("open");
+    let append = |log: &mut Log, n: u32| {
+        let start = log.begin(RecordKind::Produce);
+        log.body().extend_from_slice(&n.to_le_bytes());
+        log.body().extend_from_slice(&[0xa5; RECORD_BYTES as usize - 12 - 4]);
+        log.end(start);
+    };
+    let turn = |log: &mut Log, from: u32| {
+        (from..from + 3).for_each(|n| append(log, n));
+        log.commit(true)
+    };
+    turn(&mut log, 0).expect("the disk works");
+    mode.store(FAIL_WRITE, Ordering::SeqCst);
+    // Three turns of 3 records are kept (900 bytes); the fourth passes the
+    // bound, and all twelve go.
+    for (i, from) in [10, 20, 30].into_iter().enumerate() {
+        assert!(turn(&mut log, from).is_err());
+        assert_eq!(log.unwritten_bytes(), 3 * (i as u64 + 1) * RECORD_BYTES, "kept for the next commit");
+        assert!(!log.take_unwritten_dropped());
+    }
+    let aside = log.set_aside();
+    (100..120).for_each(|n| append(&mut log, n));
+    assert!(log.commit_ahead(aside).is_err());
+    assert!(!log.take_unwritten_dropped(), "a restatement's failure drops none of the turn's records");
+    assert_eq!(log.unwritten_bytes(), 9 * RECORD_BYTES);
+    assert!(turn(&mut log, 40).is_err());
+    assert_eq!(log.unwritten_bytes(), 0, "past the bound, every kept record is dropped");
+    assert!(log.take_unwritten_dropped());
+    assert!(!log.take_unwritten_dropped(), "said once");
+    assert!(turn(&mut log, 50).is_err());
+    mode.store(OK, Ordering::SeqCst);
+    turn(&mut log, 60).expect("the disk works again");
+    drop(log);
+    let mut firsts = Vec::new();
+    Log::open(dir.path(), LogOptions::default(), |r| {
+        firsts.push(u32::from_le_bytes(r.body[..4].try_into().expect("4 bytes")));
+        Ok(())
+    })
+    .expect("reopen");
+    assert_eq!(firsts, [0, 1, 2, 50, 51, 52, 60, 61, 62], "the records before the drop, and those after it");
+}

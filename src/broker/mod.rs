@@ -290,6 +290,10 @@ impl Broker {
         opener: Opener,
         now: Now,
     ) -> Result<Broker, OpenError> {
+        // The log's bound on what it keeps for a failing disk is the
+        // broker's limit, as the user set it.
+        let unwritten_records_bytes_max = config.limits.unwritten_records_bytes_max;
+        let log_options = LogOptions { unwritten_records_bytes_max, ..log_options };
         let mut topics = Topics::default();
         topics.set_key_bounds(&config.limits);
         let mut compactor = Compactor::default();

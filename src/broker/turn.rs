@@ -419,6 +419,9 @@ impl Broker {
             }
             Err(e) => {
                 self.compactor.failed();
+                if self.log.take_unwritten_dropped() {
+                    self.compactor.dropped();
+                }
                 let held = self.turn.held.iter().filter(|h| h.durable).count();
                 self.failures.failed(
                     now.mono_ms,
@@ -557,3 +560,7 @@ impl Broker {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "unwritten_tests.rs"]
+mod unwritten_tests;
