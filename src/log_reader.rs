@@ -162,6 +162,15 @@ impl Log {
             return Err(io::Error::new(io::ErrorKind::InvalidData, format!("segment {}: {why}", seg.base)));
         }
         r.pos.at_bytes += used as u64;
+        // The next slice is asked for now, read by the kernel in the
+        // background: the loop's next read, a paced while later, finds it
+        // in the page cache instead of stalling its turn on the disk.
+        let ahead = want.min(seg.bytes - r.pos.at_bytes);
+        if ahead > 0
+            && let Err(e) = crate::sys::will_need(file, r.pos.at_bytes, ahead)
+        {
+            log::debug!("replay: no read-ahead of segment {}: {e}", seg.base);
+        }
         Ok(Slice::More)
     }
 }

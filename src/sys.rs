@@ -135,6 +135,18 @@ pub fn allocate(file: &File, len: u64) -> io::Result<()> {
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
+/// Asks the kernel to read `file`'s bytes `[at, at + len)` into the page
+/// cache in the background (`posix_fadvise` `WILLNEED`), without waiting
+/// for them: a later read of them then finds them there.
+pub fn will_need(file: &File, at: u64, len: u64) -> io::Result<()> {
+    let at = libc::off_t::try_from(at).map_err(|_| io::Error::other("offset past off_t"))?;
+    let len = libc::off_t::try_from(len).map_err(|_| io::Error::other("length past off_t"))?;
+    // SAFETY: posix_fadvise takes no pointers; the descriptor is borrowed
+    // from a File that stays open for the call.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), at, len, libc::POSIX_FADV_WILLNEED) };
+    if rc == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(rc)) }
+}
+
 /// Bytes free on `file`'s filesystem for an unprivileged writer
 /// (`fstatvfs`: available blocks times the fragment size).
 pub fn free_bytes(file: &File) -> io::Result<u64> {
