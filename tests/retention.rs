@@ -313,17 +313,27 @@ fn a_group_created_or_reset_at_an_id_or_a_time_replays_from_there() {
     assert_eq!(h.receive("r", "at-id", 2), expected(299, 298, 2));
 }
 
-#[test]
-fn a_replay_keeps_a_bounded_window_in_memory_and_reads_a_bounded_amount_a_turn() {
-    let dir = TempDir::new("replay-bounded");
+/// A broker with the limits `set` gives, a retaining topic of 300 acked
+/// messages, and a group just created at the earliest: its replay begins
+/// at the next turn.
+fn replaying(dir: &Path, set: impl FnOnce(&mut runnel::limits::Limits)) -> Harness {
     let mut config = Config::default();
-    config.limits.replay_read_bytes_per_turn = 2048;
-    config.limits.replay_window_messages_max = 20;
-    let mut h = Harness::open(dir.path(), start(), config, codec::V4);
+    set(&mut config.limits);
+    let mut h = Harness::open(dir, start(), config, codec::V4);
     h.create("r", None, Some(1 << 30));
     h.produce_marked("r", 0, 300);
     assert_eq!(h.ack_all("r"), 300);
     h.create_group("r", "late", Start::Earliest);
+    h
+}
+
+#[test]
+fn a_replay_keeps_a_bounded_window_in_memory_and_reads_a_bounded_amount_a_turn() {
+    let dir = TempDir::new("replay-bounded");
+    let mut h = replaying(dir.path(), |l| {
+        l.replay_read_bytes_per_turn = 2048;
+        l.replay_window_messages_max = 20;
+    });
     h.tick(0, 200);
     let held = h.stat("r", "bytes");
     assert!(held <= 20 * 300, "{held} bytes held ahead of a group that fetches nothing");
@@ -337,14 +347,10 @@ fn a_replay_keeps_a_bounded_window_in_memory_and_reads_a_bounded_amount_a_turn()
 /// after the first read, the bytes read over `ms` milliseconds (in turns
 /// of 1 ms), checked at every step against the rate.
 fn paced_reads(dir: &Path, rate: u64, per_turn: u64, ms: u64) -> (u64, u64) {
-    let mut config = Config::default();
-    config.limits.replay_read_bytes_per_turn = per_turn;
-    config.limits.replay_read_bytes_per_sec = rate;
-    let mut h = Harness::open(dir, start(), config, codec::V4);
-    h.create("r", None, Some(1 << 30));
-    h.produce_marked("r", 0, 300);
-    assert_eq!(h.ack_all("r"), 300);
-    h.create_group("r", "late", Start::Earliest);
+    let mut h = replaying(dir, |l| {
+        l.replay_read_bytes_per_turn = per_turn;
+        l.replay_read_bytes_per_sec = rate;
+    });
     // Many turns with no time passing: one turn's read at most when paced.
     h.tick(0, 50);
     let first = h.stat("", "replay_read_bytes");
@@ -380,14 +386,10 @@ fn a_paced_replay_reads_no_faster_than_its_rate_and_finishes() {
     assert!(first_unpaced > 10 * 2048, "unpaced, every turn reads ({first_unpaced} bytes in 50 turns)");
     // Paced, the replay still delivers everything in order.
     let dir = TempDir::new("replay-paced-all");
-    let mut config = Config::default();
-    config.limits.replay_read_bytes_per_turn = 2048;
-    config.limits.replay_read_bytes_per_sec = 1 << 20;
-    let mut h = Harness::open(dir.path(), start(), config, codec::V4);
-    h.create("r", None, Some(1 << 30));
-    h.produce_marked("r", 0, 300);
-    assert_eq!(h.ack_all("r"), 300);
-    h.create_group("r", "late", Start::Earliest);
+    let mut h = replaying(dir.path(), |l| {
+        l.replay_read_bytes_per_turn = 2048;
+        l.replay_read_bytes_per_sec = 1 << 20;
+    });
     assert_eq!(h.receive("r", "late", 300), expected(1, 0, 300));
 }
 
