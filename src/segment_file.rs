@@ -62,8 +62,9 @@ pub fn open_file(path: &Path) -> io::Result<Box<dyn SegmentFile>> {
 /// (bench/README.md, "The non-durable fast path"). Not for `--fsync turn`:
 /// there every `fdatasync` write-protects the pages it writes back, and the
 /// next copy into the same page faults and waits for it, which measured
-/// slower than a `pwrite` (a 160-byte write and `fdatasync` took 840 µs a
-/// turn mapped against 450 µs with `pwrite` on the bench machine).
+/// slower than a `pwrite` (a 160-byte write and `fdatasync` took 840–880
+/// µs a turn mapped against 400–510 µs with `pwrite` on the bench
+/// machine).
 ///
 /// Writes outside the mapping (a turn past the reservation, or a
 /// filesystem that cannot reserve) are plain `pwrite`s; the mapping is

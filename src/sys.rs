@@ -2,8 +2,8 @@
 //! mio do not wrap, each behind a safe function: a listener with a chosen
 //! backlog, pinning the loop to a CPU, raising the open-file limit,
 //! reserving space in a file, asking how much space its filesystem has
-//! free, and mapping a file's reserved space to write it without a system
-//! call.
+//! free, mapping a file's reserved space to write it without a system
+//! call, and asking the kernel to read a file ahead.
 //!
 //! The only `unsafe` code in the crate lives here (lib.rs denies it
 //! elsewhere), one block per function, each with a SAFETY note that says why
