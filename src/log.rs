@@ -60,6 +60,7 @@ pub const RECORD_BYTES_MAX: usize = 1 << 30;
 /// The suffix a removed segment's file takes until it is released: not a
 /// segment to recovery, which deletes it.
 const REMOVING_SUFFIX: &str = ".removing";
+
 /// When the log makes writes durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FsyncMode {
