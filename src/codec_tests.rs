@@ -1594,6 +1594,21 @@ fn reply_flags_are_ignored() {
     }
 }
 
+#[test]
+fn a_produce_reply_flagged_with_no_duplicates_reads_as_the_plain_reply() {
+    // The broker sets the bit only with a duplicate; bytes that set it with
+    // a count of 0 mean what the plain reply means, so that what a client
+    // decodes re-encodes to the same reply (found by the `decode` fuzzer).
+    let mut out = Vec::new();
+    let start = begin_frame(&mut out, op::PRODUCE | REPLY_BIT, 0, 9);
+    put_u64(&mut out, 7);
+    put_u32(&mut out, 2);
+    put_u32(&mut out, 0);
+    out[start + 6..start + 8].copy_from_slice(&REPLY_FLAG_DUPLICATES.to_le_bytes());
+    end_frame(&mut out, start);
+    assert_eq!(reply_ok(&out).0.reply, Reply::Produced { first_id: 7, count: 2 });
+}
+
 // ---------------------------------------------------------------------------
 // 6. Garbage never panics, and what the decoders say agrees with the bytes.
 // ---------------------------------------------------------------------------

@@ -263,6 +263,11 @@ fn parse_produce_reply<'a>(rd: &mut Rd<'_>, flags: u16) -> Option<Reply<'a>> {
         return Some(Reply::Produced { first_id, count });
     }
     let n = rd.u32()? as usize;
+    if n == 0 {
+        // The broker never sets the flag without a duplicate; one that
+        // did would mean the plain reply, and reads as it.
+        return Some(Reply::Produced { first_id, count });
+    }
     let mut duplicates = Vec::with_capacity(n.min(rd.buf.len() / 12));
     for _ in 0..n {
         duplicates.push((rd.u32()?, rd.u64()?));
