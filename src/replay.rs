@@ -61,6 +61,9 @@ struct GroupReplay {
     /// The highest id at or above `floor` it was done with, released or
     /// not: its cursor goes past it, as it had before the restart.
     done_max: Option<MsgId>,
+    /// Ids whose last record since the floor was a Requeue or Delay (not a
+    /// Deliver): back in the group, not in flight, when the log ends.
+    requeued_last: IdMap<()>,
     /// Placed by the first pass with no state known (`ahead::First::Unknown`):
     /// it needs every message it has not acked until its first GroupState.
     unknown: bool,
@@ -82,6 +85,7 @@ impl GroupReplay {
     fn requeued(&mut self, id: MsgId, deliveries: u16, ready_at_ms: Option<u64>, retry: bool) {
         let to = if id < self.floor { &mut self.pending } else { &mut self.counts };
         to.insert(id, deliveries);
+        self.requeued_last.insert(id, ());
         match ready_at_ms {
             Some(at) => self.delays.insert(id, at),
             None => self.delays.remove(&id),
@@ -99,6 +103,7 @@ impl GroupReplay {
         if self.done.contains_key(&id) {
             return;
         }
+        self.requeued_last.remove(&id);
         let count = if id < self.floor { self.pending.get_mut(&id) } else { Some(self.counts.entry(id).or_insert(0)) };
         if let Some(d) = count {
             *d = d.saturating_add(1);
@@ -119,6 +124,7 @@ impl GroupReplay {
         self.delays.clear();
         self.retry_waits.clear();
         self.nack_reasons.clear();
+        self.requeued_last.clear();
         for (id, d) in entries.iter() {
             let to = if id < cursor { &mut self.pending } else { &mut self.counts };
             to.insert(id, d);
@@ -131,13 +137,25 @@ impl GroupReplay {
     /// comes back for retry, where the broker takes it to the dead-letter
     /// topic (`Topic::take_exhausted`).
     fn exhausted_past(&self, t: &Topic) -> MsgId {
+        self.cut(t).keys().filter(|&&id| id >= self.floor).map(|id| id + 1).max().unwrap_or(0)
+    }
+
+    /// The ids whose last allowed delivery (the group's `max_deliveries`)
+    /// was in flight at the crash: not those requeued after it, whose
+    /// deliveries reached a `max_deliveries` lowered since (in memory they
+    /// are delivered once more). Below the floor, where a GroupState
+    /// cannot say whether a message was in flight, any that reached it.
+    fn cut(&self, t: &Topic) -> IdMap<()> {
         if t.is_dlq() || self.config.broadcast {
-            return 0;
+            return IdMap::default();
         }
         let own = self.config.max_deliveries;
         let max = if own == 0 { t.settings.max_deliveries } else { own };
-        let exhausted = |(id, d): (&MsgId, &u16)| *id >= self.floor && *d >= max && t.seq.contains(*id);
-        self.counts.iter().filter(|e| exhausted(*e) && !t.seq.scheduled(*e.0)).map(|(id, _)| id + 1).max().unwrap_or(0)
+        let cut = |(id, d): (&MsgId, &u16)| {
+            *d >= max && !self.requeued_last.contains_key(id) && t.seq.contains(*id) && !t.seq.scheduled(*id)
+        };
+        let above = self.counts.iter().filter(|(id, _)| **id >= self.floor);
+        above.chain(self.pending.iter()).filter(|e| cut(*e)).map(|(id, _)| (*id, ())).collect()
     }
 
     /// Builds the group over the recovered messages of `t`: its cursor goes
@@ -147,8 +165,10 @@ impl GroupReplay {
         // A delayed message was delivered: the cursor had passed it.
         let passed = self.done.keys().chain(self.delays.keys()).chain(self.done_max.as_ref());
         let max_done = passed.filter(|&&d| d >= self.floor).max().map(|d| d + 1);
+        let cut = self.cut(t);
         let cursor = max_done.unwrap_or(self.floor).max(self.floor).max(self.exhausted_past(t));
         let mut group = Group::with(id, &self.name, self.config, cursor);
+        group.set_cut(cut);
         // A scheduled message is no group's until its time comes; a delayed
         // one is delayed again for what is left of its delay.
         let delayed = |id: &MsgId| self.delays.get(id).is_some_and(|&at| at > now_wall_ms);

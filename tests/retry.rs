@@ -18,7 +18,7 @@ use common::clocked::{Harness, START_WALL_MS, start};
 use runnel::broker::{Config, Now};
 use runnel::client::{Client, Fetch, State};
 use runnel::codec::group::{GroupSettings, Start};
-use runnel::codec::{self, Batch, ErrorCode, Ids, Props, Reply, Request};
+use runnel::codec::{self, Batch, ErrorCode, Ids, Props, Reply, Request, TopicOptions, TopicSettings};
 use runnel::log::LogOptions;
 use runnel::queue::{GroupId, RetryPolicy};
 use runnel::testkit::{Rng, SeedGuard, seeds};
@@ -357,4 +357,52 @@ fn a_nack_reason_is_kept_across_a_restart_and_carried_into_the_dead_letter() {
     let old = v3.nack_why("t", "g", &[id], (0, false), "why");
     assert!(matches!(old, Err(runnel::client::Error::Version { .. })), "{old:?}");
     srv.stop();
+}
+
+/// CREATE_TOPIC `t` with `max_deliveries` (the default group's).
+fn set_max_deliveries(h: &mut Harness, max_deliveries: u16) {
+    let settings = TopicSettings { ack_timeout_ms: 0, max_deliveries };
+    let out = h.call(Request::CreateTopic { topic: "t", settings, options: TopicOptions::default() });
+    assert!(matches!(out, Reply::Created { .. }), "{out:?}");
+}
+
+/// A message requeued after its second delivery, whose topic then lowers
+/// `max_deliveries` to 2, is delivered once more, in memory and after a
+/// restart alike: a restart dead-letters only a message whose last
+/// allowed delivery the crash cut, not one that was back in its group
+/// (found by the `stream` fuzzer, whose restart check saw the topic lose
+/// it to the dead-letter topic).
+#[test]
+fn a_lowered_max_deliveries_gives_a_requeued_message_its_next_delivery_across_a_restart() {
+    for restart in [false, true] {
+        let dir = TempDir::new("lowered-max");
+        let mut h = open(dir.path(), start(), codec::V4);
+        set_max_deliveries(&mut h, 3);
+        // A second message, acked, takes the group's cursor past the first
+        // (which a restart then brings back for retry).
+        let id = h.produce(2);
+        for delivery in 1..=2 {
+            assert_eq!(h.fetch("", 10), vec![(id, delivery), (id + 1, delivery)], "restart {restart}");
+            if delivery == 2 {
+                let mut body = Vec::new();
+                codec::encode_ids(&mut body, &[id + 1]);
+                h.call(Request::Ack { topic: "t", group: "", ids: Ids { bytes: &body } });
+            }
+            let wall = h.now.wall_ms;
+            h.tick_to(wall + 20);
+        }
+        set_max_deliveries(&mut h, 2);
+        if restart {
+            let now = Now { mono_ms: h.now.mono_ms + 1, wall_ms: h.now.wall_ms + 1 };
+            drop(h);
+            h = open(dir.path(), now, codec::V4);
+        }
+        assert_eq!(h.fetch("", 10), vec![(id, 3)], "restart {restart}: its third delivery");
+        let wall = h.now.wall_ms;
+        h.tick_to(wall + 20);
+        let dead =
+            Request::Fetch { topic: "t.dlq", group: "", max_messages: 10, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 };
+        let Reply::Messages { messages, .. } = h.call(dead) else { panic!("fetch t.dlq") };
+        assert_eq!(messages.len(), 1, "restart {restart}: dead-lettered once its third delivery failed");
+    }
 }

@@ -143,6 +143,11 @@ pub struct Group {
     pub(super) restored_delays: Vec<(MsgId, u16, u64)>,
     /// Deliveries of never-redelivered messages carried over a restart.
     pub(super) carried: IdMap<u16>,
+    /// Recovery: the messages whose last allowed delivery was in flight
+    /// when the broker died, which `Topic::take_exhausted` dead-letters at
+    /// start (not those requeued since, whose deliveries reached a
+    /// `max_deliveries` lowered later: in memory they get one more).
+    pub(super) cut: IdMap<()>,
     /// Ordered by key: each key's line (empty otherwise).
     order: KeyOrder,
     /// What each consumer holds.
@@ -689,6 +694,12 @@ impl Group {
     /// Recovery: sets where the group reads from, and what it still needs
     /// below that (`retry`, in id order, with deliveries so far) and the
     /// deliveries carried for messages at or above it.
+    /// Recovery: the messages whose last allowed delivery the crash cut
+    /// (`Group::cut`).
+    pub fn set_cut(&mut self, cut: IdMap<()>) {
+        self.cut = cut;
+    }
+
     pub fn restore(&mut self, cursor: MsgId, retry: Vec<(MsgId, u16)>, carried: IdMap<u16>) {
         self.cursor = cursor;
         for (id, d) in retry {

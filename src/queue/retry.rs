@@ -12,21 +12,23 @@ use super::{Group, GroupId, MsgId, Topic};
 
 impl Topic {
     /// Recovery: takes out of group `g`'s retry queue every message whose
-    /// deliveries reached the group's `max_deliveries`, with its deliveries,
+    /// deliveries reached the group's `max_deliveries` in a delivery the
+    /// crash cut (`Group::cut`), with its deliveries,
     /// for the broker to dead-letter (nothing in a dead-letter topic, whose
     /// messages are never dead-lettered). A group's messages of this kind
     /// are all back for retry after a restart (`replay.rs` moves its
     /// cursor past them).
     pub fn take_exhausted(&mut self, g: GroupId) -> Vec<(MsgId, u16)> {
         let policy = self.policy(g);
+        let Some(group) = self.group_mut(g) else { return Vec::new() };
+        let cut = std::mem::take(&mut group.cut);
         if !policy.dead_letters {
             return Vec::new();
         }
-        let Some(group) = self.group_mut(g) else { return Vec::new() };
         let mut out = Vec::new();
         for id in group.retry_ids() {
             let d = group.deliveries(id);
-            if d >= policy.max_deliveries && group.take_retried(id) {
+            if d >= policy.max_deliveries && cut.contains_key(&id) && group.take_retried(id) {
                 out.push((id, d));
             }
         }
