@@ -131,13 +131,12 @@ impl GroupReplay {
         }
     }
 
-    /// Past the highest id at or above the floor whose deliveries reached
-    /// the group's `max_deliveries` (its last delivery was in flight at
-    /// the crash), or 0: the cursor goes past it, so that such a message
+    /// Past the highest id at or above the floor of `cut` (`GroupReplay::cut`:
+    /// its last allowed delivery was in flight at the crash), or 0: the cursor goes past it, so that such a message
     /// comes back for retry, where the broker takes it to the dead-letter
     /// topic (`Topic::take_exhausted`).
-    fn exhausted_past(&self, t: &Topic) -> MsgId {
-        self.cut(t).keys().filter(|&&id| id >= self.floor).map(|id| id + 1).max().unwrap_or(0)
+    fn exhausted_past(&self, cut: &IdMap<()>) -> MsgId {
+        cut.keys().filter(|&&id| id >= self.floor).map(|id| id + 1).max().unwrap_or(0)
     }
 
     /// The ids whose last allowed delivery (the group's `max_deliveries`)
@@ -166,7 +165,7 @@ impl GroupReplay {
         let passed = self.done.keys().chain(self.delays.keys()).chain(self.done_max.as_ref());
         let max_done = passed.filter(|&&d| d >= self.floor).max().map(|d| d + 1);
         let cut = self.cut(t);
-        let cursor = max_done.unwrap_or(self.floor).max(self.floor).max(self.exhausted_past(t));
+        let cursor = max_done.unwrap_or(self.floor).max(self.floor).max(self.exhausted_past(&cut));
         let mut group = Group::with(id, &self.name, self.config, cursor);
         group.set_cut(cut);
         // A scheduled message is no group's until its time comes; a delayed
