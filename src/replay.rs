@@ -132,9 +132,10 @@ impl GroupReplay {
     }
 
     /// Past the highest id at or above the floor of `cut` (`GroupReplay::cut`:
-    /// its last allowed delivery was in flight at the crash), or 0: the cursor goes past it, so that such a message
-    /// comes back for retry, where the broker takes it to the dead-letter
-    /// topic (`Topic::take_exhausted`).
+    /// its last allowed delivery was in flight at the crash), or 0: the
+    /// cursor goes past it, so that such a message comes back for retry,
+    /// where the broker takes it to the dead-letter topic
+    /// (`Topic::take_exhausted`).
     fn exhausted_past(&self, cut: &IdMap<()>) -> MsgId {
         cut.keys().filter(|&&id| id >= self.floor).map(|id| id + 1).max().unwrap_or(0)
     }
