@@ -229,10 +229,20 @@ impl SparseIndex {
         SparseIndex { stride_bytes, topics: HashMap::new() }
     }
 
-    /// A Produce record of `topic` with messages `first_id..next_id`,
-    /// `bytes` long, starts at `pos`: appended now, or met in recovery.
-    /// False for a compaction copy (ids below ones met before), which is
-    /// not indexed.
+    /// Bytes of a topic's records between entries.
+    pub fn stride_bytes(&self) -> u64 {
+        self.stride_bytes
+    }
+
+    /// The id after the highest of `topic` indexed (0: none).
+    pub fn indexed_to(&self, topic: TopicId) -> MsgId {
+        self.topics.get(&topic).map_or(0, |t| t.next_id)
+    }
+
+    /// Produce records of `topic` with messages `first_id..next_id`,
+    /// `bytes` long in all, start at `pos`: appended now, or met in
+    /// recovery. False for a compaction copy (ids below ones met before),
+    /// which is not indexed.
     pub fn note(&mut self, topic: TopicId, first_id: MsgId, next_id: MsgId, bytes: u64, pos: ReadPos) -> bool {
         let t = self.topics.entry(topic).or_default();
         if first_id < t.next_id {

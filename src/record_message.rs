@@ -173,6 +173,14 @@ impl Messages<'_> {
     pub fn bytes_left(&self) -> usize {
         self.rd.b.len() - self.rd.pos
     }
+    /// The id of the next message, read without the rest of it (every
+    /// message layout starts with its id); None if none is left.
+    pub fn first_id(&self) -> Option<MsgId> {
+        if self.left == 0 {
+            return None;
+        }
+        self.rd.b.get(self.rd.pos..self.rd.pos + 8).map(LittleEndian::read_u64)
+    }
 }
 
 impl<'a> Iterator for Messages<'a> {

@@ -14,10 +14,11 @@ use std::path::Path;
 use common::Outs;
 use common::TempDir;
 use common::clocked::{Harness, SEGMENT_BYTES_MAX, START_WALL_MS, start};
-use runnel::broker::{Broker, Config, Now};
+use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outcome};
 use runnel::codec::group::{GroupSettings, Start};
-use runnel::codec::{self, Batch, ErrorCode, Ids, Props, PropsLimits, Reply, Request, props};
+use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Ids, Props, PropsLimits, Reply, Request, props};
 use runnel::codec::{TopicOptions, TopicSettings};
+use runnel::log::LogOptions;
 
 const PAYLOAD_BYTES: usize = 200;
 
@@ -182,6 +183,30 @@ impl Harness {
             let batch = Batch { count: 1, bytes: &bytes, with_props: true };
             let reply = self.call(Request::Produce { topic, flags: 0, batch });
             assert!(matches!(reply, Reply::Produced { count: 1, .. }), "{reply:?}");
+        }
+    }
+
+    /// Produces marked messages in one turn, one PRODUCE each, as a loop
+    /// turn serves pipelined connections: `(topic, k)` for each.
+    fn produce_marked_in_one_turn(&mut self, plan: &[(&'static str, usize)]) {
+        let mut out = Vec::new();
+        let mut outs = Outs::default();
+        for &(topic, k) in plan {
+            let bytes = marked(k);
+            let batch = Batch { count: 1, bytes: &bytes, with_props: true };
+            self.rid += 1;
+            let frame = Frame { request_id: self.rid, request: Request::Produce { topic, flags: 0, batch } };
+            let outcome =
+                self.broker.handle(ConnKey(0), &mut self.session, &frame, self.now, &LoopStats::default(), &mut out);
+            assert_eq!(outcome, Outcome::Held, "a durable produce waits for the sync");
+        }
+        self.broker.advance(self.now, &mut outs);
+        self.broker.commit(self.now, &mut outs);
+        let mut replies = outs.0.first().map_or(&[][..], Vec::as_slice);
+        for _ in plan {
+            let Ok(Decoded::Frame(f, n)) = codec::decode_reply(replies, usize::MAX) else { panic!("a reply each") };
+            assert!(matches!(f.reply, Reply::Produced { count: 1, .. }), "{:?}", f.reply);
+            replies = &replies[n..];
         }
     }
 
@@ -449,4 +474,66 @@ fn a_topic_without_retention_replays_nothing() {
     assert_eq!(h.create_group("plain", "late", Start::Earliest), 51, "earliest is the next message");
     assert!(h.receive("plain", "late", 1).is_empty());
     assert_eq!(h.stat("", "replay_read_bytes"), 0);
+}
+
+/// The files index a topic's records sparsely (an entry a megabyte and a
+/// segment), noting a turn's runs of records of one topic at once: a
+/// group started at any id of a long log, written many produces a turn
+/// with another topic's between them, gets exactly the messages from
+/// there, read back from the files.
+#[test]
+fn a_replay_from_any_id_of_a_long_log_written_many_produces_a_turn_starts_there() {
+    let dir = TempDir::new("replay-runs");
+    let log = LogOptions { segment_bytes_max: 64 << 20, ..LogOptions::default() };
+    let broker = Broker::open(Config::default(), dir.path(), log, start()).expect("open");
+    let mut h = Harness::over(broker, start(), codec::V4);
+    h.create("r", Some(3_600_000), None);
+    h.create("o", Some(3_600_000), None);
+    // 12,000 messages of about 260 B: three megabytes, so several index
+    // entries within one segment.
+    let (turns, per_turn) = (60, 200);
+    for t in 0..turns {
+        let mut plan: Vec<(&'static str, usize)> = (0..per_turn).map(|i| ("r", t * per_turn + i)).collect();
+        plan.insert(per_turn / 2, ("o", t));
+        h.produce_marked_in_one_turn(&plan);
+    }
+    let n = turns * per_turn;
+    assert_eq!(h.ack_all("r"), n);
+    h.tick(1, 10);
+    assert_eq!(h.stat("r", "bytes"), 0, "every message left memory");
+    // Each group's replay keeps its window of messages in memory, so the
+    // later groups start among messages held for the earlier ones.
+    for (g, from) in [("g0", 0), ("g1", 1), ("g2", 4_037), ("g3", 4_100), ("g4", 8_191), ("g5", n - 3)] {
+        assert_eq!(h.create_group("r", g, Start::Id(from as u64 + 1)), from as u64 + 1);
+        let mut got = h.receive("r", g, 3);
+        got.truncate(3);
+        assert_eq!(got, expected(from as u64 + 1, from, 3), "group {g} from id {}", from + 1);
+    }
+    assert!(h.stat("", "replay_read_bytes") > 0, "served from the files");
+}
+
+/// A message still in flight holds only itself in memory: a group started
+/// at an id after it gets the acknowledged messages from there back from
+/// the files, not only what memory happens to hold.
+#[test]
+fn a_replay_starts_past_an_old_unacknowledged_message() {
+    let dir = TempDir::new("replay-past-unacked");
+    let mut h = open_at(dir.path(), start());
+    h.create("r", Some(3_600_000), None);
+    h.produce_marked("r", 0, 300);
+    let fetch =
+        Request::Fetch { topic: "r", group: "", max_messages: 1000, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 };
+    let Reply::Messages { messages, .. } = h.call(fetch) else { panic!("fetch") };
+    let ids: Vec<u64> = messages.iter().map(|m| m.id).filter(|&id| id != 10).collect();
+    assert_eq!(ids.len(), 299);
+    let mut body = Vec::new();
+    codec::encode_ids(&mut body, &ids);
+    let ack = h.call(Request::Ack { topic: "r", group: "", ids: Ids { bytes: &body } });
+    assert!(matches!(ack, Reply::Ids { ref failed, .. } if failed.is_empty()), "{ack:?}");
+    h.tick(1, 10);
+    assert_eq!((h.stat("r", "inflight"), h.stat("r", "ready")), (1, 0), "only message 10 is held");
+    assert_eq!(h.create_group("r", "at-id", Start::Id(100)), 100);
+    assert_eq!(h.receive("r", "at-id", 201), expected(100, 99, 201));
+    h.create_group("r", "earliest", Start::Earliest);
+    assert_eq!(h.receive("r", "earliest", 300), expected(1, 0, 300), "message 10 once, among the replayed ones");
 }

@@ -110,21 +110,26 @@ struct Met {
 impl Broker {
     /// Where `start` puts a new or reset group of topic `tid`
     /// (`Topic::start_cursor`); for a topic that retains, a position
-    /// before the oldest message held in memory reaches back as far as the
-    /// oldest the files hold. Also says whether a replay is needed.
+    /// before what memory holds whole (every message from there on:
+    /// `Seq::whole_from`) reaches back as far as the oldest the files
+    /// hold. Also says whether a replay is needed. Below that point memory
+    /// may still hold some messages (unacknowledged ones, or another
+    /// replay's), but not all: those are not where the group starts.
     pub(super) fn start_cursor(&self, tid: TopicId, start: Start) -> (MsgId, bool) {
         let Some(e) = self.topics.get(tid) else { return (0, false) };
         let t = &e.topic;
         let cursor = t.start_cursor(start);
-        let held = t.seq.next_live(0, t.seq.next_id()).unwrap_or(t.seq.next_id());
+        let whole = t.seq.whole_from(t.seq.next_id());
         let retained = self.compactor.retained.oldest_id(tid).filter(|_| t.settings.retention.is_on());
-        let Some(oldest) = retained.filter(|&o| o < held) else { return (cursor, false) };
+        let Some(oldest) = retained.filter(|&o| o < whole) else { return (cursor, false) };
         match start {
             Start::Earliest => (oldest, true),
-            Start::Id(id) if id < held => (id.max(oldest), true),
+            Start::Id(id) if id < whole => (id.max(oldest), true),
             // The first message born at or after the time is found by the
-            // replay, which moves the cursor to it.
-            Start::Time(ms) if t.seq.oldest_born_ms().is_none_or(|b| b >= ms) => (oldest, true),
+            // replay, which moves the cursor to it; born times grow with
+            // ids, so if the first message held whole is older, so is
+            // every one before it.
+            Start::Time(ms) if t.seq.get(whole).is_none_or(|m| m.born_ms >= ms) => (oldest, true),
             _ => (cursor, false),
         }
     }
@@ -140,7 +145,7 @@ impl Broker {
             return;
         };
         let Some(e) = self.topics.get_mut(tid) else { return };
-        let end_id = e.topic.seq.next_id();
+        let end_id = e.topic.seq.whole_from(e.topic.seq.next_id());
         e.topic.set_replay_until(g, Some(cursor));
         let from_born_ms = if let Start::Time(ms) = start { Some(ms) } else { None };
         let reader = Reader::new(pos);

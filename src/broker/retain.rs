@@ -55,14 +55,30 @@ impl Default for Retained {
     }
 }
 
+/// Produce records of one topic that follow each other in one segment,
+/// their ids running on: noted as one, so that a turn of many small
+/// produces to a topic costs one index entry lookup, not one a record.
+/// A run stops at a stride's bytes, so the index stays as dense, and a
+/// compaction copy (ids below what the index has) is a run of its own,
+/// so that it never takes new messages with it when the index skips it.
+struct Run {
+    topic: TopicId,
+    first_id: MsgId,
+    next_id: MsgId,
+    bytes: u64,
+    pos: ReadPos,
+    /// Its first ids are past what the index has: not a compaction copy,
+    /// so later records may join it.
+    fresh: bool,
+}
+
 impl Retained {
-    /// A record holding `messages` of `topic` (not yet read) starts at
-    /// `pos`, its messages `bytes` long (a Produce record's whole length,
-    /// header included), written at `written_ms`.
-    fn note(&mut self, topic: TopicId, messages: &Messages<'_>, bytes: u64, pos: ReadPos, written_ms: u64) {
-        let count = u64::from(messages.left());
-        let Some(Ok(first)) = messages.clone().next() else { return };
-        if !self.index.note(topic, first.id, first.id + count, bytes, pos) {
+    /// Records holding messages `first_id..next_id` of `topic`, `bytes`
+    /// long in all (headers included), start at `pos`; the newest of them
+    /// was written at `written_ms`.
+    fn note(&mut self, run: &Run, written_ms: u64) {
+        let Run { topic, first_id, next_id, bytes, pos, .. } = *run;
+        if !self.index.note(topic, first_id, next_id, bytes, pos) {
             return;
         }
         let held = self.segments.entry(pos.segment).or_default();
@@ -78,34 +94,66 @@ impl Retained {
     /// Notes the Produce records of the turn the log just committed,
     /// written at `now_wall_ms`.
     pub(crate) fn note_turn(&mut self, log: &mut Log, now_wall_ms: u64) {
+        let stride_bytes = self.index.stride_bytes();
+        let mut run: Option<Run> = None;
         log.take_kept_turn(|r| match r.kind {
             RecordKind::Produce => {
-                if let Ok(Record::Produce { topic, messages }) = Record::decode(r.kind, r.version, r.body) {
-                    self.note(topic, &messages, record_bytes(&r), position(&r), now_wall_ms);
+                let Ok(Record::Produce { topic, messages }) = Record::decode(r.kind, r.version, r.body) else { return };
+                let Some(next) = run_of(topic, &messages, record_bytes(&r), position(&r)) else { return };
+                match &mut run {
+                    Some(open)
+                        if open.topic == next.topic
+                            && open.next_id == next.first_id
+                            && open.pos.segment == next.pos.segment
+                            && open.bytes < stride_bytes
+                            && open.fresh =>
+                    {
+                        open.next_id = next.next_id;
+                        open.bytes += next.bytes;
+                    }
+                    _ => {
+                        if let Some(done) = run.take() {
+                            self.note(&done, now_wall_ms);
+                        }
+                        let fresh = next.first_id >= self.index.indexed_to(next.topic);
+                        run = Some(Run { fresh, ..next });
+                    }
                 }
             }
             RecordKind::AckProduce => {
+                if let Some(done) = run.take() {
+                    self.note(&done, now_wall_ms);
+                }
                 if let Ok(Record::AckProduce { outputs, .. }) = Record::decode(r.kind, r.version, r.body) {
                     for (topic, messages) in outputs.filter_map(Result::ok) {
-                        self.note(topic, &messages, messages.bytes_left() as u64, position(&r), now_wall_ms);
+                        if let Some(out) = run_of(topic, &messages, messages.bytes_left() as u64, position(&r)) {
+                            self.note(&out, now_wall_ms);
+                        }
                     }
                 }
             }
             _ => {}
         });
+        if let Some(done) = run {
+            self.note(&done, now_wall_ms);
+        }
     }
 
     /// Recovery met a Produce record of `topic` holding `messages`.
     pub(crate) fn replayed(&mut self, r: &ReadRecord<'_>, topic: TopicId, messages: &Messages<'_>) {
         let newest_ms = messages.clone().filter_map(Result::ok).map(|m| m.born_ms).max().unwrap_or(0);
-        self.note(topic, messages, record_bytes(r), position(r), newest_ms);
+        if let Some(run) = run_of(topic, messages, record_bytes(r), position(r)) {
+            self.note(&run, newest_ms);
+        }
     }
 
     /// Recovery met the output of an AckProduce record `r` to `topic`,
     /// holding `messages`.
     pub(crate) fn replayed_output(&mut self, r: &ReadRecord<'_>, topic: TopicId, messages: &Messages<'_>) {
         let newest_ms = messages.clone().filter_map(Result::ok).map(|m| m.born_ms).max().unwrap_or(0);
-        self.note(topic, messages, messages.bytes_left() as u64, position(r), newest_ms);
+        if let Some(run) = run_of(topic, messages, messages.bytes_left() as u64, position(r)) {
+            self.note(&run, newest_ms);
+        }
     }
 
     /// Recovery rebuilt group `g` of topic `t`, which was replaying from
@@ -121,7 +169,7 @@ impl Retained {
         floor: MsgId,
         done: impl Iterator<Item = MsgId>,
     ) {
-        let held = t.seq.next_live(floor, t.seq.next_id()).unwrap_or(t.seq.next_id());
+        let held = t.seq.whole_from(t.seq.next_id());
         if t.settings.retention.is_on() && floor < held && self.oldest_id(tid).is_some_and(|o| o < held) {
             let mut done: Vec<MsgId> = done.collect();
             done.sort_unstable();
@@ -168,6 +216,13 @@ impl Retained {
     pub(crate) fn oldest_id(&self, topic: TopicId) -> Option<MsgId> {
         self.index.first_id(topic)
     }
+}
+
+/// The run of one record (or AckProduce output) holding `messages` of
+/// `topic`, `bytes` long, at `pos`; None if it holds none.
+fn run_of(topic: TopicId, messages: &Messages<'_>, bytes: u64, pos: ReadPos) -> Option<Run> {
+    let first_id = messages.first_id()?;
+    Some(Run { topic, first_id, next_id: first_id + u64::from(messages.left()), bytes, pos, fresh: false })
 }
 
 /// A record's bytes in the log, header included.

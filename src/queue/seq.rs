@@ -738,6 +738,35 @@ impl Seq {
         n
     }
 
+    /// The first id from which every message below `until` is live: from
+    /// there on memory holds the topic whole (`until` itself if the
+    /// message before it is not live). Below it, some message is missing:
+    /// released, or never in memory.
+    pub fn whole_from(&self, until: MsgId) -> MsgId {
+        let mut at = until;
+        for b in self.blocks.iter().rev() {
+            if b.first_id >= at {
+                continue;
+            }
+            // Ids between this block and `at` are in no block.
+            if b.end_id() < at {
+                return at;
+            }
+            let mut i = (at - b.first_id) as usize;
+            if b.live as usize == b.ends.len() {
+                i = 0;
+            }
+            while i > 0 && b.is_live(i - 1) {
+                i -= 1;
+            }
+            if i > 0 {
+                return b.first_id + i as u64;
+            }
+            at = b.first_id;
+        }
+        at
+    }
+
     /// The first live message born at or after `born_ms` (a group's start
     /// or reset by time). Blocks whose last born time is earlier are
     /// skipped whole; born times only grow within a topic, except for
