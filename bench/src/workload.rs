@@ -12,9 +12,10 @@
 //! - W4 work queue: producers and consumers on one topic at once (runnel's
 //!   consumers fetching, and pushed to).
 //! - W5 backlog: fill a topic with small messages, then drain it.
-//! - W6 fan-out: one producer, 1/4/16 consumer groups of two consumers
-//!   each, durable; every group gets every message (and runnel with 16
-//!   groups each filtering one of 16 tags).
+//! - W6 fan-out: one producer (16 and 256 produces in flight), 1/4/16
+//!   consumer groups of two consumers each, durable; every group gets
+//!   every message (and runnel with 16 groups each filtering one of 16
+//!   tags).
 //! - W3C: W3 at 10k msgs/s, durable, while the broker rewrites its log:
 //!   runnel compacting (1 MiB segments, a backlog of unacknowledged
 //!   messages spread over old segments), Redis running BGREWRITEAOF.
@@ -192,11 +193,13 @@ pub enum Config {
     W5 {
         groups: usize,
     },
-    /// Fan-out to `groups` consumer groups; with `tagged`, each group
-    /// filters one of `groups` tags and each message has one of them.
+    /// Fan-out to `groups` consumer groups, the producer keeping `depth`
+    /// produces in flight; with `tagged`, each group filters one of
+    /// `groups` tags and each message has one of them.
     W6 {
         groups: usize,
         tagged: bool,
+        depth: usize,
     },
     /// W3 while the log is rewritten: runnel compacting, Redis running
     /// BGREWRITEAOF.
@@ -252,9 +255,13 @@ const BATCH_DEPTH: usize = 4;
 const FETCH_MAX: u32 = 1024;
 const DRAIN_FETCH_MAX: u32 = 1000;
 const WAIT_MS: u32 = 100;
-/// W6: consumers per group, and the producer's pipeline depth.
+/// W6: consumers per group, and the producer's pipeline depths. At 16 in
+/// flight a durable producer waits on every sync, so both brokers are
+/// bound by the disk's sync time and the rate says little about fan-out;
+/// at 256 the brokers' own work of serving every group decides it.
 const W6_CONSUMERS_PER_GROUP: usize = 2;
 const W6_DEPTH: usize = 16;
+const W6_DEPTH_DEEP: usize = 256;
 /// W3C: runnel's segment size, small so that compaction runs all the time.
 const W3C_SEGMENT_BYTES: u64 = 1 << 20;
 /// W3C: acknowledged messages produced around each unacknowledged one, in
@@ -322,8 +329,11 @@ impl Config {
                 .to_vec(),
             "W5" => [0, 1, 4, 16].map(|groups| Config::W5 { groups }).to_vec(),
             "W6" => {
-                let mut v: Vec<Config> = [1, 4, 16].map(|groups| Config::W6 { groups, tagged: false }).to_vec();
-                v.push(Config::W6 { groups: 16, tagged: true });
+                let mut v = Vec::new();
+                for depth in [W6_DEPTH, W6_DEPTH_DEEP] {
+                    v.extend([1, 4, 16].map(|groups| Config::W6 { groups, tagged: false, depth }));
+                    v.push(Config::W6 { groups: 16, tagged: true, depth });
+                }
                 v
             }
             "W7" => [1_000, 10_000].map(|rate| Config::W7 { rate }).to_vec(),
@@ -487,12 +497,12 @@ impl Config {
             Config::W5 { groups: 0 } => format!("{W5_SIZE} B"),
             Config::W5 { groups: 1 } => format!("{W5_SIZE} B, 1 consumer group"),
             Config::W5 { groups } => format!("{W5_SIZE} B, {groups} consumer groups at different positions"),
-            Config::W6 { groups, tagged: false } => format!(
-                "{groups} group{} x {W6_CONSUMERS_PER_GROUP} consumers, 1 producer (depth {W6_DEPTH}), {SIZE} B",
+            Config::W6 { groups, tagged: false, depth } => format!(
+                "{groups} group{} x {W6_CONSUMERS_PER_GROUP} consumers, 1 producer (depth {depth}), {SIZE} B",
                 if groups == 1 { "" } else { "s" }
             ),
-            Config::W6 { groups, tagged: true } => format!(
-                "{groups} groups x {W6_CONSUMERS_PER_GROUP} consumers, each group filtering 1 of {groups} tags, 1 producer (depth {W6_DEPTH}), {SIZE} B"
+            Config::W6 { groups, tagged: true, depth } => format!(
+                "{groups} groups x {W6_CONSUMERS_PER_GROUP} consumers, each group filtering 1 of {groups} tags, 1 producer (depth {depth}), {SIZE} B"
             ),
             Config::W3Compact { rate } => format!(
                 "{} msgs/s open loop, {SIZE} B, log rewritten during the run (runnel: compaction, Redis: BGREWRITEAOF)",
@@ -694,7 +704,7 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
         Config::W7 { rate } => w3(ctx, rate, &format!("w7-{rate}"), &mut |_| Ok(())).map(|r| vec![r]),
         Config::W4 { producers, consumers, .. } => w4(ctx, producers, consumers).map(|r| vec![r]),
         Config::W5 { groups } => w5(ctx, groups),
-        Config::W6 { groups, tagged } => w6(ctx, groups, tagged).map(|r| vec![r]),
+        Config::W6 { groups, tagged, depth } => w6(ctx, groups, tagged, depth).map(|r| vec![r]),
         Config::W3Compact { rate } => w3c(ctx, rate).map(|r| vec![r]),
         Config::W3Busy { rate, .. } => w3b(ctx, rate).map(|r| vec![r]),
         Config::W8 { keys } => stages::w8(ctx, keys, ctx.scale.w8_msgs).map(|r| vec![r]),
@@ -1511,13 +1521,13 @@ fn w4(ctx: &Ctx<'_>, producers: usize, consumers: usize) -> Result<RunResult, St
     Ok(r)
 }
 
-/// W6: one producer, `groups` consumer groups of two consumers each, for
-/// W4's time. The rate is deliveries (to every group) within the produce
+/// W6: one producer with `depth` produces in flight, `groups` consumer
+/// groups of two consumers each, for W4's time. The rate is deliveries (to every group) within the produce
 /// window; server CPU is per delivery over the whole run. Each group must
 /// get every acknowledged produce; with `tagged`, each message goes to the
 /// one group whose tag it has, so the groups together must get each once.
-fn w6(ctx: &Ctx<'_>, groups: usize, tagged: bool) -> Result<RunResult, String> {
-    let topic = format!("w6-{groups}{}", if tagged { "-tagged" } else { "" });
+fn w6(ctx: &Ctx<'_>, groups: usize, tagged: bool, depth: usize) -> Result<RunResult, String> {
+    let topic = format!("w6-{groups}{}-d{depth}", if tagged { "-tagged" } else { "" });
     let tags = if tagged { groups as u32 } else { 0 };
     let names: Vec<(String, String)> = (0..groups)
         .map(|g| (format!("g{g}"), if tagged { runnel_conn::tag_of(g as u64, tags) } else { String::new() }))
@@ -1556,14 +1566,8 @@ fn w6(ctx: &Ctx<'_>, groups: usize, tagged: bool) -> Result<RunResult, String> {
     let cpu = CpuMeter::start(ctx.server);
     let t0 = Instant::now();
     window_end_ns.store(now_ns() + ctx.scale.w4_time.as_nanos() as u64, Ordering::Relaxed);
-    let closed = Closed {
-        producer: 0,
-        size: SIZE,
-        depth: W6_DEPTH,
-        batch: 1,
-        deadline: t0 + ctx.scale.w4_time,
-        msgs_max: u64::MAX,
-    };
+    let closed =
+        Closed { producer: 0, size: SIZE, depth, batch: 1, deadline: t0 + ctx.scale.w4_time, msgs_max: u64::MAX };
     let produced = closed_loop(p.as_mut(), &closed, &mut Samples::default());
     let window = t0.elapsed().as_secs_f64();
     // A failed producer still stops the consumers: they are owed nothing.
