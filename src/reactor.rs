@@ -404,7 +404,7 @@ impl Reactor {
         self.poll_events(events, timeout)?;
         // 2. the clock, once
         let started = Instant::now();
-        let now = now_at(self.started);
+        let now = now_since(self.started, started);
         self.loops.turns += 1;
         let mut turn = ReactorTurn { reactor: self, events, started, phases: PhaseNanos::default() };
         run_turn(&mut turn, now);
@@ -978,6 +978,12 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 }
 
 fn now_at(started: Instant) -> Now {
+    now_since(started, Instant::now())
+}
+
+/// The clock at `at` (read by the caller), for a loop started at
+/// `started`: one monotonic read serves the turn's timing and its clock.
+fn now_since(started: Instant, at: Instant) -> Now {
     let wall_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-    Now { mono_ms: started.elapsed().as_millis() as u64, wall_ms }
+    Now { mono_ms: at.saturating_duration_since(started).as_millis() as u64, wall_ms }
 }

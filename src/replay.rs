@@ -637,12 +637,13 @@ impl<'a> Replay<'a> {
     }
 
     /// Notes whether group `group`, just placed at its floor, starts
-    /// before messages already released: then it was replaying retained
-    /// messages from the files (`GroupReplay::replay_from`).
+    /// before what memory holds whole (some message after it was already
+    /// released): then it was replaying retained messages from the files
+    /// (`GroupReplay::replay_from`), as `Broker::start_cursor` decided.
     fn note_replay_from(&mut self, topic: TopicId, group: GroupId) {
         let floor = self.group(topic, group).floor;
         let t = &self.topics.nameless(topic).topic;
-        let held = t.seq.next_live(floor, t.seq.next_id()).unwrap_or(t.seq.next_id());
+        let held = t.seq.whole_from(t.seq.next_id());
         self.group(topic, group).replay_from = (floor < held).then_some(floor);
     }
 

@@ -512,6 +512,24 @@ fn a_replay_from_any_id_of_a_long_log_written_many_produces_a_turn_starts_there(
     assert!(h.stat("", "replay_read_bytes") > 0, "served from the files");
 }
 
+/// Produces 300 marked messages to retaining topic `r` and acks all of
+/// them in its default group but `unacked`, which stays in flight.
+fn all_acked_but(h: &mut Harness, unacked: u64) {
+    h.create("r", Some(3_600_000), None);
+    h.produce_marked("r", 0, 300);
+    let fetch =
+        Request::Fetch { topic: "r", group: "", max_messages: 1000, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 };
+    let Reply::Messages { messages, .. } = h.call(fetch) else { panic!("fetch") };
+    let ids: Vec<u64> = messages.iter().map(|m| m.id).filter(|&id| id != unacked).collect();
+    assert_eq!(ids.len(), 299);
+    let mut body = Vec::new();
+    codec::encode_ids(&mut body, &ids);
+    let ack = h.call(Request::Ack { topic: "r", group: "", ids: Ids { bytes: &body } });
+    assert!(matches!(ack, Reply::Ids { ref failed, .. } if failed.is_empty()), "{ack:?}");
+    h.tick(1, 10);
+    assert_eq!((h.stat("r", "inflight"), h.stat("r", "ready")), (1, 0), "only message {unacked} is held");
+}
+
 /// A message still in flight holds only itself in memory: a group started
 /// at an id after it gets the acknowledged messages from there back from
 /// the files, not only what memory happens to hold.
@@ -519,21 +537,27 @@ fn a_replay_from_any_id_of_a_long_log_written_many_produces_a_turn_starts_there(
 fn a_replay_starts_past_an_old_unacknowledged_message() {
     let dir = TempDir::new("replay-past-unacked");
     let mut h = open_at(dir.path(), start());
-    h.create("r", Some(3_600_000), None);
-    h.produce_marked("r", 0, 300);
-    let fetch =
-        Request::Fetch { topic: "r", group: "", max_messages: 1000, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 0 };
-    let Reply::Messages { messages, .. } = h.call(fetch) else { panic!("fetch") };
-    let ids: Vec<u64> = messages.iter().map(|m| m.id).filter(|&id| id != 10).collect();
-    assert_eq!(ids.len(), 299);
-    let mut body = Vec::new();
-    codec::encode_ids(&mut body, &ids);
-    let ack = h.call(Request::Ack { topic: "r", group: "", ids: Ids { bytes: &body } });
-    assert!(matches!(ack, Reply::Ids { ref failed, .. } if failed.is_empty()), "{ack:?}");
-    h.tick(1, 10);
-    assert_eq!((h.stat("r", "inflight"), h.stat("r", "ready")), (1, 0), "only message 10 is held");
+    all_acked_but(&mut h, 10);
     assert_eq!(h.create_group("r", "at-id", Start::Id(100)), 100);
     assert_eq!(h.receive("r", "at-id", 201), expected(100, 99, 201));
     h.create_group("r", "earliest", Start::Earliest);
     assert_eq!(h.receive("r", "earliest", 300), expected(1, 0, 300), "message 10 once, among the replayed ones");
+}
+
+/// A group that starts at a message still in flight, with acknowledged
+/// ones after it, replays them; a restart in the middle resumes the
+/// replay rather than leaving the group with what memory held.
+#[test]
+fn a_replay_from_an_unacknowledged_message_resumes_after_a_restart() {
+    let dir = TempDir::new("replay-unacked-restart");
+    let mut h = open_at(dir.path(), start());
+    all_acked_but(&mut h, 100);
+    assert_eq!(h.create_group("r", "at-id", Start::Id(100)), 100);
+    let first = h.receive("r", "at-id", 20);
+    assert_eq!(first, expected(100, 99, first.len()));
+    drop(h);
+    let mut h = open_at(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 5000 });
+    let seen = first.len();
+    let rest = h.receive("r", "at-id", 201 - seen);
+    assert_eq!(rest, expected(100 + seen as u64, 99 + seen, 201 - seen), "the rest, from the files");
 }
