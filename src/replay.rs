@@ -201,6 +201,19 @@ impl GroupReplay {
     }
 }
 
+/// Message `id` is released (every group is done with it): the groups'
+/// notes of it go, but a replaying group keeps its done note, since its
+/// replay, resumed after recovery, reads the message back from the files
+/// and must step over it (`Retained::note_resume`).
+fn forget_released(groups: &mut BTreeMap<u32, GroupReplay>, id: MsgId) {
+    for g in groups.values_mut() {
+        if g.replay_from.is_none() {
+            g.done.remove(&id);
+        }
+        g.counts.remove(&id);
+    }
+}
+
 /// The settings of a Group record, its filter parsed. A filter the broker
 /// took once parses again; one that does not (a later build's syntax)
 /// passes everything, so that no message is lost to it.
@@ -462,10 +475,7 @@ impl<'a> Replay<'a> {
         acked.dedup();
         acked.retain(|&id| groups.values().all(|g| g.is_done_with(id)));
         for &id in &acked {
-            for g in groups.values_mut() {
-                g.done.remove(&id);
-                g.counts.remove(&id);
-            }
+            forget_released(groups, id);
             seq.release(id);
         }
         if let Some(strays) = strays {
@@ -688,10 +698,7 @@ impl<'a> Replay<'a> {
         if !groups.values().all(|g| g.is_done_with(id)) {
             return;
         }
-        for g in groups.values_mut() {
-            g.done.remove(&id);
-            g.counts.remove(&id);
-        }
+        forget_released(groups, id);
         self.topics.nameless(topic).topic.seq.release(id);
         if let Some(strays) = self.strays.get_mut(&topic) {
             strays.remove(&id);

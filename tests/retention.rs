@@ -19,6 +19,7 @@ use runnel::codec::group::{GroupSettings, Start};
 use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Ids, Props, PropsLimits, Reply, Request, props};
 use runnel::codec::{TopicOptions, TopicSettings};
 use runnel::log::LogOptions;
+use runnel::testkit::{Rng, SeedGuard, seeds};
 
 const PAYLOAD_BYTES: usize = 200;
 
@@ -560,4 +561,95 @@ fn a_replay_from_an_unacknowledged_message_resumes_after_a_restart() {
     let seen = first.len();
     let rest = h.receive("r", "at-id", 201 - seen);
     assert_eq!(rest, expected(100 + seen as u64, 99 + seen, 201 - seen), "the rest, from the files");
+}
+
+/// Groups created at random positions of a retaining topic, among
+/// produces, acks of the default group that leave some messages in flight,
+/// other groups' replays and restarts, each get every message from their
+/// start on, once and in order: the model is the ids from the start to the
+/// newest.
+#[test]
+fn groups_started_anywhere_get_every_message_from_there_by_model() {
+    const NAMES: [&str; 8] = ["g0", "g1", "g2", "g3", "g4", "g5", "g6", "g7"];
+    for seed in seeds(32) {
+        let _guard =
+            SeedGuard { test: "groups_started_anywhere", seed, replay: "cargo test --release --test retention" };
+        println!("seed {seed}");
+        let mut rng = Rng::new(seed);
+        let dir = TempDir::new("replay-model");
+        let mut h = open_at(dir.path(), start());
+        h.create("r", Some(3_600_000), None);
+        // Messages 0..produced, message k with id k + 1.
+        let mut produced = 0usize;
+        // The default group's messages in flight.
+        let mut held: Vec<u64> = Vec::new();
+        // Each group and the next id it should get.
+        let mut groups: Vec<(&'static str, u64)> = Vec::new();
+        for _ in 0..150 {
+            match rng.below(10) {
+                0..=2 => {
+                    let n = rng.range(1usize, 40);
+                    h.produce_marked("r", produced, n);
+                    produced += n;
+                }
+                3 | 4 => {
+                    let max_messages = rng.range(1u32, 60);
+                    let fetch = Request::Fetch {
+                        topic: "r",
+                        group: "",
+                        max_messages,
+                        max_bytes: 0,
+                        wait_ms: 0,
+                        ack_timeout_ms: 0,
+                    };
+                    let Reply::Messages { messages, .. } = h.call(fetch) else { panic!("fetch") };
+                    held.extend(messages.iter().map(|m| m.id));
+                    // Some stay in flight; the rest are acked.
+                    let (keep, ack): (Vec<u64>, Vec<u64>) = held.iter().partition(|_| rng.one_in(6));
+                    held = keep;
+                    if !ack.is_empty() {
+                        let mut body = Vec::new();
+                        codec::encode_ids(&mut body, &ack);
+                        let reply = h.call(Request::Ack { topic: "r", group: "", ids: Ids { bytes: &body } });
+                        assert!(matches!(reply, Reply::Ids { ref failed, .. } if failed.is_empty()), "{reply:?}");
+                    }
+                }
+                5 if groups.len() < NAMES.len() => {
+                    let g = NAMES[groups.len()];
+                    let (start, from) = match rng.below(4) {
+                        0 => (Start::Earliest, 1),
+                        _ => {
+                            let id = rng.range(1, produced as u64 + 1);
+                            (Start::Id(id), id)
+                        }
+                    };
+                    assert_eq!(h.create_group("r", g, start), from, "group {g} at {start:?}");
+                    groups.push((g, from));
+                }
+                6 | 7 if !groups.is_empty() => {
+                    let i = rng.below(groups.len());
+                    let (g, next) = groups[i];
+                    let left = produced as u64 + 1 - next;
+                    if left == 0 {
+                        continue;
+                    }
+                    let got = h.receive("r", g, rng.range(1, left.min(120)) as usize);
+                    assert_eq!(got, expected(next, next as usize - 1, got.len()), "group {g} from id {next}");
+                    groups[i].1 += got.len() as u64;
+                }
+                8 => {
+                    let wall_ms = h.now.wall_ms + 1_000;
+                    drop(h);
+                    h = open_at(dir.path(), Now { mono_ms: 1, wall_ms });
+                    // What the default group held is ready again.
+                    held.clear();
+                }
+                _ => h.tick(1, 1),
+            }
+        }
+        for (g, next) in groups {
+            let left = produced + 1 - next as usize;
+            assert_eq!(h.receive("r", g, left), expected(next, next as usize - 1, left), "group {g}: the rest");
+        }
+    }
 }
