@@ -52,10 +52,6 @@ struct GroupReplay {
     /// The ids of `delays` whose wait is the retry policy's (Delay records
     /// with the retry flag).
     retry_waits: IdMap<()>,
-    /// Set when its Group or GroupState record placed it before messages
-    /// recovery had already released (every group known then was done
-    /// with them): it was replaying them from the log files, from here.
-    replay_from: Option<MsgId>,
     /// The last NACK reason of each id that has one (NackReason records).
     nack_reasons: IdMap<Box<str>>,
     /// The highest id at or above `floor` it was done with, released or
@@ -108,6 +104,13 @@ impl GroupReplay {
         if let Some(d) = count {
             *d = d.saturating_add(1);
         }
+    }
+
+    /// The ids it still owes a delivery of: delivered (or back for
+    /// retry) and not done with.
+    fn owed(&self) -> Vec<MsgId> {
+        let ids = self.pending.keys().chain(self.counts.iter().filter(|c| *c.1 > 0).map(|c| c.0));
+        ids.copied().filter(|id| !self.done.contains_key(id)).collect()
     }
 
     fn is_done_with(&self, id: MsgId) -> bool {
@@ -201,15 +204,11 @@ impl GroupReplay {
     }
 }
 
-/// Message `id` is released (every group is done with it): the groups'
-/// notes of it go, but a replaying group keeps its done note, since its
-/// replay, resumed after recovery, reads the message back from the files
-/// and must step over it (`Retained::note_resume`).
+/// Message `id` is released (every group is done with it): no group's
+/// notes need it any more.
 fn forget_released(groups: &mut BTreeMap<u32, GroupReplay>, id: MsgId) {
     for g in groups.values_mut() {
-        if g.replay_from.is_none() {
-            g.done.remove(&id);
-        }
+        g.done.remove(&id);
         g.counts.remove(&id);
     }
 }
@@ -423,7 +422,6 @@ impl<'a> Replay<'a> {
         if std::mem::take(&mut g.unknown) {
             self.release_done(topic);
         }
-        self.note_replay_from(topic, group);
     }
 
     /// A record read by the first pass (`ahead`).
@@ -643,18 +641,6 @@ impl<'a> Replay<'a> {
         g.named = true;
         g.name = r.name.into();
         g.config = group_config(r);
-        self.note_replay_from(r.topic, r.group);
-    }
-
-    /// Notes whether group `group`, just placed at its floor, starts
-    /// before what memory holds whole (some message after it was already
-    /// released): then it was replaying retained messages from the files
-    /// (`GroupReplay::replay_from`), as `Broker::start_cursor` decided.
-    fn note_replay_from(&mut self, topic: TopicId, group: GroupId) {
-        let floor = self.group(topic, group).floor;
-        let t = &self.topics.nameless(topic).topic;
-        let held = t.seq.whole_from(t.seq.next_id());
-        self.group(topic, group).replay_from = (floor < held).then_some(floor);
     }
 
     /// A Purge record: every group starts again at `below_id`.
@@ -766,11 +752,23 @@ impl<'a> Replay<'a> {
             e.topic.seq.publish();
             for (gid, g) in self.groups.remove(&e.id).unwrap_or_default() {
                 if g.named {
-                    if let Some(from) = g.replay_from.filter(|_| !g.config.broadcast) {
-                        let done = g.done.keys().copied().filter(|&id| id >= from);
-                        self.notes.retained.note_resume(e.id, GroupId(gid), &e.topic, from, done);
+                    let owed = g.owed();
+                    let broadcast = g.config.broadcast;
+                    let mut group = g.build(GroupId(gid), &e.topic, self.now_wall_ms);
+                    // Whether the group was replaying is decided here, on
+                    // the whole log: compaction may have moved the records
+                    // that released what it started before (another group's
+                    // acks, restated) after its own. A replaying group reads
+                    // nothing past where its replay resumes until the replay
+                    // gets there (else its cursor would step over what the
+                    // files still hold for it).
+                    if !broadcast {
+                        let r = &mut self.notes.retained;
+                        let from = r.note_resume(e.id, GroupId(gid), &e.topic, group.cursor(), owed.into_iter());
+                        if from.is_some() {
+                            group.set_replay_until(from);
+                        }
                     }
-                    let group = g.build(GroupId(gid), &e.topic, self.now_wall_ms);
                     e.topic.insert_group(group);
                 }
             }

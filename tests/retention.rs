@@ -286,6 +286,12 @@ fn payload_of(header: &[u8]) -> Vec<u8> {
     payload(std::str::from_utf8(header).expect("utf-8").parse().expect("a number"))
 }
 
+/// What message `id` holds as `produce_marked` made it (message `id - 1`).
+fn got_of(id: u64) -> Got {
+    let k = id as usize - 1;
+    (id, vec![format!("t{}", k % 3)], k.to_string().into_bytes())
+}
+
 /// What `produce_marked(from, n)` produced, with ids from `first_id`.
 fn expected(first_id: u64, from: usize, n: usize) -> Vec<Got> {
     (0..n)
@@ -563,14 +569,16 @@ fn a_replay_from_an_unacknowledged_message_resumes_after_a_restart() {
     assert_eq!(rest, expected(100 + seen as u64, 99 + seen, 201 - seen), "the rest, from the files");
 }
 
-/// Groups created at random positions of a retaining topic, among
-/// produces, acks of the default group that leave some messages in flight,
-/// other groups' replays and restarts, each get every message from their
-/// start on, once and in order: the model is the ids from the start to the
-/// newest.
+/// Groups created at random positions of a retaining topic, some
+/// filtering by tag, among produces, acks of the default group that leave
+/// some messages in flight, other groups' replays and restarts, each get
+/// every message from their start on that their filter passes, once and
+/// in order: the model is those ids, from the start to the newest.
 #[test]
 fn groups_started_anywhere_get_every_message_from_there_by_model() {
     const NAMES: [&str; 8] = ["g0", "g1", "g2", "g3", "g4", "g5", "g6", "g7"];
+    // Message k has tag t{k % 3} (`marked`); a filtered group drops t1.
+    let passes = |filtered: bool, id: u64| !filtered || (id - 1) % 3 != 1;
     for seed in seeds(32) {
         let _guard =
             SeedGuard { test: "groups_started_anywhere", seed, replay: "cargo test --release --test retention" };
@@ -583,8 +591,12 @@ fn groups_started_anywhere_get_every_message_from_there_by_model() {
         let mut produced = 0usize;
         // The default group's messages in flight.
         let mut held: Vec<u64> = Vec::new();
-        // Each group and the next id it should get.
-        let mut groups: Vec<(&'static str, u64)> = Vec::new();
+        // Each group, whether it filters, and the first id it has not got.
+        let mut groups: Vec<(&'static str, bool, u64)> = Vec::new();
+        // What group `g` should get next: the passing ids from `next` on.
+        let owed = |filtered: bool, next: u64, produced: usize| -> Vec<Got> {
+            (next..=produced as u64).filter(|&id| passes(filtered, id)).map(got_of).collect()
+        };
         for _ in 0..150 {
             match rng.below(10) {
                 0..=2 => {
@@ -623,19 +635,26 @@ fn groups_started_anywhere_get_every_message_from_there_by_model() {
                             (Start::Id(id), id)
                         }
                     };
-                    assert_eq!(h.create_group("r", g, start), from, "group {g} at {start:?}");
-                    groups.push((g, from));
+                    let filtered = rng.one_in(2);
+                    let settings =
+                        GroupSettings { filter: if filtered { "t0 || t2" } else { "" }, ..Default::default() };
+                    let reply = h.call(Request::CreateGroup { topic: "r", group: g, settings, start });
+                    assert!(
+                        matches!(reply, Reply::GroupCreated { cursor, .. } if cursor == from),
+                        "group {g}: {reply:?}"
+                    );
+                    groups.push((g, filtered, from));
                 }
                 6 | 7 if !groups.is_empty() => {
                     let i = rng.below(groups.len());
-                    let (g, next) = groups[i];
-                    let left = produced as u64 + 1 - next;
-                    if left == 0 {
+                    let (g, filtered, next) = groups[i];
+                    let owed = owed(filtered, next, produced);
+                    if owed.is_empty() {
                         continue;
                     }
-                    let got = h.receive("r", g, rng.range(1, left.min(120)) as usize);
-                    assert_eq!(got, expected(next, next as usize - 1, got.len()), "group {g} from id {next}");
-                    groups[i].1 += got.len() as u64;
+                    let got = h.receive("r", g, rng.range(1, owed.len().min(120)));
+                    assert_eq!(got, owed[..got.len()], "group {g} from id {next}");
+                    groups[i].2 = got.last().map_or(next, |m| m.0 + 1);
                 }
                 8 => {
                     let wall_ms = h.now.wall_ms + 1_000;
@@ -647,9 +666,9 @@ fn groups_started_anywhere_get_every_message_from_there_by_model() {
                 _ => h.tick(1, 1),
             }
         }
-        for (g, next) in groups {
-            let left = produced + 1 - next as usize;
-            assert_eq!(h.receive("r", g, left), expected(next, next as usize - 1, left), "group {g}: the rest");
+        for (g, filtered, next) in groups {
+            let owed = owed(filtered, next, produced);
+            assert_eq!(h.receive("r", g, owed.len()), owed, "group {g}: the rest");
         }
     }
 }

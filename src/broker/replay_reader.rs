@@ -41,10 +41,11 @@ struct Replaying {
     /// A start by time: messages born before it are stepped over, and the
     /// group's cursor is moved to the first one born at or after it.
     from_born_ms: Option<u64>,
-    /// A replay resumed after a restart: the ids the group was done with
-    /// (in order), stepped over. Those it was not done with below its
-    /// cursor (in flight at the crash) come back for retry.
-    skip: Vec<MsgId>,
+    /// A replay resumed after a restart: the ids below the group's cursor
+    /// that it still owed (in flight at the crash, or back for retry), in
+    /// order. They come back for retry; every other id below its cursor
+    /// it was done with, and is stepped over.
+    owed: Vec<MsgId>,
 }
 
 /// Every replay under way.
@@ -149,8 +150,8 @@ impl Broker {
         e.topic.set_replay_until(g, Some(cursor));
         let from_born_ms = if let Start::Time(ms) = start { Some(ms) } else { None };
         let reader = Reader::new(pos);
-        let skip = Vec::new();
-        self.replays.list.push(Replaying { topic: tid, group: g, reader, until: cursor, end_id, from_born_ms, skip });
+        let owed = Vec::new();
+        self.replays.list.push(Replaying { topic: tid, group: g, reader, until: cursor, end_id, from_born_ms, owed });
     }
 
     /// Replays under way (STATS).
@@ -161,10 +162,10 @@ impl Broker {
     /// Resumes the replays recovery found under way
     /// (`Retained::note_resume`).
     pub(super) fn resume_replays(&mut self) {
-        for (tid, g, floor, done) in std::mem::take(&mut self.compactor.retained.resume) {
-            self.begin_replay(tid, g, floor, Start::Id(floor));
+        for (tid, g, from, owed) in std::mem::take(&mut self.compactor.retained.resume) {
+            self.begin_replay(tid, g, from, Start::Id(from));
             if let Some(r) = self.replays.list.last_mut().filter(|r| (r.topic, r.group) == (tid, g)) {
-                r.skip = done;
+                r.owed = owed;
             }
         }
     }
@@ -324,14 +325,17 @@ fn put_back_messages(t: &mut Topic, r: &mut Replaying, cursor: MsgId, messages: 
         if r.from_born_ms.is_some() && met.first_by_time.is_none() {
             met.first_by_time = Some(m.id);
         }
-        if r.skip.binary_search(&m.id).is_ok() || t.seq.contains(m.id) {
+        // Below the group's cursor (a replay resumed after a restart), only
+        // what the group still owed comes back.
+        let below = m.id < cursor;
+        if t.seq.contains(m.id) || (below && r.owed.binary_search(&m.id).is_err()) {
             continue;
         }
         t.put_back(m.id, m.born_ms, Body { props: m.props, tag_set: None, payload: m.payload }, m.dead);
         met.loaded += 1;
-        // Resumed after a restart: in flight at the crash, so back for
-        // retry, unless the group's filter drops it.
-        if m.id < cursor {
+        // In flight at the crash: back for retry, unless the group's
+        // filter drops it.
+        if below {
             t.requeue_put_back(r.group, m.id);
         }
     }

@@ -44,8 +44,8 @@ pub(crate) struct Retained {
     /// Per segment (by base offset), what it holds of each topic.
     segments: BTreeMap<u64, Vec<Held>>,
     /// Replays recovery found under way, for the broker to resume:
-    /// (topic, group, the group's position, the ids at or after it the
-    /// group was done with, in order).
+    /// (topic, group, where the replay starts, the ids below the group's
+    /// cursor it still owes, in order).
     pub(crate) resume: Vec<(TopicId, GroupId, MsgId, Vec<MsgId>)>,
 }
 
@@ -156,25 +156,34 @@ impl Retained {
         }
     }
 
-    /// Recovery rebuilt group `g` of topic `t`, which was replaying from
-    /// `floor` (its creation or last reset, before messages released
-    /// already) and was done with `done` after it: if the topic retains
-    /// and the files hold what memory does not after `floor`, its replay
-    /// goes on from `floor`, stepping over `done`.
+    /// Recovery rebuilt group `g` of topic `t` at `cursor`, still owing
+    /// `owed` (in flight at the crash, or back for retry): if the topic
+    /// retains, and memory lacks some of what the group owes below its
+    /// cursor or some message after it (released before the group got
+    /// it), the group was replaying from the files, and its replay goes on
+    /// from the first of those, which it returns.
     pub(crate) fn note_resume(
         &mut self,
         tid: TopicId,
         g: GroupId,
         t: &Topic,
-        floor: MsgId,
-        done: impl Iterator<Item = MsgId>,
-    ) {
-        let held = t.seq.whole_from(t.seq.next_id());
-        if t.settings.retention.is_on() && floor < held && self.oldest_id(tid).is_some_and(|o| o < held) {
-            let mut done: Vec<MsgId> = done.collect();
-            done.sort_unstable();
-            self.resume.push((tid, g, floor, done));
+        cursor: MsgId,
+        owed: impl Iterator<Item = MsgId>,
+    ) -> Option<MsgId> {
+        if !t.settings.retention.is_on() || self.oldest_id(tid).is_none() {
+            return None;
         }
+        let mut back: Vec<MsgId> = owed.filter(|&id| id < cursor && !t.seq.contains(id)).collect();
+        back.sort_unstable();
+        back.dedup();
+        let whole = t.seq.whole_from(t.seq.next_id());
+        let lacks_ahead = cursor < whole && t.seq.live_in(cursor, whole) < whole - cursor;
+        if !back.is_empty() || lacks_ahead {
+            let from = back.first().map_or(cursor, |&b| b.min(cursor));
+            self.resume.push((tid, g, from, back));
+            return Some(from);
+        }
+        None
     }
 
     /// Segment `base` was removed.
