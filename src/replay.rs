@@ -521,7 +521,10 @@ impl<'a> Replay<'a> {
     /// A record of scheduled messages: Cancel, Reschedule or Due.
     fn schedule_record(&mut self, record: Record<'_>) {
         match record {
-            Record::Cancel { topic, ids } => ids.iter().for_each(|id| self.cancel(topic, id)),
+            Record::Cancel { topic, ids } => ids.iter().for_each(|id| {
+                self.notes.retained.canceled(topic, id);
+                self.cancel(topic, id);
+            }),
             Record::Reschedule { topic, entries } => {
                 for (id, due_ms) in entries.iter() {
                     self.reschedule(topic, id, due_ms);

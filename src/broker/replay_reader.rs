@@ -19,6 +19,7 @@
 //! (from there on memory holds every message any group needs), or at the
 //! end of the durable log.
 
+use super::retain::Retained;
 use super::{Broker, GroupTimers, TopicId};
 use crate::codec::group::Start;
 use crate::log::reader::{Reader, Slice};
@@ -231,10 +232,11 @@ impl Broker {
         // The reader is lent out while the records it reads change `r`.
         let at = r.reader.pos();
         let mut reader = std::mem::replace(&mut r.reader, Reader::new(at));
+        let retained = &self.compactor.retained;
         let slice = self.log.read_slice(&mut reader, budget, |rec| {
             met.bytes += (RECORD_HEADER_BYTES + rec.body.len()) as u64;
             if !met.ended {
-                put_back_record(&mut e.topic, r, cursor, &rec, &mut met);
+                put_back_record((&mut e.topic, retained), r, cursor, &rec, &mut met);
             }
         });
         r.reader = reader;
@@ -288,7 +290,13 @@ impl Broker {
 
 /// Puts back the messages of record `rec` that replay `r` needs (its
 /// group at `cursor`), moving `r.until` on; notes in `met` what it met.
-fn put_back_record(t: &mut Topic, r: &mut Replaying, cursor: MsgId, rec: &ReadRecord<'_>, met: &mut Met) {
+fn put_back_record(
+    (t, retained): (&mut Topic, &Retained),
+    r: &mut Replaying,
+    cursor: MsgId,
+    rec: &ReadRecord<'_>,
+    met: &mut Met,
+) {
     if !matches!(rec.kind, RecordKind::Produce | RecordKind::AckProduce) {
         return;
     }
@@ -303,11 +311,17 @@ fn put_back_record(t: &mut Topic, r: &mut Replaying, cursor: MsgId, rec: &ReadRe
         }
         _ => return,
     };
-    put_back_messages(t, r, cursor, messages, met);
+    put_back_messages((t, retained), r, cursor, messages, met);
 }
 
 /// `put_back_record`'s messages of the replay's topic.
-fn put_back_messages(t: &mut Topic, r: &mut Replaying, cursor: MsgId, messages: Messages<'_>, met: &mut Met) {
+fn put_back_messages(
+    (t, retained): (&mut Topic, &Retained),
+    r: &mut Replaying,
+    cursor: MsgId,
+    messages: Messages<'_>,
+    met: &mut Met,
+) {
     for m in messages {
         let Ok(m) = m else { return };
         // A compaction copy, or a message before the group's start.
@@ -328,7 +342,8 @@ fn put_back_messages(t: &mut Topic, r: &mut Replaying, cursor: MsgId, messages: 
         // Below the group's cursor (a replay resumed after a restart), only
         // what the group still owed comes back.
         let below = m.id < cursor;
-        if t.seq.contains(m.id) || (below && r.owed.binary_search(&m.id).is_err()) {
+        let canceled = retained.was_canceled(r.topic, m.id);
+        if canceled || t.seq.contains(m.id) || (below && r.owed.binary_search(&m.id).is_err()) {
             continue;
         }
         t.put_back(m.id, m.born_ms, Body { props: m.props, tag_set: None, payload: m.payload }, m.dead);

@@ -14,7 +14,7 @@
 //! its message is live, in memory, and replay reads only what the index
 //! leads to.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::requests::Refusal;
 use super::topics::Topics;
@@ -43,6 +43,11 @@ pub(crate) struct Retained {
     pub index: SparseIndex,
     /// Per segment (by base offset), what it holds of each topic.
     segments: BTreeMap<u64, Vec<Held>>,
+    /// Scheduled messages canceled before their time, by topic, while the
+    /// files may still hold their Produce records: a replay steps over
+    /// them (a canceled message never was one of the topic's). Pruned as
+    /// segments go, so it holds at most the cancels of what the files hold.
+    canceled: HashMap<TopicId, BTreeSet<MsgId>>,
     /// Replays recovery found under way, for the broker to resume:
     /// (topic, group, where the replay starts, the ids below the group's
     /// cursor it still owes, in order).
@@ -51,7 +56,12 @@ pub(crate) struct Retained {
 
 impl Default for Retained {
     fn default() -> Self {
-        Retained { index: SparseIndex::new(INDEX_STRIDE_BYTES), segments: BTreeMap::new(), resume: Vec::new() }
+        Retained {
+            index: SparseIndex::new(INDEX_STRIDE_BYTES),
+            segments: BTreeMap::new(),
+            canceled: HashMap::new(),
+            resume: Vec::new(),
+        }
     }
 }
 
@@ -190,10 +200,28 @@ impl Retained {
     pub(crate) fn forget_segment(&mut self, base: u64) {
         self.index.forget_segment(base);
         self.segments.remove(&base);
+        let index = &self.index;
+        self.canceled.retain(|&topic, ids| {
+            let oldest = index.first_id(topic).unwrap_or(MsgId::MAX);
+            ids.retain(|&id| id >= oldest);
+            !ids.is_empty()
+        });
+    }
+
+    /// Scheduled message `id` of `topic` was canceled (CANCEL, or its
+    /// Cancel record in recovery).
+    pub(crate) fn canceled(&mut self, topic: TopicId, id: MsgId) {
+        self.canceled.entry(topic).or_default().insert(id);
+    }
+
+    /// Whether message `id` of `topic` was canceled.
+    pub(crate) fn was_canceled(&self, topic: TopicId, id: MsgId) -> bool {
+        self.canceled.get(&topic).is_some_and(|ids| ids.contains(&id))
     }
 
     /// Topic `topic` was deleted.
     pub(crate) fn forget_topic(&mut self, topic: TopicId) {
+        self.canceled.remove(&topic);
         self.index.forget_topic(topic);
         for held in self.segments.values_mut() {
             held.retain(|h| h.topic != topic);

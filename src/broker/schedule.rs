@@ -149,6 +149,7 @@ impl Broker {
         let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
         let due = e.topic.cancel(id).ok_or_else(|| not_scheduled(topic, id))?;
         ScheduledRecord { topic: tid, ids: &[id] }.append(RecordKind::Cancel, &mut self.log);
+        self.compactor.retained.canceled(tid, id);
         self.compactor.nudge();
         codec::encode_u64_reply(out, op::CANCEL, rid, due);
         Ok(())
