@@ -648,6 +648,7 @@ impl<'a> Replay<'a> {
 
     /// A Purge record: every group starts again at `below_id`.
     fn purge(&mut self, topic: TopicId, below_id: MsgId) {
+        self.notes.retained.purged(topic, below_id);
         let e = self.topics.nameless(topic);
         e.topic.purge(&mut NoTimers);
         e.topic.seq.bump_next_id(below_id);

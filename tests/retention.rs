@@ -706,3 +706,27 @@ fn a_replay_does_not_bring_back_a_canceled_message() {
     h.create_group("r", "later", Start::Earliest);
     assert_eq!(h.receive("r", "later", 10), without_6, "nor after a restart");
 }
+
+/// PURGE_TOPIC removes the topic's messages for replay too: a group
+/// started at the earliest afterwards, before a restart and after one,
+/// gets only what was produced since.
+#[test]
+fn a_replay_starts_after_a_purge() {
+    let dir = TempDir::new("replay-purge");
+    let mut h = open_at(dir.path(), start());
+    h.create("r", Some(3_600_000), None);
+    h.produce_marked("r", 0, 5);
+    assert_eq!(h.ack_all("r"), 5);
+    h.produce_marked("r", 5, 5);
+    assert!(matches!(h.call(Request::PurgeTopic { topic: "r" }), Reply::Count(5)));
+    h.produce_marked("r", 10, 3);
+    assert_eq!(h.ack_all("r"), 3);
+    h.tick(1, 10);
+    let since: Vec<Got> = (11..=13).map(got_of).collect();
+    h.create_group("r", "late", Start::Earliest);
+    assert_eq!(h.receive("r", "late", 3), since, "nothing from before the purge");
+    drop(h);
+    let mut h = open_at(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 5_000 });
+    h.create_group("r", "later", Start::Earliest);
+    assert_eq!(h.receive("r", "later", 3), since, "nor after a restart");
+}

@@ -655,7 +655,9 @@ impl Broker {
         let Some(e) = self.topics.get_mut(tid) else { return Err(unknown(topic)) };
         let mut timers = GroupTimers { wheel: &mut self.wheel, topic: tid, group: GroupId::DEFAULT };
         let removed = e.topic.purge(&mut timers);
-        PurgeRecord { topic: tid, below_id: e.topic.seq.next_id() }.append(&mut self.log);
+        let below_id = e.topic.seq.next_id();
+        PurgeRecord { topic: tid, below_id }.append(&mut self.log);
+        self.compactor.retained.purged(tid, below_id);
         self.compactor.nudge();
         codec::encode_u64_reply(out, op::PURGE_TOPIC, rid, removed);
         Ok(Outcome::Held)

@@ -48,6 +48,9 @@ pub(crate) struct Retained {
     /// them (a canceled message never was one of the topic's). Pruned as
     /// segments go, so it holds at most the cancels of what the files hold.
     canceled: HashMap<TopicId, BTreeSet<MsgId>>,
+    /// Each purged topic's last PURGE: the files' messages below it are
+    /// not replayed (`oldest_id` starts after them).
+    purged_below: HashMap<TopicId, MsgId>,
     /// Replays recovery found under way, for the broker to resume:
     /// (topic, group, where the replay starts, the ids below the group's
     /// cursor it still owes, in order).
@@ -60,6 +63,7 @@ impl Default for Retained {
             index: SparseIndex::new(INDEX_STRIDE_BYTES),
             segments: BTreeMap::new(),
             canceled: HashMap::new(),
+            purged_below: HashMap::new(),
             resume: Vec::new(),
         }
     }
@@ -222,6 +226,7 @@ impl Retained {
     /// Topic `topic` was deleted.
     pub(crate) fn forget_topic(&mut self, topic: TopicId) {
         self.canceled.remove(&topic);
+        self.purged_below.remove(&topic);
         self.index.forget_topic(topic);
         for held in self.segments.values_mut() {
             held.retain(|h| h.topic != topic);
@@ -251,7 +256,19 @@ impl Retained {
 
     /// The oldest message id of `topic` the files hold (in id order).
     pub(crate) fn oldest_id(&self, topic: TopicId) -> Option<MsgId> {
-        self.index.first_id(topic)
+        let first = self.index.first_id(topic)?;
+        let floor = self.purged_below.get(&topic).copied().unwrap_or(0);
+        if first >= floor {
+            return Some(first);
+        }
+        (self.index.indexed_to(topic) > floor).then_some(floor)
+    }
+
+    /// PURGE_TOPIC (or its Purge record in recovery) removed every message
+    /// of `topic` below `below_id`: no replay reads them back.
+    pub(crate) fn purged(&mut self, topic: TopicId, below_id: MsgId) {
+        let floor = self.purged_below.entry(topic).or_default();
+        *floor = (*floor).max(below_id);
     }
 }
 
