@@ -701,10 +701,7 @@ fn a_replay_does_not_bring_back_a_canceled_message() {
     let without_6: Vec<Got> = (1..=11).filter(|&id| id != 6).map(got_of).collect();
     h.create_group("r", "late", Start::Earliest);
     assert_eq!(h.receive("r", "late", 10), without_6, "the canceled message is not replayed");
-    drop(h);
-    let mut h = open_at(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 5_000 });
-    h.create_group("r", "later", Start::Earliest);
-    assert_eq!(h.receive("r", "later", 10), without_6, "nor after a restart");
+    assert_eq!(replayed_after_restart(h, dir.path(), 10), without_6, "nor after a restart");
 }
 
 /// PURGE_TOPIC removes the topic's messages for replay too: a group
@@ -725,8 +722,14 @@ fn a_replay_starts_after_a_purge() {
     let since: Vec<Got> = (11..=13).map(got_of).collect();
     h.create_group("r", "late", Start::Earliest);
     assert_eq!(h.receive("r", "late", 3), since, "nothing from before the purge");
+    assert_eq!(replayed_after_restart(h, dir.path(), 3), since, "nor after a restart");
+}
+
+/// Restarts the broker of `h` on `dir` and replays `n` messages of topic
+/// `r` to a new group started at the earliest.
+fn replayed_after_restart(h: Harness, dir: &Path, n: usize) -> Vec<Got> {
     drop(h);
-    let mut h = open_at(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 5_000 });
+    let mut h = open_at(dir, Now { mono_ms: 1, wall_ms: START_WALL_MS + 5_000 });
     h.create_group("r", "later", Start::Earliest);
-    assert_eq!(h.receive("r", "later", 3), since, "nor after a restart");
+    h.receive("r", "later", n)
 }
