@@ -465,10 +465,7 @@ fn what_an_ack_produce_stored_is_replayed_too() {
     assert_eq!(h.stat("r", "bytes"), 0, "every message left memory");
     h.create_group("r", "late", Start::Earliest);
     assert_eq!(h.receive("r", "late", 200), expected(1, 0, 200), "the outputs among the produced, in order");
-    drop(h);
-    let mut h = open_at(dir.path(), Now { mono_ms: 1, wall_ms: START_WALL_MS + 5000 });
-    h.create_group("r", "later", Start::Earliest);
-    assert_eq!(h.receive("r", "later", 200), expected(1, 0, 200), "after a restart too");
+    assert_eq!(replayed_after_restart(h, dir.path(), 200), expected(1, 0, 200), "after a restart too");
 }
 
 #[test]
