@@ -683,6 +683,13 @@ fn restate_group(topics: &Topics, log: &mut Log, t: TopicId, g: GroupId, unwritt
     entries.dedup_by_key(|e| e.0);
     unwritten.uncount(t, g, &mut entries, |e| e.0, |e| &mut e.1);
     record::GroupStateRecord { topic: t, group: g, cursor: group.cursor(), entries: &entries }.append(log);
+    // Which of them are back in the group, not in flight: a restart
+    // dead-letters one in flight at its last allowed delivery, not these.
+    let mut returned = group.returned();
+    if !returned.is_empty() {
+        unwritten.uncount(t, g, &mut returned, |e| e.0, |e| &mut e.1);
+        record::RequeueRecord { topic: t, group: g, entries: &returned }.append(log);
+    }
     // The GroupState lists its delayed messages without their delays:
     // NACK delays, then retry waits.
     for retry in [false, true] {
@@ -738,6 +745,7 @@ fn live_and_restate_bytes(topics: &Topics) -> (u64, u64) {
         restate += record::TopicRecord::bytes(e.topic.name.len());
         for g in e.topic.groups() {
             restate += group_record(e.id, g).bytes() + record::GroupStateRecord::bytes(g.pending_len());
+            restate += record::RequeueRecord::bytes(g.returned_len());
             // Two Delay records: NACK delays and retry waits.
             restate += record::DelayRecord::bytes(g.delayed() as usize) + record::DelayRecord::bytes(0);
             let (reasons, reason_bytes) = g.nack_reasons_size();

@@ -325,6 +325,11 @@ pub struct RequeueRecord<'a> {
 }
 
 impl RequeueRecord<'_> {
+    /// Log bytes of a Requeue record with `entries` entries.
+    pub const fn bytes(entries: usize) -> u64 {
+        (RECORD_HEADER_BYTES + 4 + 4 + 4 + 10 * entries) as u64
+    }
+
     /// Writes version 2: `topic_id u32, group_id u32, count u32, count x
     /// (id u64, deliveries u16)`.
     pub fn append(&self, log: &mut Log) {

@@ -71,7 +71,7 @@ fn payload(n: usize, rng: &mut Rng) -> Vec<u8> {
 /// 1. `PHASE1_MESSAGES` messages over two topics, alone or in batches, and
 ///    no acks (so every record before the first ack is a Topic or Produce);
 /// 2. some messages fetched, about half of those acked (Remove records),
-///    the rest left in flight;
+///    the rest left in flight until the consumer closes (a Requeue record);
 /// 3. single-message produces, each its own turn and so its own record,
 ///    until the last `TAIL_RECORDS` records of the last segment are such
 ///    produces.
@@ -95,14 +95,18 @@ fn build(seed: u64) -> Built {
             assert!(produced.insert((topic.to_string(), first + i as u64), p).is_none(), "seed {seed}: id reused");
         }
     }
+    // A consumer of its own, whose close (a Requeue record of what it left
+    // in flight) comes before the single produces of phase 3 end the log.
+    let mut consumer = srv.client();
     let mut acked = BTreeSet::new();
     for topic in topics {
-        let msgs = c.fetch(topic, Fetch { max_messages: 40, ..Fetch::default() }).expect("fetch");
+        let msgs = consumer.fetch(topic, Fetch { max_messages: 40, ..Fetch::default() }).expect("fetch");
         let ids: Vec<u64> = msgs.iter().map(|m| m.id).filter(|_| rng.below(2) == 0).collect();
-        let r = c.ack(topic, &ids).expect("ack");
+        let r = consumer.ack(topic, &ids).expect("ack");
         assert!(r.failed.is_empty(), "seed {seed}: ack failed for {:?}", r.failed);
         acked.extend(ids.into_iter().map(|id| (topic.to_string(), id)));
     }
+    drop(consumer);
     for _ in 0..200 {
         let p = payload(n, &mut rng);
         n += 1;

@@ -366,6 +366,25 @@ fn set_max_deliveries(h: &mut Harness, max_deliveries: u16) {
     assert!(matches!(out, Reply::Created { .. }), "{out:?}");
 }
 
+/// Produces two messages and lets both deliveries of each time out, the
+/// second message acked in between: the first is back in the group with
+/// two deliveries, and the acked second takes the group's cursor past it
+/// (so a restart brings it back for retry). Returns the first's id.
+fn requeued_after_two_deliveries(h: &mut Harness) -> u64 {
+    let id = h.produce(2);
+    for delivery in 1..=2 {
+        assert_eq!(h.fetch("", 10), vec![(id, delivery), (id + 1, delivery)]);
+        if delivery == 2 {
+            let mut body = Vec::new();
+            codec::encode_ids(&mut body, &[id + 1]);
+            h.call(Request::Ack { topic: "t", group: "", ids: Ids { bytes: &body } });
+        }
+        let wall = h.now.wall_ms;
+        h.tick_to(wall + 20);
+    }
+    id
+}
+
 /// A message requeued after its second delivery, whose topic then lowers
 /// `max_deliveries` to 2, is delivered once more, in memory and after a
 /// restart alike: a restart dead-letters only a message whose last
@@ -378,19 +397,7 @@ fn a_lowered_max_deliveries_gives_a_requeued_message_its_next_delivery_across_a_
         let dir = TempDir::new("lowered-max");
         let mut h = open(dir.path(), start(), codec::V4);
         set_max_deliveries(&mut h, 3);
-        // A second message, acked, takes the group's cursor past the first
-        // (which a restart then brings back for retry).
-        let id = h.produce(2);
-        for delivery in 1..=2 {
-            assert_eq!(h.fetch("", 10), vec![(id, delivery), (id + 1, delivery)], "restart {restart}");
-            if delivery == 2 {
-                let mut body = Vec::new();
-                codec::encode_ids(&mut body, &[id + 1]);
-                h.call(Request::Ack { topic: "t", group: "", ids: Ids { bytes: &body } });
-            }
-            let wall = h.now.wall_ms;
-            h.tick_to(wall + 20);
-        }
+        let id = requeued_after_two_deliveries(&mut h);
         set_max_deliveries(&mut h, 2);
         if restart {
             let now = Now { mono_ms: h.now.mono_ms + 1, wall_ms: h.now.wall_ms + 1 };
@@ -405,4 +412,60 @@ fn a_lowered_max_deliveries_gives_a_requeued_message_its_next_delivery_across_a_
         let Reply::Messages { messages, .. } = h.call(dead) else { panic!("fetch t.dlq") };
         assert_eq!(messages.len(), 1, "restart {restart}: dead-lettered once its third delivery failed");
     }
+}
+
+/// As above, for a message its consumer's disconnect returned: the
+/// return is logged, so a restart does not take its last Deliver record
+/// for a delivery the crash cut.
+#[test]
+fn a_lowered_max_deliveries_gives_a_message_a_disconnect_returned_its_next_delivery_across_a_restart() {
+    for restart in [false, true] {
+        let dir = TempDir::new("lowered-max-disconnect");
+        let mut h = open(dir.path(), start(), codec::V4);
+        set_max_deliveries(&mut h, 3);
+        let id = h.produce(2);
+        assert_eq!(h.fetch("", 60_000), vec![(id, 1), (id + 1, 1)], "restart {restart}");
+        let mut body = Vec::new();
+        codec::encode_ids(&mut body, &[id + 1]);
+        h.call(Request::Ack { topic: "t", group: "", ids: Ids { bytes: &body } });
+        h.reconnect();
+        set_max_deliveries(&mut h, 1);
+        if restart {
+            let now = Now { mono_ms: h.now.mono_ms + 1, wall_ms: h.now.wall_ms + 1 };
+            drop(h);
+            h = open(dir.path(), now, codec::V4);
+        }
+        assert_eq!(h.fetch("", 10), vec![(id, 2)], "restart {restart}: its second delivery");
+    }
+}
+
+/// As above, for a message requeued before compaction restated its group
+/// and removed the Requeue record: the restatement says which messages
+/// are back in the group and not in flight.
+#[test]
+fn a_lowered_max_deliveries_gives_a_requeued_message_its_next_delivery_after_compaction() {
+    let dir = TempDir::new("lowered-max-compaction");
+    let mut h = open(dir.path(), start(), codec::V4);
+    set_max_deliveries(&mut h, 3);
+    let id = requeued_after_two_deliveries(&mut h);
+    set_max_deliveries(&mut h, 2);
+    // Enough traffic, on a topic of its own, that compaction removes the
+    // segments of the Requeue records and restates the group.
+    let compactions = h.broker.compactions();
+    while h.broker.compactions() < compactions + 4 {
+        let mut bytes = Vec::new();
+        for _ in 0..50 {
+            codec::encode_message(&mut bytes, &Props::EMPTY, &PAYLOAD);
+        }
+        let batch = Batch { count: 50, bytes: &bytes, with_props: true };
+        assert!(matches!(h.call(Request::Produce { topic: "other", flags: 0, batch }), Reply::Produced { .. }));
+        h.ack_all("other");
+        for _ in 0..70 {
+            h.tick_to(h.now.wall_ms);
+        }
+    }
+    let now = Now { mono_ms: h.now.mono_ms + 1, wall_ms: h.now.wall_ms + 1 };
+    drop(h);
+    let mut h = open(dir.path(), now, codec::V4);
+    assert_eq!(h.fetch("", 10), vec![(id, 3)], "its third delivery, after compaction and a restart");
 }

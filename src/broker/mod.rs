@@ -450,10 +450,17 @@ impl Broker {
         let mut timers = GroupTimers { wheel: &mut self.wheel, topic: tid, group };
         e.topic.leave(group);
         let returned = e.topic.disconnect(group, c, &mut timers, |id, info| dead.push((id, info)));
-        if returned > 0 {
+        if !returned.is_empty() {
             self.turn.mark_for_publish(e);
         }
-        let held = returned + dead.len() as u64;
+        let held = (returned.len() + dead.len()) as u64;
+        // Logged as a timeout's return is: a restart that met only the
+        // Deliver would take a message whose count reached a
+        // max_deliveries lowered since for one the crash cut (replay.rs,
+        // `GroupReplay::cut`) and dead-letter it.
+        if !group.is_member() {
+            self.log_returned(tid, group, &returned, &[]);
+        }
         for (id, info) in dead {
             self.dead_letter(tid, group, id, info);
         }

@@ -534,7 +534,13 @@ impl Broker {
 
     /// Appends the records of messages back in group `group` after a
     /// failed delivery: ready now (Requeue), or delayed (Delay).
-    fn log_returned(&mut self, tid: TopicId, group: GroupId, requeued: &[(MsgId, u16)], delayed: &[(MsgId, u16, u64)]) {
+    pub(super) fn log_returned(
+        &mut self,
+        tid: TopicId,
+        group: GroupId,
+        requeued: &[(MsgId, u16)],
+        delayed: &[(MsgId, u16, u64)],
+    ) {
         if !requeued.is_empty() {
             RequeueRecord { topic: tid, group, entries: requeued }.append(&mut self.log);
             self.compactor.note_group(tid, group);

@@ -286,6 +286,25 @@ impl Group {
         v
     }
 
+    /// The delivered messages back in the group and not in flight (back
+    /// for retry, carried over a restart, or waiting behind their key),
+    /// with their deliveries so far: what compaction restates as a Requeue
+    /// after the GroupState, which cannot tell them from those in flight.
+    pub fn returned(&self) -> Vec<(MsgId, u16)> {
+        let mut v: Vec<(MsgId, u16)> = self.retry_set.iter().map(|(id, d)| (*id, *d)).collect();
+        v.extend(self.carried.iter().map(|(id, d)| (*id, *d)));
+        v.extend(self.order.waiting());
+        v.retain(|e| e.1 > 0 && !self.inflight.contains_key(&e.0) && !self.delayed.contains_key(&e.0));
+        v.sort_unstable();
+        v.dedup_by_key(|e| e.0);
+        v
+    }
+
+    /// How many entries `returned` has at most (the log's headroom).
+    pub fn returned_len(&self) -> usize {
+        self.retry_set.len() + self.carried.len() + self.order.waiting_len()
+    }
+
     /// How many entries `pending` has at most (the log's headroom).
     pub fn pending_len(&self) -> usize {
         self.inflight.len() + self.retry_set.len() + self.delayed.len() + self.carried.len() + self.order.waiting_len()
@@ -628,17 +647,18 @@ impl Group {
     }
 
     /// A consumer disconnected: everything in flight to it returns at once.
-    /// Calls `dead` for each message out of deliveries. Returns how many
-    /// messages went back to ready.
+    /// Calls `dead` for each message out of deliveries. Returns the
+    /// messages that went back to ready, with their deliveries (for the
+    /// log's Requeue record).
     pub fn disconnect(
         &mut self,
         owner: ConsumerId,
         policy: Policy,
         timers: &mut impl Timers,
         mut dead: impl FnMut(MsgId, DeadInfo),
-    ) -> u64 {
-        let Some(owned) = self.owners.remove(&owner) else { return 0 };
-        let mut returned = 0;
+    ) -> Vec<(MsgId, u16)> {
+        let Some(owned) = self.owners.remove(&owner) else { return Vec::new() };
+        let mut returned = Vec::new();
         for id in owned.ids {
             let Some(f) = self.inflight.get(&id).copied() else { continue };
             if f.owner != owner {
@@ -648,7 +668,7 @@ impl Group {
             timers.disarm(f.timer);
             match self.give_back(id, f.deliveries, None, DeadReason::ConsumerLost, policy, timers) {
                 Returned::Dead(info) => dead(id, info),
-                Returned::Retry => returned += 1,
+                Returned::Retry => returned.push((id, f.deliveries)),
             }
         }
         returned

@@ -225,9 +225,11 @@ impl Run {
             panic!("nothing dead-letters here")
         });
         let Some(m) = self.groups.get_mut(&g.0) else { unreachable!() };
-        let before = m.inflight.len();
+        let held: Vec<MsgId> = m.inflight.iter().filter(|(_, o)| **o == owner).map(|(id, _)| *id).collect();
         m.inflight.retain(|_, o| *o != owner);
-        assert_eq!(n as usize, before - m.inflight.len(), "step {}: returned on disconnect", self.step);
+        let mut returned: Vec<MsgId> = n.iter().map(|r| r.0).collect();
+        returned.sort_unstable();
+        assert_eq!(returned, held, "step {}: returned on disconnect", self.step);
     }
 
     fn advance(&mut self) {

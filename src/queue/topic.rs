@@ -688,9 +688,9 @@ impl Topic {
         owner: ConsumerId,
         timers: &mut impl Timers,
         dead: impl FnMut(MsgId, DeadInfo),
-    ) -> u64 {
+    ) -> Vec<(MsgId, u16)> {
         let policy = self.policy(g);
-        self.group_mut(g).map_or(0, |x| x.disconnect(owner, policy, timers, dead))
+        self.group_mut(g).map_or_else(Vec::new, |x| x.disconnect(owner, policy, timers, dead))
     }
 
     /// A connection became a consumer of group `g` (its first FETCH of it).

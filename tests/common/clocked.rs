@@ -73,6 +73,18 @@ impl Harness {
         owned(reply)
     }
 
+    /// The session's connection closes (what it held in flight returns)
+    /// and a new one, of the same version, takes its place.
+    pub fn reconnect(&mut self) {
+        self.broker.disconnect(ConnKey(0), &self.session);
+        let mut outs = super::Outs::default();
+        self.broker.commit(self.now, &mut outs);
+        let version = self.session.version;
+        self.session = Session { consumer: self.session.consumer + 1, ..Session::default() };
+        let reply = self.call(Request::Hello { min_version: 1, max_version: version, token: b"" });
+        assert!(matches!(reply, Reply::Hello { version: v, .. } if v == version), "{reply:?}");
+    }
+
     /// Fetches and acks everything ready in `topic`'s default group;
     /// returns how many.
     pub fn ack_all(&mut self, topic: &'static str) -> usize {
