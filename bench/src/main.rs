@@ -373,7 +373,7 @@ fn run_config(spec: &Spec, config: Config, order: usize, scale: &Scale, report: 
 fn probe_disk(scale: &Scale, when: &str, report: &mut Report) {
     sys::sync_all();
     match workload::fsync_probe(scale) {
-        Ok(mut l) => {
+        Ok((mut l, waits)) => {
             sys::progress(&format!(
                 "disk {when}: 4 KiB write + fdatasync p50 {} p99 {}",
                 report::fmt_ns(l.p50_ns),
@@ -381,6 +381,10 @@ fn probe_disk(scale: &Scale, when: &str, report: &mut Report) {
             ));
             l.what = format!("{} ({when})", l.what);
             report.disk.push(l);
+            if let Some(mut w) = waits {
+                w.what = format!("{} ({when})", w.what);
+                report.disk.push(w);
+            }
         }
         Err(e) => sys::progress(&format!("disk probe {when} failed: {e}")),
     }

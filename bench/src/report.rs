@@ -379,11 +379,12 @@ pub fn markdown(report: &Report) -> String {
     for d in &report.disk {
         let _ = writeln!(
             s,
-            "- disk, {} ({} rounds, same filesystem as the servers' data): p50 {}, p99 {}, max {}",
+            "- disk, {} ({} samples, same filesystem as the servers' data): p50 {}, p99 {}, p99.9 {}, max {}",
             d.what,
             d.count,
             fmt_ns(d.p50_ns),
             fmt_ns(d.p99_ns),
+            fmt_ns(d.p999_ns),
             fmt_ns(d.max_ns)
         );
     }
