@@ -11,6 +11,7 @@
 mod beanstalk_conn;
 mod conn;
 mod latency;
+mod metrics;
 mod push_conn;
 mod redis_conn;
 mod replay;

@@ -8,16 +8,16 @@
 //! (from runnel's `/metrics` histogram, as bucket bounds), and how fast the
 //! replay read.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use runnel::client::{Client, Fetch};
 use runnel::codec::{GroupSettings, Start, TopicOptions, TopicSettings};
 
+use crate::metrics;
 use crate::workload::{Ctx, RunResult};
 
 /// Message size of the replayed topic.
@@ -32,18 +32,6 @@ const FILLER: &str = "g0";
 const REPLAYER: &str = "replay";
 /// The W3 pair's rate beside the replay, msgs/s.
 pub const W10_RATE: u64 = 1_000;
-const HISTOGRAM: &str = "runnel_loop_turn_duration_seconds_bucket{le=\"";
-
-/// The port runnel serves `/metrics` on in W10 (`metrics_args` picks a
-/// free one when the server's arguments are made).
-static METRICS_PORT: AtomicU16 = AtomicU16::new(0);
-
-/// The flags W10 starts runnel with: `/metrics` on a free local port.
-pub fn metrics_args() -> Vec<String> {
-    let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_or(0, |a| a.port());
-    METRICS_PORT.store(port, Ordering::Relaxed);
-    vec!["--metrics".into(), format!("127.0.0.1:{port}")]
-}
 
 fn connect(addr: SocketAddr) -> Result<Client, String> {
     let c = Client::connect(addr).map_err(|e| format!("runnel at {addr}: {e}"))?;
@@ -51,37 +39,6 @@ fn connect(addr: SocketAddr) -> Result<Client, String> {
         return Err(format!("runnel at {addr} speaks protocol version {}: no retention", c.version));
     }
     Ok(c)
-}
-
-/// The cumulative counts of the turn-time histogram, by upper bound (s).
-fn turn_histogram() -> Result<Vec<(f64, u64)>, String> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], METRICS_PORT.load(Ordering::Relaxed)));
-    let mut s = TcpStream::connect(addr).map_err(|e| format!("runnel /metrics at {addr}: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| format!("/metrics: {e}"))?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: runnel\r\n\r\n").map_err(|e| format!("/metrics: {e}"))?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).map_err(|e| format!("/metrics: {e}"))?;
-    let mut out = Vec::new();
-    for line in text.lines().filter_map(|l| l.strip_prefix(HISTOGRAM)) {
-        let Some((le, count)) = line.split_once("\"} ") else { continue };
-        let bound = if le == "+Inf" { f64::INFINITY } else { le.parse().map_err(|_| format!("/metrics: {le:?}"))? };
-        out.push((bound, count.trim().parse().map_err(|_| format!("/metrics: {count:?}"))?));
-    }
-    if out.is_empty() {
-        return Err("runnel /metrics has no turn-time histogram".into());
-    }
-    Ok(out)
-}
-
-/// From two readings of the histogram: the turns between them, and the
-/// upper bounds of the buckets holding their p99 and their longest.
-fn turns_between(before: &[(f64, u64)], after: &[(f64, u64)]) -> (u64, f64, f64) {
-    let counts: Vec<(f64, u64)> = after.iter().zip(before).map(|(a, b)| (a.0, a.1.saturating_sub(b.1))).collect();
-    let total = counts.last().map_or(0, |c| c.1);
-    let p99_at = total - total / 100;
-    let p99 = counts.iter().find(|c| c.1 >= p99_at.max(1)).map_or(0.0, |c| c.0);
-    let max = counts.iter().find(|c| c.1 >= total).map_or(0.0, |c| c.0);
-    (total, p99, max)
 }
 
 /// Fills the retaining topic with `bytes` of messages, its group `g0`
@@ -143,7 +100,7 @@ pub fn w10(ctx: &Ctx<'_>, w3: &dyn Fn(Hook<'_>) -> Result<RunResult, String>) ->
     let (mut before, mut started) = (Vec::new(), Instant::now());
     let mut r = w3(&mut |starting| {
         if starting {
-            before = turn_histogram()?;
+            before = metrics::histogram(metrics::TURNS)?;
             started = Instant::now();
             let mut c = connect(addr)?;
             c.create_group(TOPIC, REPLAYER, GroupSettings::default(), Start::Earliest)
@@ -163,7 +120,9 @@ pub fn w10(ctx: &Ctx<'_>, w3: &dyn Fn(Hook<'_>) -> Result<RunResult, String>) ->
     if let Some(h) = replayer {
         h.join().map_err(|_| "the W10 replay thread panicked".to_string())??;
     }
-    let (turns, p99_s, max_s) = turns_between(&before, &turn_histogram()?);
+    let turns = metrics::between(&before, &metrics::histogram(metrics::TURNS)?);
+    let (p99_s, max_s) = (turns.p99_s, turns.max_s);
+    let turns = turns.count;
     let replayed = got.load(Ordering::Relaxed);
     r.extra.push(("replayed_msgs".into(), replayed as f64));
     r.extra.push(("replay_mb_per_s".into(), replayed as f64 * SIZE as f64 / 1e6 / window));
@@ -173,35 +132,8 @@ pub fn w10(ctx: &Ctx<'_>, w3: &dyn Fn(Hook<'_>) -> Result<RunResult, String>) ->
         "replay of a {} MiB retained topic (cache dropped): {replayed} of {filled} messages of 16 KiB in the {window:.1} s window, {:.0} MB/s; {turns} loop turns, p99 ≤ {} and longest ≤ {} (turn-time histogram buckets)",
         ctx.scale.r1_log_bytes >> 20,
         replayed as f64 * SIZE as f64 / 1e6 / window,
-        seconds_label(p99_s),
-        seconds_label(max_s),
+        metrics::seconds_label(p99_s),
+        metrics::seconds_label(max_s),
     ));
     Ok(r)
-}
-
-fn seconds_label(s: f64) -> String {
-    if s.is_infinite() {
-        "+Inf".into()
-    } else if s < 1e-3 {
-        format!("{:.0} µs", s * 1e6)
-    } else {
-        format!("{:.1} ms", s * 1e3)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn turn_percentiles_come_from_the_bucket_differences() {
-        let before = [(0.0001, 10), (0.001, 20), (0.01, 20), (f64::INFINITY, 20)];
-        // 200 turns between the readings: 198 under 100 µs, 1 under 1 ms,
-        // 1 under 10 ms.
-        let after = [(0.0001, 208), (0.001, 219), (0.01, 220), (f64::INFINITY, 220)];
-        let (turns, p99, max) = turns_between(&before, &after);
-        assert_eq!(turns, 200);
-        assert_eq!(p99, 0.0001);
-        assert_eq!(max, 0.01);
-    }
 }

@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use crate::conn::{Consumer, Producer, Target};
 use crate::latency::{Latency, Samples, now_ns};
+use crate::metrics;
 use crate::replay;
 use crate::runnel_conn;
 use crate::server::{Durability, Kind, Server};
@@ -459,7 +460,9 @@ impl Config {
                 "--topic-bytes-max".into(),
                 (scale.w5_msgs * W5_SIZE as u64 * 2).max(1 << 30).to_string(),
             ],
-            (Config::W10, Kind::Runnel) => replay::metrics_args(),
+            // `/metrics`: W10 reads the loop's turn times, W3 each turn's
+            // write + fdatasync.
+            (Config::W10 | Config::W3 { .. }, Kind::Runnel) => metrics::args(),
             (Config::W3Compact { .. }, Kind::Runnel) => {
                 vec!["--segment-bytes-max".into(), W3C_SEGMENT_BYTES.to_string()]
             }
@@ -698,6 +701,9 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
     match ctx.config {
         Config::W1 { size, produce } => w1(ctx, size, produce).map(|r| vec![r]),
         Config::W2 { conns } => w2(ctx, conns).map(|r| vec![r]),
+        Config::W3 { rate, .. } if ctx.server.kind == Kind::Runnel && ctx.server.durability == Durability::Durable => {
+            w3_with_syncs(ctx, rate).map(|r| vec![r])
+        }
         Config::W3 { rate, .. } | Config::W3Spin { rate, .. } => {
             w3(ctx, rate, &format!("w3-{rate}"), &mut |_| Ok(())).map(|r| vec![r])
         }
@@ -715,6 +721,36 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
         .map(|r| vec![r]),
         Config::R1 { .. } => Err("R1 restarts its server: run it with `recovery`".into()),
     }
+}
+
+/// W3 on durable runnel, with runnel's own write + fdatasync of each turn
+/// over the sending window (its `/metrics` histogram): the disk as the
+/// broker met it during the row, beside the probe's before the workload.
+fn w3_with_syncs(ctx: &Ctx<'_>, rate: u64) -> Result<RunResult, String> {
+    let mut before = Vec::new();
+    let mut window = None;
+    let mut r = w3(ctx, rate, &format!("w3-{rate}"), &mut |point| {
+        match point {
+            W3Point::Start(_) => before = metrics::histogram(metrics::FSYNCS)?,
+            W3Point::End => window = Some(metrics::between(&before, &metrics::histogram(metrics::FSYNCS)?)),
+        }
+        Ok(())
+    })?;
+    if let Some(w) = window {
+        r.extra.push(("fsyncs".into(), w.count as f64));
+        r.extra.push(("fsync_p99_bucket_s".into(), w.p99_s));
+        r.extra.push(("fsync_max_bucket_s".into(), w.max_s));
+        r.extra.push(("fsyncs_over_10ms".into(), w.over as f64));
+        r.notes.push(format!(
+            "runnel's write + fdatasync of each turn while sending: {} syncs, p99 ≤ {}, longest ≤ {}, {} over {} (histogram buckets)",
+            w.count,
+            metrics::seconds_label(w.p99_s),
+            metrics::seconds_label(w.max_s),
+            w.over,
+            metrics::seconds_label(metrics::OVER_S),
+        ));
+    }
+    Ok(r)
 }
 
 /// Server CPU seconds between `start` and a later reading.
