@@ -10,6 +10,7 @@
 
 mod beanstalk_conn;
 mod conn;
+mod disk;
 mod latency;
 mod metrics;
 mod push_conn;
@@ -373,7 +374,7 @@ fn run_config(spec: &Spec, config: Config, order: usize, scale: &Scale, report: 
 
 fn probe_disk(scale: &Scale, when: &str, report: &mut Report) {
     sys::sync_all();
-    match workload::fsync_probe(scale) {
+    match disk::fsync_probe(scale) {
         Ok((mut l, waits)) => {
             sys::progress(&format!(
                 "disk {when}: 4 KiB write + fdatasync p50 {} p99 {}",

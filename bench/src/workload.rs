@@ -1962,30 +1962,6 @@ pub(crate) fn drop_cache_under(dir: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Arrivals the back-to-back model of the disk probe places over its syncs.
-const PROBE_ARRIVALS: usize = 100_000;
-
-/// The disk's own fdatasync latency, measured in the same directory the
-/// servers use: what a durable produce cannot beat. Also what a message
-/// arriving at a random moment would wait on those syncs run back to back
-/// (`latency::back_to_back_waits`): the bound for a durable broker whose
-/// syncs run one after another, as at W3's 10k msgs/s.
-pub fn fsync_probe(scale: &Scale) -> Result<(Latency, Option<Latency>), String> {
-    let dir = crate::server::temp_dir("fdatasync")?;
-    let samples = sys::fdatasync_probe(&dir, scale.fsync_probe_rounds, Duration::from_secs(10))
-        .map_err(|e| format!("fdatasync probe in {}: {e}", dir.display()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let samples = samples?;
-    let waits = crate::latency::back_to_back_waits(&samples, PROBE_ARRIVALS)
-        .summarize("a message arriving at random on those syncs back to back: the sync in progress, then its own");
-    let mut s = Samples::default();
-    for v in samples {
-        s.push(v);
-    }
-    let syncs = s.summarize("4 KiB write + fdatasync").ok_or("fdatasync probe took no samples")?;
-    Ok((syncs, waits))
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
