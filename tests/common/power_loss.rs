@@ -18,7 +18,9 @@
 //!   under `Posix`, a prefix under `Journal`), and each change to a file's
 //!   contents not yet durable (a write, a truncate, an `fallocate`) gets a
 //!   [`Keep`]: dropped, kept whole, or, for a write, kept in part (a prefix
-//!   of it), as [`Writes`] allows.
+//!   of it), as [`Writes`] allows: in the order they were made (a prefix
+//!   of each file's, `Writes::InOrder`) or each on its own
+//!   (`Writes::Independent`).
 //!
 //! A cut is a number: the trace's lines numbered below it happened, the rest
 //! did not. `Trace::cut` replays those lines and sorts what they did into
@@ -31,7 +33,8 @@
 //! Extending it: a finer model of what survives of an unsynced write (a
 //! 512-byte sector model: any subset of a write's sectors, in any page
 //! order) is a new `Keep` variant applied in `Keep::apply` and a new
-//! `Writes` variant drawn in `Writes::keep`; nothing else changes. The
+//! `Writes` variant drawn in `Writes::keeps` (which sees each file's
+//! unsynced changes in order); nothing else changes. The
 //! model knows only what the recorder records: renames within one
 //! directory, regular files and directories, absolute paths.
 #![allow(dead_code)]
@@ -238,15 +241,24 @@ pub enum Metadata {
     Journal,
 }
 
-/// What may survive of an unsynced change to a file's contents.
+/// What may survive of the unsynced changes to a file's contents.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Writes {
     /// Each is lost.
     Dropped,
     /// Each reached the disk.
     Kept,
-    /// Each is dropped, kept, or (a write) kept in part, drawn per change.
-    Any,
+    /// A prefix of each file's unsynced changes, in the order they were
+    /// made, the last of it possibly in part (a write torn at any byte): a
+    /// device that writes a file back in order. What the recovery rules of
+    /// docs/log-format.md take a torn tail to be.
+    InOrder,
+    /// Each change dropped, kept or (a write) kept in part, independently
+    /// of the others: an earlier write can be torn while a later one
+    /// survives whole. The last segment's records are then damaged with
+    /// whole records after them, which today's recovery refuses (issue
+    /// #34).
+    Independent,
 }
 
 /// What survives of one unsynced change to a file's contents.
@@ -289,16 +301,33 @@ impl Keep {
 }
 
 impl Writes {
-    /// Draws what survives of `change`.
-    fn keep(self, change: &Change, rng: &mut Rng) -> Keep {
+    /// Draws what survives of `changes`, one file's unsynced changes in
+    /// the order they were made.
+    fn keeps(self, changes: &[Change], rng: &mut Rng) -> Vec<Keep> {
+        let torn = |c: &Change, rng: &mut Rng| match c {
+            Change::Write { data, .. } if data.len() > 1 => Keep::Prefix(rng.below(data.len())),
+            _ => Keep::Drop,
+        };
         match self {
-            Writes::Dropped => Keep::Drop,
-            Writes::Kept => Keep::Whole,
-            Writes::Any => match (rng.below(3), change) {
-                (0, _) => Keep::Drop,
-                (1, Change::Write { data, .. }) if data.len() > 1 => Keep::Prefix(rng.below(data.len())),
-                _ => Keep::Whole,
-            },
+            Writes::Dropped => vec![Keep::Drop; changes.len()],
+            Writes::Kept => vec![Keep::Whole; changes.len()],
+            Writes::InOrder => {
+                let whole = rng.range(0, changes.len());
+                let mut v: Vec<Keep> =
+                    (0..changes.len()).map(|i| if i < whole { Keep::Whole } else { Keep::Drop }).collect();
+                if whole < changes.len() && rng.one_in(2) {
+                    v[whole] = torn(&changes[whole], rng);
+                }
+                v
+            }
+            Writes::Independent => changes
+                .iter()
+                .map(|c| match rng.below(3) {
+                    0 => Keep::Drop,
+                    1 => torn(c, rng),
+                    _ => Keep::Whole,
+                })
+                .collect(),
         }
     }
 }
@@ -366,8 +395,18 @@ impl CrashModel {
                 (0..n).map(|i| i < kept).collect()
             }
         };
-        let changes =
-            cut.pending_changes.iter().map(|&(node, i)| key(self.writes.keep(&cut.change(node, i), rng))).collect();
+        // Drawn file by file, then put in trace order.
+        let mut by_file: BTreeMap<NodeId, Vec<usize>> = BTreeMap::new();
+        for (at, &(node, _)) in cut.pending_changes.iter().enumerate() {
+            by_file.entry(node).or_default().push(at);
+        }
+        let mut changes = vec![key(Keep::Whole); cut.pending_changes.len()];
+        for ats in by_file.values() {
+            let file: Vec<Change> = ats.iter().map(|&at| cut.change(cut.pending_changes[at])).collect();
+            for (&at, keep) in ats.iter().zip(self.writes.keeps(&file, rng)) {
+                changes[at] = key(keep);
+            }
+        }
         Choices { dir_ops, changes }
     }
 }
@@ -667,8 +706,8 @@ impl Cut<'_> {
         self.pending_dir_ops.iter().filter(|&&i| self.dir_ops[i].seq < last).count()
     }
 
-    /// The `i`th change of `node`.
-    fn change(&self, node: NodeId, i: usize) -> Change {
+    /// A pending change: the `i`th change of `node`.
+    fn change(&self, (node, i): (NodeId, usize)) -> Change {
         self.nodes[node].changes[i].1.clone()
     }
 
