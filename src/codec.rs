@@ -127,6 +127,11 @@ pub mod op {
     /// Not a request: the op of a pushed frame (sent as 0xEF, with the
     /// reply bit), which answers no request.
     pub const PUSH: u8 = 0x6F;
+    /// Not a request either: the error reply to a frame with PUSH's op
+    /// (0x6F, or 0xEF with the reply bit) is sent with this op and the
+    /// reply bit, 0xFF, so that a frame with op 0xEF is always a pushed
+    /// one (`reply_op`).
+    pub const IN_PLACE_OF_PUSH: u8 = 0x7F;
     pub const CANCEL: u8 = 0x50;
     pub const RESCHEDULE: u8 = 0x51;
     pub const LOOKUP: u8 = 0x52;

@@ -449,8 +449,8 @@ fn refusals_inspect() -> Vec<Vector> {
     ]
 }
 
-/// Version-3 requests the broker refuses: two times on one message, and a
-/// time of the wrong size.
+/// Version-3 requests the broker refuses: two times on one message, a
+/// time of the wrong size, and a frame with PUSH's op, with its reply.
 fn refusals_schedule() -> Vec<Vector> {
     let mut delay = Vec::new();
     props::put_time(&mut delay, props::PROP_DELAY, 1000);
@@ -469,6 +469,17 @@ fn refusals_schedule() -> Vec<Vector> {
             "A PRODUCE (version 3) whose delay_ms property is 4 bytes, not 8: MALFORMED.",
             produce_one(30, "jobs", &short),
             ErrorCode::Malformed,
+        ),
+        refused(
+            "push-op-request",
+            "A request with op 0x6f, PUSH's, which is no request: UNKNOWN_OP.",
+            raw(op::PUSH, 31, &[]),
+            ErrorCode::UnknownOp,
+        ),
+        frame(
+            "push-op-reply",
+            "The error reply to op 0x6f: op 0xff, not 0xef, which only a pushed frame has. The message text is an example.",
+            error(op::IN_PLACE_OF_PUSH, 31, ErrorCode::UnknownOp, "unknown opcode 0x6f"),
         ),
     ]
 }
@@ -1404,7 +1415,7 @@ fn check_ops(version: u16, wanted: &dyn Fn(u8) -> bool) {
 /// carries the op, request id and code the decoder gives for the request.
 #[test]
 fn refused_requests_match_their_error_replies() {
-    for version in [1, 2] {
+    for version in [1, 2, 3, 4] {
         check_refusal_pairs(version);
     }
 }
@@ -1418,7 +1429,8 @@ fn check_refusal_pairs(version: u16) {
         let Kind::Frame(Expect::Reply(f)) = &r.kind else { panic!("{reply_name} is not a reply") };
         let e = refusal(bytes, version, v.name);
         let Reply::Error { code, .. } = f.reply else { panic!("{reply_name} is not an error reply") };
-        assert_eq!((f.op, f.request_id, code), (e.op, e.request_id, e.code as u8), "{} and {reply_name}", v.name);
+        let sent = reply_op(e.op) & !REPLY_BIT;
+        assert_eq!((f.op, f.request_id, code), (sent, e.request_id, e.code as u8), "{} and {reply_name}", v.name);
     }
 }
 

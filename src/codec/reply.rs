@@ -4,9 +4,21 @@
 
 use super::*;
 
-/// Appends an error reply.
+/// The op of the reply to a frame whose op is `op`: `op` with the reply
+/// bit, except that only a pushed frame has PUSH's op with the reply bit
+/// (0xEF): a client tells a pushed frame apart by its op alone, so the
+/// reply to a frame of op 0x6F or 0xEF (which no request has) takes
+/// `op::IN_PLACE_OF_PUSH` with the reply bit, 0xFF.
+pub fn reply_op(op: u8) -> u8 {
+    let op = op | REPLY_BIT;
+    if op == op::PUSH | REPLY_BIT { op::IN_PLACE_OF_PUSH | REPLY_BIT } else { op }
+}
+
+/// Appends an error reply. Its op is `reply_op(op)`: an error reply may
+/// echo whatever op a frame had (UNKNOWN_OP, HELLO_REQUIRED,
+/// FRAME_TOO_LARGE, MALFORMED), and none may look like a pushed frame.
 pub fn encode_error(out: &mut Vec<u8>, op: u8, request_id: u32, code: ErrorCode, message: &str) {
-    let start = begin_frame(out, op | REPLY_BIT, code as u8, request_id);
+    let start = begin_frame(out, reply_op(op), code as u8, request_id);
     put_str(out, message.as_bytes());
     end_frame(out, start);
 }
