@@ -1,6 +1,6 @@
-//! Generates docs/vectors/protocol-v1.json and protocol-v2.json, the
-//! protocol's test vectors for client writers, from the codec, and fails
-//! when a file in the tree is not what the codec gives.
+//! Generates docs/vectors/protocol-v*.json, the protocol's test vectors
+//! for client writers, one file per protocol version, from the codec, and
+//! fails when a file in the tree is not what the codec gives.
 //!
 //! A vector is a frame's bytes with every field decoded: the examples of
 //! docs/protocol.md (tests/common/frames.rs, the list tests/protocol_doc.rs
@@ -9,16 +9,23 @@
 //! consume all its bytes, a grown reply must decode to the same frame, and a
 //! refused request must get the error code it names from the broker's own
 //! decoder. The JSON is written by hand (`J` below) rather than with
-//! serde_json: the crate has no serde, and the check compares text, so it
-//! needs no parser.
+//! serde_json: the crate has no serde. The files are read back the same
+//! way (`json.rs`), and every frame rebuilt from its decoded fields alone
+//! by an encoder of its own (`rebuild.rs`), as a client writer would.
 //!
-//! To add a vector: add it to one of the lists below (or, for a new doc
-//! example, to `doc_frames` and the doc), then run
+//! To add a vector: add it to one of the lists below or in `later.rs` (or,
+//! for a new doc example, to `doc_frames` and the doc), then run
 //! `RUNNEL_WRITE_VECTORS=1 cargo test --release --test vectors` and commit the
 //! file. Without the variable the test compares and prints the first
 //! difference. docs/vectors/README.md describes the format.
 
 mod common;
+#[path = "vectors/json.rs"]
+mod json;
+#[path = "vectors/later.rs"]
+mod later;
+#[path = "vectors/rebuild.rs"]
+mod rebuild;
 
 use std::fmt::Write as _;
 
@@ -362,17 +369,23 @@ fn vectors(version: u16) -> Vec<Vector> {
         3 => doc_vectors(doc_frames_schedule())
             .chain(doc_vectors(common::push_frames::doc_frames_push()))
             .chain(refusals_schedule())
+            .chain(later::refusals_v3_bits())
             .collect(),
-        // Version 4: version 3's frames, and what version 4 adds.
-        _ => vectors(3)
-            .into_iter()
-            .chain(doc_vectors(common::dedup_frames::doc_frames_dedup()))
+        4 => doc_vectors(common::dedup_frames::doc_frames_dedup())
             .chain(refusals_dedup())
             .chain(doc_vectors(common::inspect_frames::doc_frames_inspect()))
             .chain(refusals_inspect())
             .chain(doc_vectors(common::retry_frames::doc_frames_retry()))
+            .chain(later::frames_v4())
             .collect(),
+        5 => later::frames_v5(),
+        other => panic!("no vectors of protocol version {other}"),
     }
+}
+
+/// The protocol versions with a vectors file: every one the codec speaks.
+fn versions() -> impl Iterator<Item = u16> {
+    1..=CODEC_VERSION_MAX
 }
 
 /// A PRODUCE frame of version 3 or 4 (acknowledged once synced) with one
@@ -501,6 +514,16 @@ fn frames_v2() -> Vec<Vector> {
         ordered: false,
         retry: None,
     };
+    let audit = GroupStats {
+        cursor: 100,
+        lag: 4,
+        inflight: 3,
+        retry: 1,
+        delayed: 0,
+        dead_lettered: 0,
+        oldest_unacked_age_ms: 800,
+        consumers: 2,
+    };
     let untagged_dead = Message {
         dead: Some(DeadInfo { origin_id: 4, origin_deliveries: 16, reason: DeadReason::AckTimeout }),
         ..message(2, 1, None, b"x")
@@ -541,6 +564,15 @@ fn frames_v2() -> Vec<Vector> {
             "list-groups-empty-reply",
             "LIST_GROUPS of a topic with no group yet.",
             reply(op::LIST_GROUPS, 17, Reply::Groups(vec![])),
+        ),
+        frame(
+            "list-groups-broadcast-reply",
+            "LIST_GROUPS of jobs with the broadcast group audit (flags 0x01) and its two consumers: its numbers are theirs, in flight, retry and delayed summed, lag and age the largest, the cursor the lowest.",
+            reply(
+                op::LIST_GROUPS,
+                20,
+                Reply::Groups(vec![GroupInfo { name: "audit", settings: broadcast, stats: audit }]),
+            ),
         ),
         frame(
             "bad-filter-reply",
@@ -799,8 +831,13 @@ fn request_body(r: &Request<'_>, version: u16) -> J {
     if let (true, Some(group)) = (version >= 2, request_group(r)) {
         fields.insert(1, ("group", text(group)));
     }
-    if let Request::Produce { topic: t, batch, .. } = *r {
-        fields = vec![topic(t), ("count", num(batch.count)), ("messages", batch_json(&batch))];
+    if let Request::Produce { topic: t, flags, batch } = *r {
+        fields = vec![topic(t)];
+        // Version 3's flags byte follows the topic.
+        if version >= SINCE_PRODUCE_FLAGS {
+            fields.push(("flags", num(flags)));
+        }
+        fields.extend([("count", num(batch.count)), ("messages", batch_json(&batch))]);
     }
     J::Obj(fields)
 }
@@ -994,11 +1031,12 @@ fn message_json(m: &Message<'_>) -> J {
     J::Obj(fields)
 }
 
-/// A group's retry policy (version 4), when it has one.
+/// A group's retry policy (version 4), when it has one: `retry_policy`,
+/// a name of its own (LIST_GROUPS has a count named `retry` too).
 fn retry_json(g: &GroupSettings<'_>) -> Option<(&'static str, J)> {
     let p = g.retry?;
     Some((
-        "retry",
+        "retry_policy",
         J::Obj(vec![
             ("initial_ms", num(p.initial_ms)),
             ("cap_ms", num(p.cap_ms)),
@@ -1368,8 +1406,42 @@ fn the_version_4_vectors_file_is_what_the_codec_gives() {
 }
 
 #[test]
+fn the_version_5_vectors_file_is_what_the_codec_gives() {
+    check_file(5);
+}
+
+/// The promise of docs/vectors/README.md, kept as a client writer would
+/// test it: each file read as JSON, every vector's frame is rebuilt from
+/// its `header` and its `body` alone, field by field, by an encoder written
+/// from docs/protocol.md's layouts that shares nothing with the codec
+/// (tests/vectors/rebuild.rs), and is the vector's `hex` byte for byte (up
+/// to a grown reply's `bytes_past_layout`, which the body does not hold).
+#[test]
+fn every_vector_rebuilds_its_frame_from_its_body_alone() {
+    for version in versions() {
+        let path = vectors_path(version);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {path}: {e}"));
+        let file = json::parse(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(file.get("protocol_version"), Some(&json::Value::Num(version.into())), "{path}");
+        let Some(json::Value::Arr(all)) = file.get("vectors") else { panic!("{path}: no vectors") };
+        for v in all {
+            let Some(rebuilt) = rebuild::frame(v, version) else { continue };
+            let Some(json::Value::Str(want)) = v.get("hex") else { panic!("{path}: a vector without hex") };
+            let extra = match v.get("bytes_past_layout") {
+                Some(json::Value::Num(n)) => 2 * *n as usize,
+                _ => 0,
+            };
+            let J::Str(got) = hex(&rebuilt) else { unreachable!("hex is a string") };
+            let name = v.get("name");
+            assert_eq!(got.len(), want.len(), "{path}: {name:?} rebuilds to another length");
+            assert_eq!(got[..got.len() - extra], want[..want.len() - extra], "{path}: {name:?}");
+        }
+    }
+}
+
+#[test]
 fn vector_names_are_unique() {
-    for version in [1, 2, 3, 4] {
+    for version in versions() {
         let all = vectors(version);
         for (i, v) in all.iter().enumerate() {
             assert!(!all[..i].iter().any(|w| w.name == v.name), "vector name {} is used twice", v.name);
@@ -1415,7 +1487,7 @@ fn check_ops(version: u16, wanted: &dyn Fn(u8) -> bool) {
 /// carries the op, request id and code the decoder gives for the request.
 #[test]
 fn refused_requests_match_their_error_replies() {
-    for version in [1, 2, 3, 4] {
+    for version in versions() {
         check_refusal_pairs(version);
     }
 }
