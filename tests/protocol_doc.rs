@@ -187,6 +187,7 @@ fn every_example_decodes_to_its_frame_and_encodes_back() {
     expected.extend(common::dedup_frames::doc_frames_dedup());
     expected.extend(common::inspect_frames::doc_frames_inspect());
     expected.extend(common::retry_frames::doc_frames_retry());
+    expected.extend(common::frames::doc_frames_v6());
     let mut failures = Vec::new();
     for ex in &found {
         if !expected.iter().any(|f| f.name == ex.tag) {

@@ -379,6 +379,7 @@ fn vectors(version: u16) -> Vec<Vector> {
             .chain(later::frames_v4())
             .collect(),
         5 => later::frames_v5(),
+        6 => doc_vectors(doc_frames_v6()).collect(),
         other => panic!("no vectors of protocol version {other}"),
     }
 }
@@ -1091,6 +1092,15 @@ fn hello_limits_json(version: u16, l: &DecodeLimits, map_epoch: u64) -> Vec<(&'s
             ("filter_bytes_max", num(l.filter_bytes_max)),
         ]);
     }
+    if version >= SINCE_HELLO_FEATURE_LIMITS {
+        fields.extend([
+            ("subscription_credit_max", num(l.subscription_credit_max)),
+            ("key_bytes_max", num(l.key_bytes_max)),
+            ("dedup_id_bytes_max", num(l.dedup_id_bytes_max)),
+            ("nack_reason_bytes_max", num(l.nack_reason_bytes_max)),
+            ("lookup_results_max", num(l.lookup_results_max)),
+        ]);
+    }
     fields
 }
 
@@ -1408,6 +1418,11 @@ fn the_version_4_vectors_file_is_what_the_codec_gives() {
 #[test]
 fn the_version_5_vectors_file_is_what_the_codec_gives() {
     check_file(5);
+}
+
+#[test]
+fn the_version_6_vectors_file_is_what_the_codec_gives() {
+    check_file(6);
 }
 
 /// The promise of docs/vectors/README.md, kept as a client writer would
