@@ -316,18 +316,12 @@ fn feature_limits() -> Limits {
 
 /// The HELLO reply to a client offering versions 1 to `max`, as bytes.
 fn hello_reply_bytes(addr: SocketAddr, max: u16) -> Vec<u8> {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let mut r = common::wire::Raw::connect(addr);
     let mut hello = vec![14, 0, 0, 0, 1, 0, 0, 0, 9, 0, 0, 0, 1, 0];
     hello.extend_from_slice(&max.to_le_bytes());
     hello.extend_from_slice(&[0, 0]);
-    s.write_all(&hello).expect("write");
-    let mut frame = vec![0u8; 4];
-    s.read_exact(&mut frame).expect("a reply's length");
-    let len = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
-    frame.resize(4 + len, 0);
-    s.read_exact(&mut frame[4..]).expect("the reply");
-    frame
+    r.write(&hello);
+    r.recv().frame
 }
 
 /// A version-6 HELLO reply carries, after version 2's fields (which end

@@ -44,14 +44,6 @@ fn peeked(request_id: u32, id: u64, props: Props<'static>, groups: Vec<GroupLine
 /// adds are MALFORMED before it.
 pub fn refusals_v3_bits() -> Vec<Vector> {
     let ordered = GroupSettings { ordered: true, ..GroupSettings::default() };
-    let nack = Request::Nack {
-        topic: "jobs",
-        group: "billing",
-        delay_ms: 0,
-        flags: NACK_FLAG_REASON,
-        ids: ids(&[1]),
-        reason: "db timeout",
-    };
     vec![
         refused(
             "create-group-ordered-v3-request",
@@ -66,7 +58,7 @@ pub fn refusals_v3_bits() -> Vec<Vector> {
         refused(
             "nack-reason-v3-request",
             "NACK with flag 0x02 REASON in a version-3 session: MALFORMED, the bit is version 4's.",
-            encoded_in(V4, 33, nack),
+            encoded_in(V4, 33, common::retry_frames::nack_with_reason()),
             ErrorCode::Malformed,
         ),
     ]
