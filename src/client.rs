@@ -341,7 +341,8 @@ impl Client {
                 }
             };
             if n == 0 {
-                return Err(Error::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "broker closed the connection")));
+                let cut = Closed { partial_frame_bytes: self.rbuf.len() - self.rpos };
+                return Err(Error::Io(io::Error::new(io::ErrorKind::UnexpectedEof, cut)));
             }
             self.rbuf.extend_from_slice(&chunk[..n]);
         }

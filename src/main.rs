@@ -635,6 +635,10 @@ fn consume_pushed(
             Err(runnel::client::Error::Io(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
                 return Ok(());
             }
+            // A graceful stop closes a subscriber's connection between frames
+            // (it has no request to answer, as a parked FETCH is): the end of
+            // the messages, as a long poll answered with none is.
+            Err(e) if e.is_closed_between_frames() => return Ok(()),
             Err(e) => return Err(e.to_string().into()),
         };
         let mut batch = vec![first.message];

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -566,4 +566,74 @@ fn a_retaining_topic_replays_acked_lines_to_a_new_group() {
     let late = ["consume", "--addr", &addr, "--group", "late", "--count", "3", "--wait-ms", "10000", "t"];
     let replayed = runnel_ok(&late, b"");
     assert_eq!(replayed, "a\nb\nc\n");
+}
+
+/// `runnel consume --push` that the broker stops gracefully ends with
+/// status 0, as a long-polling consume does (its parked FETCH is answered
+/// with nothing).
+#[test]
+fn consume_push_ends_with_status_0_when_the_broker_stops_gracefully() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    runnel_ok(&["produce", "--addr", &addr, "t"], b"one\n");
+    let mut child = spawn_piped(&["consume", "--addr", &addr, "--push", "--wait-ms", "60000", "t"]);
+    let mut first = String::new();
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    stdout.read_line(&mut first).expect("read a line");
+    assert_eq!(first, "one\n");
+    // Once it has acknowledged what it printed, it only waits for pushes.
+    let mut c = srv.client_v2();
+    common::wire::wait_until("the consume acks", || common::wire::stat(&mut c, "t", "acked") == 1);
+    drop(c);
+    srv.stop();
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(0), "{}:\n{}", out.status, text(&out.stderr));
+    assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
+}
+
+/// A broker of a test's own making for `runnel consume --push`: it
+/// answers HELLO (version 3) and SUBSCRIBE, then sends `tail` and closes
+/// the connection, leaving the SUBSCRIBE's body unread when `reset` (so
+/// the close is a reset). Returns the consume's exit status and stderr.
+fn push_consume_cut_by(tail: &[u8], reset: bool) -> (Option<i32>, String) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let child = spawn_piped(&["consume", "--addr", &addr, "--push", "--wait-ms", "60000", "t"]);
+    let (mut s, _) = listener.accept().expect("accept");
+    let mut read_request = |s: &mut std::net::TcpStream, body: bool| {
+        let mut header = [0u8; 12];
+        s.read_exact(&mut header).expect("a request header");
+        if body {
+            let len = u32::from_le_bytes(header[..4].try_into().unwrap()) as usize;
+            s.read_exact(&mut vec![0; len - 8]).expect("a request body");
+        }
+        u32::from_le_bytes(header[8..].try_into().unwrap())
+    };
+    let mut out = Vec::new();
+    let limits = codec::DecodeLimits { frame_bytes_max: 1 << 20, ..codec::DecodeLimits::CLIENT };
+    codec::encode_hello_reply(&mut out, read_request(&mut s, true), codec::SINCE_PUSH, &limits, 0);
+    s.write_all(&out).expect("write");
+    out.clear();
+    codec::encode_subscribed_reply(&mut out, read_request(&mut s, !reset), 1);
+    out.extend_from_slice(tail);
+    s.write_all(&out).expect("write");
+    drop(s);
+    let out = child.wait_with_output().expect("wait");
+    (out.status.code(), text(&out.stderr))
+}
+
+/// A connection cut in the middle of a frame, or reset, is a failure
+/// (status 1), not the end of a graceful stop.
+#[test]
+fn consume_push_fails_when_the_connection_is_cut_mid_frame_or_reset() {
+    // The first 8 bytes of a pushed frame that says 40 follow.
+    let half_a_frame = [40, 0, 0, 0, 0xEF, 0, 0, 0];
+    let (status, err) = push_consume_cut_by(&half_a_frame, false);
+    assert_eq!(status, Some(1), "{err}");
+    assert!(err.contains("in the middle of a frame"), "{err}");
+    let (status, err) = push_consume_cut_by(&half_a_frame, true);
+    assert_eq!(status, Some(1), "{err}");
+    assert!(err.contains("runnel consume: connection:"), "{err}");
+    let (status, err) = push_consume_cut_by(&[], true);
+    assert_eq!(status, Some(1), "{err}");
 }
