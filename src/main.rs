@@ -522,10 +522,10 @@ fn utc_ms(v: &str) -> Option<u64> {
     (valid && ms >= 0).then_some(ms as u64)
 }
 
-/// A group's settings and start from `--from`/`--to`, `--tags`,
+/// `runnel group`'s settings and start, from `--from`, `--tags`,
 /// `--broadcast`, `--ordered`, `--ack-timeout-ms`, `--max-deliveries` and
-/// `--retry` (the last only where `runnel group` takes it): None if none
-/// was given (a consume then leaves the group as it is).
+/// `--retry`: None if none was given. (A consume takes its own few,
+/// `consume::Wanted`, and never changes a group.)
 fn group_flags<'a>(
     a: &mut Args,
     from_flag: &str,

@@ -600,7 +600,7 @@ fn push_consume_cut_by(tail: &[u8], reset: bool) -> (Option<i32>, String) {
     let addr = listener.local_addr().expect("addr").to_string();
     let child = spawn_piped(&["consume", "--addr", &addr, "--push", "--wait-ms", "60000", "t"]);
     let (mut s, _) = listener.accept().expect("accept");
-    let mut read_request = |s: &mut std::net::TcpStream, body: bool| {
+    let read_request = |s: &mut std::net::TcpStream, body: bool| {
         let mut header = [0u8; 12];
         s.read_exact(&mut header).expect("a request header");
         if body {
@@ -636,4 +636,45 @@ fn consume_push_fails_when_the_connection_is_cut_mid_frame_or_reset() {
     assert!(err.contains("runnel consume: connection:"), "{err}");
     let (status, err) = push_consume_cut_by(&[], true);
     assert_eq!(status, Some(1), "{err}");
+}
+
+/// `runnel consume --group G --tags X` never changes an existing group:
+/// where G's settings differ from what the consume asks for it is refused
+/// (status 1), naming `runnel group create` as the way to change them, and
+/// G keeps every setting, its retry policy too; where they agree it
+/// consumes.
+#[test]
+fn consume_never_changes_an_existing_groups_settings() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    let create = ["group", "create", "--addr", &addr, "--tags", "eu", "--retry", "fixed:2s", "t", "g"];
+    assert_eq!(runnel_ok(&create, b""), "created at 1\n");
+    runnel_ok(&["produce", "--addr", &addr, "--tag", "eu", "t"], b"one\n");
+    let settings = || {
+        let listed = runnel_ok(&["groups", "--addr", &addr, "t"], b"");
+        listed.lines().find(|l| l.starts_with("g ")).map(|l| l.split_whitespace().skip(8).collect::<Vec<_>>().join(" "))
+    };
+    assert_eq!(settings().as_deref(), Some("eu retry=fixed:2000ms"));
+    let consume = |flags: &[&str]| {
+        let args = [&["consume", "--addr", &addr, "--wait-ms", "0", "--group", "g"][..], flags, &["t"]].concat();
+        runnel(&args)
+    };
+    for other in [&["--tags", "us"][..], &["--broadcast"], &["--ordered"], &["--tags", "*"]] {
+        let out = consume(other);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "consume {other:?}: {}:\n{err}", out.status);
+        assert!(err.contains("runnel group create"), "consume {other:?} must name the way to change it:\n{err}");
+        assert!(out.stdout.is_empty(), "consume {other:?} consumed:\n{}", text(&out.stdout));
+        assert_eq!(settings().as_deref(), Some("eu retry=fixed:2000ms"), "consume {other:?} changed the group");
+    }
+    let same = consume(&["--tags", "eu"]);
+    assert!(same.status.success(), "{}", text(&same.stderr));
+    assert_eq!(text(&same.stdout), "one\n");
+    assert_eq!(settings().as_deref(), Some("eu retry=fixed:2000ms"), "a consume that agrees changes nothing either");
+    // A group that does not exist yet is made with what the consume asks.
+    let new = ["consume", "--addr", &addr, "--wait-ms", "0", "--group", "h", "--tags", "us", "t"];
+    assert_eq!(runnel_ok(&new, b""), "");
+    assert!(
+        runnel_ok(&["groups", "--addr", &addr, "t"], b"").lines().any(|l| l.starts_with("h ") && l.ends_with(" us"))
+    );
 }
