@@ -9,12 +9,16 @@
 //! elsewhere), one block per function, each with a SAFETY note that says why
 //! the call cannot break memory safety. Callers get `io::Result`s and decide
 //! what a failure means; nothing here logs or panics.
+//!
+//! `runnel consume` asks two things of a pipe or socket it writes to:
+//! how much of what it wrote its reader has not taken yet, and whether
+//! the reader is gone.
 
 use std::fs::File;
 use std::io;
 use std::mem;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// Binds a non-blocking, close-on-exec TCP listener on `addr` (with
 /// `SO_REUSEADDR`) that lets the kernel complete up to `backlog`
@@ -122,6 +126,52 @@ pub fn raise_fd_limit() -> Option<u64> {
         }
         Some(lim.rlim_cur as u64)
     }
+}
+
+/// A descriptor that holds what is written to it until a reader takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    /// A pipe or FIFO.
+    Pipe,
+    /// A socket.
+    Socket,
+}
+
+/// Bytes written to `fd`, a pipe or socket, that its reader has not taken
+/// yet. A pipe answers `FIONREAD` at either end with its content, which
+/// stays there when the reader closes. A socket answers `SIOCOUTQ`
+/// (`TIOCOUTQ`, the same request) with its send queue: for a Unix socket
+/// what the peer has not read (dropped when the peer closes), for TCP what
+/// the peer's host has not acknowledged.
+pub fn unread_bytes(fd: BorrowedFd<'_>, stream: Stream) -> io::Result<usize> {
+    let request = match stream {
+        Stream::Pipe => libc::FIONREAD,
+        Stream::Socket => libc::TIOCOUTQ,
+    };
+    let mut n: libc::c_int = 0;
+    // SAFETY: both requests write one c_int, here a local that outlives the
+    // call; the descriptor is borrowed for the call.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), request, &raw mut n) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// Whether the reading end of `fd`, a pipe or socket, is gone: `poll`
+/// reports POLLERR for a pipe with no reader left, POLLHUP or POLLERR for
+/// a socket whose peer closed. An interrupted poll says not gone: the
+/// caller asks again.
+pub fn reader_gone(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+    // SAFETY: poll reads and writes the one pollfd on this stack frame
+    // (count 1) and does not wait (timeout 0).
+    let rc = unsafe { libc::poll(&raw mut p, 1, 0) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted { Ok(false) } else { Err(e) };
+    }
+    Ok(p.revents & (libc::POLLERR | libc::POLLHUP) != 0)
 }
 
 /// Allocates `file`'s blocks for bytes `[0, len)` and extends its size to

@@ -1,13 +1,50 @@
 //! `runnel consume`: prints a topic's messages, one a line, and
-//! acknowledges each once it is printed.
+//! acknowledges each once its reader has it.
+//!
+//! What a reader has depends on where stdout goes ([`Output`]):
+//!
+//! - **A terminal, a file or a device**: a write that returned is on the
+//!   screen or in the file. The consume fetches a batch (up to 256, or what
+//!   `--count` leaves; pushed, up to `--credit`), prints it with one write
+//!   and acknowledges it.
+//! - **A pipe or a socket**: a write that returned is only in a buffer,
+//!   which a reader may never take from: `runnel consume t | head -1` ends
+//!   its reader after one line, and what the pipe holds then is lost to it.
+//!   Acknowledging a message once a later write succeeds does not help (a
+//!   pipe takes many writes before its reader reads one), nor does
+//!   acknowledging nothing (every message the consume held would come back
+//!   with a delivery counted, and be dead-lettered on its last allowed
+//!   one). So the consume takes one message at a time (a FETCH of one, or
+//!   a credit of one), writes it, and acknowledges it once the reader has
+//!   taken every byte of it (`sys::unread_bytes`); it takes the next only
+//!   while the reader is still there. With one message in the pipe at a
+//!   time, one read takes at most one message: `head -n N` takes N, and
+//!   exactly those N are acknowledged.
+//!
+//! When the reader goes away, what the consume holds that the reader did
+//! not take (at most one message, fetched or written as the reader left)
+//! is not acknowledged: the consume exits (status 141), and the close of
+//! its connection returns the message to ready at once, as for any
+//! consumer that leaves (docs/protocol.md, "Closing"; a NACK would make it
+//! wait in a group with a retry policy). That delivery counts, since the
+//! protocol has no way to give one back uncounted: on its last allowed
+//! delivery (`--max-deliveries 1`) the message is dead-lettered, reason
+//! `consumer_lost`, and `runnel redrive` brings it back. The consume looks
+//! for its reader before it takes each message, and every
+//! `READER_CHECK_MS` while it waits for one, so that this happens only to
+//! a message taken in the moment its reader left.
 
-use std::io::ErrorKind;
-use std::time::Duration;
+use std::fs::File;
+use std::io::{self, ErrorKind, IsTerminal};
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileTypeExt;
+use std::time::{Duration, Instant};
 
-use runnel::client::{Client, Delivered, Fetch, GroupEntry};
-use runnel::codec::ErrorCode;
+use runnel::client::{Client, Delivered, Fetch, GroupEntry, OwnedReply};
 use runnel::codec::group::{GroupSettings, Start};
+use runnel::codec::{self, ErrorCode, Ids, Request};
 use runnel::config::Args;
+use runnel::sys::{self, Stream};
 
 use super::{Exit, Sub, addr, connect, emit, parse_start};
 
@@ -16,89 +53,343 @@ pub(crate) const CONSUME_WAIT_MS_DEFAULT: u32 = 1000;
 /// The credit of `runnel consume --push` by default: the messages it holds
 /// unacknowledged, as one FETCH of it takes at most.
 pub(crate) const CONSUME_CREDIT_DEFAULT: u32 = 256;
+/// Most messages one FETCH takes for a terminal or a file.
+const BATCH_MAX: u32 = 256;
+/// While a consume that writes to a pipe or socket waits for a message,
+/// how often it looks whether the reader is still there: a FETCH waits at
+/// most this long, and a subscriber's read, before it looks again.
+const READER_CHECK_MS: u32 = 200;
+/// The first pause between two looks at whether the reader took a message:
+/// short, since a reader blocked in `read` takes it at once. Each pause
+/// doubles, up to `TAKE_PAUSE_MAX` for a slow reader (a pager).
+const TAKE_PAUSE_MIN: Duration = Duration::from_micros(20);
+/// The longest pause between two looks at whether the reader took a
+/// message.
+const TAKE_PAUSE_MAX: Duration = Duration::from_millis(10);
+/// The ack timeout a consume assumes when it cannot learn its group's, to
+/// TOUCH a message its reader is slow to take (a third of it).
+const ACK_TIMEOUT_MS_GUESS: u32 = 3000;
 
 pub(crate) fn consume(raw: &[String], sub: &Sub) -> Result<(), Exit> {
     let mut a = Args::parse(raw, &sub.flags)?;
     let addr = addr(&mut a);
-    let count: Option<u64> = a.num("--count")?;
+    let left: Option<u64> = a.num("--count")?;
     let wait_ms: u32 = a.num("--wait-ms")?.unwrap_or(CONSUME_WAIT_MS_DEFAULT);
-    let group_name = a.take("--group").unwrap_or_default();
+    let group = a.take("--group").unwrap_or_default();
     let wanted = Wanted::take(&mut a)?;
     let credit: Option<u32> = a.num("--credit")?;
     let push = a.switch("--push") || credit.is_some();
     a.done()?;
     let topic = a.topic()?.to_string();
     let mut client = connect(&addr)?;
-    wanted.make_or_check(&mut client, &topic, &group_name)?;
-    if push {
-        let credit = credit.unwrap_or(CONSUME_CREDIT_DEFAULT);
-        return consume_pushed(&mut client, (&topic, &group_name), count, credit, wait_ms);
-    }
-    let mut got = 0u64;
-    loop {
-        let left = count.map_or(256, |c| c.saturating_sub(got).min(256)) as u32;
-        if left == 0 {
-            return Ok(());
-        }
-        let f = Fetch { max_messages: left, wait_ms, ..Fetch::default() };
-        let msgs = client.fetch_group(&topic, &group_name, f).map_err(|e| e.to_string())?;
-        if msgs.is_empty() {
-            return Ok(());
-        }
-        print_and_ack(&mut client, (&topic, &group_name), &msgs)?;
-        got += msgs.len() as u64;
+    wanted.make_or_check(&mut client, &topic, &group)?;
+    let mut c = Consumer { client, topic, group, left, wait_ms, touch_every: None };
+    match (push, Output::of_stdout()) {
+        (false, Output::Settled) => c.fetch_batches(),
+        (false, Output::Stream(s)) => c.fetch_one_at_a_time(s),
+        (true, Output::Settled) => c.pushed_batches(credit.unwrap_or(CONSUME_CREDIT_DEFAULT)),
+        (true, Output::Stream(s)) => c.pushed_one_at_a_time(s),
     }
 }
 
-/// Prints each message's payload on a line, then acknowledges them: a
-/// consume cut short (its stdout closed) acknowledges nothing it did not
-/// print.
-fn print_and_ack(client: &mut Client, (topic, group): (&str, &str), msgs: &[Delivered]) -> Result<(), Exit> {
-    let mut out = Vec::new();
+/// Where stdout goes, as far as what a write that returned tells.
+#[derive(Clone, Copy, Debug)]
+enum Output {
+    /// A terminal, a file or a device: what is written is shown or stored.
+    Settled,
+    /// A pipe or a socket: what is written waits there for its reader.
+    Stream(Stream),
+}
+
+impl Output {
+    fn of_stdout() -> Output {
+        let stdout = io::stdout();
+        if stdout.is_terminal() {
+            return Output::Settled;
+        }
+        let kind = stdout.as_fd().try_clone_to_owned().and_then(|fd| File::from(fd).metadata());
+        match kind.map(|m| m.file_type()) {
+            Ok(t) if t.is_fifo() => Output::Stream(Stream::Pipe),
+            Ok(t) if t.is_socket() => Output::Stream(Stream::Socket),
+            _ => Output::Settled,
+        }
+    }
+}
+
+/// One consume: its connection, what it reads, and how far it got.
+struct Consumer {
+    client: Client,
+    topic: String,
+    /// The consumer group ("" = the default group).
+    group: String,
+    /// Messages still to print (what `--count` leaves); None: no limit.
+    left: Option<u64>,
+    /// `--wait-ms`: a wait this long with no message ends the consume.
+    wait_ms: u32,
+    /// How often to TOUCH a message its reader is slow to take: a third of
+    /// the group's ack timeout, learned with the first such message.
+    touch_every: Option<Duration>,
+}
+
+impl Consumer {
+    /// Terminal or file: FETCHes of a batch, each printed, then acknowledged.
+    fn fetch_batches(&mut self) -> Result<(), Exit> {
+        loop {
+            let max_messages = self.room(BATCH_MAX);
+            if max_messages == 0 {
+                return Ok(());
+            }
+            let f = Fetch { max_messages, wait_ms: self.wait_ms, ..Fetch::default() };
+            let msgs = self.client.fetch_group(&self.topic, &self.group, f).map_err(failed)?;
+            if msgs.is_empty() {
+                return Ok(());
+            }
+            emit(&lines(&msgs))?;
+            self.took(msgs.len());
+            self.ack(&msgs.iter().map(|m| m.id).collect::<Vec<_>>())?;
+        }
+    }
+
+    /// Pipe or socket: one message at a time, each acknowledged once the
+    /// reader took it (with the next FETCH, in the same round trip).
+    fn fetch_one_at_a_time(&mut self, stream: Stream) -> Result<(), Exit> {
+        let mut taken = None;
+        loop {
+            let gone = self.left != Some(0) && reader_gone()?;
+            if gone || self.left == Some(0) {
+                if let Some(id) = taken {
+                    self.ack(&[id])?;
+                }
+                return if gone { Err(Exit::StdoutClosed) } else { Ok(()) };
+            }
+            let Some(m) = self.fetch_one(taken.take())? else { return Ok(()) };
+            self.hand_over(stream, &m)?;
+            self.took(1);
+            taken = Some(m.id);
+        }
+    }
+
+    /// The next message, with `ack` (one the reader took) acknowledged in
+    /// the same round trip; None once a wait of `wait_ms` passed with none.
+    /// It waits in FETCHes of `READER_CHECK_MS` at most, and between them
+    /// ends (StdoutClosed) if the reader went away.
+    fn fetch_one(&mut self, mut ack: Option<u64>) -> Result<Option<Delivered>, Exit> {
+        let mut waited = 0;
+        loop {
+            let wait_ms = (self.wait_ms - waited).min(READER_CHECK_MS);
+            let mut ids = Vec::new();
+            if let Some(id) = ack.take() {
+                codec::encode_ids(&mut ids, &[id]);
+                let ack = Request::Ack { topic: &self.topic, group: &self.group, ids: Ids { bytes: &ids } };
+                self.client.try_send(&ack).map_err(failed)?;
+            }
+            let (topic, group) = (self.topic.as_str(), self.group.as_str());
+            let f = Request::Fetch { topic, group, max_messages: 1, max_bytes: 0, wait_ms, ack_timeout_ms: 0 };
+            self.client.try_send(&f).map_err(failed)?;
+            if !ids.is_empty() {
+                self.client.recv().map_err(failed)?;
+            }
+            let msgs = match self.client.recv().map_err(failed)? {
+                OwnedReply::Messages { messages, .. } => messages,
+                other => return Err(Exit::Failed(format!("protocol: unexpected reply {other:?}"))),
+            };
+            if let Some(m) = msgs.into_iter().next() {
+                return Ok(Some(m));
+            }
+            waited += wait_ms;
+            if waited >= self.wait_ms {
+                return Ok(None);
+            }
+            if reader_gone()? {
+                return Err(Exit::StdoutClosed);
+            }
+        }
+    }
+
+    /// Terminal or file, `--push`: subscribes with `credit` (at most what
+    /// `--count` leaves), prints what is pushed and acknowledges each batch
+    /// once printed, lowering the credit first where `--count` leaves less,
+    /// so that nothing is pushed that will not be printed.
+    fn pushed_batches(&mut self, credit: u32) -> Result<(), Exit> {
+        let mut credit = self.room(credit);
+        if credit == 0 {
+            return Ok(());
+        }
+        let sub = self.client.subscribe(&self.topic, &self.group, credit, 0).map_err(failed)?;
+        loop {
+            let Some(first) = self.next_pushed(false)? else { return Ok(()) };
+            let mut batch = vec![first];
+            while (batch.len() as u32) < self.room(u32::MAX) && self.client.pushed_waiting() > 0 {
+                batch.push(self.client.next_pushed().map_err(failed)?.message);
+            }
+            emit(&lines(&batch))?;
+            self.took(batch.len());
+            if self.room(credit) < credit {
+                credit = self.room(credit);
+                self.client.credit(sub, credit).map_err(failed)?;
+            }
+            self.ack(&batch.iter().map(|m| m.id).collect::<Vec<_>>())?;
+            if self.left == Some(0) {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Pipe or socket, `--push`: a credit of one, each message acknowledged
+    /// once the reader took it; before the last acknowledgment (`--count`
+    /// reached, or the reader gone) the credit goes to 0, so that nothing
+    /// more is pushed.
+    fn pushed_one_at_a_time(&mut self, stream: Stream) -> Result<(), Exit> {
+        if self.left == Some(0) {
+            return Ok(());
+        }
+        if reader_gone()? {
+            return Err(Exit::StdoutClosed);
+        }
+        let sub = self.client.subscribe(&self.topic, &self.group, 1, 0).map_err(failed)?;
+        loop {
+            let Some(m) = self.next_pushed(true)? else { return Ok(()) };
+            self.hand_over(stream, &m)?;
+            self.took(1);
+            let gone = reader_gone()?;
+            if gone || self.left == Some(0) {
+                self.client.credit(sub, 0).map_err(failed)?;
+            }
+            self.ack(&[m.id])?;
+            if gone {
+                return Err(Exit::StdoutClosed);
+            }
+            if self.left == Some(0) {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The next pushed message; None once a wait of `wait_ms` passed with
+    /// none, or once the broker closed the connection between frames. With
+    /// `watch` (a pipe or socket) it waits `READER_CHECK_MS` at a time, and
+    /// between them ends (StdoutClosed) if the reader went away.
+    fn next_pushed(&mut self, watch: bool) -> Result<Option<Delivered>, Exit> {
+        let piece_ms = if watch { READER_CHECK_MS } else { u32::MAX };
+        let mut waited = 0u32;
+        loop {
+            let wait_ms = (self.wait_ms - waited).min(piece_ms).max(1);
+            self.client.set_timeout(Some(Duration::from_millis(wait_ms.into()))).map_err(failed)?;
+            match self.client.next_pushed() {
+                Ok(p) => return Ok(Some(p.message)),
+                Err(runnel::client::Error::Io(e))
+                    if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                // A graceful stop closes a subscriber's connection between
+                // frames (it has no request to answer, as a parked FETCH
+                // is): the end of the messages, as a long poll answered
+                // with none is.
+                Err(e) if e.is_closed_between_frames() => return Ok(None),
+                Err(e) => return Err(failed(e)),
+            }
+            waited = waited.saturating_add(wait_ms);
+            if waited >= self.wait_ms {
+                return Ok(None);
+            }
+            if watch && reader_gone()? {
+                return Err(Exit::StdoutClosed);
+            }
+        }
+    }
+
+    /// Writes `m` to stdout, a pipe or socket, and waits until its reader
+    /// has taken every byte of it; StdoutClosed if the reader went away
+    /// first. A reader slow to take it (a pager) does not let its ack
+    /// deadline pass: the consume TOUCHes it meanwhile.
+    fn hand_over(&mut self, stream: Stream, m: &Delivered) -> Result<(), Exit> {
+        emit(&lines(std::slice::from_ref(m)))?;
+        let stdout = io::stdout();
+        let taken = || sys::unread_bytes(stdout.as_fd(), stream).map(|n| n == 0).map_err(stdout_failed);
+        let mut pause = TAKE_PAUSE_MIN;
+        let mut touch_at = None;
+        loop {
+            if taken()? {
+                return Ok(());
+            }
+            if reader_gone()? {
+                // A pipe keeps what its reader left there, so it tells
+                // whether the reader took all before it went; a socket
+                // drops it, so there it cannot tell, and says not.
+                return if stream == Stream::Pipe && taken()? { Ok(()) } else { Err(Exit::StdoutClosed) };
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(TAKE_PAUSE_MAX);
+            let every = self.touch_every()?;
+            let now = Instant::now();
+            match touch_at {
+                Some(at) if now < at => {}
+                Some(_) => {
+                    self.client.touch_group(&self.topic, &self.group, &[m.id], 0).map_err(failed)?;
+                    touch_at = Some(now + every);
+                }
+                None => touch_at = Some(now + every),
+            }
+        }
+    }
+
+    /// A third of the group's ack timeout, learned once (LIST_GROUPS, or
+    /// LIST_TOPICS from a version-1 broker, which has the default group
+    /// alone).
+    fn touch_every(&mut self) -> Result<Duration, Exit> {
+        if let Some(every) = self.touch_every {
+            return Ok(every);
+        }
+        let ms = match self.client.list_groups(&self.topic) {
+            Ok(groups) => groups.into_iter().find(|g| g.name == self.group).map(|g| g.ack_timeout_ms),
+            Err(runnel::client::Error::Version { .. }) => {
+                let topics = self.client.list_topics().map_err(failed)?;
+                topics.into_iter().find(|t| t.0 == self.topic).map(|t| t.1.ack_timeout_ms)
+            }
+            Err(e) => return Err(failed(e)),
+        };
+        let every = Duration::from_millis((u64::from(ms.unwrap_or(ACK_TIMEOUT_MS_GUESS)) / 3).max(1));
+        self.touch_every = Some(every);
+        Ok(every)
+    }
+
+    fn ack(&mut self, ids: &[u64]) -> Result<(), Exit> {
+        self.client.ack_group(&self.topic, &self.group, ids).map(|_| ()).map_err(failed)
+    }
+
+    /// How many of a batch of up to `max` to take: `max`, or less where
+    /// `--count` leaves less.
+    fn room(&self, max: u32) -> u32 {
+        self.left.map_or(max, |left| u32::try_from(left).unwrap_or(u32::MAX).min(max))
+    }
+
+    /// `n` more messages printed.
+    fn took(&mut self, n: usize) {
+        if let Some(left) = &mut self.left {
+            *left = left.saturating_sub(n as u64);
+        }
+    }
+}
+
+/// The messages' payloads, one a line.
+fn lines(msgs: &[Delivered]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(msgs.iter().map(|m| m.payload.len() + 1).sum());
     for m in msgs {
         out.extend_from_slice(&m.payload);
         out.push(b'\n');
     }
-    emit(&out)?;
-    let ids: Vec<u64> = msgs.iter().map(|m| m.id).collect();
-    client.ack_group(topic, group, &ids).map_err(|e| e.to_string())?;
-    Ok(())
+    out
 }
 
-/// `runnel consume --push`: subscribes with `credit` (at most `count`),
-/// then prints what is pushed, acknowledging each batch once printed, until
-/// `count` messages or a wait of `wait_ms` with none.
-fn consume_pushed(
-    client: &mut Client,
-    (topic, group): (&str, &str),
-    count: Option<u64>,
-    credit: u32,
-    wait_ms: u32,
-) -> Result<(), Exit> {
-    let credit = count.map_or(credit, |c| credit.min(u32::try_from(c).unwrap_or(u32::MAX)));
-    client.subscribe(topic, group, credit, 0).map_err(|e| e.to_string())?;
-    client.set_timeout(Some(Duration::from_millis(wait_ms.max(1).into()))).map_err(|e| e.to_string())?;
-    let mut got = 0u64;
-    while count.is_none_or(|c| got < c) {
-        let first = match client.next_pushed() {
-            Ok(p) => p,
-            Err(runnel::client::Error::Io(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                return Ok(());
-            }
-            // A graceful stop closes a subscriber's connection between frames
-            // (it has no request to answer, as a parked FETCH is): the end of
-            // the messages, as a long poll answered with none is.
-            Err(e) if e.is_closed_between_frames() => return Ok(()),
-            Err(e) => return Err(e.to_string().into()),
-        };
-        let mut batch = vec![first.message];
-        while count.is_none_or(|c| got + (batch.len() as u64) < c) && client.pushed_waiting() > 0 {
-            batch.push(client.next_pushed().map_err(|e| e.to_string())?.message);
-        }
-        print_and_ack(client, (topic, group), &batch)?;
-        got += batch.len() as u64;
-    }
-    Ok(())
+/// Whether stdout's reader is gone (stdout being a pipe or socket).
+fn reader_gone() -> Result<bool, Exit> {
+    sys::reader_gone(io::stdout().as_fd()).map_err(stdout_failed)
+}
+
+fn stdout_failed(e: io::Error) -> Exit {
+    Exit::Failed(format!("stdout: {e}"))
+}
+
+fn failed(e: runnel::client::Error) -> Exit {
+    Exit::Failed(e.to_string())
 }
 
 /// The group settings a consume's flags ask for (`--from`, `--tags`,

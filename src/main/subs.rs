@@ -67,7 +67,7 @@ pub(crate) fn sub(name: &str) -> Option<Sub> {
         ),
         "consume" => (
             "TOPIC",
-            "print TOPIC's messages one a line, acknowledging each once printed, until a wait finds none",
+            "print TOPIC's messages one a line, acknowledging each once its reader has it, until a wait finds none",
             consume_flags(addr()),
         ),
         "groups" => ("TOPIC", "list TOPIC's consumer groups and their state", vec![addr()]),
@@ -152,7 +152,12 @@ fn consume_flags(addr: Flag) -> Vec<Flag> {
         switch("--broadcast", "a group made now: broadcast, every consumer gets every message"),
         switch("--ordered", "a group made now: ordered by key, one message of a key at a time"),
         switch("--push", "subscribe: the broker pushes messages (protocol version 3)"),
-        flag("--credit", "N", CONSUME_CREDIT_DEFAULT, "most messages held unacknowledged (implies --push)"),
+        flag(
+            "--credit",
+            "N",
+            CONSUME_CREDIT_DEFAULT,
+            "most messages held unacknowledged, 1 to a pipe (implies --push)",
+        ),
     ]
 }
 
@@ -172,6 +177,12 @@ fn produce_flags(addr: Flag) -> Vec<Flag> {
 
 /// What `runnel consume --help` says besides its flags.
 const CONSUME_NOTES: &str = "\
+To a terminal or a file, messages come in batches, each acknowledged once
+printed. To a pipe or a socket, one at a time, each acknowledged once the
+reader has taken it from the pipe; the next is taken only while the reader
+is there. When the reader goes away, the message the consume may hold then
+(at most one) is not acknowledged: it is ready again at once, with that
+delivery counted (on its last allowed delivery, dead-lettered).
 A consume never changes a group: --tags, --broadcast and --ordered make a
 group that does not exist yet; on one that exists with other settings the
 consume fails (status 1) without consuming. `runnel group create` changes
