@@ -155,8 +155,9 @@ impl Consumer {
     fn fetch_one_at_a_time(&mut self, stream: Stream) -> Result<(), Exit> {
         let mut taken = None;
         loop {
-            let gone = self.left != Some(0) && reader_gone()?;
-            if gone || self.left == Some(0) {
+            let done = self.left == Some(0);
+            let gone = !done && reader_gone()?;
+            if done || gone {
                 if let Some(id) = taken {
                     self.ack(&[id])?;
                 }
