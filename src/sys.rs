@@ -158,20 +158,38 @@ pub fn unread_bytes(fd: BorrowedFd<'_>, stream: Stream) -> io::Result<usize> {
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
-/// Whether the reading end of `fd`, a pipe or socket, is gone: `poll`
-/// reports POLLERR for a pipe with no reader left, POLLHUP or POLLERR for
-/// a socket whose peer closed. An interrupted poll says not gone: the
-/// caller asks again.
-pub fn reader_gone(fd: BorrowedFd<'_>) -> io::Result<bool> {
+/// The reading end of a pipe or socket, as `poll` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reader {
+    /// Still there.
+    There,
+    /// Gone without an error (POLLHUP alone): a Unix socket's peer that
+    /// closed having read all it was sent.
+    Closed,
+    /// Gone with an error (POLLERR): a pipe with no reader left (what it
+    /// holds stays in it), or a socket that its peer reset or closed with
+    /// bytes unread (which are dropped).
+    Failed,
+}
+
+/// The state of the reading end of `fd`, a pipe or socket. An interrupted
+/// poll says `There`: the caller asks again.
+pub fn reader(fd: BorrowedFd<'_>) -> io::Result<Reader> {
     let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
     // SAFETY: poll reads and writes the one pollfd on this stack frame
     // (count 1) and does not wait (timeout 0).
     let rc = unsafe { libc::poll(&raw mut p, 1, 0) };
     if rc < 0 {
         let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::Interrupted { Ok(false) } else { Err(e) };
+        return if e.kind() == io::ErrorKind::Interrupted { Ok(Reader::There) } else { Err(e) };
     }
-    Ok(p.revents & (libc::POLLERR | libc::POLLHUP) != 0)
+    Ok(if p.revents & libc::POLLERR != 0 {
+        Reader::Failed
+    } else if p.revents & libc::POLLHUP != 0 {
+        Reader::Closed
+    } else {
+        Reader::There
+    })
 }
 
 /// Allocates `file`'s blocks for bytes `[0, len)` and extends its size to

@@ -796,3 +796,30 @@ fn consume_to_a_file_is_delivered_no_more_than_it_prints() {
         assert_eq!((stat("delivered"), stat("acked"), stat("ready")), (25, 25, 75), "{topic}");
     }
 }
+
+/// Stdout a socket (one end of a Unix socket pair whose other end the test
+/// reads): the consume acknowledges the message its reader took, and no
+/// other, when the reader closes its end after one line.
+#[test]
+fn consume_to_a_socket_acknowledges_only_what_its_reader_took() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    runnel_ok(&["produce", "--addr", &addr, "t"], &numbered(300));
+    let (reader, writer) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+    let child = Command::new(env!("CARGO_BIN_EXE_runnel"))
+        .args(["consume", "--addr", &addr, "t"])
+        .stdin(Stdio::null())
+        .stdout(std::os::fd::OwnedFd::from(writer))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn runnel");
+    let mut first = String::new();
+    BufReader::new(&reader).read_line(&mut first).expect("read a line");
+    assert_eq!(first, "m1\n");
+    drop(reader);
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(STDOUT_CLOSED), "{}", text(&out.stderr));
+    let stat = counters(&srv, "t");
+    assert_eq!(stat("acked"), 1, "only the line the reader took is acknowledged");
+    common::wire::wait_until("the rest is ready", || stat("ready") == 299);
+}

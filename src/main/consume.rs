@@ -44,7 +44,7 @@ use runnel::client::{Client, Delivered, Fetch, GroupEntry, OwnedReply};
 use runnel::codec::group::{GroupSettings, Start};
 use runnel::codec::{self, ErrorCode, Ids, Request};
 use runnel::config::Args;
-use runnel::sys::{self, Stream};
+use runnel::sys::{self, Reader, Stream};
 
 use super::{Exit, Sub, addr, connect, emit, parse_start};
 
@@ -304,18 +304,20 @@ impl Consumer {
     fn hand_over(&mut self, stream: Stream, m: &Delivered) -> Result<(), Exit> {
         emit(&lines(std::slice::from_ref(m)))?;
         let stdout = io::stdout();
-        let taken = || sys::unread_bytes(stdout.as_fd(), stream).map(|n| n == 0).map_err(stdout_failed);
         let mut pause = TAKE_PAUSE_MIN;
         let mut touch_at = None;
         loop {
-            if taken()? {
+            let unread = sys::unread_bytes(stdout.as_fd(), stream).map_err(stdout_failed)?;
+            let reader = sys::reader(stdout.as_fd()).map_err(stdout_failed)?;
+            // A pipe keeps what its reader left in it, so an empty pipe was
+            // emptied by the reader, gone since or not. A socket drops what
+            // its peer left unread, and then says so by an error (which
+            // stays), so an empty one without an error was read.
+            if unread == 0 && (stream == Stream::Pipe || reader != Reader::Failed) {
                 return Ok(());
             }
-            if reader_gone()? {
-                // A pipe keeps what its reader left there, so it tells
-                // whether the reader took all before it went; a socket
-                // drops it, so there it cannot tell, and says not.
-                return if stream == Stream::Pipe && taken()? { Ok(()) } else { Err(Exit::StdoutClosed) };
+            if reader != Reader::There {
+                return Err(Exit::StdoutClosed);
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(TAKE_PAUSE_MAX);
@@ -382,7 +384,7 @@ fn lines(msgs: &[Delivered]) -> Vec<u8> {
 
 /// Whether stdout's reader is gone (stdout being a pipe or socket).
 fn reader_gone() -> Result<bool, Exit> {
-    sys::reader_gone(io::stdout().as_fd()).map_err(stdout_failed)
+    sys::reader(io::stdout().as_fd()).map(|r| r != Reader::There).map_err(stdout_failed)
 }
 
 fn stdout_failed(e: io::Error) -> Exit {
