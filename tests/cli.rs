@@ -591,35 +591,97 @@ fn consume_push_ends_with_status_0_when_the_broker_stops_gracefully() {
     assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
 }
 
-/// A broker of a test's own making for `runnel consume --push`: it
-/// answers HELLO (version 3) and SUBSCRIBE, then sends `tail` and closes
-/// the connection, leaving the SUBSCRIBE's body unread when `reset` (so
-/// the close is a reset). Returns the consume's exit status and stderr.
-fn push_consume_cut_by(tail: &[u8], reset: bool) -> (Option<i32>, String) {
+/// Reads a request frame's header from `s`, and its body with `body`;
+/// returns its op and request id.
+fn read_request(s: &mut std::net::TcpStream, body: bool) -> (u8, u32) {
+    let mut header = [0u8; 12];
+    s.read_exact(&mut header).expect("a request header");
+    if body {
+        let len = u32::from_le_bytes(header[..4].try_into().unwrap()) as usize;
+        s.read_exact(&mut vec![0; len - 8]).expect("a request body");
+    }
+    (header[4], u32::from_le_bytes(header[8..].try_into().unwrap()))
+}
+
+/// A broker of a test's own making for `runnel consume --push` with
+/// `flags`, whose stdout is `stdout`: it answers HELLO (version 3) and
+/// SUBSCRIBE (subscription 1; with `subscribe_body` false it leaves the
+/// SUBSCRIBE's body unread, so that its close is a reset), sends `then`
+/// in the same write as that reply, runs `script` on the connection, and
+/// closes it. Returns how the consume ended.
+fn fake_push_broker(
+    flags: &[&str],
+    stdout: Stdio,
+    (subscribe_body, then): (bool, &[u8]),
+    script: impl FnOnce(&mut std::net::TcpStream),
+) -> Output {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
-    let child = spawn_piped(&["consume", "--addr", &addr, "--push", "--wait-ms", "60000", "t"]);
+    let child = Command::new(env!("CARGO_BIN_EXE_runnel"))
+        .args([&["consume", "--addr", &addr, "--push"][..], flags, &["t"]].concat())
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn runnel");
     let (mut s, _) = listener.accept().expect("accept");
-    let read_request = |s: &mut std::net::TcpStream, body: bool| {
-        let mut header = [0u8; 12];
-        s.read_exact(&mut header).expect("a request header");
-        if body {
-            let len = u32::from_le_bytes(header[..4].try_into().unwrap()) as usize;
-            s.read_exact(&mut vec![0; len - 8]).expect("a request body");
-        }
-        u32::from_le_bytes(header[8..].try_into().unwrap())
-    };
     let mut out = Vec::new();
     let limits = codec::DecodeLimits { frame_bytes_max: 1 << 20, ..codec::DecodeLimits::CLIENT };
-    codec::encode_hello_reply(&mut out, read_request(&mut s, true), codec::SINCE_PUSH, &limits, 0);
+    codec::encode_hello_reply(&mut out, read_request(&mut s, true).1, codec::SINCE_PUSH, &limits, 0);
     s.write_all(&out).expect("write");
     out.clear();
-    codec::encode_subscribed_reply(&mut out, read_request(&mut s, !reset), 1);
-    out.extend_from_slice(tail);
+    codec::encode_subscribed_reply(&mut out, read_request(&mut s, subscribe_body).1, 1);
+    out.extend_from_slice(then);
     s.write_all(&out).expect("write");
+    script(&mut s);
     drop(s);
-    let out = child.wait_with_output().expect("wait");
+    child.wait_with_output().expect("wait")
+}
+
+/// `runnel consume --push` against a broker that sends `tail` after the
+/// SUBSCRIBE reply and closes the connection (a reset with `reset`).
+/// Returns the consume's exit status and stderr.
+fn push_consume_cut_by(tail: &[u8], reset: bool) -> (Option<i32>, String) {
+    let flags = ["--wait-ms", "60000"];
+    let out = fake_push_broker(&flags, Stdio::piped(), (!reset, tail), |_| {});
     (out.status.code(), text(&out.stderr))
+}
+
+/// A pushed frame of subscription 1 with one message, `id` and `payload`,
+/// in the layout of version 2 and later, without properties.
+fn pushed_frame(id: u64, payload: &[u8]) -> Vec<u8> {
+    let mut body = vec![1, 0, b't', 1, 0, 0, 0];
+    body.extend_from_slice(&id.to_le_bytes());
+    body.extend_from_slice(&[0; 8]); // born_ms
+    body.extend_from_slice(&[1, 0, 0]); // delivery_count 1, flags 0
+    body.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    body.extend_from_slice(payload);
+    let mut frame = ((body.len() + 8) as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(&[0xEF, 0, 0, 0, 1, 0, 0, 0]);
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// `runnel consume --push --wait-ms 0` waits for the reply to its ACK as
+/// long as the broker takes: `--wait-ms` bounds only the waits for a
+/// message (it once bounded the ACK's too, so a broker slower than 1 ms
+/// to answer made the consume fail).
+#[test]
+fn consume_push_waits_for_the_reply_to_its_ack_whatever_wait_ms_says() {
+    let dir = TempDir::new("cli-slow-ack");
+    let file = std::fs::File::create(dir.path().join("out.txt")).expect("create out.txt");
+    let out = fake_push_broker(&["--wait-ms", "0"], Stdio::from(file), (true, &pushed_frame(7, b"one")), |s| {
+        let (op, rid) = read_request(s, true);
+        assert_eq!(op, codec::op::ACK);
+        std::thread::sleep(Duration::from_millis(100));
+        let mut reply = Vec::new();
+        codec::encode_ids_reply(&mut reply, op, rid, 1, &[]);
+        s.write_all(&reply).expect("write");
+        // The consume ends once a wait passes with no message.
+        let _ = s.read(&mut [0; 64]);
+    });
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read_to_string(dir.path().join("out.txt")).expect("read out.txt"), "one\n");
 }
 
 /// A connection cut in the middle of a frame, or reset, is a failure

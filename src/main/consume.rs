@@ -276,7 +276,11 @@ impl Consumer {
         loop {
             let wait_ms = (self.wait_ms - waited).min(piece_ms).max(1);
             self.client.set_timeout(Some(Duration::from_millis(wait_ms.into()))).map_err(failed)?;
-            match self.client.next_pushed() {
+            let pushed = self.client.next_pushed();
+            // The wait bounds only this read: a reply (to an ACK, CREDIT or
+            // TOUCH) is waited for as long as the broker takes.
+            self.client.set_timeout(None).map_err(failed)?;
+            match pushed {
                 Ok(p) => return Ok(Some(p.message)),
                 Err(runnel::client::Error::Io(e))
                     if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
