@@ -702,7 +702,16 @@ impl Client {
         self.waiting.push_back(request_id);
     }
 
-    /// The socket, for tests that need to half-close or time out.
+    /// Bytes received from the broker and not yet decoded: a frame, or
+    /// part of one, that a read already took from the socket, so that a
+    /// wait for the socket to be readable would not see it.
+    pub fn buffered_bytes(&self) -> usize {
+        self.rbuf.len() - self.rpos
+    }
+
+    /// The socket: for a caller that waits for it to be readable (with
+    /// `buffered_bytes` and `pushed_waiting` first), and for tests that
+    /// need to half-close or time out.
     pub fn stream(&self) -> &TcpStream {
         &self.stream
     }

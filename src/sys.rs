@@ -10,9 +10,10 @@
 //! the call cannot break memory safety. Callers get `io::Result`s and decide
 //! what a failure means; nothing here logs or panics.
 //!
-//! `runnel consume` asks two things of a pipe or socket it writes to:
-//! how much of what it wrote its reader has not taken yet, and whether
-//! the reader is gone.
+//! `runnel consume` asks three things of a pipe or socket it writes to:
+//! how much of what it wrote its reader has not taken yet, whether the
+//! reader is gone, and to be woken when it goes while it waits for the
+//! broker.
 
 use std::fs::File;
 use std::io;
@@ -189,6 +190,53 @@ pub fn reader(fd: BorrowedFd<'_>) -> io::Result<Reader> {
         Reader::Closed
     } else {
         Reader::There
+    })
+}
+
+/// What `wait_for_either` saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Woke {
+    /// The socket has something to read (or its peer closed it: the read
+    /// tells).
+    Readable,
+    /// The reader of the written descriptor went away (POLLERR or POLLHUP).
+    ReaderGone,
+    /// Neither, within the time.
+    TimedOut,
+    /// A signal interrupted the wait: the caller waits again, for what is
+    /// left of its time.
+    Interrupted,
+}
+
+/// Waits up to `timeout` (None: for as long as it takes; rounded up to
+/// the millisecond) until `readable`, a socket, has something to read, or
+/// until the reader of `written`, a pipe or socket, if given, goes away.
+/// Where both happened, says the reader went.
+pub fn wait_for_either(
+    readable: BorrowedFd<'_>,
+    written: Option<BorrowedFd<'_>>,
+    timeout: Option<std::time::Duration>,
+) -> io::Result<Woke> {
+    // poll ignores an entry whose descriptor is negative; an entry that asks
+    // for no event still reports POLLERR and POLLHUP.
+    let mut fds = [
+        libc::pollfd { fd: readable.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: written.map_or(-1, |w| w.as_raw_fd()), events: 0, revents: 0 },
+    ];
+    let ms = timeout.map_or(-1, |t| libc::c_int::try_from(t.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX));
+    // SAFETY: poll reads and writes the two pollfds of this stack frame
+    // (count 2), for the call only.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted { Ok(Woke::Interrupted) } else { Err(e) };
+    }
+    Ok(if fds[1].revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+        Woke::ReaderGone
+    } else if fds[0].revents != 0 {
+        Woke::Readable
+    } else {
+        Woke::TimedOut
     })
 }
 

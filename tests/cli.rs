@@ -568,27 +568,31 @@ fn a_retaining_topic_replays_acked_lines_to_a_new_group() {
     assert_eq!(replayed, "a\nb\nc\n");
 }
 
-/// `runnel consume --push` that the broker stops gracefully ends with
-/// status 0, as a long-polling consume does (its parked FETCH is answered
-/// with nothing).
+/// `runnel consume` that the broker stops gracefully while it waits for a
+/// message ends with status 0: a long poll is answered with nothing, and
+/// `--push` sees its connection closed between frames. Both to a pipe,
+/// where the consume also watches its reader while it waits.
 #[test]
-fn consume_push_ends_with_status_0_when_the_broker_stops_gracefully() {
-    let (srv, _dir) = page_cache_broker(Limits::default());
-    let addr = srv.addr.to_string();
-    runnel_ok(&["produce", "--addr", &addr, "t"], b"one\n");
-    let mut child = spawn_piped(&["consume", "--addr", &addr, "--push", "--wait-ms", "60000", "t"]);
-    let mut first = String::new();
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    stdout.read_line(&mut first).expect("read a line");
-    assert_eq!(first, "one\n");
-    // Once it has acknowledged what it printed, it only waits for pushes.
-    let mut c = srv.client_v2();
-    common::wire::wait_until("the consume acks", || common::wire::stat(&mut c, "t", "acked") == 1);
-    drop(c);
-    srv.stop();
-    let out = child.wait_with_output().expect("wait");
-    assert_eq!(out.status.code(), Some(0), "{}:\n{}", out.status, text(&out.stderr));
-    assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
+fn consume_ends_with_status_0_when_the_broker_stops_gracefully() {
+    for flags in [&["--push"][..], &[]] {
+        let (srv, _dir) = page_cache_broker(Limits::default());
+        let addr = srv.addr.to_string();
+        runnel_ok(&["produce", "--addr", &addr, "t"], b"one\n");
+        let args = [&["consume", "--addr", &addr, "--wait-ms", "60000"][..], flags, &["t"]].concat();
+        let mut child = spawn_piped(&args);
+        let mut first = String::new();
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        stdout.read_line(&mut first).expect("read a line");
+        assert_eq!(first, "one\n");
+        // Once it has acknowledged what it printed, it only waits.
+        let mut c = srv.client_v2();
+        common::wire::wait_until("the consume acks", || common::wire::stat(&mut c, "t", "acked") == 1);
+        drop(c);
+        srv.stop();
+        let out = child.wait_with_output().expect("wait");
+        assert_eq!(out.status.code(), Some(0), "{flags:?}: {}:\n{}", out.status, text(&out.stderr));
+        assert!(out.stderr.is_empty(), "{flags:?}: {}", text(&out.stderr));
+    }
 }
 
 /// Reads a request frame's header from `s`, and its body with `body`;
@@ -884,4 +888,37 @@ fn consume_to_a_socket_acknowledges_only_what_its_reader_took() {
     let stat = counters(&srv, "t");
     assert_eq!(stat("acked"), 1, "only the line the reader took is acknowledged");
     common::wire::wait_until("the rest is ready", || stat("ready") == 299);
+}
+
+/// A reader that goes away while the consume waits for a message ends the
+/// consume at once (status 141), fetching and pushed: its wait goes with
+/// its connection, having taken nothing, so the message that comes next is
+/// still there, never delivered.
+#[test]
+fn consume_ends_when_its_reader_goes_away_during_a_wait_and_takes_nothing() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    for (topic, flags, waiting) in [("fetched", &[][..], "waiters"), ("pushed", &["--push"], "consumers")] {
+        let args = [&["consume", "--addr", &addr, "--wait-ms", "120000"][..], flags, &[topic]].concat();
+        let mut child = spawn_piped(&args);
+        // The topic's parked FETCHes, or its default group's consumers.
+        let section = if waiting == "waiters" { topic.to_string() } else { format!("{topic}/") };
+        let mut c = srv.client_v2();
+        common::wire::wait_until("the consume waits", || {
+            let sections = c.stats(Some(topic)).unwrap_or_default();
+            let counter = sections.iter().find(|s| s.0 == section).and_then(|s| s.1.iter().find(|kv| kv.0 == waiting));
+            counter.is_some_and(|kv| kv.1 == 1)
+        });
+        drop(child.stdout.take());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while child.try_wait().expect("try_wait").is_none() {
+            assert!(Instant::now() < deadline, "{topic}: the consume did not end when its reader went away");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let out = child.wait_with_output().expect("wait");
+        assert_eq!(out.status.code(), Some(STDOUT_CLOSED), "{topic}: {}", text(&out.stderr));
+        runnel_ok(&["produce", "--addr", &addr, topic], b"later\n");
+        let stat = counters(&srv, topic);
+        assert_eq!((stat("ready"), stat("delivered")), (1, 0), "{topic}");
+    }
 }

@@ -30,12 +30,13 @@
 //! protocol has no way to give one back uncounted: on its last allowed
 //! delivery (`--max-deliveries 1`) the message is dead-lettered, reason
 //! `consumer_lost`, and `runnel redrive` brings it back. The consume looks
-//! for its reader before it takes each message, and every
-//! `READER_CHECK_MS` while it waits for one, so that this happens only to
-//! a message taken in the moment its reader left.
+//! for its reader before it takes each message, and is woken if the
+//! reader goes while it waits for one (the wait then ends with the
+//! connection, having taken nothing), so that this happens only to a
+//! message taken in the moment its reader left.
 
 use std::fs::File;
-use std::io::{self, ErrorKind, IsTerminal};
+use std::io::{self, IsTerminal};
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileTypeExt;
 use std::time::{Duration, Instant};
@@ -44,7 +45,7 @@ use runnel::client::{Client, Delivered, Fetch, GroupEntry, OwnedReply};
 use runnel::codec::group::{GroupSettings, Start};
 use runnel::codec::{self, ErrorCode, Ids, Request};
 use runnel::config::Args;
-use runnel::sys::{self, Reader, Stream};
+use runnel::sys::{self, Reader, Stream, Woke};
 
 use super::{Exit, Sub, addr, connect, emit, parse_start};
 
@@ -55,10 +56,6 @@ pub(crate) const CONSUME_WAIT_MS_DEFAULT: u32 = 1000;
 pub(crate) const CONSUME_CREDIT_DEFAULT: u32 = 256;
 /// Most messages one FETCH takes for a terminal or a file.
 const BATCH_MAX: u32 = 256;
-/// While a consume that writes to a pipe or socket waits for a message,
-/// how often it looks whether the reader is still there: a FETCH waits at
-/// most this long, and a subscriber's read, before it looks again.
-const READER_CHECK_MS: u32 = 200;
 /// The first pause between two looks at whether the reader took a message:
 /// short, since a reader blocked in `read` takes it at once. Each pause
 /// doubles, up to `TAKE_PAUSE_MAX` for a slow reader (a pager).
@@ -172,38 +169,27 @@ impl Consumer {
 
     /// The next message, with `ack` (one the reader took) acknowledged in
     /// the same round trip; None once a wait of `wait_ms` passed with none.
-    /// It waits in FETCHes of `READER_CHECK_MS` at most, and between them
-    /// ends (StdoutClosed) if the reader went away.
-    fn fetch_one(&mut self, mut ack: Option<u64>) -> Result<Option<Delivered>, Exit> {
-        let mut waited = 0;
-        loop {
-            let wait_ms = (self.wait_ms - waited).min(READER_CHECK_MS);
-            let mut ids = Vec::new();
-            if let Some(id) = ack.take() {
-                codec::encode_ids(&mut ids, &[id]);
-                let ack = Request::Ack { topic: &self.topic, group: &self.group, ids: Ids { bytes: &ids } };
-                self.client.try_send(&ack).map_err(failed)?;
-            }
-            let (topic, group) = (self.topic.as_str(), self.group.as_str());
-            let f = Request::Fetch { topic, group, max_messages: 1, max_bytes: 0, wait_ms, ack_timeout_ms: 0 };
-            self.client.try_send(&f).map_err(failed)?;
-            if !ids.is_empty() {
-                self.client.recv().map_err(failed)?;
-            }
-            let msgs = match self.client.recv().map_err(failed)? {
-                OwnedReply::Messages { messages, .. } => messages,
-                other => return Err(Exit::Failed(format!("protocol: unexpected reply {other:?}"))),
-            };
-            if let Some(m) = msgs.into_iter().next() {
-                return Ok(Some(m));
-            }
-            waited += wait_ms;
-            if waited >= self.wait_ms {
-                return Ok(None);
-            }
-            if reader_gone()? {
-                return Err(Exit::StdoutClosed);
-            }
+    /// If the reader goes away while the FETCH waits at the broker, it ends
+    /// at once (StdoutClosed): the FETCH goes with the connection, having
+    /// delivered nothing.
+    fn fetch_one(&mut self, ack: Option<u64>) -> Result<Option<Delivered>, Exit> {
+        let mut ids = Vec::new();
+        if let Some(id) = ack {
+            codec::encode_ids(&mut ids, &[id]);
+            let ack = Request::Ack { topic: &self.topic, group: &self.group, ids: Ids { bytes: &ids } };
+            self.client.try_send(&ack).map_err(failed)?;
+        }
+        let (topic, group, wait_ms) = (self.topic.as_str(), self.group.as_str(), self.wait_ms);
+        let f = Request::Fetch { topic, group, max_messages: 1, max_bytes: 0, wait_ms, ack_timeout_ms: 0 };
+        self.client.try_send(&f).map_err(failed)?;
+        self.client.flush().map_err(failed)?;
+        if ack.is_some() {
+            self.client.recv().map_err(failed)?;
+        }
+        self.await_broker(None, true)?;
+        match self.client.recv().map_err(failed)? {
+            OwnedReply::Messages { messages, .. } => Ok(messages.into_iter().next()),
+            other => Err(Exit::Failed(format!("protocol: unexpected reply {other:?}"))),
         }
     }
 
@@ -268,35 +254,44 @@ impl Consumer {
 
     /// The next pushed message; None once a wait of `wait_ms` passed with
     /// none, or once the broker closed the connection between frames. With
-    /// `watch` (a pipe or socket) it waits `READER_CHECK_MS` at a time, and
-    /// between them ends (StdoutClosed) if the reader went away.
+    /// `watch` (stdout a pipe or socket), it ends at once (StdoutClosed) if
+    /// the reader goes away while it waits.
     fn next_pushed(&mut self, watch: bool) -> Result<Option<Delivered>, Exit> {
-        let piece_ms = if watch { READER_CHECK_MS } else { u32::MAX };
-        let mut waited = 0u32;
+        let wait = Duration::from_millis(self.wait_ms.max(1).into());
+        if !self.await_broker(Some(wait), watch)? {
+            return Ok(None);
+        }
+        match self.client.next_pushed() {
+            Ok(p) => Ok(Some(p.message)),
+            // A graceful stop closes a subscriber's connection between
+            // frames (it has no request to answer, as a parked FETCH is):
+            // the end of the messages, as a long poll answered with none is.
+            Err(e) if e.is_closed_between_frames() => Ok(None),
+            Err(e) => Err(failed(e)),
+        }
+    }
+
+    /// Waits until the broker has sent something (a reply, a pushed frame,
+    /// the end of the connection), for up to `timeout` (None: as long as it
+    /// takes); false if the time passed first. With `watch`, ends at once
+    /// (StdoutClosed) if stdout's reader goes away meanwhile. No read
+    /// timeout is set on the connection, so a reply is waited for as long
+    /// as the broker takes.
+    fn await_broker(&mut self, timeout: Option<Duration>, watch: bool) -> Result<bool, Exit> {
+        if self.client.buffered_bytes() > 0 || self.client.pushed_waiting() > 0 {
+            return Ok(true);
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let stdout = io::stdout();
         loop {
-            let wait_ms = (self.wait_ms - waited).min(piece_ms).max(1);
-            self.client.set_timeout(Some(Duration::from_millis(wait_ms.into()))).map_err(failed)?;
-            let pushed = self.client.next_pushed();
-            // The wait bounds only this read: a reply (to an ACK, CREDIT or
-            // TOUCH) is waited for as long as the broker takes.
-            self.client.set_timeout(None).map_err(failed)?;
-            match pushed {
-                Ok(p) => return Ok(Some(p.message)),
-                Err(runnel::client::Error::Io(e))
-                    if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-                // A graceful stop closes a subscriber's connection between
-                // frames (it has no request to answer, as a parked FETCH
-                // is): the end of the messages, as a long poll answered
-                // with none is.
-                Err(e) if e.is_closed_between_frames() => return Ok(None),
-                Err(e) => return Err(failed(e)),
-            }
-            waited = waited.saturating_add(wait_ms);
-            if waited >= self.wait_ms {
-                return Ok(None);
-            }
-            if watch && reader_gone()? {
-                return Err(Exit::StdoutClosed);
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let written = watch.then(|| stdout.as_fd());
+            let woke = sys::wait_for_either(self.client.stream().as_fd(), written, left);
+            match woke.map_err(|e| Exit::Failed(format!("connection: {e}")))? {
+                Woke::Readable => return Ok(true),
+                Woke::ReaderGone => return Err(Exit::StdoutClosed),
+                Woke::TimedOut => return Ok(false),
+                Woke::Interrupted => {}
             }
         }
     }
