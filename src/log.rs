@@ -903,8 +903,45 @@ impl Log {
     }
 }
 
+/// Makes `dir`'s entries durable: a file's `fdatasync` makes its bytes
+/// durable, not its name. After creating, renaming or unlinking a file
+/// that recovery depends on, the log syncs its directory with this before
+/// anything relies on the change (docs/log-format.md, "Durable names").
 fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+/// Creates `dir` and whichever of its parents are missing, each one durable
+/// before anything is put in it: after every `mkdir` the parent that got
+/// the new entry is synced. Otherwise a power loss could take the new data
+/// directory away, with every acknowledged message in it, and the next
+/// start would make an empty one. A directory already there is taken as it
+/// is.
+fn create_dir_durably(dir: &Path) -> io::Result<()> {
+    let mut missing = Vec::new();
+    let mut at = Some(dir);
+    while let Some(d) = at.filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
+        missing.push(d);
+        at = d.parent();
+    }
+    for d in missing.into_iter().rev() {
+        match fs::create_dir(d) {
+            // Made meanwhile by someone else: synced all the same.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && d.is_dir() => {}
+            Err(e) => return Err(e),
+            Ok(()) => {}
+        }
+        sync_dir(parent_dir(d))?;
+    }
+    Ok(())
+}
+
+/// The directory that holds `path` (`.` for a bare name).
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
 }
 
 fn record_crc(rec: &[u8]) -> u32 {

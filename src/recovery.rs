@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use super::{
     FsyncMode, Log, LogOptions, NEWER, OpenError, RECORD_HEADER_BYTES, REMOVING_SUFFIX, ReadRecord, RecordKind,
-    Recovery, Replayer, Segment, parse_record, segment_name, sync_dir,
+    Recovery, Replayer, Segment, create_dir_durably, parse_record, segment_name, sync_dir,
 };
 
 #[path = "recovery/damage.rs"]
@@ -315,11 +315,12 @@ pub(super) struct Recovered {
     pub recovery: Recovery,
 }
 
-/// Locks `dir` (creating it if needed), repairs it if `options.repair` and
-/// it needs it, and replays every record into `apply` in log order.
+/// Locks `dir` (creating it and its missing parents, durably, if needed),
+/// repairs it if `options.repair` and it needs it, and replays every record
+/// into `apply` in log order.
 pub(super) fn recover(dir: &Path, options: &LogOptions, replayer: &mut dyn Replayer) -> Result<Recovered, OpenError> {
     let started = Instant::now();
-    fs::create_dir_all(dir).map_err(io_error(dir))?;
+    create_dir_durably(dir).map_err(io_error(dir))?;
     let lock = DirLock::take(dir, true)?;
     let mut bases = list_segments(dir, true)?;
     let (mut stop, outgrown) = last_stop(dir, &bases)?;

@@ -229,6 +229,30 @@ fn scratch_dir(tag: &str) -> TempDir {
     TempDir(dir)
 }
 
+/// Crashes drawn at each cut besides the four uniform ones (everything
+/// pending kept or dropped, directory operations and writes apart), from
+/// `RUNNEL_POWER_LOSS_DRAWS` or `default`.
+fn draws(default: u64) -> u64 {
+    std::env::var("RUNNEL_POWER_LOSS_DRAWS").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// The crashes to try at a cut: the four uniform ones, then `draws` drawn
+/// from `rng`, alternately under the POSIX and the journal model.
+fn power_losses(cut: &Cut<'_>, draws: u64, rng: &mut Rng) -> Vec<Choices> {
+    let mut v = vec![
+        Choices::uniform(cut, false, Keep::Drop),
+        Choices::uniform(cut, false, Keep::Whole),
+        Choices::uniform(cut, true, Keep::Drop),
+        Choices::uniform(cut, true, Keep::Whole),
+    ];
+    for i in 0..draws {
+        let metadata = if i % 2 == 0 { Metadata::Posix } else { Metadata::Journal };
+        v.push(CrashModel { metadata, writes: Writes::InOrder }.choose(cut, rng));
+    }
+    v.dedup();
+    v
+}
+
 /// What a crash at a cut point may leave: the choices to try there.
 type Crashes = dyn Fn(&Cut<'_>, &mut Rng) -> Vec<Choices>;
 
@@ -497,4 +521,19 @@ fn a_process_crash_after_any_file_operation_keeps_every_promise() {
     let cuts = sampled(&run().rec.trace, 12, &mut Rng::new(seed));
     let kept = |cut: &Cut<'_>, _: &mut Rng| vec![Choices::uniform(cut, true, Keep::Whole)];
     check_cuts("a_process_crash_after_any_file_operation_keeps_every_promise", &cuts, &kept, seed);
+}
+
+/// Issue #25 (b): the data directory and its parents are made with
+/// `mkdir`; a power loss after the first acknowledged produces must not
+/// take the directory with them. Every cut from the start of the run to the
+/// third round's acknowledgement.
+#[test]
+fn a_new_data_directory_survives_a_power_loss_after_its_first_produces() {
+    let run = run();
+    let trace = &run.rec.trace;
+    let until = run.produced[(3 * BATCH) as usize].acked_ns;
+    let cuts: Vec<u64> = (1..=trace.end()).filter(|&k| trace.ops[k as usize - 1].ts_ns <= until).collect();
+    let draws = draws(2);
+    let losses = move |cut: &Cut<'_>, rng: &mut Rng| power_losses(cut, draws, rng);
+    check_cuts("a_new_data_directory_survives_a_power_loss_after_its_first_produces", &cuts, &losses, common::seed(1));
 }
