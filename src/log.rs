@@ -143,7 +143,8 @@ pub struct LogStats {
     pub failures: u64,
     /// Segments removed by compaction.
     pub segments_removed: u64,
-    /// `fsync`s of the directory for a new segment's name.
+    /// `fsync`s of the directory for a new segment's name or a removed
+    /// one's rename.
     pub dir_syncs: u64,
 }
 
@@ -855,11 +856,12 @@ impl Log {
 
     /// Removes segment `base`, which must be the oldest and not the one
     /// appended to (compaction has copied forward whatever in it was live).
-    /// The file is renamed at once, so it is no longer part of the log, and
-    /// handed to the release thread, which gives its space back off the
-    /// loop (`releaser.rs`); while the space is short, or the thread cannot
-    /// take it, it is unlinked at once instead: then the space is wanted
-    /// now, more than a stall of the loop is feared.
+    /// The file is renamed at once, so it is no longer part of the log, the
+    /// rename made durable, and the file handed to the release thread,
+    /// which gives its space back off the loop (`releaser.rs`); while the
+    /// space is short, or the thread cannot take it, it is unlinked at once
+    /// instead: then the space is wanted now, more than a stall of the loop
+    /// is feared.
     pub fn remove_oldest(&mut self, base: u64) -> io::Result<()> {
         if self.segments.len() < 2 || self.segments[0].base != base {
             return Err(io::Error::other(format!("segment {base} is not the oldest closed segment")));
@@ -871,23 +873,50 @@ impl Log {
         Ok(())
     }
 
-    /// `remove_oldest`'s work on the file of segment `base`.
+    /// `remove_oldest`'s work on the file of segment `base`. Once the rename
+    /// is durable the segment is out of the log, so what follows cannot
+    /// fail the removal: a file that cannot be released is left for the
+    /// next start to delete.
     fn remove_file_of(&mut self, base: u64) -> io::Result<()> {
         let path = self.dir.join(segment_name(base));
-        if self.space_short {
-            return fs::remove_file(&path);
-        }
         let doomed = self.dir.join(format!("{}{REMOVING_SUFFIX}", segment_name(base)));
         fs::rename(&path, &doomed)?;
-        let opened = OpenOptions::new().write(true).open(&doomed).and_then(|f| Ok((f.metadata()?.len(), f)));
-        let Ok((len, file)) = opened else { return fs::remove_file(&doomed) };
-        match self.releaser.hand_over(file, doomed, len) {
-            Ok(()) => Ok(()),
-            Err((file, doomed)) => {
-                drop(file);
-                fs::remove_file(&doomed)
-            }
+        if let Err(e) = self.sync_removal() {
+            // Not known to be durable: put the segment back as it was
+            // (compaction tries again later), and cut nothing of it.
+            let _ = fs::rename(&doomed, &path);
+            return Err(e);
         }
+        if self.space_short {
+            release_now(&doomed);
+            return Ok(());
+        }
+        let opened = OpenOptions::new().write(true).open(&doomed).and_then(|f| Ok((f.metadata()?.len(), f)));
+        let Ok((len, file)) = opened else {
+            release_now(&doomed);
+            return Ok(());
+        };
+        if let Err((file, doomed)) = self.releaser.hand_over(file, doomed, len) {
+            drop(file);
+            release_now(&doomed);
+        }
+        Ok(())
+    }
+
+    /// Makes a removed segment's rename durable, in `FsyncMode::Turn`,
+    /// before its file is cut or unlinked and before the next segment is
+    /// removed. Else a power loss could bring the segment back under its
+    /// own name cut short or empty (its cut durable, its rename not), or
+    /// keep a later segment's removal and not this one's: either way log
+    /// offsets would be missing, and the next start would refuse. With
+    /// `--fsync never` nothing is synced until a clean stop, whose marker
+    /// syncs the directory (`sync_new_name` says why).
+    fn sync_removal(&mut self) -> io::Result<()> {
+        if self.options.fsync != FsyncMode::Turn {
+            return Ok(());
+        }
+        self.stats.dir_syncs += 1;
+        sync_dir(&self.dir)
     }
 
     /// Whether the release thread holds as many removed segments as it
@@ -900,6 +929,15 @@ impl Log {
     /// yet.
     pub fn release_pending(&self) -> usize {
         self.releaser.pending()
+    }
+}
+
+/// Unlinks a removed segment's file now, on the loop. Nothing depends on
+/// it: a start deletes any `….log.removing` file, so an error only leaves
+/// the file (and its space) for that start.
+fn release_now(doomed: &Path) {
+    if let Err(e) = fs::remove_file(doomed) {
+        log::warn!("cannot remove {}: {e}; the next start deletes it", doomed.display());
     }
 }
 

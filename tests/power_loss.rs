@@ -537,3 +537,29 @@ fn a_new_data_directory_survives_a_power_loss_after_its_first_produces() {
     let losses = move |cut: &Cut<'_>, rng: &mut Rng| power_losses(cut, draws, rng);
     check_cuts("a_new_data_directory_survives_a_power_loss_after_its_first_produces", &cuts, &losses, common::seed(1));
 }
+
+/// Cut points just before and just after each line that `pick` picks.
+fn around(trace: &Trace, pick: impl Fn(&Op) -> bool) -> Vec<u64> {
+    let mut cuts = BTreeSet::new();
+    for o in trace.ops.iter().filter(|o| pick(o)) {
+        cuts.insert(o.seq);
+        cuts.insert(o.seq + 1);
+    }
+    cuts.into_iter().collect()
+}
+
+/// Issue #25 (a): compaction renames a segment to `….log.removing`, and the
+/// release thread then cuts and unlinks the file. A power loss around any
+/// of these, or around any other rename, unlink or truncate (a roll cuts
+/// the segment it closes), must leave a log a start takes, holding what was
+/// acknowledged: cuts between a rename and the release thread's cut
+/// included.
+#[test]
+fn compaction_removals_survive_a_power_loss() {
+    let trace = &run().rec.trace;
+    let cuts =
+        around(trace, |o| matches!(o.kind, OpKind::Rename { .. } | OpKind::Unlink { .. } | OpKind::Truncate { .. }));
+    let draws = draws(2);
+    let losses = move |cut: &Cut<'_>, rng: &mut Rng| power_losses(cut, draws, rng);
+    check_cuts("compaction_removals_survive_a_power_loss", &cuts, &losses, common::seed(2));
+}
