@@ -40,11 +40,12 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::logdir::{Msgs, try_fetch_all};
+use common::logdir::{Msgs, try_fetch_all_with};
 use common::power_loss::{Choices, CrashModel, Cut, Disk, Keep, Metadata, Op, OpKind, Trace, Writes};
 use common::recorder::{Recorded, Traced, now_ns};
 use common::{Rng, TempDir};
 use runnel::client::{Client, Fetch};
+use runnel::log::LogOptions;
 use runnel::testkit::SeedGuard;
 
 /// The data directory, under the recorder's root: its parents do not exist
@@ -64,6 +65,9 @@ const BATCH: u64 = 3;
 const KEPT_IN_FLIGHT_ONE_IN: u64 = 5;
 /// The seed the workload draws its payload lengths from.
 const WORKLOAD_SEED: u64 = 25;
+/// Up to this many directory operations not yet durable at a cut, every
+/// subset of them is tried.
+const DIR_SUBSETS_PENDING_MAX: usize = 4;
 /// How the test names itself on a failure, to replay.
 const REPLAY: &str = "cargo test --release --test power_loss";
 
@@ -236,8 +240,10 @@ fn draws(default: u64) -> u64 {
     std::env::var("RUNNEL_POWER_LOSS_DRAWS").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
 }
 
-/// The crashes to try at a cut: the four uniform ones, then `draws` drawn
-/// from `rng`, alternately under the POSIX and the journal model.
+/// The crashes to try at a cut: the four uniform ones, every subset of the
+/// directory operations not yet durable if there are few (with every
+/// unsynced write kept), then `draws` drawn from `rng`, alternately under
+/// the POSIX and the journal model.
 fn power_losses(cut: &Cut<'_>, draws: u64, rng: &mut Rng) -> Vec<Choices> {
     let mut v = vec![
         Choices::uniform(cut, false, Keep::Drop),
@@ -245,6 +251,7 @@ fn power_losses(cut: &Cut<'_>, draws: u64, rng: &mut Rng) -> Vec<Choices> {
         Choices::uniform(cut, true, Keep::Drop),
         Choices::uniform(cut, true, Keep::Whole),
     ];
+    v.extend(Choices::every_dir_subset(cut, Keep::Whole, DIR_SUBSETS_PENDING_MAX));
     for i in 0..draws {
         let metadata = if i % 2 == 0 { Metadata::Posix } else { Metadata::Journal };
         v.push(CrashModel { metadata, writes: Writes::InOrder }.choose(cut, rng));
@@ -256,13 +263,31 @@ fn power_losses(cut: &Cut<'_>, draws: u64, rng: &mut Rng) -> Vec<Choices> {
 /// What a crash at a cut point may leave: the choices to try there.
 type Crashes = dyn Fn(&Cut<'_>, &mut Rng) -> Vec<Choices>;
 
+/// What a start on a crashed disk must hold after a power loss at a cut
+/// (`Ok`, or why not).
+type Check<'a> = dyn Fn(u64, &Msgs) -> Result<(), String> + 'a;
+
 /// Crashes the recorded run at each of `cuts` as `crashes` says, starts a
 /// broker on each distinct disk, and fails naming the first crashes that
 /// break a promise.
 fn check_cuts(test: &'static str, cuts: &[u64], crashes: &Crashes, seed: u64) {
-    let _guard = SeedGuard { test, seed, replay: REPLAY };
     let run = run();
-    let trace = &run.rec.trace;
+    let check = |k: u64, got: &Msgs| run.check(k, got);
+    check_crashes(test, &run.rec.trace, LogOptions::default(), (cuts, crashes), &check, seed);
+}
+
+/// Crashes `trace` at each of `cuts` as `crashes` says, starts a broker
+/// whose log opens with `log` on each distinct disk, and fails naming the
+/// first crashes whose start `check` faults.
+fn check_crashes(
+    test: &'static str,
+    trace: &Trace,
+    log: LogOptions,
+    (cuts, crashes): (&[u64], &Crashes),
+    check: &Check<'_>,
+    seed: u64,
+) {
+    let _guard = SeedGuard { test, seed, replay: REPLAY };
     let mut rng = Rng::new(seed);
     let mut started: HashMap<u64, Result<Msgs, String>> = HashMap::new();
     let (mut tried, mut failures) = (0, Vec::new());
@@ -270,10 +295,10 @@ fn check_cuts(test: &'static str, cuts: &[u64], crashes: &Crashes, seed: u64) {
         let cut = trace.cut(k);
         for choices in crashes(&cut, &mut rng) {
             let disk = cut.disk(&choices);
-            let outcome = started.entry(disk.digest()).or_insert_with(|| start_on(&disk));
+            let outcome = started.entry(disk.digest()).or_insert_with(|| start_on(&disk, log.clone()));
             tried += 1;
             let verdict = match outcome {
-                Ok(got) => run.check(k, got),
+                Ok(got) => check(k, got),
                 Err(e) => Err(format!("the start was refused: {e}")),
             };
             if let Err(why) = verdict {
@@ -296,11 +321,12 @@ fn check_cuts(test: &'static str, cuts: &[u64], crashes: &Crashes, seed: u64) {
 }
 
 /// Lays `disk` out in a fresh directory and starts a broker on its data
-/// directory: every message it holds, or why it refused to start.
-fn start_on(disk: &Disk) -> Result<Msgs, String> {
+/// directory, its log opened with `log`: every message it holds, or why it
+/// refused to start.
+fn start_on(disk: &Disk, log: LogOptions) -> Result<Msgs, String> {
     let dir = scratch_dir("power-loss-disk");
     disk.write_to(dir.path());
-    try_fetch_all(&dir.path().join(DATA_REL))
+    try_fetch_all_with(&dir.path().join(DATA_REL), log)
 }
 
 // ---------------------------------------------------------------------------
@@ -468,6 +494,23 @@ fn a_rename_not_yet_durable_leaves_the_old_name_with_what_came_after() {
     assert_eq!(file_after(&s, "0.log", |c| Choices::uniform(c, false, Keep::Drop)), Some(b"records".to_vec()));
     s.sync(4);
     assert_eq!(file_after(&s, "0.log", dropped), None, "once the directory is synced the rename holds");
+}
+
+/// A run that begins on files already there (`Trace::over`) finds them
+/// durable: a power loss undoes only what the run did.
+#[test]
+fn a_run_over_existing_files_takes_them_as_durable() {
+    let mut s = Script::new();
+    s.push(OpKind::Rename { from: s.path("d/0.log"), to: s.path("d/1.log") });
+    let mut before = Disk::default();
+    before.files.insert(PathBuf::from("0.log"), b"old".to_vec());
+    let trace = s.trace().over(before.under(Path::new("d")));
+    let cut = trace.cut(trace.end());
+    let names = |keep: bool| cut.disk(&Choices::uniform(&cut, keep, Keep::Whole)).files.into_keys().collect::<Vec<_>>();
+    assert_eq!(names(false), [PathBuf::from("d/0.log")], "the rename undone");
+    assert_eq!(names(true), [PathBuf::from("d/1.log")]);
+    assert_eq!(cut.disk(&Choices::uniform(&cut, true, Keep::Drop)).files[Path::new("d/1.log")], b"old");
+    assert_eq!(Choices::every_dir_subset(&cut, Keep::Whole, 4).len(), 2, "the rename kept or not");
 }
 
 #[test]

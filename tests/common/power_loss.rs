@@ -22,6 +22,9 @@
 //!   of each file's, `Writes::InOrder`) or each on its own
 //!   (`Writes::Independent`).
 //!
+//! A run may begin on a root that already holds files (`Trace::over`, for
+//! a start on an existing data directory): they are taken as durable.
+//!
 //! A cut is a number: the trace's lines numbered below it happened, the rest
 //! did not. `Trace::cut` replays those lines and sorts what they did into
 //! durable and pending; `CrashModel::choose` draws the pending choices from
@@ -126,6 +129,9 @@ pub struct Trace {
     pub ops: Vec<Op>,
     /// The data file: the bytes of every write.
     data: Vec<u8>,
+    /// What the root held when the run began, all of it durable (empty:
+    /// the run began on an empty root).
+    pub initial: Disk,
 }
 
 /// `%XX`-escaped bytes back to a path.
@@ -154,7 +160,12 @@ impl Trace {
         for (i, op) in ops.iter().enumerate() {
             assert_eq!(op.seq, i as u64, "ops numbered in order");
         }
-        Trace { root: root.to_path_buf(), ops, data }
+        Trace { root: root.to_path_buf(), ops, data, initial: Disk::default() }
+    }
+
+    /// This trace of a run that began on a root holding `initial` (durably).
+    pub fn over(self, initial: Disk) -> Trace {
+        Trace { initial, ..self }
     }
 
     /// Reads a trace and its data file, recorded under `root`.
@@ -162,7 +173,7 @@ impl Trace {
         let text = std::fs::read_to_string(trace).expect("read the trace");
         let data = std::fs::read(data).expect("read the trace's data file");
         let ops = text.lines().enumerate().map(|(i, l)| parse_line(i as u64, l)).collect();
-        Trace { root: root.to_path_buf(), ops, data }
+        Trace { root: root.to_path_buf(), ops, data, initial: Disk::default() }
     }
 
     /// The bytes of a write.
@@ -378,6 +389,24 @@ impl Choices {
     }
 }
 
+impl Choices {
+    /// Every subset of `cut`'s pending directory operations kept (what
+    /// `Metadata::Posix` allows), each with every pending change kept as
+    /// `keep`; none if there are more than `pending_max` of them.
+    pub fn every_dir_subset(cut: &Cut<'_>, keep: Keep, pending_max: usize) -> Vec<Choices> {
+        let n = cut.pending_dir_ops.len();
+        if n > pending_max {
+            return Vec::new();
+        }
+        (0..1u64 << n)
+            .map(|bits| Choices {
+                dir_ops: (0..n).map(|i| bits & (1 << i) != 0).collect(),
+                changes: vec![key(keep); cut.pending_changes.len()],
+            })
+            .collect()
+    }
+}
+
 impl CrashModel {
     /// Draws the choices for `cut` from `rng`. The directory operations:
     /// under `Posix` each is kept or not, with a probability drawn per crash
@@ -434,6 +463,8 @@ pub enum Change {
 struct Node {
     /// A directory's entries as the running broker saw them (None: a file).
     entries: Option<BTreeMap<std::ffi::OsString, NodeId>>,
+    /// A file's contents when the run began (durable).
+    initial: Vec<u8>,
     /// A file's changes in order, with the line each was made by.
     changes: Vec<(u64, Change)>,
     /// Lines below this are covered by a completed sync of this node.
@@ -473,6 +504,9 @@ pub struct Cut<'t> {
     trace: &'t Trace,
     pub cut: u64,
     nodes: Vec<Node>,
+    /// The entries the root held when the run began: (directory, name,
+    /// node), durable.
+    initial: Vec<(NodeId, std::ffi::OsString, NodeId)>,
     /// Every directory operation below the cut, in order.
     dir_ops: Vec<DirOp>,
     /// Indexes into `dir_ops` of those not yet durable.
@@ -485,8 +519,9 @@ pub struct Cut<'t> {
 impl Trace {
     /// Replays the lines numbered below `cut`.
     pub fn cut(&self, cut: u64) -> Cut<'_> {
-        let root = Node { entries: Some(BTreeMap::new()), changes: Vec::new(), synced_below: 0 };
-        let mut r = Replay { trace: self, nodes: vec![root], fds: HashMap::new(), dir_ops: Vec::new() };
+        let mut r = Replay { trace: self, nodes: Vec::new(), fds: HashMap::new(), dir_ops: Vec::new() };
+        r.new_node(true, Vec::new());
+        let initial = r.lay_out(&self.initial);
         for op in self.ops.iter().take(cut as usize).filter(|o| o.ok) {
             r.apply(op);
         }
@@ -506,7 +541,7 @@ impl Trace {
         }
         pending_changes.sort_unstable();
         let pending_changes = pending_changes.into_iter().map(|(_, n, i)| (n, i)).collect();
-        Cut { trace: self, cut, nodes, dir_ops, pending_dir_ops, pending_changes }
+        Cut { trace: self, cut, nodes, initial, dir_ops, pending_dir_ops, pending_changes }
     }
 }
 
@@ -541,9 +576,25 @@ impl Replay<'_> {
         Some(at)
     }
 
-    fn new_node(&mut self, dir: bool) -> NodeId {
-        self.nodes.push(Node { entries: dir.then(BTreeMap::new), changes: Vec::new(), synced_below: 0 });
+    /// A new node: a directory, or a file holding `initial` (durably).
+    fn new_node(&mut self, dir: bool, initial: Vec<u8>) -> NodeId {
+        self.nodes.push(Node { entries: dir.then(BTreeMap::new), initial, changes: Vec::new(), synced_below: 0 });
         self.nodes.len() - 1
+    }
+
+    /// Puts `disk` under the root as what it held when the run began; its
+    /// entries (directory, name, node), all durable.
+    fn lay_out(&mut self, disk: &Disk) -> Vec<(NodeId, std::ffi::OsString, NodeId)> {
+        let mut entries = Vec::new();
+        // Parents sort before their children.
+        let dirs = disk.dirs.iter().map(|d| (d, None));
+        for (rel, bytes) in dirs.chain(disk.files.iter().map(|(f, b)| (f, Some(b)))) {
+            let (dir, name) = self.parent(&self.trace.root.join(rel));
+            let node = self.new_node(bytes.is_none(), bytes.cloned().unwrap_or_default());
+            self.entries(dir).insert(name.clone(), node);
+            entries.push((dir, name, node));
+        }
+        entries
     }
 
     fn entries(&mut self, dir: NodeId) -> &mut BTreeMap<std::ffi::OsString, NodeId> {
@@ -584,7 +635,7 @@ impl Replay<'_> {
             }
             OpKind::Mkdir { path } => {
                 let (dir, name) = self.parent(path);
-                let node = self.new_node(true);
+                let node = self.new_node(true, Vec::new());
                 self.entries(dir).insert(name.clone(), node);
                 self.dir_ops.push(DirOp { seq, dir, change: DirChange::Link { name, node } });
             }
@@ -621,7 +672,7 @@ impl Replay<'_> {
             None => {
                 assert!(flags & libc::O_CREAT != 0, "trace line {seq}: {} opened without being there", path.display());
                 let (dir, name) = self.parent(path);
-                let node = self.new_node(false);
+                let node = self.new_node(false, Vec::new());
                 self.entries(dir).insert(name.clone(), node);
                 self.dir_ops.push(DirOp { seq, dir, change: DirChange::Link { name, node } });
                 node
@@ -673,6 +724,17 @@ impl Disk {
         disk
     }
 
+    /// This disk moved under `rel` (its parents made).
+    pub fn under(&self, rel: &Path) -> Disk {
+        let mut d = Disk::default();
+        for a in rel.ancestors().filter(|a| !a.as_os_str().is_empty()) {
+            d.dirs.insert(a.to_path_buf());
+        }
+        d.dirs.extend(self.dirs.iter().map(|p| rel.join(p)));
+        d.files.extend(self.files.iter().map(|(p, b)| (rel.join(p), b.clone())));
+        d
+    }
+
     /// A hash of the whole disk, to start a broker once per distinct disk.
     pub fn digest(&self) -> u64 {
         use std::hash::{Hash, Hasher};
@@ -717,11 +779,13 @@ impl Cut<'_> {
         assert_eq!(choices.changes.len(), self.pending_changes.len(), "choices for another cut");
         let dropped: BTreeSet<usize> =
             self.pending_dir_ops.iter().zip(&choices.dir_ops).filter(|(_, k)| !**k).map(|(i, _)| *i).collect();
-        // The entries the disk holds: the kept operations, in order, on
-        // empty directories (everything under the root was made in the
-        // trace). An operation whose name is not as it found it (the
+        // The entries the disk holds: those it held when the run began,
+        // then the kept operations, in order. An operation whose name is not as it found it (the
         // create before it was lost) changes nothing.
         let mut entries: HashMap<NodeId, BTreeMap<std::ffi::OsString, NodeId>> = HashMap::new();
+        for (dir, name, node) in &self.initial {
+            entries.entry(*dir).or_default().insert(name.clone(), *node);
+        }
         for (i, d) in self.dir_ops.iter().enumerate() {
             if dropped.contains(&i) {
                 continue;
@@ -765,7 +829,7 @@ impl Cut<'_> {
     /// A file's contents: its durable changes, then the pending ones as
     /// `keeps` says.
     fn contents(&self, node: NodeId, keeps: &HashMap<(NodeId, usize), Keep>) -> Vec<u8> {
-        let mut file = Vec::new();
+        let mut file = self.nodes[node].initial.clone();
         for (i, (_, c)) in self.nodes[node].changes.iter().enumerate() {
             let keep = keeps.get(&(node, i)).copied().unwrap_or(Keep::Whole);
             keep.apply(c, self.trace, &mut file);
