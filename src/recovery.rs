@@ -741,7 +741,10 @@ fn rewrite_segment(dir: &Path, base: u64, place: Place) -> Result<(), OpenError>
 /// Renames the segments so that each begins where the one before ends,
 /// counting only the valid records each keeps. Moves down go first, lowest
 /// first, then moves up, highest first: in that order no file is renamed
-/// onto one not yet moved.
+/// onto one not yet moved. Each rename is made durable before the next: a
+/// later one may take the name an earlier one gave up, and were the
+/// earlier one lost to a power loss, the later would take the name of a
+/// segment still there, which would be lost with it.
 fn renumber(dir: &Path, plan: &[Scanned]) -> Result<(), OpenError> {
     let mut moves = Vec::new();
     let mut next = plan.first().map_or(0, |s| s.base);
@@ -756,8 +759,9 @@ fn renumber(dir: &Path, plan: &[Scanned]) -> Result<(), OpenError> {
         let (old, new) = (dir.join(segment_name(from)), dir.join(segment_name(to)));
         log::error!("commit log: --repair renames {} to {} to close the gap", old.display(), new.display());
         fs::rename(&old, &new).map_err(io_error(&old))?;
+        sync_dir(dir).map_err(io_error(dir))?;
     }
-    sync_dir(dir).map_err(io_error(dir))
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
