@@ -232,6 +232,9 @@ pub struct Log {
     space_short: bool,
     /// The thread that gives back removed segments' space.
     releaser: releaser::Releaser,
+    /// A removal's directory sync failed: the next removal syncs first
+    /// (`sync_removal`).
+    removal_unsynced: bool,
     /// A write may have left bytes past the committed end of the active
     /// segment: set from a turn's write until its sync succeeds, and after
     /// a failure until they are cut (before the next write).
@@ -364,6 +367,7 @@ impl Log {
             headroom_bytes: HEADROOM_BYTES_MIN,
             space_short: false,
             releaser: releaser::Releaser::default(),
+            removal_unsynced: false,
             dirty: false,
             clean_stop_marked: false,
             phases: PhaseNanos::default(),
@@ -859,9 +863,9 @@ impl Log {
     /// The file is renamed at once, so it is no longer part of the log, the
     /// rename made durable, and the file handed to the release thread,
     /// which gives its space back off the loop (`releaser.rs`); while the
-    /// space is short, or the thread cannot take it, it is unlinked at once
-    /// instead: then the space is wanted now, more than a stall of the loop
-    /// is feared.
+    /// space is short it is unlinked at once instead (and the unlink made
+    /// durable), as it is if the thread cannot take it: then the space is
+    /// wanted now, more than a stall of the loop is feared.
     pub fn remove_oldest(&mut self, base: u64) -> io::Result<()> {
         if self.segments.len() < 2 || self.segments[0].base != base {
             return Err(io::Error::other(format!("segment {base} is not the oldest closed segment")));
@@ -873,12 +877,29 @@ impl Log {
         Ok(())
     }
 
-    /// `remove_oldest`'s work on the file of segment `base`. Once the rename
-    /// is durable the segment is out of the log, so what follows cannot
-    /// fail the removal: a file that cannot be released is left for the
-    /// next start to delete.
+    /// `remove_oldest`'s work on the file of segment `base`. Removals become
+    /// durable one at a time, in order (`sync_removal`). Once one is durable
+    /// the segment is out of the log, so what follows cannot fail it: a file
+    /// that cannot be released is left for the next start to delete.
     fn remove_file_of(&mut self, base: u64) -> io::Result<()> {
+        if self.removal_unsynced {
+            self.sync_removal()?;
+        }
         let path = self.dir.join(segment_name(base));
+        if self.space_short {
+            // At once, with no rename: renaming could need a directory
+            // block that a full disk has not got. Undone by a power loss,
+            // an unlink brings the file back whole (nothing cut it).
+            fs::remove_file(&path)?;
+            if let Err(e) = self.sync_removal() {
+                log::warn!(
+                    "cannot sync {} after removing {}: {e}; tried again before the next removal",
+                    self.dir.display(),
+                    path.display()
+                );
+            }
+            return Ok(());
+        }
         let doomed = self.dir.join(format!("{}{REMOVING_SUFFIX}", segment_name(base)));
         fs::rename(&path, &doomed)?;
         if let Err(e) = self.sync_removal() {
@@ -886,10 +907,6 @@ impl Log {
             // (compaction tries again later), and cut nothing of it.
             let _ = fs::rename(&doomed, &path);
             return Err(e);
-        }
-        if self.space_short {
-            release_now(&doomed);
-            return Ok(());
         }
         let opened = OpenOptions::new().write(true).open(&doomed).and_then(|f| Ok((f.metadata()?.len(), f)));
         let Ok((len, file)) = opened else {
@@ -903,20 +920,24 @@ impl Log {
         Ok(())
     }
 
-    /// Makes a removed segment's rename durable, in `FsyncMode::Turn`,
-    /// before its file is cut or unlinked and before the next segment is
-    /// removed. Else a power loss could bring the segment back under its
-    /// own name cut short or empty (its cut durable, its rename not), or
-    /// keep a later segment's removal and not this one's: either way log
-    /// offsets would be missing, and the next start would refuse. With
-    /// `--fsync never` nothing is synced until a clean stop, whose marker
-    /// syncs the directory (`sync_new_name` says why).
+    /// Makes a removal (a segment's rename, or its unlink while space is
+    /// short) durable, in `FsyncMode::Turn`: before the file is cut and
+    /// before the next segment is removed. Else a power loss could bring
+    /// the segment back under its own name cut short or empty (its cut
+    /// durable, its rename not), or keep a later segment's removal and not
+    /// this one's: either way log offsets would be missing, and the next
+    /// start would refuse. Until it succeeds `removal_unsynced` says so.
+    /// With `--fsync never` nothing is synced until a clean stop, whose
+    /// marker syncs the directory (`sync_new_name` says why).
     fn sync_removal(&mut self) -> io::Result<()> {
         if self.options.fsync != FsyncMode::Turn {
             return Ok(());
         }
+        self.removal_unsynced = true;
         self.stats.dir_syncs += 1;
-        sync_dir(&self.dir)
+        sync_dir(&self.dir)?;
+        self.removal_unsynced = false;
+        Ok(())
     }
 
     /// Whether the release thread holds as many removed segments as it

@@ -91,6 +91,10 @@ const WORKLOAD_SEED: u64 = 25;
 /// Up to this many directory operations not yet durable at a cut, every
 /// subset of them is tried.
 const DIR_SUBSETS_PENDING_MAX: usize = 4;
+/// The free bytes the short-disk run's broker is told its disk has: short
+/// of space (less than 2 MiB past the headroom), so compaction unlinks a
+/// removed segment at once, yet room for produces (1 MiB and the headroom).
+const SHORT_FREE_BYTES: u64 = 3 << 19;
 /// How the test names itself on a failure, to replay.
 const REPLAY: &str = "cargo test --release --test power_loss";
 
@@ -109,8 +113,9 @@ struct Produced {
 /// An ACK, as its consumer saw it.
 struct Acked {
     ids: Vec<u64>,
-    /// When it was sent.
+    /// When it was sent, and when its reply came.
     sent_ns: u64,
+    answered_ns: u64,
     /// When the reply came to the first PRODUCE sent after this ACK was
     /// answered (`u64::MAX`: none was): that produce's sync covered the
     /// ACK's record, which was written before the ACK was answered.
@@ -132,7 +137,14 @@ fn rounds() -> u64 {
 /// The run every test here checks, recorded once.
 fn run() -> &'static Run {
     static RUN: OnceLock<Run> = OnceLock::new();
-    RUN.get_or_init(record_run)
+    RUN.get_or_init(|| record_run(None))
+}
+
+/// The same workload on a disk the broker is told is nearly full
+/// (`SHORT_FREE_BYTES`), recorded once.
+fn short_run() -> &'static Run {
+    static RUN: OnceLock<Run> = OnceLock::new();
+    RUN.get_or_init(|| record_run(Some(SHORT_FREE_BYTES)))
 }
 
 /// The environment variable `name` as a number, or `default`.
@@ -140,9 +152,14 @@ fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
 }
 
-fn record_run() -> Run {
+/// Records the workload; with `free_bytes`, on a broker told that its disk
+/// has that many bytes free.
+fn record_run(free_bytes: Option<u64>) -> Run {
     let segment = env_u64("RUNNEL_POWER_LOSS_SEGMENT_BYTES", SEGMENT_BYTES_MAX.parse().expect("a number"));
-    let t = Traced::spawn(DATA_REL, &["--fsync", "turn", "--segment-bytes-max", &segment.to_string()]);
+    let args = ["--fsync", "turn", "--segment-bytes-max", &segment.to_string()];
+    let free = free_bytes.map(|b| b.to_string());
+    let env: Vec<(&str, &str)> = free.iter().map(|f| ("RUNNEL_FILEOPS_FREE_BYTES", f.as_str())).collect();
+    let t = Traced::spawn_over(&Disk::default(), DATA_REL, &args, &env);
     let mut c = Client::connect(t.addr).expect("connect to the traced broker");
     c.set_timeout(Some(Duration::from_secs(30))).expect("timeout");
     let mut rng = Rng::new(WORKLOAD_SEED);
@@ -167,7 +184,7 @@ fn record_run() -> Run {
             let sent_ns = now_ns();
             let r = c.ack(TOPIC, &ids).expect("ack");
             assert!(r.failed.is_empty(), "acks failed: {:?}", r.failed);
-            acks.push(Acked { ids, sent_ns, covered_ns: u64::MAX });
+            acks.push(Acked { ids, sent_ns, answered_ns: now_ns(), covered_ns: u64::MAX });
         }
     }
     drop(c);
@@ -188,8 +205,11 @@ struct Expected {
 }
 
 impl Run {
-    /// What a start after a power loss at `cut` must and must not hold.
-    fn expected(&self, cut: u64) -> Expected {
+    /// What a start after a power loss at `cut` must and must not hold;
+    /// after a crash of the process only (`process`), an ACK answered
+    /// before the cut must not be undone either: its record was written
+    /// before the reply.
+    fn expected(&self, cut: u64, process: bool) -> Expected {
         let at = self.rec.trace.cut_ts_ns(cut);
         let mut ack_of: HashMap<u64, &Acked> = HashMap::new();
         for a in &self.acks {
@@ -201,7 +221,7 @@ impl Run {
         for p in self.produced.iter().filter(|p| p.acked_ns < at) {
             let key = (TOPIC.to_string(), p.id);
             match ack_of.get(&p.id) {
-                Some(a) if a.covered_ns < at => {
+                Some(a) if a.covered_ns < at || (process && a.answered_ns < at) => {
                     e.absent.insert(key);
                 }
                 Some(a) if a.sent_ns < at => {}
@@ -215,8 +235,8 @@ impl Run {
 
     /// Why `got`, what a start after `cut` holds, breaks a promise, if it
     /// does.
-    fn check(&self, cut: u64, got: &Msgs) -> Result<(), String> {
-        let e = self.expected(cut);
+    fn check(&self, cut: u64, got: &Msgs, process: bool) -> Result<(), String> {
+        let e = self.expected(cut, process);
         let produced: HashMap<u64, &Produced> = self.produced.iter().map(|p| (p.id, p)).collect();
         for ((topic, id), payload) in got {
             match produced.get(id) {
@@ -236,7 +256,8 @@ impl Run {
         }
         let undone: Vec<u64> = e.absent.iter().filter(|k| got.contains_key(*k)).map(|k| k.1).collect();
         if !undone.is_empty() {
-            return Err(format!("brought back {} messages whose ACK was synced (ids {undone:?})", undone.len()));
+            let what = if process { "answered" } else { "synced" };
+            return Err(format!("brought back {} messages whose ACK was {what} (ids {undone:?})", undone.len()));
         }
         Ok(())
     }
@@ -305,8 +326,13 @@ type Check<'a> = dyn Fn(u64, &Msgs) -> Result<(), String> + 'a;
 /// broker on each distinct disk, and fails naming the first crashes that
 /// break a promise.
 fn check_cuts(test: &'static str, cuts: &[u64], crashes: &Crashes, seed: u64) {
-    let run = run();
-    let check = |k: u64, got: &Msgs| run.check(k, got);
+    check_run_cuts(test, run(), cuts, crashes, false, seed);
+}
+
+/// `check_cuts` on `run`; `process`: the crashes are of the process only,
+/// so no answered ACK may be undone.
+fn check_run_cuts(test: &'static str, run: &Run, cuts: &[u64], crashes: &Crashes, process: bool, seed: u64) {
+    let check = |k: u64, got: &Msgs| run.check(k, got, process);
     check_crashes(test, &run.rec.trace, LogOptions::default(), (cuts, crashes), &check, seed);
 }
 
@@ -589,15 +615,15 @@ fn sampled(trace: &Trace, one_in: u64, rng: &mut Rng) -> Vec<u64> {
 
 /// A crash of the process, not the machine, right after any call: every
 /// call made reached the page cache, and nothing else did. The start must
-/// take the directory and keep every promise (the broker's order of
-/// operations, as `tests/crash.rs` checks with real kills, here at exact
-/// points). A sample of the cut points.
+/// take the directory and keep every promise, an answered ACK never undone
+/// (the broker's order of operations, as `tests/crash.rs` checks with real
+/// kills, here at exact points). A sample of the cut points.
 #[test]
 fn a_process_crash_after_any_file_operation_keeps_every_promise() {
     let seed = common::seed(0);
     let cuts = sampled(&run().rec.trace, 12, &mut Rng::new(seed));
     let kept = |cut: &Cut<'_>, _: &mut Rng| vec![Choices::uniform(cut, true, Keep::Whole)];
-    check_cuts("a_process_crash_after_any_file_operation_keeps_every_promise", &cuts, &kept, seed);
+    check_run_cuts("a_process_crash_after_any_file_operation_keeps_every_promise", run(), &cuts, &kept, true, seed);
 }
 
 /// Issue #25 (b): the data directory and its parents are made with
@@ -613,6 +639,25 @@ fn a_new_data_directory_survives_a_power_loss_after_its_first_produces() {
     let draws = draws(2);
     let losses = move |cut: &Cut<'_>, rng: &mut Rng| power_losses(cut, draws, rng);
     check_cuts("a_new_data_directory_survives_a_power_loss_after_its_first_produces", &cuts, &losses, common::seed(1));
+}
+
+/// While space is short, compaction unlinks a removed segment at once, on
+/// the loop, with no rename (the shim tells the broker its disk has 1.5 MiB
+/// free). A power loss around any unlink must leave a log a start
+/// takes, holding what was acknowledged: each unlink durable before the
+/// next.
+#[test]
+fn removals_on_a_short_disk_survive_a_power_loss() {
+    let run = short_run();
+    let trace = &run.rec.trace;
+    let unlinks =
+        count(trace, |o| matches!(&o.kind, OpKind::Unlink { path } if path.extension().is_some_and(|e| e == "log")));
+    assert!(unlinks >= 5, "setup: compaction unlinked segments at once: {unlinks}");
+    let cuts = around(trace, |o| matches!(o.kind, OpKind::Unlink { .. }));
+    let draws = draws(2);
+    let losses = move |cut: &Cut<'_>, rng: &mut Rng| power_losses(cut, draws, rng);
+    let seed = common::seed(6);
+    check_run_cuts("removals_on_a_short_disk_survive_a_power_loss", run, &cuts, &losses, false, seed);
 }
 
 /// Every directory operation and every sync of the recorded run, just
@@ -700,7 +745,7 @@ fn overlapping_segments() -> (Disk, Msgs) {
 fn a_repair_interrupted_by_a_power_loss_is_finished_by_the_next() {
     let (damaged, produced) = overlapping_segments();
     let args = ["--repair", "--segment-bytes-max", SEGMENT_BYTES_MAX];
-    let rec = Traced::spawn_over(&damaged.under(Path::new(DATA_REL)), DATA_REL, &args).stop(true);
+    let rec = Traced::spawn_over(&damaged.under(Path::new(DATA_REL)), DATA_REL, &args, &[]).stop(true);
     let renames = count(&rec.trace, |o| matches!(o.kind, OpKind::Rename { .. }));
     assert!(renames >= 3, "setup: the repair renamed two segments (and the stop its marker): {renames}");
     let cuts: Vec<u64> = (0..=rec.trace.end()).collect();

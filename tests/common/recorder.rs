@@ -109,12 +109,13 @@ impl Traced {
     /// recorder (`data_rel` may name directories that do not exist yet),
     /// and waits until it says where it listens.
     pub fn spawn(data_rel: &str, args: &[&str]) -> Traced {
-        Traced::spawn_over(&Disk::default(), data_rel, args)
+        Traced::spawn_over(&Disk::default(), data_rel, args, &[])
     }
 
     /// `spawn`, on a root that holds `initial` (laid out before the start,
-    /// and taken as durable: `Trace::over`).
-    pub fn spawn_over(initial: &Disk, data_rel: &str, args: &[&str]) -> Traced {
+    /// and taken as durable: `Trace::over`), with `env` set for the broker
+    /// (`RUNNEL_FILEOPS_FREE_BYTES`, say: the shim's header).
+    pub fn spawn_over(initial: &Disk, data_rel: &str, args: &[&str], env: &[(&str, &str)]) -> Traced {
         let root = TempDir::new("fileops-root");
         initial.write_to(root.path());
         let out = TempDir::new("fileops-out");
@@ -130,6 +131,7 @@ impl Traced {
             .env("RUNNEL_FILEOPS_TRACE", out.path().join("trace"))
             .env("RUNNEL_FILEOPS_DATA", out.path().join("data"))
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(stderr))
