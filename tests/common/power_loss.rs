@@ -273,9 +273,11 @@ pub enum Writes {
 }
 
 /// What survives of one unsynced change to a file's contents.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Keep {
+    /// None of it.
     Drop,
+    /// All of it.
     Whole,
     /// The first this many bytes of a write (a truncate or an `fallocate`
     /// is all or nothing: taken as `Whole`).
@@ -355,41 +357,19 @@ pub struct CrashModel {
 /// whether (or how much of) it survives.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Choices {
+    /// For each of `Cut::pending_dir_ops`: kept.
     pub dir_ops: Vec<bool>,
-    pub changes: Vec<KeepKey>,
-}
-
-/// A `Keep` as a hashable key (`Choices` are compared to skip repeats).
-pub type KeepKey = (u8, usize);
-
-fn key(k: Keep) -> KeepKey {
-    match k {
-        Keep::Drop => (0, 0),
-        Keep::Whole => (1, 0),
-        Keep::Prefix(n) => (2, n),
-    }
-}
-
-fn unkey(k: KeepKey) -> Keep {
-    match k {
-        (0, _) => Keep::Drop,
-        (2, n) => Keep::Prefix(n),
-        _ => Keep::Whole,
-    }
+    /// For each of `Cut::pending_changes`: what of it is kept.
+    pub changes: Vec<Keep>,
 }
 
 impl Choices {
     /// Every pending directory operation kept or not, every pending change
     /// kept as `keep`.
-    pub fn uniform(cut: &Cut, dir_ops: bool, keep: Keep) -> Choices {
-        Choices {
-            dir_ops: vec![dir_ops; cut.pending_dir_ops.len()],
-            changes: vec![key(keep); cut.pending_changes.len()],
-        }
+    pub fn uniform(cut: &Cut<'_>, dir_ops: bool, keep: Keep) -> Choices {
+        Choices { dir_ops: vec![dir_ops; cut.pending_dir_ops.len()], changes: vec![keep; cut.pending_changes.len()] }
     }
-}
 
-impl Choices {
     /// Every subset of `cut`'s pending directory operations kept (what
     /// `Metadata::Posix` allows), each with every pending change kept as
     /// `keep`; none if there are more than `pending_max` of them.
@@ -401,7 +381,7 @@ impl Choices {
         (0..1u64 << n)
             .map(|bits| Choices {
                 dir_ops: (0..n).map(|i| bits & (1 << i) != 0).collect(),
-                changes: vec![key(keep); cut.pending_changes.len()],
+                changes: vec![keep; cut.pending_changes.len()],
             })
             .collect()
     }
@@ -429,11 +409,11 @@ impl CrashModel {
         for (at, &(node, _)) in cut.pending_changes.iter().enumerate() {
             by_file.entry(node).or_default().push(at);
         }
-        let mut changes = vec![key(Keep::Whole); cut.pending_changes.len()];
+        let mut changes = vec![Keep::Whole; cut.pending_changes.len()];
         for ats in by_file.values() {
             let file: Vec<Change> = ats.iter().map(|&at| cut.change(cut.pending_changes[at])).collect();
             for (&at, keep) in ats.iter().zip(self.writes.keeps(&file, rng)) {
-                changes[at] = key(keep);
+                changes[at] = keep;
             }
         }
         Choices { dir_ops, changes }
@@ -493,7 +473,9 @@ enum DirChange {
 /// A directory operation: the line, the directory, the change.
 #[derive(Clone, Debug)]
 struct DirOp {
+    /// The line that made it.
     seq: u64,
+    /// The directory whose entries it changes.
     dir: NodeId,
     change: DirChange,
 }
@@ -502,7 +484,9 @@ struct DirOp {
 /// pending (the choices a crash makes).
 pub struct Cut<'t> {
     trace: &'t Trace,
+    /// The lines numbered below it happened.
     pub cut: u64,
+    /// Every file and directory the replay met (0: the root).
     nodes: Vec<Node>,
     /// The entries the root held when the run began: (directory, name,
     /// node), durable.
@@ -526,9 +510,8 @@ impl Trace {
             r.apply(op);
         }
         let Replay { nodes, dir_ops, .. } = r;
-        // Under Posix a directory operation is durable once its directory
-        // was synced after it; the journal keeps at least those, and so,
-        // being a prefix, every one before the last of them.
+        // A directory operation is durable once its directory was synced
+        // after it; a journal keeps more (`journal_kept_min`).
         let durable = |d: &DirOp| d.seq < nodes[d.dir].synced_below;
         let pending_dir_ops = (0..dir_ops.len()).filter(|&i| !durable(&dir_ops[i])).collect();
         let mut pending_changes: Vec<(u64, NodeId, usize)> = Vec::new();
@@ -548,9 +531,11 @@ impl Trace {
 /// The state of a replay in progress.
 struct Replay<'t> {
     trace: &'t Trace,
+    /// Every file and directory met so far (0: the root).
     nodes: Vec<Node>,
     /// Open descriptors: the node each names.
     fds: HashMap<i32, NodeId>,
+    /// The directory operations so far, in order.
     dir_ops: Vec<DirOp>,
 }
 
@@ -809,7 +794,7 @@ impl Cut<'_> {
             }
         }
         let keeps: HashMap<(NodeId, usize), Keep> =
-            self.pending_changes.iter().zip(&choices.changes).map(|(&c, &k)| (c, unkey(k))).collect();
+            self.pending_changes.iter().zip(&choices.changes).map(|(&c, &k)| (c, k)).collect();
         let mut disk = Disk::default();
         let mut stack = vec![(0usize, PathBuf::new())];
         while let Some((dir, rel)) = stack.pop() {
@@ -854,10 +839,10 @@ impl Cut<'_> {
             .pending_changes
             .iter()
             .zip(&choices.changes)
-            .filter(|(_, k)| unkey(**k) != Keep::Whole)
-            .map(|(&(n, i), &k)| format!("{} {:?}", self.trace.describe_op(self.nodes[n].changes[i].0), unkey(k)))
+            .filter(|(_, k)| **k != Keep::Whole)
+            .map(|(&(n, i), k)| format!("{} {k:?}", self.trace.describe_op(self.nodes[n].changes[i].0)))
             .collect();
-        let whole = choices.changes.iter().filter(|k| unkey(**k) == Keep::Whole).count();
+        let whole = choices.changes.iter().filter(|k| **k == Keep::Whole).count();
         let _ = write!(s, "; unsynced changes: {whole} kept whole, the others [{}]", changes.join(", "));
         s
     }
