@@ -345,8 +345,7 @@ impl Group {
     /// scheduled, and those waiting behind their key (a walk of the
     /// blocks, and of the scheduled messages: for STATS and LIST_GROUPS).
     pub fn lag(&self, seq: &Seq) -> u64 {
-        let scheduled = if seq.schedule().is_empty() { 0 } else { seq.schedule().count_from(self.cursor) };
-        seq.live_in(self.cursor, self.until(seq)).saturating_sub(scheduled) + self.order.waiting_len() as u64
+        seq.unscheduled_in(self.cursor, self.until(seq)) + self.order.waiting_len() as u64
     }
     pub fn inflight(&self) -> u64 {
         self.inflight.len() as u64

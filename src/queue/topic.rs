@@ -573,11 +573,12 @@ impl Topic {
     // -----------------------------------------------------------------------
 
     /// Ready messages of group `g`. A topic without it counts what a group
-    /// created now at the earliest message would find.
+    /// created now at the earliest message would find: every visible
+    /// message but the scheduled ones.
     pub fn ready(&self, g: GroupId) -> u64 {
         match self.group(g) {
             Some(group) => group.ready(&self.seq),
-            None => self.seq.live_in(0, self.seq.visible_id()),
+            None => self.seq.unscheduled_in(0, self.seq.visible_id()),
         }
     }
     pub fn inflight(&self, g: GroupId) -> u64 {
