@@ -224,7 +224,8 @@ impl Group {
 
     /// Whether the group decides per message at all: it has a filter, or
     /// its topic has messages redriven to one group.
-    fn decides(&self, seq: &Seq) -> bool {
+    #[inline]
+    pub(super) fn decides(&self, seq: &Seq) -> bool {
         self.config.filter.is_some() || seq.tags().has_redriven()
     }
 
@@ -326,6 +327,18 @@ impl Group {
             || self.retry_set.contains_key(&id)
             || self.delayed.contains_key(&id)
             || self.order.holds_back(id)
+    }
+
+    /// `needs`, the filter decided: a message at or after the cursor that
+    /// the filter drops the group is done with already, though its cursor
+    /// has not stepped over it yet (the decision is cached per tag set, so
+    /// this costs a lookup, and nothing for a group without a filter).
+    #[inline]
+    pub fn wants(&mut self, seq: &Seq, id: MsgId) -> bool {
+        if id < self.cursor {
+            return self.needs(id);
+        }
+        !self.decides(seq) || self.passes(seq, id)
     }
 
     /// Ready messages of `seq`: never delivered and visible (waiting
