@@ -19,6 +19,7 @@
 //! message, nor reads a payload.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use super::order::{Admit, KeyOrder};
 use super::retry::RetryPolicy;
@@ -60,8 +61,9 @@ pub struct GroupConfig {
     pub max_deliveries: u16,
     /// The filter's text as given (empty = `*`).
     pub filter_text: Box<str>,
-    /// The parsed filter; None passes everything.
-    pub filter: Option<Filter>,
+    /// The parsed filter, shared with every group of the same text
+    /// (`FilterTable`); None passes everything.
+    pub filter: Option<Arc<Filter>>,
     /// Messages with the same key go one at a time, in order (`KeyOrder`).
     pub ordered: bool,
     /// How long a message waits before it is ready again after a NACK
@@ -237,7 +239,7 @@ impl Group {
             return true;
         }
         let Some(set) = seq.tag_set(id) else {
-            return self.config.filter.as_ref().is_none_or(|f| matches!(f, Filter::All));
+            return self.config.filter.as_ref().is_none_or(|f| matches!(**f, Filter::All));
         };
         let epoch = seq.tags().epoch();
         if epoch != self.decisions_epoch {
@@ -268,7 +270,7 @@ impl Group {
         }
         match seq.tag_set(id) {
             Some(set) => self.decide(seq, set),
-            None => self.config.filter.as_ref().is_none_or(|f| matches!(f, Filter::All)),
+            None => self.config.filter.as_ref().is_none_or(|f| matches!(**f, Filter::All)),
         }
     }
 

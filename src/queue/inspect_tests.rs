@@ -54,7 +54,7 @@ impl Run {
             let mut config = GroupConfig::default();
             if filtering {
                 config.filter_text = "eu".into();
-                config.filter = Filter::parse("eu", 100, 1 << 20).ok();
+                config.filter = Filter::parse("eu", 100, 1 << 20).ok().map(std::sync::Arc::new);
             }
             groups.push((t.add_group(name, config, 1), filtering));
         }
@@ -213,7 +213,11 @@ impl Run {
             // its cursor has stepped over it yet.
             let gone = got.stored.is_none();
             let done = want.iter().all(finished);
-            assert_eq!(gone, done, "step {} ({}): {id} released (or held) when every group is done", self.step, self.op);
+            assert_eq!(
+                gone, done,
+                "step {} ({}): {id} released (or held) when every group is done",
+                self.step, self.op
+            );
             // A message no longer held shows `done` for a group whose
             // filter dropped it: its tags went with it.
             let want =

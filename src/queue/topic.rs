@@ -419,8 +419,7 @@ impl Topic {
         let from = self.seq.visible_id();
         self.seq.publish();
         let seq = &self.seq;
-        if self.groups.is_empty()
-            || self.groups.iter().any(|g| g.needs(from) && !g.config.broadcast && !g.decides(seq))
+        if self.groups.is_empty() || self.groups.iter().any(|g| g.needs(from) && !g.config.broadcast && !g.decides(seq))
         {
             return;
         }
