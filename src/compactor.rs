@@ -92,6 +92,16 @@ struct Job {
     range: usize,
     /// The next id to look at in that range.
     next: MsgId,
+    /// While its live messages are measured, before any is copied. None
+    /// once copying.
+    measuring: Option<Measure>,
+}
+
+/// What is known, while measuring, of what copying a segment takes.
+#[derive(Clone, Copy, Debug)]
+struct Measure {
+    /// Log bytes the copies of the live messages seen so far take.
+    bytes: u64,
 }
 
 /// What a slice of copying left.
@@ -132,9 +142,12 @@ pub(crate) struct Compactor {
     /// letters, redrives, ACK_PRODUCE outputs), attached to a segment once
     /// committed.
     turn_ranges: Vec<Range>,
-    /// This turn's client produces and compaction copies: dropped with
-    /// their records if the commit fails.
-    turn_withdrawable_ranges: Vec<Range>,
+    /// This turn's client produces: dropped with their records if the
+    /// commit fails, or the disk has no room for them.
+    turn_produce_ranges: Vec<Range>,
+    /// This turn's compaction copies: dropped with their records as the
+    /// produces are (after them on a full disk).
+    turn_copy_ranges: Vec<Range>,
     turn_topics: Vec<TopicId>,
     turn_deletes: bool,
     /// The acks of ACK_PRODUCE records not yet committed (this turn's, and
@@ -154,6 +167,10 @@ pub(crate) struct Compactor {
     unwritten_deliveries: Vec<(TopicId, GroupId, MsgId)>,
     /// The segment being cleaned.
     job: Option<Job>,
+    /// The job as it was before this turn's slice of copies: where it
+    /// resumes if they are dropped, so that no message is copied twice
+    /// (and no copy left behind takes the disk).
+    slice_from: Option<Job>,
     /// A segment whose last copies are in this turn's commit.
     copied: Option<u64>,
     /// A segment whose copies are all written: restated and removed by the
@@ -191,7 +208,7 @@ impl Compactor {
     }
     /// As `note_produce`, for a client's produce (withdrawn on failure).
     pub(crate) fn note_client_produce(&mut self, topic: TopicId, id: MsgId) {
-        push_range(&mut self.turn_withdrawable_ranges, topic, id);
+        push_range(&mut self.turn_produce_ranges, topic, id);
     }
     /// An AckProduce record acking `acks` (id, delivery count before the
     /// ack) of group `group` of `topic` was appended this turn.
@@ -268,7 +285,8 @@ impl Compactor {
     /// The turn's records are durable in `segment` (the log's last).
     pub(crate) fn committed(&mut self, segment: u64) {
         let m = self.manifests.entry(segment).or_default();
-        for r in self.turn_ranges.drain(..).chain(self.turn_withdrawable_ranges.drain(..)) {
+        let withdrawable = self.turn_produce_ranges.drain(..).chain(self.turn_copy_ranges.drain(..));
+        for r in self.turn_ranges.drain(..).chain(withdrawable) {
             match m.last_mut() {
                 Some(last) if last.topic == r.topic && last.hi + 1 == r.lo => last.hi = r.hi,
                 _ => m.push(r),
@@ -288,11 +306,12 @@ impl Compactor {
         }
         self.unwritten_acks.clear();
         self.unwritten_deliveries.clear();
+        self.slice_from = None;
         // A segment held back for an ACK_PRODUCE stays ready.
         if let Some(base) = self.copied.take() {
             self.ready = Some(base);
         }
-        assert!(self.turn_ranges.is_empty() && self.turn_withdrawable_ranges.is_empty() && self.turn_topics.is_empty());
+        assert!(self.turn_ranges.is_empty() && self.turn_produce_ranges.is_empty() && self.turn_topics.is_empty());
         assert!(self.turn_groups.is_empty());
     }
 
@@ -300,7 +319,9 @@ impl Compactor {
     /// there is no segment to note them in, and nothing to compact.
     pub(crate) fn discarded(&mut self) {
         self.turn_ranges.clear();
-        self.turn_withdrawable_ranges.clear();
+        self.turn_produce_ranges.clear();
+        self.turn_copy_ranges.clear();
+        self.slice_from = None;
         self.turn_topics.clear();
         self.turn_dedup.clear();
         self.turn_deletes = false;
@@ -311,11 +332,31 @@ impl Compactor {
     /// The turn's commit failed: the log dropped the client produces' and
     /// the copies' records and keeps the rest for the next commit, so only
     /// those notes go (the others are attached when it succeeds), and a
-    /// cleaning under way starts over later.
+    /// cleaning under way is put off (`put_off`).
     pub(crate) fn failed(&mut self) {
-        self.turn_withdrawable_ranges.clear();
-        if self.job.is_some() || self.copied.is_some() {
-            self.job = None;
+        self.turn_produce_ranges.clear();
+        self.put_off();
+    }
+
+    /// The turn's write dropped its client produces (`produces`) and maybe
+    /// compaction's copies too (`copies`) for want of space, and wrote the
+    /// rest: those notes go, and a cleaning whose copies went is put off.
+    pub(crate) fn withdrawn(&mut self, produces: bool, copies: bool) {
+        if produces {
+            self.turn_produce_ranges.clear();
+        }
+        if copies {
+            self.put_off();
+        }
+    }
+
+    /// This turn's copies were not written: the cleaning resumes where the
+    /// slice began, some turns later, so that what earlier slices copied
+    /// is not copied again.
+    fn put_off(&mut self) {
+        self.turn_copy_ranges.clear();
+        if let Some(job) = self.slice_from.take() {
+            self.job = Some(job);
             self.copied = None;
             self.backoff = RETRY_AFTER_TURNS;
         }
@@ -339,7 +380,8 @@ impl Compactor {
     #[cfg(test)]
     pub(crate) fn unwritten_notes(&self) -> usize {
         self.turn_ranges.len()
-            + self.turn_withdrawable_ranges.len()
+            + self.turn_produce_ranges.len()
+            + self.turn_copy_ranges.len()
             + self.turn_topics.len()
             + self.turn_groups.len()
             + self.turn_dedup.len()
@@ -349,8 +391,12 @@ impl Compactor {
 
     /// Whether compaction wants another turn soon (the loop should not
     /// sleep). A segment held back for an ACK_PRODUCE whose commit failed waits
-    /// for the next commit without spinning the loop.
+    /// for the next commit without spinning the loop, and a cleaning put
+    /// off waits for the turns of its backoff.
     pub(crate) fn busy(&self) -> bool {
+        if self.backoff > 0 {
+            return false;
+        }
         let ready = self.ready.is_some() && self.unwritten_acks.is_empty();
         self.job.is_some() || self.copied.is_some() || ready || self.recheck
     }
@@ -404,6 +450,11 @@ impl Compactor {
         now: Now,
     ) {
         let mut p = Parts { topics, dedup, log, failures };
+        // After a write of its own failed, or copies that did not fit.
+        if self.backoff > 0 {
+            self.backoff -= 1;
+            return;
+        }
         if let Some(base) = self.ready.take() {
             self.finish_segment(&mut p, base, now);
             return;
@@ -411,15 +462,49 @@ impl Compactor {
         let job = match self.job.take() {
             Some(job) => job,
             None => match self.compaction_due(&mut p, now) {
-                Some(base) => Job { base, range: 0, next: 0 },
+                Some(base) => begin_job(p.log, base),
                 None => return,
             },
         };
+        if job.measuring.is_some() {
+            self.measure_slice(&mut p, job);
+            return;
+        }
         let base = job.base;
-        match self.copy_slice(&mut p, job) {
-            Slice::More(job) => self.job = Some(job),
-            Slice::Done { copied: true } => self.copied = Some(base),
+        match self.walk_slice(&mut p, job, true, &mut Budget::default()) {
+            Slice::More(next) => {
+                self.slice_from = Some(job);
+                self.job = Some(next);
+            }
+            Slice::Done { copied: true } => {
+                self.slice_from = Some(job);
+                self.copied = Some(base);
+            }
             Slice::Done { copied: false } => self.finish_segment(&mut p, base, now),
+        }
+    }
+
+    /// Measures a slice of what copying the job's segment forward takes;
+    /// once all of it is measured, copies it if the disk has room for all
+    /// of it and the copies' headroom after it (`Log::copies_fit`), and
+    /// otherwise puts the cleaning off. So a cleaning is begun only if it
+    /// can finish: its copies never stop halfway, holding space that only
+    /// the removal they wait for would give back.
+    fn measure_slice(&mut self, p: &mut Parts<'_>, job: Job) {
+        let Some(mut m) = job.measuring else { return };
+        let mut budget = Budget::default();
+        let slice = self.walk_slice(p, job, false, &mut budget);
+        m.bytes += budget.bytes;
+        let (base, bytes) = (job.base, m.bytes);
+        match slice {
+            Slice::More(next) => self.job = Some(Job { measuring: Some(m), ..next }),
+            Slice::Done { .. } if bytes == 0 || p.log.copies_fit(bytes) => {
+                self.job = Some(Job { base, range: 0, next: 0, measuring: None });
+            }
+            Slice::Done { .. } => {
+                self.backoff = RETRY_AFTER_TURNS;
+                log::debug!("compaction puts off segment {base}: no room for its {bytes} bytes of copies");
+            }
         }
     }
 
@@ -429,10 +514,6 @@ impl Compactor {
         let short = p.log.space_short();
         // The release thread's queue of removed segments is full.
         if p.log.releasing() {
-            return None;
-        }
-        if self.backoff > 0 {
-            self.backoff -= 1;
             return None;
         }
         if !short && !self.recheck && self.countdown > 0 {
@@ -502,10 +583,10 @@ impl Compactor {
         i == ranges.len()
     }
 
-    /// Copies live messages of the job's segment forward, within the turn's
-    /// budget, as records dropped if the commit fails.
-    fn copy_slice(&mut self, p: &mut Parts<'_>, mut job: Job) -> Slice {
-        let mut budget = Budget::default();
+    /// Copies live messages of the job's segment forward (if `copy`; else
+    /// only counts what that takes, in `budget`), within the turn's budget,
+    /// as records dropped if the commit fails.
+    fn walk_slice(&mut self, p: &mut Parts<'_>, mut job: Job, copy: bool, budget: &mut Budget) -> Slice {
         let Some(ranges) = self.manifests.get(&job.base).cloned() else {
             return Slice::Done { copied: false };
         };
@@ -514,7 +595,7 @@ impl Compactor {
                 return Slice::More(job);
             }
             let next = match p.topics.get(r.topic) {
-                Some(e) => self.copy_run(p.log, &e.topic, r, job.next.max(r.lo), &mut budget),
+                Some(e) => self.copy_run(p.log, (&e.topic, r), job.next.max(r.lo), budget, copy),
                 None => r.hi + 1,
             };
             if next > r.hi {
@@ -527,19 +608,22 @@ impl Compactor {
         Slice::Done { copied: budget.messages > 0 }
     }
 
-    /// Copies the live messages of range `r` from id `from` on, as one
-    /// Produce record, until the budget is spent; returns the next id to
-    /// look at (past `r.hi` once the range is done).
+    /// Copies the live messages of range `r` of topic `t` from id `from`
+    /// on, as one Produce record, until the budget is spent (only counts
+    /// what that takes, unless `copy`); returns the next id to look at
+    /// (past `r.hi` once the range is done).
     fn copy_run(
         &mut self,
         log: &mut Log,
-        t: &crate::queue::Topic,
-        r: &Range,
+        (t, r): (&crate::queue::Topic, &Range),
         from: MsgId,
         budget: &mut Budget,
+        copy: bool,
     ) -> MsgId {
         let mut id = from;
-        let mut w = ProduceWriter::begin(log, r.topic);
+        let mut w = copy.then(|| ProduceWriter::begin(log, r.topic));
+        // The record's own fields, counted with its first message.
+        let mut record = record::PRODUCE_RECORD_FIXED_BYTES;
         while !budget.spent() {
             let Some(live) = t.seq.next_live(id, r.hi + 1) else {
                 id = r.hi + 1;
@@ -552,14 +636,19 @@ impl Compactor {
             let untimed = (m.props.schedule().is_some() && !t.seq.scheduled(live))
                 .then(|| crate::codec::props::without_schedule(&m.props));
             let (props, payload) = (untimed.as_deref().map_or(m.props, crate::codec::Props::trusted), m.payload);
-            w.push(log, &MessageRecord { id: live, born_ms: m.born_ms, deliveries, dead, props, payload });
-            push_range(&mut self.turn_withdrawable_ranges, r.topic, live);
-            budget.bytes += m.bytes() + RECORD_MESSAGE_OVERHEAD_BYTES;
+            let bytes = record::message_record_bytes(payload.len() as u64, props.bytes().len() as u64, dead.is_some());
+            budget.bytes += std::mem::take(&mut record) + bytes;
             budget.messages += 1;
+            if let Some(w) = w.as_mut() {
+                w.push(log, &MessageRecord { id: live, born_ms: m.born_ms, deliveries, dead, props, payload });
+                push_range(&mut self.turn_copy_ranges, r.topic, live);
+            }
             id = live + 1;
         }
         // A record with no message is dropped.
-        w.end_withdrawable(log);
+        if let Some(w) = w {
+            w.end_copy(log);
+        }
         id
     }
 
@@ -590,6 +679,9 @@ impl Compactor {
         }
         if let Err(e) = p.log.commit_ahead(aside) {
             self.backoff = RETRY_AFTER_TURNS;
+            // Its copies are written: it is restated once the backoff is
+            // over, not copied again.
+            self.ready = Some(base);
             p.failures.failed(now.mono_ms, format_args!("compaction could not restate segment {base}: {e}"));
             return;
         }
@@ -720,10 +812,21 @@ pub(crate) fn group_record(t: TopicId, group: &crate::queue::Group) -> record::G
     }
 }
 
+/// A cleaning of segment `base`, the oldest: copying at once if the disk
+/// has room for copies of the whole segment (twice its bytes: a copy of a
+/// message takes no more than the message did, and a copy record's own
+/// fields no more than the message it holds), and otherwise measuring its
+/// live messages first.
+fn begin_job(log: &mut Log, base: u64) -> Job {
+    let bytes = log.segments().first().map_or(0, |s| s.bytes);
+    let measuring = (!log.copies_fit(2 * bytes)).then_some(Measure { bytes: 0 });
+    Job { base, range: 0, next: 0, measuring }
+}
+
 /// What a turn's slice of copying has spent of its budget.
 #[derive(Default)]
 struct Budget {
-    /// Log bytes of the messages copied (dead-letter fields not counted).
+    /// Log bytes of the copies (their records' own fields included).
     bytes: u64,
     /// Messages copied.
     messages: u32,

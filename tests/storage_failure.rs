@@ -279,6 +279,9 @@ fn blocks(len: u64) -> u64 {
     len.next_multiple_of(4096)
 }
 
+/// Says, of a write's bytes, whether it fails.
+type WriteFault = Box<dyn FnMut(&[u8]) -> bool + Send>;
+
 /// A disk of `capacity_bytes` shared by the segment files opened through
 /// `SmallDisk::opener`. A file's blocks count until it is renamed or
 /// removed (the log does both itself, which this cannot see: so it counts
@@ -287,11 +290,21 @@ struct SmallDisk {
     capacity_bytes: u64,
     /// Bytes of blocks allocated to each file.
     allocated: HashMap<PathBuf, u64>,
+    /// Told of every write's bytes: a write it says so of fails, writing
+    /// nothing.
+    fail_write: Option<WriteFault>,
+    /// Writes failed so.
+    writes_failed: usize,
 }
 
 impl SmallDisk {
     fn new(capacity_bytes: u64) -> Arc<Mutex<SmallDisk>> {
-        Arc::new(Mutex::new(SmallDisk { capacity_bytes, allocated: HashMap::new() }))
+        Arc::new(Mutex::new(SmallDisk {
+            capacity_bytes,
+            allocated: HashMap::new(),
+            fail_write: None,
+            writes_failed: 0,
+        }))
     }
 
     fn free_bytes(&self) -> u64 {
@@ -336,6 +349,12 @@ fn no_space() -> io::Error {
 
 impl SegmentFile for OnSmallDisk {
     fn write_all_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let mut d = self.disk.lock().expect("disk");
+        if d.fail_write.as_mut().is_some_and(|f| f(buf)) {
+            d.writes_failed += 1;
+            return Err(io::Error::other("injected: I/O error"));
+        }
+        drop(d);
         let end = offset + buf.len() as u64;
         let reach = self.grow(end);
         if reach >= end {
@@ -503,6 +522,144 @@ fn a_copy_forward_without_room_holds_up_nothing() {
         h.free(Free::Purge);
         h.produce_again(b"after");
     }
+}
+
+impl Harness {
+    /// Produces 16-message batches of 500 bytes into "t", each payload
+    /// unique (`unique_payload`), until STORAGE; then acks every message
+    /// but `kept` in every `of`. Returns the ids and payloads of those
+    /// left.
+    fn fill_keeping(&mut self, (kept, of): (usize, usize)) -> Vec<(u64, Vec<u8>)> {
+        let mut n = 0;
+        loop {
+            let batch: Vec<Vec<u8>> = (n..n + 16).map(unique_payload).collect();
+            let batch: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+            match self.produce("t", &batch) {
+                Reply::Produced { count, .. } => n += count as usize,
+                r if storage_error(&r) => break,
+                r => panic!("filling: {r:?}"),
+            }
+            assert!(n * 500 < 2 * SMALL_DISK_BYTES as usize, "the disk never filled");
+        }
+        let all = self.fetch_all("t");
+        assert_eq!(all.len(), n, "setup: every acknowledged message is in flight");
+        let (kept, acked): (Vec<_>, Vec<_>) = all.into_iter().enumerate().partition(|(i, _)| i % of < kept);
+        let acked: Vec<u64> = acked.into_iter().map(|(_, m)| m.0).collect();
+        for chunk in acked.chunks(500) {
+            let r = self.ack("t", chunk);
+            assert!(matches!(r, Reply::Ids { done, .. } if done as usize == chunk.len()), "{r:?}");
+        }
+        kept.into_iter().map(|(_, m)| m).collect()
+    }
+
+    /// Ends `turns` turns of nothing but a PING (compaction runs in each).
+    fn idle(&mut self, turns: usize) {
+        for _ in 0..turns {
+            assert!(matches!(self.call(&Request::Ping), Reply::Pong), "PING");
+        }
+    }
+}
+
+/// Payload `n` of `fill_keeping`: 500 bytes, beginning with `m-NNNNN-`,
+/// which no other bytes of the log hold.
+fn unique_payload(n: usize) -> Vec<u8> {
+    let mut p = format!("m-{n:05}-").into_bytes();
+    p.resize(500, b'x');
+    p
+}
+
+/// The number of a payload of `fill_keeping`.
+fn payload_number(payload: &[u8]) -> usize {
+    std::str::from_utf8(&payload[2..7]).expect("digits").parse().expect("a number")
+}
+
+/// How many times each payload of `fill_keeping` is in the log files of
+/// `dir`, by its number.
+fn payload_copies(dir: &Path) -> HashMap<usize, usize> {
+    let mut copies = HashMap::new();
+    for path in common::logdir::segments(dir) {
+        let data = std::fs::read(&path).expect("read segment");
+        for at in 0..data.len().saturating_sub(8) {
+            let w = &data[at..at + 8];
+            if w.starts_with(b"m-") && w[7] == b'-' && w[2..7].iter().all(u8::is_ascii_digit) {
+                *copies.entry(payload_number(w)).or_default() += 1;
+            }
+        }
+    }
+    copies
+}
+
+/// A full disk whose one segment keeps two messages in five: cleaning it
+/// would free more than half of it, but its copies would need more room
+/// than the disk has past the headroom and what compaction's copies leave
+/// free. So the cleaning is not begun: copies that could not all be
+/// written would take the room that acks and admin records need, and keep
+/// it, since only the removal they wait for would give it back. The log
+/// stays as it is until more is freed; then the disk is reclaimed.
+#[test]
+fn a_cleaning_that_could_not_finish_is_not_begun() {
+    let dir = TempDir::new("small-disk-no-room");
+    let disk = SmallDisk::new(SMALL_DISK_BYTES + (1 << 20));
+    let mut h = Harness::on_disk(dir.path(), &disk, 64 << 20);
+    let kept = h.fill_keeping((2, 5));
+    let kept_bytes = kept.len() as u64 * 500;
+    assert!(kept_bytes > 1 << 20, "setup: {kept_bytes} bytes live, more than the room for copies");
+    let log_bytes = h.broker.log().bytes();
+    h.idle(300);
+    assert_eq!(h.broker.log().bytes(), log_bytes, "the log grew with nothing but PINGs");
+    let copies = payload_copies(dir.path());
+    let copied = kept.iter().filter(|m| copies.get(&payload_number(&m.1)) != Some(&1)).count();
+    assert_eq!(copied, 0, "messages copied (or lost) by a cleaning that could not finish");
+    assert_eq!(h.broker.compactions(), 0);
+    // Freeing the rest frees the disk.
+    let ids: Vec<u64> = kept.iter().map(|m| m.0).collect();
+    for chunk in ids.chunks(500) {
+        assert!(matches!(h.ack("t", chunk), Reply::Ids { .. }));
+    }
+    h.produce_again(b"after");
+    assert!(h.broker.compactions() > 0);
+}
+
+/// A cleaning whose copies take two turns: the write of the second slice
+/// fails, and so does the restatement's once the copies are all written.
+/// The cleaning resumes where each failure left it, so no message is
+/// copied twice (each copy left behind would take the disk for good: it
+/// stays live as long as its message), and the segment is removed.
+#[test]
+fn a_cleaning_put_off_resumes_and_copies_each_message_once() {
+    let dir = TempDir::new("small-disk-resume");
+    let disk = SmallDisk::new(SMALL_DISK_BYTES);
+    let mut h = Harness::on_disk(dir.path(), &disk, 64 << 20);
+    let kept = h.fill_keeping((1, 4));
+    assert!(kept.len() * 500 > 300 << 10, "setup: more than a slice of copying");
+    // Fail the second big write (the second slice of copies), and the
+    // write after the third (the restatement).
+    let (mut slices, mut restatement) = (0, false);
+    disk.lock().expect("disk").fail_write = Some(Box::new(move |buf: &[u8]| {
+        if std::mem::take(&mut restatement) {
+            return true;
+        }
+        if buf.len() < 100 << 10 {
+            return false;
+        }
+        slices += 1;
+        restatement = slices == 3;
+        slices == 2
+    }));
+    let mut turns = 0;
+    while h.broker.compactions() == 0 {
+        h.idle(1);
+        turns += 1;
+        assert!(turns < 2_000, "no compaction after {turns} turns");
+    }
+    assert_eq!(disk.lock().expect("disk").writes_failed, 2, "setup: both injected failures were met");
+    let copies = payload_copies(dir.path());
+    for (id, payload) in &kept {
+        assert_eq!(copies.get(&payload_number(payload)), Some(&1), "message {id}: copies in the log");
+    }
+    drop(h);
+    let mut h = Harness::on_disk(dir.path(), &disk, 64 << 20);
+    assert_eq!(h.fetch_all("t"), kept, "after a restart: the messages kept, once each");
 }
 
 /// Restating many topics takes more than the least headroom: the log keeps
