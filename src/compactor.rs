@@ -102,6 +102,10 @@ struct Job {
 struct Measure {
     /// Log bytes the copies of the live messages seen so far take.
     bytes: u64,
+    /// The most they may take for the cleaning to be worth it.
+    bytes_max: u64,
+    /// The log bytes of every live message when it began.
+    live_bytes: u64,
 }
 
 /// What a slice of copying left.
@@ -180,6 +184,11 @@ pub(crate) struct Compactor {
     /// hold no live message, and which segment: a message never comes back
     /// to life, so the check for a dead segment resumes where it stopped.
     dead_ranges: (u64, usize),
+    /// A segment whose cleaning was found not worth it (too much of it
+    /// live), and the log bytes of every live message then: it is not
+    /// measured again until some message is freed (a message never comes
+    /// back to life).
+    not_worth: Option<(u64, u64)>,
     /// Turns until the next check for work.
     countdown: u32,
     /// Turns before trying again after a failed write of compaction's own.
@@ -462,7 +471,7 @@ impl Compactor {
         let job = match self.job.take() {
             Some(job) => job,
             None => match self.compaction_due(&mut p, now) {
-                Some(base) => begin_job(p.log, base),
+                Some((base, copies_bytes_max, live)) => begin_job(p.log, base, (copies_bytes_max, live)),
                 None => return,
             },
         };
@@ -497,6 +506,11 @@ impl Compactor {
         m.bytes += budget.bytes;
         let (base, bytes) = (job.base, m.bytes);
         match slice {
+            // Measured again once a message is freed.
+            _ if bytes > m.bytes_max => {
+                self.not_worth = Some((base, m.live_bytes));
+                log::debug!("compaction leaves segment {base}: its copies would take {bytes} bytes or more");
+            }
             Slice::More(next) => self.job = Some(Job { measuring: Some(m), ..next }),
             Slice::Done { .. } if bytes == 0 || p.log.copies_fit(bytes) => {
                 self.job = Some(Job { base, range: 0, next: 0, measuring: None });
@@ -508,9 +522,11 @@ impl Compactor {
         }
     }
 
-    /// The oldest segment, if it is due for cleaning. While the space is
-    /// short, first closes the active segment if most of the log is dead.
-    fn compaction_due(&mut self, p: &mut Parts<'_>, now: Now) -> Option<u64> {
+    /// The oldest segment, if it is due for cleaning, the most bytes its
+    /// copies may take for the cleaning to be worth it (`u64::MAX`: any),
+    /// and the log bytes of every live message. While the space is short,
+    /// first closes the active segment if most of the log is dead.
+    fn compaction_due(&mut self, p: &mut Parts<'_>, now: Now) -> Option<(u64, u64, u64)> {
         let short = p.log.space_short();
         // The release thread's queue of removed segments is full.
         if p.log.releasing() {
@@ -543,7 +559,14 @@ impl Compactor {
         let due = (short && bytes > 2 * live)
             || (segments.len() >= 3 && bytes > 2 * live + 2 * p.log.segment_bytes_max())
             || self.segment_dead(p.topics, oldest);
-        due.then_some(oldest)
+        if due {
+            return Some((oldest, u64::MAX, live));
+        }
+        // Short of space, the oldest segment is worth cleaning by itself
+        // if at least half of it is dead: what its removal gives back is
+        // then at least what its copies take.
+        let judged = self.not_worth.is_some_and(|(base, then)| base == oldest && live >= then);
+        (short && !judged).then_some((oldest, segments[0].bytes / 2, live))
     }
 
     /// Closes the active segment if at least half of it, and at least the
@@ -812,14 +835,17 @@ pub(crate) fn group_record(t: TopicId, group: &crate::queue::Group) -> record::G
     }
 }
 
-/// A cleaning of segment `base`, the oldest: copying at once if the disk
+/// A cleaning of segment `base`, the oldest, worth it if its copies take
+/// at most `copies_bytes_max` (the live messages then took `live_bytes`):
+/// copying at once if that is any and the disk
 /// has room for copies of the whole segment (twice its bytes: a copy of a
 /// message takes no more than the message did, and a copy record's own
 /// fields no more than the message it holds), and otherwise measuring its
 /// live messages first.
-fn begin_job(log: &mut Log, base: u64) -> Job {
+fn begin_job(log: &mut Log, base: u64, (copies_bytes_max, live_bytes): (u64, u64)) -> Job {
     let bytes = log.segments().first().map_or(0, |s| s.bytes);
-    let measuring = (!log.copies_fit(2 * bytes)).then_some(Measure { bytes: 0 });
+    let unbounded = copies_bytes_max == u64::MAX && log.copies_fit(2 * bytes);
+    let measuring = (!unbounded).then_some(Measure { bytes: 0, bytes_max: copies_bytes_max, live_bytes });
     Job { base, range: 0, next: 0, measuring }
 }
 
