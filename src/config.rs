@@ -320,6 +320,7 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--replay-read-bytes-per-turn", "N", "most bytes of the log files replays read per loop turn"),
     ("--replay-read-bytes-per-sec", "N", "most bytes of the log files replays read per second (0: unpaced)"),
     ("--replay-window-messages-max", "N", "most messages a replay puts back ahead of its group"),
+    ("--produce-headroom-bytes", "N", "bytes of the disk produces leave free, for what frees it"),
     ("--unwritten-records-bytes-max", "N", "most bytes of records kept for the next commit while commits fail"),
 ];
 
@@ -480,7 +481,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 42] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 43] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -523,6 +524,7 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 42] {
         ("replay-read-bytes-per-turn", l.replay_read_bytes_per_turn),
         ("replay-read-bytes-per-sec", l.replay_read_bytes_per_sec),
         ("replay-window-messages-max", l.replay_window_messages_max.into()),
+        ("produce-headroom-bytes", l.produce_headroom_bytes),
         ("unwritten-records-bytes-max", l.unwritten_records_bytes_max),
     ]
 }
@@ -579,6 +581,7 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         replay_read_bytes_per_turn,
         replay_read_bytes_per_sec,
         replay_window_messages_max,
+        produce_headroom_bytes,
         unwritten_records_bytes_max
     );
     Ok(())

@@ -44,7 +44,7 @@ mod space;
 use open::Applier;
 pub use open::{OpenError, Recovery, Replayer};
 pub use segment_file::{Opener, SegmentFile, open_file, open_mapped};
-pub use space::{COPY_HEADROOM_BYTES, HEADROOM_BYTES_MIN, PRODUCE_HEADROOM_BYTES};
+pub use space::HEADROOM_BYTES_MIN;
 use space::{Dropped, Withdrawable, is_no_space};
 
 pub use crate::record::RecordKind;
@@ -97,6 +97,11 @@ pub struct LogOptions {
     /// (`Log::take_unwritten_dropped`). The broker sets it from
     /// `Limits::unwritten_records_bytes_max`, which says why.
     pub unwritten_records_bytes_max: u64,
+    /// Bytes of the disk that client produces leave free past the
+    /// headroom; compaction's copies leave a quarter of it
+    /// (`Log::copy_headroom_bytes`). The broker sets it from
+    /// `Limits::produce_headroom_bytes`, which says why.
+    pub produce_headroom_bytes: u64,
 }
 
 impl Default for LogOptions {
@@ -106,6 +111,7 @@ impl Default for LogOptions {
             fsync: FsyncMode::Turn,
             repair: false,
             unwritten_records_bytes_max: crate::limits::Limits::default().unwritten_records_bytes_max,
+            produce_headroom_bytes: crate::limits::Limits::default().produce_headroom_bytes,
         }
     }
 }
@@ -194,11 +200,12 @@ pub struct Committed {
     /// Nanoseconds the write and sync took.
     pub nanos: u64,
     /// The turn's client produces were dropped, not written: the disk has
-    /// no room for them and the headroom and `PRODUCE_HEADROOM_BYTES`
-    /// after them. The rest of the turn was written.
+    /// no room for them and the headroom and
+    /// `LogOptions::produce_headroom_bytes` after them. The rest of the
+    /// turn was written.
     pub withdrawn: bool,
     /// Compaction's copies were dropped too: the disk has no room for them
-    /// and the headroom and `COPY_HEADROOM_BYTES` after them.
+    /// and the headroom and `Log::copy_headroom_bytes` after them.
     pub copies_withdrawn: bool,
 }
 
@@ -463,7 +470,7 @@ impl Log {
 
     /// Finishes a record of compaction's copies: dropped if this turn's
     /// commit fails, as a produce is, and on a full disk dropped after the
-    /// produces, which leave more of the disk free (`COPY_HEADROOM_BYTES`).
+    /// produces, which leave more of the disk free (`copy_headroom_bytes`).
     #[inline]
     pub fn end_copy(&mut self, start: RecordStart) {
         self.end(start);
@@ -491,10 +498,10 @@ impl Log {
     /// A turn never writes into the headroom: on a disk without room for
     /// its records and the headroom after them, it fails (ENOSPC) before
     /// writing anything; on a disk with room for those but not for its
-    /// client produces and `PRODUCE_HEADROOM_BYTES` more, those are dropped
-    /// (`WrittenTurn::withdrawn`), and then compaction's copies if there is
-    /// no room for them and `COPY_HEADROOM_BYTES` more; the rest is
-    /// written.
+    /// client produces and `LogOptions::produce_headroom_bytes` more, those
+    /// are dropped (`WrittenTurn::withdrawn`), and then compaction's copies
+    /// if there is no room for them and `copy_headroom_bytes` more; the
+    /// rest is written.
     ///
     /// Nothing may be appended between `write` and its `sync`. On error the
     /// turn has failed as `sync` describes, and there is nothing to sync.

@@ -26,22 +26,6 @@ const CANNOT_RESERVE: u64 = u64::MAX;
 /// (`set_headroom_bytes`); 64 KiB restates about 1,500 topics with 20-byte
 /// names, and is nothing next to a segment.
 pub const HEADROOM_BYTES_MIN: u64 = 64 << 10;
-/// Bytes that a turn's client produces leave free past the headroom: room
-/// for what frees the disk once produces have filled it — compaction's
-/// copies of the live messages of the segment it cleans, and the acks
-/// (this holds those of 130,000 messages), PURGE, DELETE and topic changes
-/// — so that those are still written, and acknowledged, on a disk that
-/// refuses produces.
-pub const PRODUCE_HEADROOM_BYTES: u64 = 1 << 20;
-/// Bytes that compaction's copies leave free past the headroom: a quarter
-/// of what produces leave, so that copies go on where produces stop (the
-/// other three quarters are theirs), while the acks and admin records
-/// written during a cleaning still have room (those of some 32,000
-/// messages). Copies are bounded besides: a segment is cleaned only once
-/// the disk has room for all of its copies and this after them
-/// (`Log::copies_fit`), and its removal then gives back every byte they
-/// took.
-pub const COPY_HEADROOM_BYTES: u64 = PRODUCE_HEADROOM_BYTES / 4;
 
 /// What a withdrawable record is: which a full disk drops first, since
 /// each kind leaves its own bytes of the disk free past the headroom.
@@ -51,16 +35,6 @@ pub(super) enum Withdrawable {
     Produce,
     /// Compaction's copies of live messages: put off when dropped.
     Copy,
-}
-
-impl Withdrawable {
-    /// Bytes it leaves free past the headroom.
-    fn headroom_bytes(self) -> u64 {
-        match self {
-            Withdrawable::Produce => PRODUCE_HEADROOM_BYTES,
-            Withdrawable::Copy => COPY_HEADROOM_BYTES,
-        }
-    }
 }
 
 /// What a turn's write dropped for want of space.
@@ -73,11 +47,41 @@ pub(super) struct Dropped {
 }
 
 impl Log {
+    /// Bytes of the disk that client produces leave free past the
+    /// headroom (`Limits::produce_headroom_bytes` says why): room for what
+    /// frees the disk once produces have filled it — compaction's copies
+    /// of the live messages of the segment it cleans, and the acks, PURGE,
+    /// DELETE and topic changes — so that those are still written, and
+    /// acknowledged, on a disk that refuses produces.
+    fn produce_headroom_bytes(&self) -> u64 {
+        self.options.produce_headroom_bytes
+    }
+
+    /// Bytes of the disk that compaction's copies leave free past the
+    /// headroom: a quarter of what produces leave, so that copies go on
+    /// where produces stop (the other three quarters are theirs), while
+    /// the acks and admin records written during a cleaning still have
+    /// room (those of some 32,000 messages, by default). Copies are
+    /// bounded besides: a segment is cleaned only once the disk has room
+    /// for all of its copies and this after them (`copies_fit`), and its
+    /// removal then gives back every byte they took.
+    pub fn copy_headroom_bytes(&self) -> u64 {
+        self.produce_headroom_bytes() / 4
+    }
+
+    /// Bytes that records of `kind` leave free past the headroom.
+    fn withdrawable_headroom_bytes(&self, kind: Withdrawable) -> u64 {
+        match kind {
+            Withdrawable::Produce => self.produce_headroom_bytes(),
+            Withdrawable::Copy => self.copy_headroom_bytes(),
+        }
+    }
+
     /// Makes room for the turn's records at byte `at` of the active
     /// segment, leaving `headroom` free after them: first drops the client
     /// produces if there is no room for everything and
-    /// `PRODUCE_HEADROOM_BYTES` more, then compaction's copies if there is
-    /// no room for what is left and `COPY_HEADROOM_BYTES` more; fails
+    /// `produce_headroom_bytes` more, then compaction's copies if there is
+    /// no room for what is left and `copy_headroom_bytes` more; fails
     /// (ENOSPC) if there is no room for the rest and the headroom. So each
     /// kind stops where the disk keeps room for what the next frees it.
     pub(super) fn fit_turn(&mut self, at: u64, headroom: u64) -> io::Result<Dropped> {
@@ -86,7 +90,8 @@ impl Log {
             if !self.withdrawable.iter().any(|w| w.2 == kind) {
                 continue;
             }
-            if self.make_room(at, self.buf.len() as u64, headroom + kind.headroom_bytes()).is_ok() {
+            let more = self.withdrawable_headroom_bytes(kind);
+            if self.make_room(at, self.buf.len() as u64, headroom + more).is_ok() {
                 // What comes after it needs less.
                 return Ok(dropped);
             }
@@ -149,7 +154,7 @@ impl Log {
         }
         let Some(room) = self.room_bytes(at) else { return Ok(()) };
         // Short: the next step of produces would not fit.
-        let produce_room = bytes + self.headroom_bytes + PRODUCE_HEADROOM_BYTES + RESERVE_AHEAD_BYTES;
+        let produce_room = bytes + self.headroom_bytes + self.produce_headroom_bytes() + RESERVE_AHEAD_BYTES;
         self.space_short = room < produce_room;
         if room >= bytes + headroom {
             return Ok(());
@@ -178,7 +183,7 @@ impl Log {
 
     /// Whether the disk has room, after the records this turn holds so
     /// far, for `bytes` of compaction's copies and the headroom and
-    /// `COPY_HEADROOM_BYTES` after them: compaction begins copying a
+    /// `copy_headroom_bytes` after them: compaction begins copying a
     /// segment's live messages only then, so that a cleaning it begins can
     /// finish (and give back what its copies took). A filesystem that
     /// cannot say has room (no headroom is kept on it); before the active
@@ -189,7 +194,7 @@ impl Log {
             return false;
         }
         let at = self.segments.last().map_or(0, |s| s.bytes);
-        let need = self.buf.len() as u64 + bytes + self.headroom_bytes + COPY_HEADROOM_BYTES;
+        let need = self.buf.len() as u64 + bytes + self.headroom_bytes + self.copy_headroom_bytes();
         self.room_bytes(at).is_none_or(|room| room >= need)
     }
 

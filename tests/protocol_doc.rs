@@ -283,7 +283,7 @@ fn limits_table_matches_the_defaults() {
     let heading = "## Limits";
     let rows = table_rows(&doc, heading);
     let d = Limits::default();
-    let limits: [(&str, u64); 40] = [
+    let limits: [(&str, u64); 41] = [
         ("frame_bytes_max", d.frame_bytes_max.into()),
         ("message_bytes_max", d.message_bytes_max.into()),
         ("batch_messages_max", d.batch_messages_max.into()),
@@ -323,6 +323,7 @@ fn limits_table_matches_the_defaults() {
         ("replay_read_bytes_per_turn", d.replay_read_bytes_per_turn),
         ("replay_read_bytes_per_sec", d.replay_read_bytes_per_sec),
         ("unwritten_records_bytes_max", d.unwritten_records_bytes_max),
+        ("produce_headroom_bytes", d.produce_headroom_bytes),
         ("replay_window_messages_max", d.replay_window_messages_max.into()),
     ];
     for (name, default) in limits {

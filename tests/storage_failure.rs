@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use common::TempDir;
 use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outbox, Outcome, Session};
 use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Ids, Reply, ReplyFrame, Request};
+use runnel::limits::Limits;
 use runnel::log::{LogOptions, Opener, SegmentFile};
 use std::os::unix::fs::FileExt;
 
@@ -102,10 +103,14 @@ impl Harness {
     }
 
     fn open_with(dir: &Path, opener: Option<Opener>, options: LogOptions) -> Harness {
+        Harness::open_config(dir, opener, options, Config::default())
+    }
+
+    fn open_config(dir: &Path, opener: Option<Opener>, options: LogOptions, config: Config) -> Harness {
         let now = Now { mono_ms: 1, wall_ms: 1_700_000_000_000 };
         let broker = match opener {
-            Some(opener) => Broker::open_with(Config::default(), dir, options, opener, now),
-            None => Broker::open(Config::default(), dir, options, now),
+            Some(opener) => Broker::open_with(config, dir, options, opener, now),
+            None => Broker::open(config, dir, options, now),
         }
         .expect("open broker");
         let mut h = Harness {
@@ -618,6 +623,31 @@ fn a_cleaning_that_could_not_finish_is_not_begun() {
     }
     h.produce_again(b"after");
     assert!(h.broker.compactions() > 0);
+}
+
+/// The same full disk with `--produce-headroom-bytes` raised to 2 MiB:
+/// produces stop that far from full, and the three quarters of it that
+/// compaction's copies may use hold the two messages in five of its one
+/// segment, so freeing the other three cleans it.
+#[test]
+fn a_larger_produce_headroom_cleans_a_segment_that_keeps_more() {
+    let dir = TempDir::new("small-disk-more-room");
+    let disk = SmallDisk::new(SMALL_DISK_BYTES + (1 << 20));
+    let limits = Limits { produce_headroom_bytes: 2 << 20, ..Limits::default() };
+    let options = LogOptions { segment_bytes_max: 64 << 20, ..LogOptions::default() };
+    let config = Config { limits, ..Config::default() };
+    let mut h = Harness::open_config(dir.path(), Some(SmallDisk::opener(&disk)), options, config);
+    let kept = h.fill_keeping((2, 5));
+    let mut turns = 0;
+    while h.broker.compactions() == 0 {
+        h.idle(1);
+        turns += 1;
+        assert!(turns < 2_000, "no compaction after {turns} turns");
+    }
+    let copies = payload_copies(dir.path());
+    let copied = kept.iter().filter(|m| copies.get(&payload_number(&m.1)) == Some(&1)).count();
+    assert_eq!(copied, kept.len(), "every message kept, once");
+    h.produce_again(b"after");
 }
 
 /// A cleaning whose copies take two turns: the write of the second slice
