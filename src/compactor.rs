@@ -122,6 +122,13 @@ enum Slice {
 pub(crate) struct Compactor {
     /// For each segment (by base offset), the ids its Produce records hold.
     manifests: BTreeMap<u64, Vec<Range>>,
+    /// For each segment, the ids of the messages its Produce records hold
+    /// a later copy of, as recovery found them (an earlier segment stored
+    /// them already: a cleaning a crash cut short copied them, and the
+    /// cleaning after the restart began again). A cleaning of an earlier
+    /// segment leaves them, their latest copy being here, so a crash does
+    /// not make copies pile up.
+    later_copies: BTreeMap<u64, Vec<Range>>,
     /// The segment holding each topic's latest Topic record.
     topic_segment: HashMap<TopicId, u64>,
     /// Segments holding a Delete record (whose id floor must be restated).
@@ -284,6 +291,11 @@ impl Compactor {
     pub(crate) fn replayed_produce(&mut self, segment: u64, topic: TopicId, id: MsgId) {
         push_range(self.manifests.entry(segment).or_default(), topic, id);
     }
+    /// Recovery met, in `segment`, a copy of message `id` of `topic`, which
+    /// an earlier record (of an earlier segment) stores too.
+    pub(crate) fn replayed_copy(&mut self, segment: u64, topic: TopicId, id: MsgId) {
+        push_range(self.later_copies.entry(segment).or_default(), topic, id);
+    }
     pub(crate) fn replayed_topic(&mut self, segment: u64, topic: TopicId) {
         self.topic_segment.insert(topic, segment);
     }
@@ -433,6 +445,7 @@ impl Compactor {
             self.delete_segments.insert(last, ());
         }
         self.manifests.remove(&base);
+        self.later_copies.remove(&base);
         self.delete_segments.remove(&base);
         self.recheck = true;
     }
@@ -618,7 +631,10 @@ impl Compactor {
                 return Slice::More(job);
             }
             let next = match p.topics.get(r.topic) {
-                Some(e) => self.copy_run(p.log, (&e.topic, r), job.next.max(r.lo), budget, copy),
+                Some(e) => {
+                    let later = self.copied_later(job.base, r);
+                    self.copy_run(p.log, (&e.topic, r, &later), job.next.max(r.lo), budget, copy)
+                }
                 None => r.hi + 1,
             };
             if next > r.hi {
@@ -631,14 +647,22 @@ impl Compactor {
         Slice::Done { copied: budget.messages > 0 }
     }
 
+    /// The ids of range `r` of segment `base` that a later segment holds
+    /// a copy of (`later_copies`), as (first, last).
+    fn copied_later(&self, base: u64, r: &Range) -> Vec<(MsgId, MsgId)> {
+        let later = self.later_copies.range(base + 1..).flat_map(|(_, copies)| copies);
+        later.filter(|c| c.topic == r.topic && c.lo <= r.hi && r.lo <= c.hi).map(|c| (c.lo, c.hi)).collect()
+    }
+
     /// Copies the live messages of range `r` of topic `t` from id `from`
-    /// on, as one Produce record, until the budget is spent (only counts
-    /// what that takes, unless `copy`); returns the next id to look at
-    /// (past `r.hi` once the range is done).
+    /// on, but for those `later` a later segment holds a copy of, as one
+    /// Produce record, until the budget is spent (only counts what that
+    /// takes, unless `copy`); returns the next id to look at (past `r.hi`
+    /// once the range is done).
     fn copy_run(
         &mut self,
         log: &mut Log,
-        (t, r): (&crate::queue::Topic, &Range),
+        (t, r, later): (&crate::queue::Topic, &Range, &[(MsgId, MsgId)]),
         from: MsgId,
         budget: &mut Budget,
         copy: bool,
@@ -652,6 +676,10 @@ impl Compactor {
                 id = r.hi + 1;
                 break;
             };
+            if let Some(&(_, last)) = later.iter().find(|c| (c.0..=c.1).contains(&live)) {
+                id = last + 1;
+                continue;
+            }
             let Some(m) = t.seq.get(live) else { break };
             let (deliveries, dead) = (t.deliveries(GroupId::DEFAULT, live), t.seq.dead_info(live));
             // A copy of a message whose time came carries no delivery time:

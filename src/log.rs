@@ -334,7 +334,27 @@ impl Log {
         let recovered = recovery::recover(dir, &options, replayer)?;
         let mut log = Log::over(dir.to_path_buf(), options, Some(recovered.lock), opener, recovered.segments);
         log.clean_stop_marked = recovered.marked;
+        if !recovered.marked {
+            log.sync_crashed_tail().map_err(|e| OpenError::Io(dir.to_path_buf(), e))?;
+        }
         Ok((log, recovered.recovery))
+    }
+
+    /// After a crash (no clean-stop marker), makes the last segment's
+    /// records durable: the crashed run may have written some that no sync
+    /// covered yet (a turn of acks, compaction's copies), and this run
+    /// relies on what it read there. Compaction leaves a message whose
+    /// latest copy is in a later segment, and removes the segment it
+    /// cleans only once what it copied is synced, which a later turn's
+    /// sync of a new segment would not cover.
+    fn sync_crashed_tail(&mut self) -> io::Result<()> {
+        let Some(last) = self.segments.last().filter(|s| s.bytes > 0) else { return Ok(()) };
+        if self.options.fsync != FsyncMode::Turn {
+            return Ok(());
+        }
+        OpenOptions::new().write(true).open(self.dir.join(segment_name(last.base)))?.sync_data()?;
+        self.stats.fsyncs += 1;
+        Ok(())
     }
 
     /// A log that keeps nothing (`runnel serve --memory-only`): no

@@ -317,6 +317,16 @@ impl SmallDisk {
         self.capacity_bytes.saturating_sub(used)
     }
 
+    /// Counts each file's blocks by its length again: a start cuts the
+    /// last segment's reserved space itself, which this cannot see.
+    fn recount(&mut self) {
+        for (p, n) in self.allocated.iter_mut() {
+            if let Ok(m) = std::fs::metadata(p) {
+                *n = blocks(m.len());
+            }
+        }
+    }
+
     fn opener(disk: &Arc<Mutex<SmallDisk>>) -> Opener {
         let disk = disk.clone();
         Box::new(move |p: &Path| -> io::Result<Box<dyn SegmentFile>> {
@@ -563,6 +573,36 @@ impl Harness {
             assert!(matches!(self.call(&Request::Ping), Reply::Pong), "PING");
         }
     }
+
+    /// Ends PING turns until `done` (at most 2,000; `what` says what is
+    /// awaited).
+    fn idle_until(&mut self, what: &str, done: impl Fn(&Harness) -> bool) {
+        let mut turns = 0;
+        while !done(self) {
+            self.idle(1);
+            turns += 1;
+            assert!(turns < 2_000, "no {what} after {turns} turns");
+        }
+    }
+}
+
+/// A small disk of `bytes` with one 64 MiB segment, filled and then freed
+/// but for `kept` messages in `of` (`Harness::fill_keeping`).
+fn full_disk_keeping(tag: &str, bytes: u64, keep: (usize, usize)) -> FullDisk {
+    let dir = TempDir::new(tag);
+    let disk = SmallDisk::new(bytes);
+    let mut h = Harness::on_disk(dir.path(), &disk, 64 << 20);
+    let kept = h.fill_keeping(keep);
+    FullDisk { dir, disk, h, kept }
+}
+
+/// What `full_disk_keeping` made.
+struct FullDisk {
+    dir: TempDir,
+    disk: Arc<Mutex<SmallDisk>>,
+    h: Harness,
+    /// The messages left unacked: (id, payload).
+    kept: Vec<(u64, Vec<u8>)>,
 }
 
 /// Payload `n` of `fill_keeping`: 500 bytes, beginning with `m-NNNNN-`,
@@ -603,10 +643,8 @@ fn payload_copies(dir: &Path) -> HashMap<usize, usize> {
 /// stays as it is until more is freed; then the disk is reclaimed.
 #[test]
 fn a_cleaning_that_could_not_finish_is_not_begun() {
-    let dir = TempDir::new("small-disk-no-room");
-    let disk = SmallDisk::new(SMALL_DISK_BYTES + (1 << 20));
-    let mut h = Harness::on_disk(dir.path(), &disk, 64 << 20);
-    let kept = h.fill_keeping((2, 5));
+    let FullDisk { dir, disk: _disk, mut h, kept } =
+        full_disk_keeping("small-disk-no-room", SMALL_DISK_BYTES + (1 << 20), (2, 5));
     let kept_bytes = kept.len() as u64 * 500;
     assert!(kept_bytes > 1 << 20, "setup: {kept_bytes} bytes live, more than the room for copies");
     let log_bytes = h.broker.log().bytes();
@@ -638,12 +676,7 @@ fn a_larger_produce_headroom_cleans_a_segment_that_keeps_more() {
     let config = Config { limits, ..Config::default() };
     let mut h = Harness::open_config(dir.path(), Some(SmallDisk::opener(&disk)), options, config);
     let kept = h.fill_keeping((2, 5));
-    let mut turns = 0;
-    while h.broker.compactions() == 0 {
-        h.idle(1);
-        turns += 1;
-        assert!(turns < 2_000, "no compaction after {turns} turns");
-    }
+    h.idle_until("compaction", |h| h.broker.compactions() > 0);
     let copies = payload_copies(dir.path());
     let copied = kept.iter().filter(|m| copies.get(&payload_number(&m.1)) == Some(&1)).count();
     assert_eq!(copied, kept.len(), "every message kept, once");
@@ -657,10 +690,7 @@ fn a_larger_produce_headroom_cleans_a_segment_that_keeps_more() {
 /// stays live as long as its message), and the segment is removed.
 #[test]
 fn a_cleaning_put_off_resumes_and_copies_each_message_once() {
-    let dir = TempDir::new("small-disk-resume");
-    let disk = SmallDisk::new(SMALL_DISK_BYTES);
-    let mut h = Harness::on_disk(dir.path(), &disk, 64 << 20);
-    let kept = h.fill_keeping((1, 4));
+    let FullDisk { dir, disk, mut h, kept } = full_disk_keeping("small-disk-resume", SMALL_DISK_BYTES, (1, 4));
     assert!(kept.len() * 500 > 300 << 10, "setup: more than a slice of copying");
     // Fail the second big write (the second slice of copies), and the
     // write after the third (the restatement).
@@ -676,12 +706,7 @@ fn a_cleaning_put_off_resumes_and_copies_each_message_once() {
         restatement = slices == 3;
         slices == 2
     }));
-    let mut turns = 0;
-    while h.broker.compactions() == 0 {
-        h.idle(1);
-        turns += 1;
-        assert!(turns < 2_000, "no compaction after {turns} turns");
-    }
+    h.idle_until("compaction", |h| h.broker.compactions() > 0);
     assert_eq!(disk.lock().expect("disk").writes_failed, 2, "setup: both injected failures were met");
     let copies = payload_copies(dir.path());
     for (id, payload) in &kept {
@@ -690,6 +715,42 @@ fn a_cleaning_put_off_resumes_and_copies_each_message_once() {
     drop(h);
     let mut h = Harness::on_disk(dir.path(), &disk, 64 << 20);
     assert_eq!(h.fetch_all("t"), kept, "after a restart: the messages kept, once each");
+}
+
+/// A crash in the middle of a cleaning: its first slice of copies is
+/// written, then every write fails (the process dies there). After the
+/// restart, recovery finds those copies after the messages' first records,
+/// and the cleaning that begins again (once a produce finds the disk full)
+/// copies only the rest: each message is in the log once when the segment
+/// is gone, and the restarted cleaning needs no room for what was already
+/// copied.
+#[test]
+fn a_cleaning_a_crash_cut_short_copies_nothing_again() {
+    let FullDisk { dir, disk, mut h, kept } = full_disk_keeping("small-disk-crash", SMALL_DISK_BYTES, (1, 4));
+    // Every write after the first slice of copies fails.
+    let mut copied = false;
+    disk.lock().expect("disk").fail_write = Some(Box::new(move |buf: &[u8]| {
+        let fail = copied;
+        copied |= buf.len() >= 100 << 10;
+        fail
+    }));
+    let failed = disk.clone();
+    h.idle_until("second slice of copies", move |_| failed.lock().expect("disk").writes_failed > 0);
+    assert_eq!(h.broker.compactions(), 0, "setup: the cleaning was cut short");
+    drop(h);
+    let twice = payload_copies(dir.path()).values().filter(|&&n| n == 2).count();
+    assert!(twice > 0, "setup: the first slice of copies was written");
+    disk.lock().expect("disk").fail_write = None;
+    let mut h = Harness::on_disk(dir.path(), &disk, 64 << 20);
+    disk.lock().expect("disk").recount();
+    // A producer finds the disk full, and it is reclaimed.
+    h.produce_again(b"after");
+    assert_eq!(h.broker.compactions(), 1);
+    let copies = payload_copies(dir.path());
+    for (id, payload) in &kept {
+        assert_eq!(copies.get(&payload_number(payload)), Some(&1), "message {id}: copies in the log");
+    }
+    assert_eq!(h.fetch_all("t"), kept, "the messages kept, once each");
 }
 
 /// Restating many topics takes more than the least headroom: the log keeps
