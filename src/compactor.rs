@@ -15,21 +15,32 @@
 //! When: as soon as no message of the oldest segment is live (nothing to
 //! copy, only a few records to restate), and otherwise once the log is more
 //! than twice the live data plus two segments. While the disk is short of
-//! space (`Log::space_short`), once half the log is dead; and then the
-//! segment being appended to is closed early when most of the log is dead,
-//! so that a log of one segment (a small disk, 64 MiB segments) can be
-//! removed too. The copying runs in slices of at most
-//! `COMPACT_BYTES_PER_TURN` per loop turn, so it never stalls the loop.
+//! space (`Log::space_short`), once half the log is dead or half the oldest
+//! segment is; and then the segment being appended to is closed early when
+//! most of the log is dead, so that a log of one segment (a small disk,
+//! 64 MiB segments) can be removed too. The copying runs in slices of at
+//! most `COMPACT_BYTES_PER_TURN` per loop turn, so it never stalls the
+//! loop.
 //!
-//! The order matters on a full disk. Copies ride in the turns' own commits
-//! as records the log drops if the commit fails; the job then starts over
-//! later, so a copy that cannot be written never piles up or holds up
-//! anything else. Once a segment's copies are written, its restatement is
-//! written and synced on its own, ahead of the turn's records
-//! (`Log::commit_ahead`), into the headroom the log keeps free for it, and
-//! only then is the segment removed. So freeing messages frees the disk
-//! even when the turn's own records (acks past the room kept for them) do
-//! not fit: they are written once the removal has made room.
+//! The order matters on a full disk. A cleaning is begun only if it can
+//! finish: unless the disk has room for copies of the whole segment, what
+//! the copies take is measured first (in slices too), and copying begins
+//! only if the disk has room for all of it (`Log::copies_fit`). Copies
+//! ride in the turns' own commits as records the log drops if the commit
+//! fails, or when the disk has no room for them past what the copies leave
+//! free (less than what produces leave, so copies go on where produces
+//! stop); the job then resumes where that slice began, some turns later,
+//! so a copy that cannot be written never piles up or holds up anything
+//! else, and nothing is copied twice (a crash neither: recovery notes the
+//! copies a cut-short cleaning wrote, `later_copies`). Once a segment's
+//! copies are written, its restatement is written and synced on its own,
+//! ahead of the turn's records (`Log::commit_ahead`), into the headroom the
+//! log keeps free for it, and only then is the segment removed. So freeing
+//! messages frees the disk even when the turn's own records (acks past the
+//! room kept for them) do not fit: they are written once the removal has
+//! made room. And compaction cannot fill the disk itself: what a cleaning
+//! copies, the removal it ends with gives back, with the dead messages
+//! besides.
 //!
 //! Every step of it belongs to the first half of the turn's end
 //! (`Broker::write`): it appends or writes records (the copies, the
