@@ -15,21 +15,32 @@
 //! When: as soon as no message of the oldest segment is live (nothing to
 //! copy, only a few records to restate), and otherwise once the log is more
 //! than twice the live data plus two segments. While the disk is short of
-//! space (`Log::space_short`), once half the log is dead; and then the
-//! segment being appended to is closed early when most of the log is dead,
-//! so that a log of one segment (a small disk, 64 MiB segments) can be
-//! removed too. The copying runs in slices of at most
-//! `COMPACT_BYTES_PER_TURN` per loop turn, so it never stalls the loop.
+//! space (`Log::space_short`), once half the log is dead or half the oldest
+//! segment is; and then the segment being appended to is closed early when
+//! most of the log is dead, so that a log of one segment (a small disk,
+//! 64 MiB segments) can be removed too. The copying runs in slices of at
+//! most `COMPACT_BYTES_PER_TURN` per loop turn, so it never stalls the
+//! loop.
 //!
-//! The order matters on a full disk. Copies ride in the turns' own commits
-//! as records the log drops if the commit fails; the job then starts over
-//! later, so a copy that cannot be written never piles up or holds up
-//! anything else. Once a segment's copies are written, its restatement is
-//! written and synced on its own, ahead of the turn's records
-//! (`Log::commit_ahead`), into the headroom the log keeps free for it, and
-//! only then is the segment removed. So freeing messages frees the disk
-//! even when the turn's own records (acks past the room kept for them) do
-//! not fit: they are written once the removal has made room.
+//! The order matters on a full disk. A cleaning is begun only if it can
+//! finish: unless the disk has room for copies of the whole segment, what
+//! the copies take is measured first (in slices too), and copying begins
+//! only if the disk has room for all of it (`Log::copies_fit`). Copies
+//! ride in the turns' own commits as records the log drops if the commit
+//! fails, or when the disk has no room for them past what the copies leave
+//! free (less than what produces leave, so copies go on where produces
+//! stop); the job then resumes where that slice began, some turns later,
+//! so a copy that cannot be written never piles up or holds up anything
+//! else, and nothing is copied twice (a crash neither: recovery notes the
+//! copies a cut-short cleaning wrote, `later_copies`). Once a segment's
+//! copies are written, its restatement is written and synced on its own,
+//! ahead of the turn's records (`Log::commit_ahead`), into the headroom the
+//! log keeps free for it, and only then is the segment removed. So freeing
+//! messages frees the disk even when the turn's own records (acks past the
+//! room kept for them) do not fit: they are written once the removal has
+//! made room. And compaction cannot fill the disk itself: what a cleaning
+//! copies, the removal it ends with gives back, with the dead messages
+//! besides.
 //!
 //! Every step of it belongs to the first half of the turn's end
 //! (`Broker::write`): it appends or writes records (the copies, the
@@ -92,6 +103,20 @@ struct Job {
     range: usize,
     /// The next id to look at in that range.
     next: MsgId,
+    /// While its live messages are measured, before any is copied. None
+    /// once copying.
+    measuring: Option<Measure>,
+}
+
+/// What is known, while measuring, of what copying a segment takes.
+#[derive(Clone, Copy, Debug)]
+struct Measure {
+    /// Log bytes the copies of the live messages seen so far take.
+    bytes: u64,
+    /// The most they may take for the cleaning to be worth it.
+    bytes_max: u64,
+    /// The log bytes of every live message when it began.
+    live_bytes: u64,
 }
 
 /// What a slice of copying left.
@@ -108,6 +133,13 @@ enum Slice {
 pub(crate) struct Compactor {
     /// For each segment (by base offset), the ids its Produce records hold.
     manifests: BTreeMap<u64, Vec<Range>>,
+    /// For each segment, the ids of the messages its Produce records hold
+    /// a later copy of, as recovery found them (an earlier segment stored
+    /// them already: a cleaning a crash cut short copied them, and the
+    /// cleaning after the restart began again). A cleaning of an earlier
+    /// segment leaves them, their latest copy being here, so a crash does
+    /// not make copies pile up.
+    later_copies: BTreeMap<u64, Vec<Range>>,
     /// The segment holding each topic's latest Topic record.
     topic_segment: HashMap<TopicId, u64>,
     /// Segments holding a Delete record (whose id floor must be restated).
@@ -132,9 +164,12 @@ pub(crate) struct Compactor {
     /// letters, redrives, ACK_PRODUCE outputs), attached to a segment once
     /// committed.
     turn_ranges: Vec<Range>,
-    /// This turn's client produces and compaction copies: dropped with
-    /// their records if the commit fails.
-    turn_withdrawable_ranges: Vec<Range>,
+    /// This turn's client produces: dropped with their records if the
+    /// commit fails, or the disk has no room for them.
+    turn_produce_ranges: Vec<Range>,
+    /// This turn's compaction copies: dropped with their records as the
+    /// produces are (after them on a full disk).
+    turn_copy_ranges: Vec<Range>,
     turn_topics: Vec<TopicId>,
     turn_deletes: bool,
     /// The acks of ACK_PRODUCE records not yet committed (this turn's, and
@@ -154,6 +189,10 @@ pub(crate) struct Compactor {
     unwritten_deliveries: Vec<(TopicId, GroupId, MsgId)>,
     /// The segment being cleaned.
     job: Option<Job>,
+    /// The job as it was before this turn's slice of copies: where it
+    /// resumes if they are dropped, so that no message is copied twice
+    /// (and no copy left behind takes the disk).
+    slice_from: Option<Job>,
     /// A segment whose last copies are in this turn's commit.
     copied: Option<u64>,
     /// A segment whose copies are all written: restated and removed by the
@@ -163,6 +202,11 @@ pub(crate) struct Compactor {
     /// hold no live message, and which segment: a message never comes back
     /// to life, so the check for a dead segment resumes where it stopped.
     dead_ranges: (u64, usize),
+    /// A segment whose cleaning was found not worth it (too much of it
+    /// live), and the log bytes of every live message then: it is not
+    /// measured again until some message is freed (a message never comes
+    /// back to life).
+    not_worth: Option<(u64, u64)>,
     /// Turns until the next check for work.
     countdown: u32,
     /// Turns before trying again after a failed write of compaction's own.
@@ -191,7 +235,7 @@ impl Compactor {
     }
     /// As `note_produce`, for a client's produce (withdrawn on failure).
     pub(crate) fn note_client_produce(&mut self, topic: TopicId, id: MsgId) {
-        push_range(&mut self.turn_withdrawable_ranges, topic, id);
+        push_range(&mut self.turn_produce_ranges, topic, id);
     }
     /// An AckProduce record acking `acks` (id, delivery count before the
     /// ack) of group `group` of `topic` was appended this turn.
@@ -258,6 +302,11 @@ impl Compactor {
     pub(crate) fn replayed_produce(&mut self, segment: u64, topic: TopicId, id: MsgId) {
         push_range(self.manifests.entry(segment).or_default(), topic, id);
     }
+    /// Recovery met, in `segment`, a copy of message `id` of `topic`, which
+    /// an earlier record (of an earlier segment) stores too.
+    pub(crate) fn replayed_copy(&mut self, segment: u64, topic: TopicId, id: MsgId) {
+        push_range(self.later_copies.entry(segment).or_default(), topic, id);
+    }
     pub(crate) fn replayed_topic(&mut self, segment: u64, topic: TopicId) {
         self.topic_segment.insert(topic, segment);
     }
@@ -268,7 +317,8 @@ impl Compactor {
     /// The turn's records are durable in `segment` (the log's last).
     pub(crate) fn committed(&mut self, segment: u64) {
         let m = self.manifests.entry(segment).or_default();
-        for r in self.turn_ranges.drain(..).chain(self.turn_withdrawable_ranges.drain(..)) {
+        let withdrawable = self.turn_produce_ranges.drain(..).chain(self.turn_copy_ranges.drain(..));
+        for r in self.turn_ranges.drain(..).chain(withdrawable) {
             match m.last_mut() {
                 Some(last) if last.topic == r.topic && last.hi + 1 == r.lo => last.hi = r.hi,
                 _ => m.push(r),
@@ -288,11 +338,12 @@ impl Compactor {
         }
         self.unwritten_acks.clear();
         self.unwritten_deliveries.clear();
+        self.slice_from = None;
         // A segment held back for an ACK_PRODUCE stays ready.
         if let Some(base) = self.copied.take() {
             self.ready = Some(base);
         }
-        assert!(self.turn_ranges.is_empty() && self.turn_withdrawable_ranges.is_empty() && self.turn_topics.is_empty());
+        assert!(self.turn_ranges.is_empty() && self.turn_produce_ranges.is_empty() && self.turn_topics.is_empty());
         assert!(self.turn_groups.is_empty());
     }
 
@@ -300,7 +351,9 @@ impl Compactor {
     /// there is no segment to note them in, and nothing to compact.
     pub(crate) fn discarded(&mut self) {
         self.turn_ranges.clear();
-        self.turn_withdrawable_ranges.clear();
+        self.turn_produce_ranges.clear();
+        self.turn_copy_ranges.clear();
+        self.slice_from = None;
         self.turn_topics.clear();
         self.turn_dedup.clear();
         self.turn_deletes = false;
@@ -311,11 +364,31 @@ impl Compactor {
     /// The turn's commit failed: the log dropped the client produces' and
     /// the copies' records and keeps the rest for the next commit, so only
     /// those notes go (the others are attached when it succeeds), and a
-    /// cleaning under way starts over later.
+    /// cleaning under way is put off (`put_off`).
     pub(crate) fn failed(&mut self) {
-        self.turn_withdrawable_ranges.clear();
-        if self.job.is_some() || self.copied.is_some() {
-            self.job = None;
+        self.turn_produce_ranges.clear();
+        self.put_off();
+    }
+
+    /// The turn's write dropped its client produces (`produces`) and maybe
+    /// compaction's copies too (`copies`) for want of space, and wrote the
+    /// rest: those notes go, and a cleaning whose copies went is put off.
+    pub(crate) fn withdrawn(&mut self, produces: bool, copies: bool) {
+        if produces {
+            self.turn_produce_ranges.clear();
+        }
+        if copies {
+            self.put_off();
+        }
+    }
+
+    /// This turn's copies were not written: the cleaning resumes where the
+    /// slice began, some turns later, so that what earlier slices copied
+    /// is not copied again.
+    fn put_off(&mut self) {
+        self.turn_copy_ranges.clear();
+        if let Some(job) = self.slice_from.take() {
+            self.job = Some(job);
             self.copied = None;
             self.backoff = RETRY_AFTER_TURNS;
         }
@@ -339,7 +412,8 @@ impl Compactor {
     #[cfg(test)]
     pub(crate) fn unwritten_notes(&self) -> usize {
         self.turn_ranges.len()
-            + self.turn_withdrawable_ranges.len()
+            + self.turn_produce_ranges.len()
+            + self.turn_copy_ranges.len()
             + self.turn_topics.len()
             + self.turn_groups.len()
             + self.turn_dedup.len()
@@ -349,8 +423,12 @@ impl Compactor {
 
     /// Whether compaction wants another turn soon (the loop should not
     /// sleep). A segment held back for an ACK_PRODUCE whose commit failed waits
-    /// for the next commit without spinning the loop.
+    /// for the next commit without spinning the loop, and a cleaning put
+    /// off waits for the turns of its backoff.
     pub(crate) fn busy(&self) -> bool {
+        if self.backoff > 0 {
+            return false;
+        }
         let ready = self.ready.is_some() && self.unwritten_acks.is_empty();
         self.job.is_some() || self.copied.is_some() || ready || self.recheck
     }
@@ -378,6 +456,7 @@ impl Compactor {
             self.delete_segments.insert(last, ());
         }
         self.manifests.remove(&base);
+        self.later_copies.remove(&base);
         self.delete_segments.remove(&base);
         self.recheck = true;
     }
@@ -404,6 +483,11 @@ impl Compactor {
         now: Now,
     ) {
         let mut p = Parts { topics, dedup, log, failures };
+        // After a write of its own failed, or copies that did not fit.
+        if self.backoff > 0 {
+            self.backoff -= 1;
+            return;
+        }
         if let Some(base) = self.ready.take() {
             self.finish_segment(&mut p, base, now);
             return;
@@ -411,28 +495,65 @@ impl Compactor {
         let job = match self.job.take() {
             Some(job) => job,
             None => match self.compaction_due(&mut p, now) {
-                Some(base) => Job { base, range: 0, next: 0 },
+                Some((base, copies_bytes_max, live)) => begin_job(p.log, base, (copies_bytes_max, live)),
                 None => return,
             },
         };
+        if job.measuring.is_some() {
+            self.measure_slice(&mut p, job);
+            return;
+        }
         let base = job.base;
-        match self.copy_slice(&mut p, job) {
-            Slice::More(job) => self.job = Some(job),
-            Slice::Done { copied: true } => self.copied = Some(base),
+        match self.walk_slice(&mut p, job, true, &mut Budget::default()) {
+            Slice::More(next) => {
+                self.slice_from = Some(job);
+                self.job = Some(next);
+            }
+            Slice::Done { copied: true } => {
+                self.slice_from = Some(job);
+                self.copied = Some(base);
+            }
             Slice::Done { copied: false } => self.finish_segment(&mut p, base, now),
         }
     }
 
-    /// The oldest segment, if it is due for cleaning. While the space is
-    /// short, first closes the active segment if most of the log is dead.
-    fn compaction_due(&mut self, p: &mut Parts<'_>, now: Now) -> Option<u64> {
+    /// Measures a slice of what copying the job's segment forward takes;
+    /// once all of it is measured, copies it if the disk has room for all
+    /// of it and the copies' headroom after it (`Log::copies_fit`), and
+    /// otherwise puts the cleaning off. So a cleaning is begun only if it
+    /// can finish: its copies never stop halfway, holding space that only
+    /// the removal they wait for would give back.
+    fn measure_slice(&mut self, p: &mut Parts<'_>, job: Job) {
+        let Some(mut m) = job.measuring else { return };
+        let mut budget = Budget::default();
+        let slice = self.walk_slice(p, job, false, &mut budget);
+        m.bytes += budget.bytes;
+        let (base, bytes) = (job.base, m.bytes);
+        match slice {
+            // Measured again once a message is freed.
+            _ if bytes > m.bytes_max => {
+                self.not_worth = Some((base, m.live_bytes));
+                log::debug!("compaction leaves segment {base}: its copies would take {bytes} bytes or more");
+            }
+            Slice::More(next) => self.job = Some(Job { measuring: Some(m), ..next }),
+            Slice::Done { .. } if bytes == 0 || p.log.copies_fit(bytes) => {
+                self.job = Some(Job { base, range: 0, next: 0, measuring: None });
+            }
+            Slice::Done { .. } => {
+                self.backoff = RETRY_AFTER_TURNS;
+                log::debug!("compaction puts off segment {base}: no room for its {bytes} bytes of copies");
+            }
+        }
+    }
+
+    /// The oldest segment, if it is due for cleaning, the most bytes its
+    /// copies may take for the cleaning to be worth it (`u64::MAX`: any),
+    /// and the log bytes of every live message. While the space is short,
+    /// first closes the active segment if most of the log is dead.
+    fn compaction_due(&mut self, p: &mut Parts<'_>, now: Now) -> Option<(u64, u64, u64)> {
         let short = p.log.space_short();
         // The release thread's queue of removed segments is full.
         if p.log.releasing() {
-            return None;
-        }
-        if self.backoff > 0 {
-            self.backoff -= 1;
             return None;
         }
         if !short && !self.recheck && self.countdown > 0 {
@@ -462,7 +583,14 @@ impl Compactor {
         let due = (short && bytes > 2 * live)
             || (segments.len() >= 3 && bytes > 2 * live + 2 * p.log.segment_bytes_max())
             || self.segment_dead(p.topics, oldest);
-        due.then_some(oldest)
+        if due {
+            return Some((oldest, u64::MAX, live));
+        }
+        // Short of space, the oldest segment is worth cleaning by itself
+        // if at least half of it is dead: what its removal gives back is
+        // then at least what its copies take.
+        let judged = self.not_worth.is_some_and(|(base, then)| base == oldest && live >= then);
+        (short && !judged).then_some((oldest, segments[0].bytes / 2, live))
     }
 
     /// Closes the active segment if at least half of it, and at least the
@@ -502,10 +630,10 @@ impl Compactor {
         i == ranges.len()
     }
 
-    /// Copies live messages of the job's segment forward, within the turn's
-    /// budget, as records dropped if the commit fails.
-    fn copy_slice(&mut self, p: &mut Parts<'_>, mut job: Job) -> Slice {
-        let mut budget = Budget::default();
+    /// Copies live messages of the job's segment forward (if `copy`; else
+    /// only counts what that takes, in `budget`), within the turn's budget,
+    /// as records dropped if the commit fails.
+    fn walk_slice(&mut self, p: &mut Parts<'_>, mut job: Job, copy: bool, budget: &mut Budget) -> Slice {
         let Some(ranges) = self.manifests.get(&job.base).cloned() else {
             return Slice::Done { copied: false };
         };
@@ -514,7 +642,10 @@ impl Compactor {
                 return Slice::More(job);
             }
             let next = match p.topics.get(r.topic) {
-                Some(e) => self.copy_run(p.log, &e.topic, r, job.next.max(r.lo), &mut budget),
+                Some(e) => {
+                    let later = self.copied_later(job.base, r);
+                    self.copy_run(p.log, (&e.topic, r, &later), job.next.max(r.lo), budget, copy)
+                }
                 None => r.hi + 1,
             };
             if next > r.hi {
@@ -527,24 +658,39 @@ impl Compactor {
         Slice::Done { copied: budget.messages > 0 }
     }
 
-    /// Copies the live messages of range `r` from id `from` on, as one
-    /// Produce record, until the budget is spent; returns the next id to
-    /// look at (past `r.hi` once the range is done).
+    /// The ids of range `r` of segment `base` that a later segment holds
+    /// a copy of (`later_copies`), as (first, last).
+    fn copied_later(&self, base: u64, r: &Range) -> Vec<(MsgId, MsgId)> {
+        let later = self.later_copies.range(base + 1..).flat_map(|(_, copies)| copies);
+        later.filter(|c| c.topic == r.topic && c.lo <= r.hi && r.lo <= c.hi).map(|c| (c.lo, c.hi)).collect()
+    }
+
+    /// Copies the live messages of range `r` of topic `t` from id `from`
+    /// on, but for those `later` a later segment holds a copy of, as one
+    /// Produce record, until the budget is spent (only counts what that
+    /// takes, unless `copy`); returns the next id to look at (past `r.hi`
+    /// once the range is done).
     fn copy_run(
         &mut self,
         log: &mut Log,
-        t: &crate::queue::Topic,
-        r: &Range,
+        (t, r, later): (&crate::queue::Topic, &Range, &[(MsgId, MsgId)]),
         from: MsgId,
         budget: &mut Budget,
+        copy: bool,
     ) -> MsgId {
         let mut id = from;
-        let mut w = ProduceWriter::begin(log, r.topic);
+        let mut w = copy.then(|| ProduceWriter::begin(log, r.topic));
+        // The record's own fields, counted with its first message.
+        let mut record = record::PRODUCE_RECORD_FIXED_BYTES;
         while !budget.spent() {
             let Some(live) = t.seq.next_live(id, r.hi + 1) else {
                 id = r.hi + 1;
                 break;
             };
+            if let Some(&(_, last)) = later.iter().find(|c| (c.0..=c.1).contains(&live)) {
+                id = last + 1;
+                continue;
+            }
             let Some(m) = t.seq.get(live) else { break };
             let (deliveries, dead) = (t.deliveries(GroupId::DEFAULT, live), t.seq.dead_info(live));
             // A copy of a message whose time came carries no delivery time:
@@ -552,14 +698,19 @@ impl Compactor {
             let untimed = (m.props.schedule().is_some() && !t.seq.scheduled(live))
                 .then(|| crate::codec::props::without_schedule(&m.props));
             let (props, payload) = (untimed.as_deref().map_or(m.props, crate::codec::Props::trusted), m.payload);
-            w.push(log, &MessageRecord { id: live, born_ms: m.born_ms, deliveries, dead, props, payload });
-            push_range(&mut self.turn_withdrawable_ranges, r.topic, live);
-            budget.bytes += m.bytes() + RECORD_MESSAGE_OVERHEAD_BYTES;
+            let bytes = record::message_record_bytes(payload.len() as u64, props.bytes().len() as u64, dead.is_some());
+            budget.bytes += std::mem::take(&mut record) + bytes;
             budget.messages += 1;
+            if let Some(w) = w.as_mut() {
+                w.push(log, &MessageRecord { id: live, born_ms: m.born_ms, deliveries, dead, props, payload });
+                push_range(&mut self.turn_copy_ranges, r.topic, live);
+            }
             id = live + 1;
         }
         // A record with no message is dropped.
-        w.end_withdrawable(log);
+        if let Some(w) = w {
+            w.end_copy(log);
+        }
         id
     }
 
@@ -590,6 +741,9 @@ impl Compactor {
         }
         if let Err(e) = p.log.commit_ahead(aside) {
             self.backoff = RETRY_AFTER_TURNS;
+            // Its copies are written: it is restated once the backoff is
+            // over, not copied again.
+            self.ready = Some(base);
             p.failures.failed(now.mono_ms, format_args!("compaction could not restate segment {base}: {e}"));
             return;
         }
@@ -720,10 +874,24 @@ pub(crate) fn group_record(t: TopicId, group: &crate::queue::Group) -> record::G
     }
 }
 
+/// A cleaning of segment `base`, the oldest, worth it if its copies take
+/// at most `copies_bytes_max` (the live messages then took `live_bytes`):
+/// copying at once if that is any and the disk
+/// has room for copies of the whole segment (twice its bytes: a copy of a
+/// message takes no more than the message did, and a copy record's own
+/// fields no more than the message it holds), and otherwise measuring its
+/// live messages first.
+fn begin_job(log: &mut Log, base: u64, (copies_bytes_max, live_bytes): (u64, u64)) -> Job {
+    let bytes = log.segments().first().map_or(0, |s| s.bytes);
+    let unbounded = copies_bytes_max == u64::MAX && log.copies_fit(2 * bytes);
+    let measuring = (!unbounded).then_some(Measure { bytes: 0, bytes_max: copies_bytes_max, live_bytes });
+    Job { base, range: 0, next: 0, measuring }
+}
+
 /// What a turn's slice of copying has spent of its budget.
 #[derive(Default)]
 struct Budget {
-    /// Log bytes of the messages copied (dead-letter fields not counted).
+    /// Log bytes of the copies (their records' own fields included).
     bytes: u64,
     /// Messages copied.
     messages: u32,

@@ -321,6 +321,7 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--replay-read-bytes-per-turn", "N", "most bytes of the log files replays read per loop turn"),
     ("--replay-read-bytes-per-sec", "N", "most bytes of the log files replays read per second (0: unpaced)"),
     ("--replay-window-messages-max", "N", "most messages a replay puts back ahead of its group"),
+    ("--produce-headroom-bytes", "N", "bytes of the disk produces leave free, for what frees it"),
     ("--unwritten-records-bytes-max", "N", "most bytes of records kept for the next commit while commits fail"),
 ];
 
@@ -525,6 +526,7 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 43] {
         ("replay-read-bytes-per-turn", l.replay_read_bytes_per_turn),
         ("replay-read-bytes-per-sec", l.replay_read_bytes_per_sec),
         ("replay-window-messages-max", l.replay_window_messages_max.into()),
+        ("produce-headroom-bytes", l.produce_headroom_bytes),
         ("unwritten-records-bytes-max", l.unwritten_records_bytes_max),
     ]
 }
@@ -582,6 +584,7 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         replay_read_bytes_per_turn,
         replay_read_bytes_per_sec,
         replay_window_messages_max,
+        produce_headroom_bytes,
         unwritten_records_bytes_max
     );
     Ok(())

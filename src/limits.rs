@@ -207,6 +207,18 @@ pub struct Limits {
     /// block's worth), whatever the size of the replay.
     pub replay_window_messages_max: u32,
     // The commit log.
+    /// Bytes of the disk that client produces leave free, past what
+    /// restating every topic takes (the log's headroom): produces get
+    /// STORAGE this short of full, so that what frees the disk is still
+    /// written on a disk that refuses them. Compaction's copies of the
+    /// live messages of the segment it cleans may use three quarters of
+    /// it, so a full disk's segment is cleaned once its live messages fit
+    /// there; the last quarter is what acks and admin records keep while
+    /// it cleans (and all of it, once produces stopped, holds the acks of
+    /// about 130,000 messages). Raise it if one segment keeps more live
+    /// messages than that (large messages, a consumer far behind). At
+    /// least 64 KiB.
+    pub produce_headroom_bytes: u64,
     /// Most bytes of records the log keeps for its next commit while
     /// commits fail (a failing or full disk): a failed turn's acks, dead
     /// letters and topic changes, already done in memory, are written with
@@ -262,10 +274,16 @@ impl Default for Limits {
             replay_read_bytes_per_turn: 1 << 20,
             replay_read_bytes_per_sec: 64 << 20,
             replay_window_messages_max: 4096,
+            produce_headroom_bytes: 1 << 20,
             unwritten_records_bytes_max: 64 << 20,
         }
     }
 }
+
+/// The least `produce_headroom_bytes`: with less, the quarter kept for
+/// acks while compaction copies holds a few hundred, and the copies'
+/// three quarters hardly a segment's worth of live messages.
+pub const PRODUCE_HEADROOM_BYTES_MIN: u64 = 64 << 10;
 
 /// Bytes a frame header takes (see docs/protocol.md).
 pub const FRAME_HEADER_BYTES: u32 = 12;
@@ -293,6 +311,7 @@ impl Limits {
     /// the two limits that clash.
     pub fn check(&self) -> Result<(), String> {
         self.check_groups()?;
+        self.check_disk()?;
         if self.replay_read_bytes_per_turn == 0 || self.replay_window_messages_max == 0 {
             return Err("replay-read-bytes-per-turn and replay-window-messages-max must be at least 1".into());
         }
@@ -412,6 +431,18 @@ impl Limits {
         self.check_keys()
     }
 
+    /// The room produces leave on a full disk must hold compaction's
+    /// copies and the acks written while it copies.
+    fn check_disk(&self) -> Result<(), String> {
+        if self.produce_headroom_bytes < PRODUCE_HEADROOM_BYTES_MIN {
+            return Err(format!(
+                "produce-headroom-bytes ({}) must be at least {PRODUCE_HEADROOM_BYTES_MIN}: compaction copies live messages into it to free a full disk",
+                self.produce_headroom_bytes
+            ));
+        }
+        Ok(())
+    }
+
     /// The key limits: a key entry (type, u16 length, key) must fit in the
     /// properties, and a LOOKUP reply must stay small.
     fn check_keys(&self) -> Result<(), String> {
@@ -457,6 +488,14 @@ mod tests {
             frame_bytes_max: 4 << 20,
             ..Limits::default()
         };
+        assert_eq!(limits.check(), Ok(()));
+    }
+
+    #[test]
+    fn the_room_produces_leave_on_a_full_disk_is_checked() {
+        let limits = Limits { produce_headroom_bytes: PRODUCE_HEADROOM_BYTES_MIN - 1, ..Limits::default() };
+        assert!(limits.check().unwrap_err().contains("produce-headroom-bytes"));
+        let limits = Limits { produce_headroom_bytes: PRODUCE_HEADROOM_BYTES_MIN, ..Limits::default() };
         assert_eq!(limits.check(), Ok(()));
     }
 

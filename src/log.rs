@@ -44,8 +44,8 @@ mod space;
 use open::Applier;
 pub use open::{OpenError, Recovery, Replayer};
 pub use segment_file::{Opener, SegmentFile, open_file, open_mapped};
-use space::is_no_space;
-pub use space::{HEADROOM_BYTES_MIN, PRODUCE_HEADROOM_BYTES};
+pub use space::HEADROOM_BYTES_MIN;
+use space::{Dropped, Withdrawable, is_no_space};
 
 pub use crate::record::RecordKind;
 
@@ -97,6 +97,11 @@ pub struct LogOptions {
     /// (`Log::take_unwritten_dropped`). The broker sets it from
     /// `Limits::unwritten_records_bytes_max`, which says why.
     pub unwritten_records_bytes_max: u64,
+    /// Bytes of the disk that client produces leave free past the
+    /// headroom; compaction's copies leave a quarter of it
+    /// (`Log::copy_headroom_bytes`). The broker sets it from
+    /// `Limits::produce_headroom_bytes`, which says why.
+    pub produce_headroom_bytes: u64,
 }
 
 impl Default for LogOptions {
@@ -106,6 +111,7 @@ impl Default for LogOptions {
             fsync: FsyncMode::Turn,
             repair: false,
             unwritten_records_bytes_max: crate::limits::Limits::default().unwritten_records_bytes_max,
+            produce_headroom_bytes: crate::limits::Limits::default().produce_headroom_bytes,
         }
     }
 }
@@ -159,14 +165,21 @@ pub struct WrittenTurn {
     records: u64,
     /// Whether `sync` will `fdatasync` them.
     sync: bool,
-    /// Whether the turn's withdrawable records were dropped, not written,
-    /// for want of space (`Committed::withdrawn`).
+    /// Whether the turn's client produces were dropped, not written, for
+    /// want of space (`Committed::withdrawn`).
     withdrawn: bool,
+    /// Whether compaction's copies were dropped too
+    /// (`Committed::copies_withdrawn`).
+    copies_withdrawn: bool,
     /// Nanoseconds the write took, for `Committed::nanos`.
     write_nanos: u64,
 }
 
 impl WrittenTurn {
+    /// A turn that appended nothing: there is nothing to sync.
+    fn nothing() -> WrittenTurn {
+        WrittenTurn { bytes: 0, records: 0, sync: false, withdrawn: false, copies_withdrawn: false, write_nanos: 0 }
+    }
     /// Whether `Log::sync` will `fdatasync` this turn.
     pub fn syncs(&self) -> bool {
         self.sync
@@ -187,10 +200,14 @@ pub struct Committed {
     pub synced: bool,
     /// Nanoseconds the write and sync took.
     pub nanos: u64,
-    /// The turn's withdrawable records (client produces, compaction's
-    /// copies) were dropped, not written: the disk has no room for them
-    /// and the headroom after them. The rest of the turn was written.
+    /// The turn's client produces were dropped, not written: the disk has
+    /// no room for them and the headroom and
+    /// `LogOptions::produce_headroom_bytes` after them. The rest of the
+    /// turn was written.
     pub withdrawn: bool,
+    /// Compaction's copies were dropped too: the disk has no room for them
+    /// and the headroom and `Log::copy_headroom_bytes` after them.
+    pub copies_withdrawn: bool,
 }
 
 /// The commit log.
@@ -216,8 +233,9 @@ pub struct Log {
     /// Where a record begun and not yet ended (or abandoned) starts in
     /// `buf`: at most one at a time, and none when the turn is written.
     open_record: Option<usize>,
-    /// Byte ranges in `buf` of records dropped if the commit fails.
-    withdrawable: Vec<(usize, usize)>,
+    /// Byte ranges in `buf` of records dropped if the commit fails, in
+    /// order, and what they are (which a full disk drops first).
+    withdrawable: Vec<(usize, usize, Withdrawable)>,
     /// Bytes written to the active segment since its last fdatasync.
     unsynced_bytes: u64,
     /// How far the active segment's space is reserved (0: not yet known;
@@ -266,7 +284,7 @@ pub struct Aside {
     /// Records in it.
     records: u64,
     /// Byte ranges in it of records dropped if the commit fails.
-    withdrawable: Vec<(usize, usize)>,
+    withdrawable: Vec<(usize, usize, Withdrawable)>,
 }
 
 /// Where a record begins in the turn buffer, for `end`.
@@ -320,7 +338,27 @@ impl Log {
         let recovered = recovery::recover(dir, &options, replayer)?;
         let mut log = Log::over(dir.to_path_buf(), options, Some(recovered.lock), opener, recovered.segments);
         log.clean_stop_marked = recovered.marked;
+        if !recovered.marked {
+            log.sync_crashed_tail().map_err(|e| OpenError::Io(dir.to_path_buf(), e))?;
+        }
         Ok((log, recovered.recovery))
+    }
+
+    /// After a crash (no clean-stop marker), makes the last segment's
+    /// records durable: the crashed run may have written some that no sync
+    /// covered yet (a turn of acks, compaction's copies), and this run
+    /// relies on what it read there. Compaction leaves a message whose
+    /// latest copy is in a later segment, and removes the segment it
+    /// cleans only once what it copied is synced, which a later turn's
+    /// sync of a new segment would not cover.
+    fn sync_crashed_tail(&mut self) -> io::Result<()> {
+        let Some(last) = self.segments.last().filter(|s| s.bytes > 0) else { return Ok(()) };
+        if self.options.fsync != FsyncMode::Turn {
+            return Ok(());
+        }
+        OpenOptions::new().write(true).open(self.dir.join(segment_name(last.base)))?.sync_data()?;
+        self.stats.fsyncs += 1;
+        Ok(())
     }
 
     /// A log that keeps nothing (`runnel serve --memory-only`): no
@@ -452,7 +490,16 @@ impl Log {
     #[inline]
     pub fn end_withdrawable(&mut self, start: RecordStart) {
         self.end(start);
-        self.withdrawable.push((start.0, self.buf.len()));
+        self.withdrawable.push((start.0, self.buf.len(), Withdrawable::Produce));
+    }
+
+    /// Finishes a record of compaction's copies: dropped if this turn's
+    /// commit fails, as a produce is, and on a full disk dropped after the
+    /// produces, which leave more of the disk free (`copy_headroom_bytes`).
+    #[inline]
+    pub fn end_copy(&mut self, start: RecordStart) {
+        self.end(start);
+        self.withdrawable.push((start.0, self.buf.len(), Withdrawable::Copy));
     }
 
     /// Writes the turn's records with one write, then, in `FsyncMode::Turn`
@@ -476,9 +523,10 @@ impl Log {
     /// A turn never writes into the headroom: on a disk without room for
     /// its records and the headroom after them, it fails (ENOSPC) before
     /// writing anything; on a disk with room for those but not for its
-    /// withdrawable records (client produces, compaction's copies) and
-    /// `PRODUCE_HEADROOM_BYTES` more, those are dropped and the rest is
-    /// written (`WrittenTurn::withdrawn`).
+    /// client produces and `LogOptions::produce_headroom_bytes` more, those
+    /// are dropped (`WrittenTurn::withdrawn`), and then compaction's copies
+    /// if there is no room for them and `copy_headroom_bytes` more; the
+    /// rest is written.
     ///
     /// Nothing may be appended between `write` and its `sync`. On error the
     /// turn has failed as `sync` describes, and there is nothing to sync.
@@ -494,7 +542,7 @@ impl Log {
     fn write_with(&mut self, sync: bool, headroom: u64) -> io::Result<WrittenTurn> {
         assert!(self.open_record.is_none(), "the turn is written with a record begun and not ended");
         if self.buf.is_empty() {
-            return Ok(WrittenTurn { bytes: 0, records: 0, sync: false, withdrawn: false, write_nanos: 0 });
+            return Ok(WrittenTurn::nothing());
         }
         if self.memory_only {
             return Ok(self.discard_turn());
@@ -507,14 +555,15 @@ impl Log {
         let plain = write_nanos.saturating_sub(self.phases.total() - others);
         self.phases.add(Phase::Write, plain);
         match result {
-            Ok(withdrawn) => Ok(WrittenTurn {
+            Ok(dropped) => Ok(WrittenTurn {
                 bytes: self.buf.len() as u64,
                 records: std::mem::take(&mut self.buf_records),
                 // After the write: a roll in it synced what was unsynced.
                 sync: !self.buf.is_empty()
                     && self.options.fsync == FsyncMode::Turn
                     && (sync || self.unsynced_bytes_max_reached()),
-                withdrawn,
+                withdrawn: dropped.produces,
+                copies_withdrawn: dropped.copies,
                 write_nanos,
             }),
             Err(e) => Err(self.fail_turn(e)),
@@ -526,7 +575,7 @@ impl Log {
     fn discard_turn(&mut self) -> WrittenTurn {
         self.buf_records = 0;
         self.clear_turn();
-        WrittenTurn { bytes: 0, records: 0, sync: false, withdrawn: false, write_nanos: 0 }
+        WrittenTurn::nothing()
     }
 
     /// The second half of a commit: the `fdatasync`, if `write` decided on
@@ -550,9 +599,10 @@ impl Log {
     /// the turn's own records back after it, whatever it kept.
     fn sync_turn(&mut self, turn: WrittenTurn) -> io::Result<Committed> {
         // Produces refused for a full disk count as a failure too.
-        self.stats.failures += u64::from(turn.withdrawn);
+        self.stats.failures += u64::from(turn.withdrawn || turn.copies_withdrawn);
+        let (withdrawn, copies_withdrawn) = (turn.withdrawn, turn.copies_withdrawn);
         if turn.bytes == 0 {
-            return Ok(Committed { withdrawn: turn.withdrawn, ..Committed::default() });
+            return Ok(Committed { withdrawn, copies_withdrawn, ..Committed::default() });
         }
         assert_eq!(self.buf.len() as u64, turn.bytes, "records were appended between a turn's write and its sync");
         let mut sync_nanos = 0;
@@ -578,7 +628,7 @@ impl Log {
         self.stats.commits += 1;
         self.stats.records += turn.records;
         let nanos = turn.write_nanos + sync_nanos;
-        Ok(Committed { bytes: turn.bytes, synced: turn.sync, nanos, withdrawn: turn.withdrawn })
+        Ok(Committed { bytes: turn.bytes, synced: turn.sync, nanos, withdrawn, copies_withdrawn })
     }
 
     /// Empties the turn buffer once its records are done with, giving back
@@ -596,7 +646,7 @@ impl Log {
     /// length if the write had begun (`dirty`).
     fn fail_turn(&mut self, e: io::Error) -> io::Error {
         self.space_short |= is_no_space(&e);
-        self.drop_withdrawable();
+        self.drop_withdrawable(|_| true);
         self.stats.failures += 1;
         // Best effort now; `write_turn` retries before the next write.
         let _ = self.cut_back();
@@ -652,7 +702,7 @@ impl Log {
         }
         self.unsynced_bytes = 0;
         self.stats.fsyncs += 1;
-        Ok(Committed { bytes: 0, synced: true, nanos, withdrawn: false })
+        Ok(Committed { bytes: 0, synced: true, nanos, ..Committed::default() })
     }
 
     /// After a failed commit of a turn: drops the records kept for the next
@@ -687,18 +737,25 @@ impl Log {
         std::mem::take(&mut self.unwritten_dropped)
     }
 
-    /// Drops the withdrawable records from the turn buffer.
-    fn drop_withdrawable(&mut self) {
-        if self.withdrawable.is_empty() {
+    /// Drops the withdrawable records that `which` picks from the turn
+    /// buffer.
+    fn drop_withdrawable(&mut self, which: impl Fn(Withdrawable) -> bool) {
+        if !self.withdrawable.iter().any(|w| which(w.2)) {
             return;
         }
         let mut kept = Vec::with_capacity(self.buf.len());
+        let mut still = Vec::new();
         let mut at = 0;
-        for (start, end) in self.withdrawable.drain(..) {
+        for (start, end, what) in std::mem::take(&mut self.withdrawable) {
             kept.extend_from_slice(&self.buf[at..start]);
+            if !which(what) {
+                still.push((kept.len(), kept.len() + end - start, what));
+                kept.extend_from_slice(&self.buf[start..end]);
+            }
             at = end;
         }
         kept.extend_from_slice(&self.buf[at..]);
+        self.withdrawable = still;
         // Count what is kept by walking the record headers.
         let (mut i, mut n) = (0, 0);
         while i + RECORD_HEADER_BYTES <= kept.len() {
@@ -728,11 +785,10 @@ impl Log {
 
     /// Writes the turn buffer at the end of the active segment (rolling to
     /// a new one first if it would pass its size), leaving `headroom` bytes
-    /// of the disk free, and dropping the withdrawable records first if
-    /// there is no room for them and `PRODUCE_HEADROOM_BYTES` more; returns
-    /// whether it dropped them. The segment's committed length grows only
-    /// in `sync`.
-    fn write_turn(&mut self, headroom: u64) -> io::Result<bool> {
+    /// of the disk free, and dropping withdrawable records first where
+    /// there is no room for them (`fit_turn`); returns what it dropped. The
+    /// segment's committed length grows only in `sync`.
+    fn write_turn(&mut self, headroom: u64) -> io::Result<Dropped> {
         self.forget_clean_stop()?;
         self.cut_back()?;
         let active_bytes = self.segments.last().map_or(0, |s| s.bytes);
@@ -741,18 +797,9 @@ impl Log {
         }
         self.open_active()?;
         let at = self.segments.last().map_or(0, |s| s.bytes);
-        let mut withdrawn = false;
-        if self.withdrawable.is_empty() {
-            self.make_room(at, self.buf.len() as u64, headroom)?;
-        } else if self.make_room(at, self.buf.len() as u64, headroom + PRODUCE_HEADROOM_BYTES).is_err() {
-            // No room for the produces: the rest of the turn is written
-            // without them.
-            self.drop_withdrawable();
-            withdrawn = true;
-            self.make_room(at, self.buf.len() as u64, headroom)?;
-        }
+        let dropped = self.fit_turn(at, headroom)?;
         if self.buf.is_empty() {
-            return Ok(withdrawn);
+            return Ok(dropped);
         }
         let Some(f) = self.active.as_mut() else { unreachable!("opened above") };
         // Until the turn's sync is done, a failure may leave bytes past the
@@ -761,7 +808,7 @@ impl Log {
         // the reserved space.)
         self.dirty = true;
         f.write_all_at(&self.buf, at)?;
-        Ok(withdrawn)
+        Ok(dropped)
     }
 
     /// Opens the active segment's file if it is not open yet (the first

@@ -26,14 +26,85 @@ const CANNOT_RESERVE: u64 = u64::MAX;
 /// (`set_headroom_bytes`); 64 KiB restates about 1,500 topics with 20-byte
 /// names, and is nothing next to a segment.
 pub const HEADROOM_BYTES_MIN: u64 = 64 << 10;
-/// Bytes that a turn's produces (and compaction's copies) leave free past
-/// the headroom: room for the records that free the disk once produces
-/// have filled it — acks (this holds those of 130,000 messages), PURGE,
-/// DELETE, topic changes — so that those are still written, and
-/// acknowledged, on a disk that refuses produces.
-pub const PRODUCE_HEADROOM_BYTES: u64 = 1 << 20;
+
+/// What a withdrawable record is: which a full disk drops first, since
+/// each kind leaves its own bytes of the disk free past the headroom.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Withdrawable {
+    /// A client's produce: answered STORAGE when dropped.
+    Produce,
+    /// Compaction's copies of live messages: put off when dropped.
+    Copy,
+}
+
+/// What a turn's write dropped for want of space.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Dropped {
+    /// The client produces.
+    pub produces: bool,
+    /// Compaction's copies (only ever with the produces, or with none).
+    pub copies: bool,
+}
 
 impl Log {
+    /// Bytes of the disk that client produces leave free past the
+    /// headroom (`Limits::produce_headroom_bytes` says why): room for what
+    /// frees the disk once produces have filled it — compaction's copies
+    /// of the live messages of the segment it cleans, and the acks, PURGE,
+    /// DELETE and topic changes — so that those are still written, and
+    /// acknowledged, on a disk that refuses produces.
+    fn produce_headroom_bytes(&self) -> u64 {
+        self.options.produce_headroom_bytes
+    }
+
+    /// Bytes of the disk that compaction's copies leave free past the
+    /// headroom: a quarter of what produces leave, so that copies go on
+    /// where produces stop (the other three quarters are theirs), while
+    /// the acks and admin records written during a cleaning still have
+    /// room (those of some 32,000 messages, by default). Copies are
+    /// bounded besides: a segment is cleaned only once the disk has room
+    /// for all of its copies and this after them (`copies_fit`), and its
+    /// removal then gives back every byte they took.
+    pub fn copy_headroom_bytes(&self) -> u64 {
+        self.produce_headroom_bytes() / 4
+    }
+
+    /// Bytes that records of `kind` leave free past the headroom.
+    fn withdrawable_headroom_bytes(&self, kind: Withdrawable) -> u64 {
+        match kind {
+            Withdrawable::Produce => self.produce_headroom_bytes(),
+            Withdrawable::Copy => self.copy_headroom_bytes(),
+        }
+    }
+
+    /// Makes room for the turn's records at byte `at` of the active
+    /// segment, leaving `headroom` free after them: first drops the client
+    /// produces if there is no room for everything and
+    /// `produce_headroom_bytes` more, then compaction's copies if there is
+    /// no room for what is left and `copy_headroom_bytes` more; fails
+    /// (ENOSPC) if there is no room for the rest and the headroom. So each
+    /// kind stops where the disk keeps room for what the next frees it.
+    pub(super) fn fit_turn(&mut self, at: u64, headroom: u64) -> io::Result<Dropped> {
+        let mut dropped = Dropped::default();
+        for kind in [Withdrawable::Produce, Withdrawable::Copy] {
+            if !self.withdrawable.iter().any(|w| w.2 == kind) {
+                continue;
+            }
+            let more = self.withdrawable_headroom_bytes(kind);
+            if self.make_room(at, self.buf.len() as u64, headroom + more).is_ok() {
+                // What comes after it needs less.
+                return Ok(dropped);
+            }
+            self.drop_withdrawable(|w| w == kind);
+            match kind {
+                Withdrawable::Produce => dropped.produces = true,
+                Withdrawable::Copy => dropped.copies = true,
+            }
+        }
+        self.make_room(at, self.buf.len() as u64, headroom)?;
+        Ok(dropped)
+    }
+
     /// Reserves the active segment's space ahead of the writes, a
     /// `RESERVE_AHEAD_BYTES` step at a time up to the segment size (a turn
     /// that takes the segment past it is written as a plain append: the
@@ -78,16 +149,12 @@ impl Log {
         if headroom == 0 {
             return Ok(());
         }
-        let owned = if self.reserved_bytes == CANNOT_RESERVE { 0 } else { self.reserved_bytes.saturating_sub(at) };
-        if !stepped && !self.space_short && owned >= bytes {
+        if !stepped && !self.space_short && self.owned_bytes(at) >= bytes {
             return Ok(());
         }
-        let Some(Ok(free)) = self.timed(Phase::Reserve, |log| log.active.as_ref().map(|f| f.free_bytes())) else {
-            return Ok(());
-        };
-        let room = owned.saturating_add(free);
+        let Some(room) = self.room_bytes(at) else { return Ok(()) };
         // Short: the next step of produces would not fit.
-        let produce_room = bytes + self.headroom_bytes + PRODUCE_HEADROOM_BYTES + RESERVE_AHEAD_BYTES;
+        let produce_room = bytes + self.headroom_bytes + self.produce_headroom_bytes() + RESERVE_AHEAD_BYTES;
         self.space_short = room < produce_room;
         if room >= bytes + headroom {
             return Ok(());
@@ -98,6 +165,37 @@ impl Log {
                 "{room} bytes free on the device: no room for {bytes} bytes of records and the {headroom} bytes kept free after them"
             ),
         ))
+    }
+
+    /// The active segment's reserved space past byte `at` of it.
+    fn owned_bytes(&self, at: u64) -> u64 {
+        if self.reserved_bytes == CANNOT_RESERVE { 0 } else { self.reserved_bytes.saturating_sub(at) }
+    }
+
+    /// The room for records at byte `at` of the active segment: the
+    /// filesystem's free space and the segment's reserved space past `at`.
+    /// None if the filesystem cannot say (or no segment is open yet).
+    fn room_bytes(&mut self, at: u64) -> Option<u64> {
+        let owned = self.owned_bytes(at);
+        let free = self.timed(Phase::Reserve, |log| log.active.as_ref().map(|f| f.free_bytes()))?.ok()?;
+        Some(owned.saturating_add(free))
+    }
+
+    /// Whether the disk has room, after the records this turn holds so
+    /// far, for `bytes` of compaction's copies and the headroom and
+    /// `copy_headroom_bytes` after them: compaction begins copying a
+    /// segment's live messages only then, so that a cleaning it begins can
+    /// finish (and give back what its copies took). A filesystem that
+    /// cannot say has room (no headroom is kept on it); before the active
+    /// segment is open (a start's first turn) the room is not known yet,
+    /// and is taken to be short.
+    pub fn copies_fit(&mut self, bytes: u64) -> bool {
+        if self.active.is_none() {
+            return false;
+        }
+        let at = self.segments.last().map_or(0, |s| s.bytes);
+        let need = self.buf.len() as u64 + bytes + self.headroom_bytes + self.copy_headroom_bytes();
+        self.room_bytes(at).is_none_or(|room| room >= need)
     }
 
     /// Whether, at the last look, the disk had no room for another

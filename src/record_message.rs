@@ -102,8 +102,13 @@ fn read_props<'a>(rd: &mut Reader<'a>) -> Result<Props<'a>, String> {
     }
 }
 
+/// Log bytes of a Produce record besides its messages: the record header,
+/// the topic and the count (`ProduceWriter::begin`).
+pub const PRODUCE_RECORD_FIXED_BYTES: u64 = (RECORD_HEADER_BYTES + 4 + 4) as u64;
+
 /// Writes a Produce record message by message: `begin`, `push` each, then
-/// `end` (or `end_withdrawable`). A record with no message is dropped.
+/// `end` (or `end_withdrawable`, `end_copy`). A record with no message is
+/// dropped.
 pub struct ProduceWriter {
     /// Where the record begins in the log's turn buffer.
     at: RecordStart,
@@ -134,11 +139,18 @@ impl ProduceWriter {
         }
     }
     /// Finishes the record: dropped if this turn's commit fails (a client's
-    /// produce, a compaction copy).
+    /// produce).
     #[inline]
     pub fn end_withdrawable(self, log: &mut Log) {
         if let Some(at) = self.finish(log) {
             log.end_withdrawable(at);
+        }
+    }
+    /// Finishes a record of compaction's copies: dropped if this turn's
+    /// commit fails, or the disk has no room for it (`Log::end_copy`).
+    pub fn end_copy(self, log: &mut Log) {
+        if let Some(at) = self.finish(log) {
+            log.end_copy(at);
         }
     }
     #[inline]

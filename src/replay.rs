@@ -22,7 +22,7 @@ use crate::compactor::Compactor;
 use crate::filter_table::{FilterLimits, FilterTable};
 use crate::log::ReadRecord;
 use crate::queue::{Group, GroupConfig, GroupId, IdMap, MsgId, Stray, Timers, Topic};
-use crate::record::{DedupEntries, GroupRecord, MessageRecord, NackReasons, Record, Requeues, TopicRecord};
+use crate::record::{DedupEntries, GroupRecord, MessageRecord, Messages, NackReasons, Record, Requeues, TopicRecord};
 use crate::wheel::TimerKey;
 
 /// A consumer group as recovery rebuilds it: what its records said so
@@ -373,17 +373,7 @@ impl<'a> Replay<'a> {
             Record::Topic(t) => self.topic(&t, r.segment),
             Record::Delete(d) => self.delete(d.topic, d.next_id, r),
             Record::Purge(p) => self.purge(p.topic, p.below_id),
-            Record::Produce { topic, messages } => {
-                self.notes.retained.replayed(r, topic, &messages);
-                for m in messages {
-                    let m = m?;
-                    self.notes.replayed_produce(r.segment, topic, m.id);
-                    if m.props.dedup_id().is_some() {
-                        self.notes.replayed_dedup(r.segment, topic);
-                    }
-                    self.message(topic, &m);
-                }
-            }
+            Record::Produce { topic, messages } => self.produce(r, topic, messages)?,
             Record::Remove { topic, group, ids, .. } => {
                 self.notes.replayed_group(r.segment, topic, group);
                 for id in ids.iter() {
@@ -716,6 +706,31 @@ impl<'a> Replay<'a> {
     /// or kept aside if it comes below the topic's highest id so far (a
     /// copy moved forward by compaction). Its delivery count is the default
     /// group's.
+    /// A Produce record of `topic`: its messages, first produced or copies
+    /// compaction made.
+    fn produce(&mut self, r: &ReadRecord<'_>, topic: TopicId, messages: Messages<'_>) -> Result<(), String> {
+        self.notes.retained.replayed(r, topic, &messages);
+        for m in messages {
+            let m = m?;
+            self.notes.replayed_produce(r.segment, topic, m.id);
+            if self.stored(topic, m.id) {
+                self.notes.replayed_copy(r.segment, topic, m.id);
+            }
+            if m.props.dedup_id().is_some() {
+                self.notes.replayed_dedup(r.segment, topic);
+            }
+            self.message(topic, &m);
+        }
+        Ok(())
+    }
+
+    /// Whether message `id` of `topic` is stored already: a record of it
+    /// read now is a copy compaction made.
+    fn stored(&self, topic: TopicId, id: MsgId) -> bool {
+        self.topics.get(topic).is_some_and(|e| e.topic.seq.contains(id))
+            || self.strays.get(&topic).is_some_and(|s| s.contains_key(&id))
+    }
+
     fn message(&mut self, topic: TopicId, m: &MessageRecord<'_>) {
         // A client's produce: a dead letter's copy is not one.
         if let Some(dedup_id) = m.props.dedup_id().filter(|_| m.dead.is_none()) {

@@ -1,14 +1,24 @@
 //! A full disk is not a dead end: on a real filesystem that fills up, freeing
-//! the data (PURGE, DELETE, or acking every message) frees the disk, whatever
-//! the segment size, and produces succeed again — also after a restart, also
-//! a restart while the disk is full, also with another `--segment-bytes-max`.
+//! the data by any way there is (PURGE, DELETE_TOPIC, acking every message,
+//! DELETE_GROUP of the group that still needed them) frees the disk,
+//! whatever the segment size, and produces of big batches succeed again —
+//! also after a restart or a SIGKILL while the disk is full or once it was
+//! freed, also with another `--segment-bytes-max`.
 //!
-//! Each test mounts a tmpfs of `DISK_BYTES` of its own (`mount -t tmpfs`),
-//! which needs root (or CAP_SYS_ADMIN). Where the machine does not allow it
-//! (CI in a container, a user account), the test prints why and returns
-//! without checking anything: it is skipped, not failed. The mount is
-//! unmounted whatever happens (a drop guard). What can be checked without a
-//! mount is in tests/storage_failure.rs.
+//! Every segment also keeps a few small messages of a topic nobody frees
+//! (`KEEP`): cleaning a segment then means copying them forward first, on
+//! a disk that refuses produces, which is where a full disk used to stay
+//! full. Every case checks, after a graceful restart, that none of the
+//! freed messages came back and that every kept and every later message is
+//! there, in order.
+//!
+//! The broker is `runnel serve` in a child process (a SIGKILL must be
+//! able to end it), on a tmpfs of `DISK_BYTES` that each case mounts for
+//! itself (`mount -t tmpfs`), which needs root (or CAP_SYS_ADMIN). Where
+//! the machine does not allow it (CI in a container, a user account), the
+//! test prints why and returns without checking anything: it is skipped,
+//! not failed. The mount is unmounted whatever happens (a drop guard).
+//! What can be checked without a mount is in tests/storage_failure.rs.
 
 mod common;
 
@@ -16,24 +26,37 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Server, TempDir};
-use runnel::broker::Config;
+use common::TempDir;
+use common::child::{ChildBroker, End};
 use runnel::client::{Client, Error, Fetch};
 use runnel::codec::ErrorCode;
-use runnel::log::LogOptions;
+use runnel::codec::group::{GroupSettings, Start};
 
 /// The filesystem's size: small, so filling it takes a few thousand
-/// produces, and smaller than the default segment (64 MiB), so the whole
-/// disk is one segment.
+/// produces, and smaller than the default segment (64 MiB), so that with it
+/// the whole disk is one segment.
 const DISK_BYTES: u64 = 4 << 20;
-/// A small segment size: the disk holds many.
-const SMALL_SEGMENT_BYTES: u64 = 64 << 10;
-/// Payload of each message.
+/// The segment sizes every way of freeing is tried with: many segments on
+/// the disk, a few, and one.
+const SEGMENT_SIZES: [u64; 3] = [64 << 10, 1 << 20, 64 << 20];
+/// Payload of each big message.
 const PAYLOAD_BYTES: usize = 1000;
-/// Messages per PRODUCE while filling.
+/// Big messages per PRODUCE.
 const BATCH_MESSAGES: usize = 16;
+/// Payload of each small message kept live through the test.
+const KEEP_BYTES: usize = 100;
+/// The topic of those: one message after every batch, so every segment
+/// keeps a few.
+const KEEP: &str = "keep";
+/// The topics filled with big messages, then freed.
+const TOPICS: [&str; 2] = ["a", "b"];
+/// The topic produced to once the disk was freed.
+const AFTER: &str = "after";
+/// With `Free::DeleteGroup`, the group of `TOPICS` that acks everything,
+/// and the one that acks nothing and is then deleted.
+const GROUPS: (&str, &str) = ("fast", "slow");
 /// How long freeing may take to show (a safety net, not a measurement).
-const DEADLINE: Duration = Duration::from_secs(60);
+const DEADLINE: Duration = Duration::from_secs(30);
 
 /// A tmpfs mounted on a directory of its own; unmounted on drop.
 struct Tmpfs {
@@ -78,80 +101,158 @@ impl Drop for Tmpfs {
     }
 }
 
-/// Mounts a tmpfs for one test, or prints why the test is skipped.
-fn tmpfs(test: &str) -> Option<Tmpfs> {
-    match Tmpfs::mount(test, DISK_BYTES) {
-        Ok(t) => Some(t),
-        Err(why) => {
-            eprintln!("SKIPPED {test}: {why} (this test needs to mount a tmpfs: run as root)");
-            None
-        }
+/// How a case frees the big messages.
+#[derive(Clone, Copy, Debug)]
+enum Free {
+    Purge,
+    DeleteTopic,
+    /// Fetch and ack every message (the default group).
+    Ack,
+    /// One group acks every message, then the other, which acked none, is
+    /// deleted.
+    DeleteGroup,
+}
+
+/// Where a case ends the broker and starts it again, besides the graceful
+/// restart every case ends with.
+#[derive(Clone, Copy, Debug)]
+enum Restart {
+    /// Once the disk is full, before freeing.
+    WhileFull(End),
+    /// Once the data is freed, before producing again.
+    AfterFreeing(End),
+}
+
+/// One case: fill the disk with `segment_bytes` segments, free it `free`,
+/// with `restart` (restarting with `restart_segment_bytes` segments, and
+/// keeping those from then on), produce half the disk again; restart
+/// gracefully and check what is there; produce half the disk again.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    segment_bytes: u64,
+    free: Free,
+    restart: Option<Restart>,
+    restart_segment_bytes: u64,
+}
+
+impl Case {
+    fn plain(segment_bytes: u64, free: Free) -> Case {
+        Case { segment_bytes, free, restart: None, restart_segment_bytes: segment_bytes }
+    }
+    fn restarted(segment_bytes: u64, free: Free, restart: Restart, restart_segment_bytes: u64) -> Case {
+        Case { segment_bytes, free, restart: Some(restart), restart_segment_bytes }
     }
 }
 
-fn segments(bytes: u64) -> LogOptions {
-    LogOptions { segment_bytes_max: bytes, ..LogOptions::default() }
+/// A broker on the case's tmpfs, with its stderr beside the mount.
+struct Disk {
+    tmpfs: Tmpfs,
+    logs: TempDir,
+    starts: usize,
 }
 
-fn start(dir: &Path, log: LogOptions) -> Server {
-    Server::start_in(Config::default(), log, dir)
+impl Disk {
+    /// Mounts the case's tmpfs, or prints why the case is skipped.
+    fn mount(tag: &str) -> Option<Disk> {
+        match Tmpfs::mount(tag, DISK_BYTES) {
+            Ok(tmpfs) => Some(Disk { tmpfs, logs: TempDir::new(&format!("{tag}-logs")), starts: 0 }),
+            Err(why) => {
+                eprintln!("SKIPPED {tag}: {why} (this test needs to mount a tmpfs: run as root)");
+                None
+            }
+        }
+    }
+
+    fn start(&mut self, segment_bytes: u64) -> ChildBroker {
+        self.starts += 1;
+        let stderr = self.logs.path().join(format!("broker-{}.stderr", self.starts));
+        ChildBroker::start(&self.tmpfs.data(), &["--segment-bytes-max".into(), segment_bytes.to_string()], &stderr)
+    }
 }
 
 fn is_storage(e: &Error) -> bool {
     e.code() == Some(ErrorCode::Storage)
 }
 
-fn payload(topic: &str, n: usize) -> Vec<u8> {
+fn payload(topic: &str, n: usize, bytes: usize) -> Vec<u8> {
     let mut p = format!("{topic}-{n}-").into_bytes();
-    p.resize(PAYLOAD_BYTES, b'x');
+    p.resize(bytes, b'x');
     p
 }
 
-const TOPICS: [&str; 2] = ["a", "b"];
+fn big_batch(topic: &str, first: usize) -> Vec<Vec<u8>> {
+    (0..BATCH_MESSAGES).map(|i| payload(topic, first + i, PAYLOAD_BYTES)).collect()
+}
 
-/// Produces into both topics until the broker answers STORAGE; returns how
-/// many messages were acknowledged.
-fn fill(c: &mut Client) -> usize {
-    let mut acked = 0;
+/// What filling the disk stored.
+struct Filled {
+    /// Big messages acknowledged.
+    big: usize,
+    /// The kept messages acknowledged, in order.
+    kept: Vec<Vec<u8>>,
+}
+
+/// Produces big batches into `TOPICS`, each followed by one small message
+/// to `KEEP`, until the broker answers STORAGE.
+fn fill(c: &mut Client) -> Filled {
+    let mut filled = Filled { big: 0, kept: Vec::new() };
     loop {
-        let topic = TOPICS[acked / BATCH_MESSAGES % 2];
-        let batch: Vec<Vec<u8>> = (0..BATCH_MESSAGES).map(|i| payload(topic, acked + i)).collect();
-        match c.produce_batch(topic, &batch) {
-            Ok(_) => acked += BATCH_MESSAGES,
+        let topic = TOPICS[filled.big / BATCH_MESSAGES % 2];
+        match c.produce_batch(topic, &big_batch(topic, filled.big)) {
+            Ok(_) => filled.big += BATCH_MESSAGES,
             Err(e) if is_storage(&e) => break,
             Err(e) => panic!("while filling the disk: {e}"),
         }
-        assert!((acked as u64) * (PAYLOAD_BYTES as u64) < 2 * DISK_BYTES, "the disk never filled");
+        let keep = payload(KEEP, filled.kept.len(), KEEP_BYTES);
+        match c.produce(KEEP, &keep) {
+            Ok(_) => filled.kept.push(keep),
+            Err(e) if is_storage(&e) => break,
+            Err(e) => panic!("while filling the disk: {e}"),
+        }
+        assert!((filled.big as u64) * (PAYLOAD_BYTES as u64) < 2 * DISK_BYTES, "the disk never filled");
     }
     assert!(
-        (acked as u64) * (PAYLOAD_BYTES as u64) > DISK_BYTES / 2,
-        "STORAGE after only {acked} messages: the disk was not full"
+        (filled.big as u64) * (PAYLOAD_BYTES as u64) > DISK_BYTES / 2,
+        "STORAGE after only {} messages: the disk was not full",
+        filled.big
     );
     // Still full: not a passing hiccup.
-    let more: Vec<Vec<u8>> = (0..BATCH_MESSAGES).map(|i| payload("a", i)).collect();
-    let e = c.produce_batch("a", &more).expect_err("the disk is full");
+    let e = c.produce_batch(TOPICS[0], &big_batch(TOPICS[0], 0)).expect_err("the disk is full");
     assert!(is_storage(&e), "{e}");
-    acked
+    filled
 }
 
-/// How the test frees the data.
-#[derive(Clone, Copy, Debug)]
-enum Free {
-    Purge,
-    Delete,
-    /// Fetch and ack every message.
-    Ack,
-}
-
-/// Runs `call` until it is not answered STORAGE (an admin frame answered
-/// STORAGE may have taken effect in memory; retrying is what a client does).
-fn retry<T>(what: &str, mut call: impl FnMut() -> Result<T, Error>) -> Result<T, Error> {
+/// Runs `call` until it is not answered STORAGE, or `DEADLINE` passes (an
+/// admin frame answered STORAGE may have taken effect in memory; retrying
+/// is what a client does).
+fn retry<T>(mut call: impl FnMut() -> Result<T, Error>) -> Result<T, Error> {
     let started = Instant::now();
     loop {
         match call() {
             Err(e) if is_storage(&e) && started.elapsed() < DEADLINE => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) if is_storage(&e) => panic!("{what}: still STORAGE after {DEADLINE:?}: {e}"),
             r => return r,
+        }
+    }
+}
+
+/// Runs an admin call that an earlier try answered STORAGE may have done
+/// in memory already: then it is answered `gone`.
+fn admin(what: &str, gone: ErrorCode, call: impl FnMut() -> Result<u64, Error>) {
+    match retry(call) {
+        Ok(_) => {}
+        Err(e) if e.code() == Some(gone) => {}
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
+/// Creates, before the fill, what `how` needs: with `Free::DeleteGroup`,
+/// the two groups of each topic.
+fn prepare(c: &mut Client, how: Free) {
+    if let Free::DeleteGroup = how {
+        for topic in TOPICS {
+            for group in [GROUPS.0, GROUPS.1] {
+                c.create_group(topic, group, GroupSettings::default(), Start::Earliest).expect("create group");
+            }
         }
     }
 }
@@ -159,124 +260,155 @@ fn retry<T>(what: &str, mut call: impl FnMut() -> Result<T, Error>) -> Result<T,
 fn free(c: &mut Client, how: Free) {
     for topic in TOPICS {
         match how {
-            Free::Purge => {
-                retry("PURGE", || c.purge_topic(topic)).expect("purge");
+            Free::Purge => admin("PURGE", ErrorCode::UnknownTopic, || c.purge_topic(topic)),
+            Free::DeleteTopic => admin("DELETE_TOPIC", ErrorCode::UnknownTopic, || c.delete_topic(topic)),
+            Free::Ack => {
+                drain(c, topic, "");
             }
-            Free::Delete => match retry("DELETE", || c.delete_topic(topic)) {
-                Ok(_) => {}
-                // An earlier try answered STORAGE but deleted it in memory.
-                Err(e) if e.code() == Some(ErrorCode::UnknownTopic) => {}
-                Err(e) => panic!("delete: {e}"),
-            },
-            Free::Ack => loop {
-                let f = Fetch { max_messages: 4096, ack_timeout_ms: 600_000, ..Fetch::default() };
-                let ids: Vec<u64> = c.fetch(topic, f).expect("fetch").iter().map(|m| m.id).collect();
-                if ids.is_empty() {
-                    break;
-                }
-                for chunk in ids.chunks(1024) {
-                    assert_eq!(c.ack(topic, chunk).expect("ack").done as usize, chunk.len());
-                }
-            },
+            Free::DeleteGroup => {
+                drain(c, topic, GROUPS.0);
+                admin("DELETE_GROUP", ErrorCode::UnknownGroup, || c.delete_group(topic, GROUPS.1));
+            }
         }
     }
 }
 
-/// Produces `bytes` of new messages into topic "after", each batch retried
-/// while the broker is still reclaiming; returns their payloads.
-fn produce_again(c: &mut Client, bytes: u64) -> Vec<Vec<u8>> {
+/// Produces `bytes` of big messages into `AFTER`, each batch retried while
+/// the broker is still reclaiming; returns their payloads, or the error of
+/// the batch that did not get through (with how many bytes did).
+fn produce_again(c: &mut Client, bytes: u64) -> Result<Vec<Vec<u8>>, String> {
     let mut sent = Vec::new();
     while (sent.len() * PAYLOAD_BYTES) < bytes as usize {
-        let batch: Vec<Vec<u8>> = (0..BATCH_MESSAGES).map(|i| payload("after", sent.len() + i)).collect();
-        retry("PRODUCE after freeing", || c.produce_batch("after", &batch)).expect("produce after freeing");
+        let batch = big_batch(AFTER, sent.len());
+        if let Err(e) = retry(|| c.produce_batch(AFTER, &batch)) {
+            return Err(format!("{e} (after {} bytes)", sent.len() * PAYLOAD_BYTES));
+        }
         sent.extend(batch);
     }
-    sent
+    Ok(sent)
 }
 
-/// Every message of `topic`, fetched and acked.
-fn drain(c: &mut Client, topic: &str) -> Vec<Vec<u8>> {
+/// Every message of `topic` for `group`, fetched and acked.
+fn drain(c: &mut Client, topic: &str, group: &str) -> Vec<Vec<u8>> {
     let mut got = Vec::new();
     loop {
         let f = Fetch { max_messages: 4096, ack_timeout_ms: 600_000, ..Fetch::default() };
-        let msgs = c.fetch(topic, f).expect("fetch");
+        let msgs = c.fetch_group(topic, group, f).expect("fetch");
         if msgs.is_empty() {
             return got;
         }
         let ids: Vec<u64> = msgs.iter().map(|m| m.id).collect();
         for chunk in ids.chunks(1024) {
-            c.ack(topic, chunk).expect("ack");
+            let done = retry(|| c.ack_group(topic, group, chunk)).expect("ack").done;
+            assert_eq!(done as usize, chunk.len(), "acks of {topic}");
         }
         got.extend(msgs.into_iter().map(|m| m.payload));
     }
 }
 
-/// One scenario: fill the disk with `first` segments; optionally restart
-/// while it is full with `full_restart` segments; free the data `how`;
-/// produce a quarter of the disk again; restart with `last` segments and
-/// check what is there; produce again.
-fn scenario(test: &str, first: u64, full_restart: Option<u64>, how: Free, last: u64) {
-    let Some(disk) = tmpfs(test) else { return };
-    let data = disk.data();
-    let srv = start(&data, segments(first));
-    let mut c = srv.client();
+/// The broker's count of segments compaction removed, the files in its
+/// data directory, and its log, for a failure's message.
+fn why(c: &mut Client, b: &ChildBroker, data: &Path) -> String {
+    let compactions = c.stat("", "compactions").ok().flatten();
+    let mut files: Vec<String> = std::fs::read_dir(data)
+        .map(|d| d.flatten().map(|e| format!("{:?} {}", e.file_name(), e.metadata().map_or(0, |m| m.len()))).collect())
+        .unwrap_or_default();
+    files.sort();
+    format!("compactions {compactions:?}; files {files:?}; the broker's log:\n{}", b.log())
+}
+
+/// Ends `b` as `how` says and starts it again with `segment_bytes`.
+fn restart(disk: &mut Disk, b: ChildBroker, how: End, segment_bytes: u64) -> ChildBroker {
+    b.end(how);
+    disk.start(segment_bytes)
+}
+
+fn run(test: &str, case: Case) {
+    let tag = format!("{test}-{}k", case.segment_bytes >> 10);
+    let Some(mut disk) = Disk::mount(&tag) else { return };
+    let mut b = disk.start(case.segment_bytes);
+    let mut c = b.client();
+    prepare(&mut c, case.free);
     let filled = fill(&mut c);
-    eprintln!("{test}: {filled} messages of {PAYLOAD_BYTES} bytes filled the {DISK_BYTES}-byte disk");
-    let srv = match full_restart {
-        Some(bytes) => {
-            drop(c);
-            srv.stop();
-            start(&data, segments(bytes))
-        }
-        None => srv,
-    };
-    let mut c = srv.client();
-    free(&mut c, how);
-    let after = produce_again(&mut c, DISK_BYTES / 4);
-    drop(c);
-    srv.stop();
-
-    let srv = start(&data, segments(last));
-    let mut c = srv.client();
-    for topic in TOPICS {
-        let back = drain(&mut c, topic);
-        assert!(back.is_empty(), "{test}: {} freed messages of topic {topic} came back", back.len());
+    eprintln!(
+        "{tag} ({case:?}): {} messages of {PAYLOAD_BYTES} bytes and {} of {KEEP_BYTES} filled the {DISK_BYTES}-byte disk",
+        filled.big,
+        filled.kept.len()
+    );
+    if let Some(Restart::WhileFull(how)) = case.restart {
+        b = restart(&mut disk, b, how, case.restart_segment_bytes);
+        c = b.client();
     }
-    assert_eq!(drain(&mut c, "after"), after, "{test}: the messages produced after freeing");
-    produce_again(&mut c, DISK_BYTES / 4);
+    free(&mut c, case.free);
+    if let Some(Restart::AfterFreeing(how)) = case.restart {
+        b = restart(&mut disk, b, how, case.restart_segment_bytes);
+        c = b.client();
+    }
+    let after = produce_again(&mut c, DISK_BYTES / 2).unwrap_or_else(|e| {
+        panic!("{tag}: a produce failed after freeing the disk: {e}; {}", why(&mut c, &b, &disk.tmpfs.data()))
+    });
+    drop(c);
+    let b = restart(&mut disk, b, End::Stop, case.restart_segment_bytes);
+    let mut c = b.client();
+    for topic in TOPICS {
+        let back = drain(&mut c, topic, "");
+        assert!(back.is_empty(), "{tag}: {} freed messages of topic {topic} came back", back.len());
+    }
+    assert!(drain(&mut c, KEEP, "") == filled.kept, "{tag}: the kept messages are not all there, in order");
+    assert!(drain(&mut c, AFTER, "") == after, "{tag}: the messages produced after freeing are not all there");
+    if let Err(e) = produce_again(&mut c, DISK_BYTES / 2) {
+        panic!("{tag}: a produce failed after a restart: {e}; {}", why(&mut c, &b, &disk.tmpfs.data()));
+    }
+    drop(c);
+    b.end(End::Stop);
+}
+
+/// Runs `free` with every segment size.
+fn every_segment_size(test: &str, free: Free) {
+    for segment_bytes in SEGMENT_SIZES {
+        run(test, Case::plain(segment_bytes, free));
+    }
 }
 
 #[test]
-fn purge_frees_a_full_disk_with_default_segments() {
-    scenario("full-purge-default", 64 << 20, None, Free::Purge, 64 << 20);
+fn purge_frees_a_full_disk() {
+    every_segment_size("full-purge", Free::Purge);
 }
 
 #[test]
-fn delete_frees_a_full_disk_with_small_segments() {
-    scenario("full-delete-small", SMALL_SEGMENT_BYTES, None, Free::Delete, SMALL_SEGMENT_BYTES);
+fn delete_topic_frees_a_full_disk() {
+    every_segment_size("full-delete", Free::DeleteTopic);
 }
 
 #[test]
-fn acking_everything_frees_a_full_disk_with_default_segments() {
-    scenario("full-ack-default", 64 << 20, None, Free::Ack, 64 << 20);
+fn acking_everything_frees_a_full_disk() {
+    every_segment_size("full-ack", Free::Ack);
 }
 
 #[test]
-fn acking_everything_frees_a_full_disk_with_small_segments() {
-    scenario("full-ack-small", SMALL_SEGMENT_BYTES, None, Free::Ack, SMALL_SEGMENT_BYTES);
+fn deleting_the_group_that_held_them_frees_a_full_disk() {
+    every_segment_size("full-delete-group", Free::DeleteGroup);
 }
 
 #[test]
-fn a_restart_on_a_full_disk_then_purge_frees_it() {
-    scenario("full-restart-purge", 64 << 20, Some(64 << 20), Free::Purge, 64 << 20);
+fn a_sigkill_once_freed_then_produces_succeed() {
+    for free in [Free::Purge, Free::DeleteTopic, Free::Ack, Free::DeleteGroup] {
+        run("full-kill-freed", Case::restarted(1 << 20, free, Restart::AfterFreeing(End::Kill), 1 << 20));
+    }
 }
 
 #[test]
-fn a_restart_on_a_full_disk_with_smaller_segments_then_delete_frees_it() {
-    scenario("full-restart-smaller", 64 << 20, Some(SMALL_SEGMENT_BYTES), Free::Delete, SMALL_SEGMENT_BYTES);
+fn a_sigkill_while_full_then_freeing_frees_it() {
+    run("full-kill-full", Case::restarted(1 << 20, Free::Purge, Restart::WhileFull(End::Kill), 1 << 20));
+    run("full-kill-full", Case::restarted(64 << 20, Free::DeleteTopic, Restart::WhileFull(End::Kill), 64 << 20));
 }
 
 #[test]
-fn a_restart_on_a_full_disk_with_larger_segments_then_ack_frees_it() {
-    scenario("full-restart-larger", SMALL_SEGMENT_BYTES, Some(64 << 20), Free::Ack, 64 << 20);
+fn a_restart_while_full_with_smaller_segments_then_delete_frees_it() {
+    run("full-smaller", Case::restarted(64 << 20, Free::DeleteTopic, Restart::WhileFull(End::Stop), 64 << 10));
+}
+
+#[test]
+fn a_restart_while_full_with_larger_segments_then_ack_frees_it() {
+    run("full-larger", Case::restarted(64 << 10, Free::Ack, Restart::WhileFull(End::Stop), 64 << 20));
 }

@@ -289,6 +289,22 @@ fn a_restatement_written_ahead_of_the_turn_removes_the_clean_stop_marker_first()
     assert_reopens_as_after_a_crash(dir.path());
 }
 
+/// A start after a crash makes the last segment's records durable before
+/// it relies on them (compaction leaves a message whose latest copy a
+/// crashed run wrote there, unsynced, perhaps); a start after a clean stop
+/// has nothing to sync.
+#[test]
+fn a_start_after_a_crash_syncs_the_last_segment_and_one_after_a_stop_does_not() {
+    let dir = TempDir::new("crash-sync");
+    let log = reopened_after_a_clean_stop(dir.path());
+    assert_eq!(log.stats.fsyncs, 0, "after a clean stop");
+    drop(log);
+    fs::remove_file(dir.path().join(CLEAN_STOP_FILE)).expect("the crash: no marker");
+    let (log, rec) = Log::open(dir.path(), options(1 << 20), |_| Ok(())).expect("a start after the crash");
+    assert!(!rec.clean_stop, "setup: read as a crash");
+    assert_eq!(log.stats.fsyncs, 1, "after a crash: the last segment");
+}
+
 /// Opens the log in `dir` with `--repair` and returns the bodies replayed.
 fn open_repair(dir: &Path) -> Vec<Vec<u8>> {
     let mut bodies = Vec::new();

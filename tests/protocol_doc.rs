@@ -325,6 +325,7 @@ fn limits_table_matches_the_defaults() {
         ("replay_read_bytes_per_turn", d.replay_read_bytes_per_turn),
         ("replay_read_bytes_per_sec", d.replay_read_bytes_per_sec),
         ("unwritten_records_bytes_max", d.unwritten_records_bytes_max),
+        ("produce_headroom_bytes", d.produce_headroom_bytes),
         ("replay_window_messages_max", d.replay_window_messages_max.into()),
     ];
     for (name, default) in limits {

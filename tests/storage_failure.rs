@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use common::TempDir;
 use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outbox, Outcome, Session};
 use runnel::codec::{self, Batch, Decoded, ErrorCode, Frame, Ids, Reply, ReplyFrame, Request};
+use runnel::limits::Limits;
 use runnel::log::{LogOptions, Opener, SegmentFile};
 use std::os::unix::fs::FileExt;
 
@@ -102,10 +103,14 @@ impl Harness {
     }
 
     fn open_with(dir: &Path, opener: Option<Opener>, options: LogOptions) -> Harness {
+        Harness::open_config(dir, opener, options, Config::default())
+    }
+
+    fn open_config(dir: &Path, opener: Option<Opener>, options: LogOptions, config: Config) -> Harness {
         let now = Now { mono_ms: 1, wall_ms: 1_700_000_000_000 };
         let broker = match opener {
-            Some(opener) => Broker::open_with(Config::default(), dir, options, opener, now),
-            None => Broker::open(Config::default(), dir, options, now),
+            Some(opener) => Broker::open_with(config, dir, options, opener, now),
+            None => Broker::open(config, dir, options, now),
         }
         .expect("open broker");
         let mut h = Harness {
@@ -279,6 +284,9 @@ fn blocks(len: u64) -> u64 {
     len.next_multiple_of(4096)
 }
 
+/// Says, of a write's bytes, whether it fails.
+type WriteFault = Box<dyn FnMut(&[u8]) -> bool + Send>;
+
 /// A disk of `capacity_bytes` shared by the segment files opened through
 /// `SmallDisk::opener`. A file's blocks count until it is renamed or
 /// removed (the log does both itself, which this cannot see: so it counts
@@ -287,16 +295,36 @@ struct SmallDisk {
     capacity_bytes: u64,
     /// Bytes of blocks allocated to each file.
     allocated: HashMap<PathBuf, u64>,
+    /// Told of every write's bytes: a write it says so of fails, writing
+    /// nothing.
+    fail_write: Option<WriteFault>,
+    /// Writes failed so.
+    writes_failed: usize,
 }
 
 impl SmallDisk {
     fn new(capacity_bytes: u64) -> Arc<Mutex<SmallDisk>> {
-        Arc::new(Mutex::new(SmallDisk { capacity_bytes, allocated: HashMap::new() }))
+        Arc::new(Mutex::new(SmallDisk {
+            capacity_bytes,
+            allocated: HashMap::new(),
+            fail_write: None,
+            writes_failed: 0,
+        }))
     }
 
     fn free_bytes(&self) -> u64 {
         let used: u64 = self.allocated.iter().filter(|(p, _)| p.exists()).map(|(_, n)| n).sum();
         self.capacity_bytes.saturating_sub(used)
+    }
+
+    /// Counts each file's blocks by its length again: a start cuts the
+    /// last segment's reserved space itself, which this cannot see.
+    fn recount(&mut self) {
+        for (p, n) in self.allocated.iter_mut() {
+            if let Ok(m) = std::fs::metadata(p) {
+                *n = blocks(m.len());
+            }
+        }
     }
 
     fn opener(disk: &Arc<Mutex<SmallDisk>>) -> Opener {
@@ -336,6 +364,12 @@ fn no_space() -> io::Error {
 
 impl SegmentFile for OnSmallDisk {
     fn write_all_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let mut d = self.disk.lock().expect("disk");
+        if d.fail_write.as_mut().is_some_and(|f| f(buf)) {
+            d.writes_failed += 1;
+            return Err(io::Error::other("injected: I/O error"));
+        }
+        drop(d);
         let end = offset + buf.len() as u64;
         let reach = self.grow(end);
         if reach >= end {
@@ -503,6 +537,220 @@ fn a_copy_forward_without_room_holds_up_nothing() {
         h.free(Free::Purge);
         h.produce_again(b"after");
     }
+}
+
+impl Harness {
+    /// Produces 16-message batches of 500 bytes into "t", each payload
+    /// unique (`unique_payload`), until STORAGE; then acks every message
+    /// but `kept` in every `of`. Returns the ids and payloads of those
+    /// left.
+    fn fill_keeping(&mut self, (kept, of): (usize, usize)) -> Vec<(u64, Vec<u8>)> {
+        let mut n = 0;
+        loop {
+            let batch: Vec<Vec<u8>> = (n..n + 16).map(unique_payload).collect();
+            let batch: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+            match self.produce("t", &batch) {
+                Reply::Produced { count, .. } => n += count as usize,
+                r if storage_error(&r) => break,
+                r => panic!("filling: {r:?}"),
+            }
+            assert!(n * 500 < 2 * SMALL_DISK_BYTES as usize, "the disk never filled");
+        }
+        let all = self.fetch_all("t");
+        assert_eq!(all.len(), n, "setup: every acknowledged message is in flight");
+        let (kept, acked): (Vec<_>, Vec<_>) = all.into_iter().enumerate().partition(|(i, _)| i % of < kept);
+        let acked: Vec<u64> = acked.into_iter().map(|(_, m)| m.0).collect();
+        for chunk in acked.chunks(500) {
+            let r = self.ack("t", chunk);
+            assert!(matches!(r, Reply::Ids { done, .. } if done as usize == chunk.len()), "{r:?}");
+        }
+        kept.into_iter().map(|(_, m)| m).collect()
+    }
+
+    /// Ends `turns` turns of nothing but a PING (compaction runs in each).
+    fn idle(&mut self, turns: usize) {
+        for _ in 0..turns {
+            assert!(matches!(self.call(&Request::Ping), Reply::Pong), "PING");
+        }
+    }
+
+    /// Ends PING turns until `done` (at most 2,000; `what` says what is
+    /// awaited).
+    fn idle_until(&mut self, what: &str, done: impl Fn(&Harness) -> bool) {
+        let mut turns = 0;
+        while !done(self) {
+            self.idle(1);
+            turns += 1;
+            assert!(turns < 2_000, "no {what} after {turns} turns");
+        }
+    }
+}
+
+/// A small disk of `bytes` with one 64 MiB segment, filled and then freed
+/// but for `kept` messages in `of` (`Harness::fill_keeping`).
+fn full_disk_keeping(tag: &str, bytes: u64, keep: (usize, usize)) -> FullDisk {
+    let dir = TempDir::new(tag);
+    let disk = SmallDisk::new(bytes);
+    let mut h = Harness::on_disk(dir.path(), &disk, 64 << 20);
+    let kept = h.fill_keeping(keep);
+    FullDisk { dir, disk, h, kept }
+}
+
+/// What `full_disk_keeping` made.
+struct FullDisk {
+    dir: TempDir,
+    disk: Arc<Mutex<SmallDisk>>,
+    h: Harness,
+    /// The messages left unacked: (id, payload).
+    kept: Vec<(u64, Vec<u8>)>,
+}
+
+/// Payload `n` of `fill_keeping`: 500 bytes, beginning with `m-NNNNN-`,
+/// which no other bytes of the log hold.
+fn unique_payload(n: usize) -> Vec<u8> {
+    let mut p = format!("m-{n:05}-").into_bytes();
+    p.resize(500, b'x');
+    p
+}
+
+/// The number of a payload of `fill_keeping`.
+fn payload_number(payload: &[u8]) -> usize {
+    std::str::from_utf8(&payload[2..7]).expect("digits").parse().expect("a number")
+}
+
+/// How many times each payload of `fill_keeping` is in the log files of
+/// `dir`, by its number.
+fn payload_copies(dir: &Path) -> HashMap<usize, usize> {
+    let mut copies = HashMap::new();
+    for path in common::logdir::segments(dir) {
+        let data = std::fs::read(&path).expect("read segment");
+        for at in 0..data.len().saturating_sub(8) {
+            let w = &data[at..at + 8];
+            if w.starts_with(b"m-") && w[7] == b'-' && w[2..7].iter().all(u8::is_ascii_digit) {
+                *copies.entry(payload_number(w)).or_default() += 1;
+            }
+        }
+    }
+    copies
+}
+
+/// A full disk whose one segment keeps two messages in five: cleaning it
+/// would free more than half of it, but its copies would need more room
+/// than the disk has past the headroom and what compaction's copies leave
+/// free. So the cleaning is not begun: copies that could not all be
+/// written would take the room that acks and admin records need, and keep
+/// it, since only the removal they wait for would give it back. The log
+/// stays as it is until more is freed; then the disk is reclaimed.
+#[test]
+fn a_cleaning_that_could_not_finish_is_not_begun() {
+    let FullDisk { dir, disk: _disk, mut h, kept } =
+        full_disk_keeping("small-disk-no-room", SMALL_DISK_BYTES + (1 << 20), (2, 5));
+    let kept_bytes = kept.len() as u64 * 500;
+    assert!(kept_bytes > 1 << 20, "setup: {kept_bytes} bytes live, more than the room for copies");
+    let log_bytes = h.broker.log().bytes();
+    h.idle(300);
+    assert_eq!(h.broker.log().bytes(), log_bytes, "the log grew with nothing but PINGs");
+    let copies = payload_copies(dir.path());
+    let copied = kept.iter().filter(|m| copies.get(&payload_number(&m.1)) != Some(&1)).count();
+    assert_eq!(copied, 0, "messages copied (or lost) by a cleaning that could not finish");
+    assert_eq!(h.broker.compactions(), 0);
+    // Freeing the rest frees the disk.
+    let ids: Vec<u64> = kept.iter().map(|m| m.0).collect();
+    for chunk in ids.chunks(500) {
+        assert!(matches!(h.ack("t", chunk), Reply::Ids { .. }));
+    }
+    h.produce_again(b"after");
+    assert!(h.broker.compactions() > 0);
+}
+
+/// The same full disk with `--produce-headroom-bytes` raised to 2 MiB:
+/// produces stop that far from full, and the three quarters of it that
+/// compaction's copies may use hold the two messages in five of its one
+/// segment, so freeing the other three cleans it.
+#[test]
+fn a_larger_produce_headroom_cleans_a_segment_that_keeps_more() {
+    let dir = TempDir::new("small-disk-more-room");
+    let disk = SmallDisk::new(SMALL_DISK_BYTES + (1 << 20));
+    let limits = Limits { produce_headroom_bytes: 2 << 20, ..Limits::default() };
+    let options = LogOptions { segment_bytes_max: 64 << 20, ..LogOptions::default() };
+    let config = Config { limits, ..Config::default() };
+    let mut h = Harness::open_config(dir.path(), Some(SmallDisk::opener(&disk)), options, config);
+    let kept = h.fill_keeping((2, 5));
+    h.idle_until("compaction", |h| h.broker.compactions() > 0);
+    let copies = payload_copies(dir.path());
+    let copied = kept.iter().filter(|m| copies.get(&payload_number(&m.1)) == Some(&1)).count();
+    assert_eq!(copied, kept.len(), "every message kept, once");
+    h.produce_again(b"after");
+}
+
+/// A cleaning whose copies take two turns: the write of the second slice
+/// fails, and so does the restatement's once the copies are all written.
+/// The cleaning resumes where each failure left it, so no message is
+/// copied twice (each copy left behind would take the disk for good: it
+/// stays live as long as its message), and the segment is removed.
+#[test]
+fn a_cleaning_put_off_resumes_and_copies_each_message_once() {
+    let FullDisk { dir, disk, mut h, kept } = full_disk_keeping("small-disk-resume", SMALL_DISK_BYTES, (1, 4));
+    assert!(kept.len() * 500 > 300 << 10, "setup: more than a slice of copying");
+    // Fail the second big write (the second slice of copies), and the
+    // write after the third (the restatement).
+    let (mut slices, mut restatement) = (0, false);
+    disk.lock().expect("disk").fail_write = Some(Box::new(move |buf: &[u8]| {
+        if std::mem::take(&mut restatement) {
+            return true;
+        }
+        if buf.len() < 100 << 10 {
+            return false;
+        }
+        slices += 1;
+        restatement = slices == 3;
+        slices == 2
+    }));
+    h.idle_until("compaction", |h| h.broker.compactions() > 0);
+    assert_eq!(disk.lock().expect("disk").writes_failed, 2, "setup: both injected failures were met");
+    let copies = payload_copies(dir.path());
+    for (id, payload) in &kept {
+        assert_eq!(copies.get(&payload_number(payload)), Some(&1), "message {id}: copies in the log");
+    }
+    drop(h);
+    let mut h = Harness::on_disk(dir.path(), &disk, 64 << 20);
+    assert_eq!(h.fetch_all("t"), kept, "after a restart: the messages kept, once each");
+}
+
+/// A crash in the middle of a cleaning: its first slice of copies is
+/// written, then every write fails (the process dies there). After the
+/// restart, recovery finds those copies after the messages' first records,
+/// and the cleaning that begins again (once a produce finds the disk full)
+/// copies only the rest: each message is in the log once when the segment
+/// is gone, and the restarted cleaning needs no room for what was already
+/// copied.
+#[test]
+fn a_cleaning_a_crash_cut_short_copies_nothing_again() {
+    let FullDisk { dir, disk, mut h, kept } = full_disk_keeping("small-disk-crash", SMALL_DISK_BYTES, (1, 4));
+    // Every write after the first slice of copies fails.
+    let mut copied = false;
+    disk.lock().expect("disk").fail_write = Some(Box::new(move |buf: &[u8]| {
+        let fail = copied;
+        copied |= buf.len() >= 100 << 10;
+        fail
+    }));
+    let failed = disk.clone();
+    h.idle_until("second slice of copies", move |_| failed.lock().expect("disk").writes_failed > 0);
+    assert_eq!(h.broker.compactions(), 0, "setup: the cleaning was cut short");
+    drop(h);
+    let twice = payload_copies(dir.path()).values().filter(|&&n| n == 2).count();
+    assert!(twice > 0, "setup: the first slice of copies was written");
+    disk.lock().expect("disk").fail_write = None;
+    let mut h = Harness::on_disk(dir.path(), &disk, 64 << 20);
+    disk.lock().expect("disk").recount();
+    // A producer finds the disk full, and it is reclaimed.
+    h.produce_again(b"after");
+    assert_eq!(h.broker.compactions(), 1);
+    let copies = payload_copies(dir.path());
+    for (id, payload) in &kept {
+        assert_eq!(copies.get(&payload_number(payload)), Some(&1), "message {id}: copies in the log");
+    }
+    assert_eq!(h.fetch_all("t"), kept, "the messages kept, once each");
 }
 
 /// Restating many topics takes more than the least headroom: the log keeps

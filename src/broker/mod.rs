@@ -293,10 +293,12 @@ impl Broker {
         opener: Opener,
         now: Now,
     ) -> Result<Broker, OpenError> {
-        // The log's bound on what it keeps for a failing disk is the
-        // broker's limit, as the user set it.
-        let unwritten_records_bytes_max = config.limits.unwritten_records_bytes_max;
-        let log_options = LogOptions { unwritten_records_bytes_max, ..log_options };
+        // The log's bound on what it keeps for a failing disk, and the room
+        // produces leave on a full one, are the broker's limits, as the
+        // user set them.
+        let (unwritten_records_bytes_max, produce_headroom_bytes) =
+            (config.limits.unwritten_records_bytes_max, config.limits.produce_headroom_bytes);
+        let log_options = LogOptions { unwritten_records_bytes_max, produce_headroom_bytes, ..log_options };
         let mut topics = Topics::default();
         topics.set_key_bounds(&config.limits);
         let mut compactor = Compactor::default();

@@ -393,13 +393,13 @@ impl Broker {
         match committed {
             Ok(c) => {
                 report.sync_nanos = c.synced.then_some(c.nanos);
-                if c.withdrawn {
-                    self.compactor.failed();
+                if c.withdrawn || c.copies_withdrawn {
+                    self.compactor.withdrawn(c.withdrawn, c.copies_withdrawn);
                     let n = self.turn.produced.len();
-                    let what = if n > 0 {
-                        format!("PRODUCE answered STORAGE ({n} requests)")
-                    } else {
-                        "compaction's copies put off".into()
+                    let what = match (c.withdrawn, c.copies_withdrawn) {
+                        (true, false) => format!("PRODUCE answered STORAGE ({n} requests)"),
+                        (true, true) => format!("PRODUCE answered STORAGE ({n} requests), compaction's copies put off"),
+                        (false, _) => "compaction's copies put off".into(),
                     };
                     self.failures.failed(
                         now.mono_ms,

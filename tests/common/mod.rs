@@ -2,6 +2,7 @@
 //! on its own temporary data directory.
 #![allow(dead_code)]
 
+pub mod child;
 pub mod clocked;
 pub mod dedup_frames;
 pub mod frames;
