@@ -41,11 +41,14 @@ mod open;
 mod segment_file;
 #[path = "log_space.rs"]
 mod space;
+#[path = "log_write.rs"]
+mod write_frame;
 use open::Applier;
 pub use open::{OpenError, Recovery, Replayer};
 pub use segment_file::{Opener, SegmentFile, open_file, open_mapped};
 use space::is_no_space;
 pub use space::{HEADROOM_BYTES_MIN, PRODUCE_HEADROOM_BYTES};
+pub use write_frame::{WRITE_BODY_BYTES, WRITE_RECORD_BYTES, WriteFrame};
 
 pub use crate::record::RecordKind;
 
@@ -208,7 +211,9 @@ pub struct Log {
     /// The last segment, open for append.
     active: Option<Box<dyn SegmentFile>>,
     opener: Opener,
-    /// Records appended this turn, not yet written.
+    /// Records appended this turn, not yet written: empty, or room for
+    /// the write's Write record (`WRITE_RECORD_BYTES`, filled in just
+    /// before the write) followed by at least one record.
     buf: Vec<u8>,
     /// Records in `buf`.
     buf_records: u64,
@@ -238,6 +243,13 @@ pub struct Log {
     /// Whether the clean-stop marker is on disk: removed before the log
     /// next changes.
     clean_stop_marked: bool,
+    /// Whether the active segment holds a Write record (recovered at start,
+    /// or written since): until it does, its next write is preceded by one
+    /// of its own, made durable first (`write_header`).
+    active_framed: bool,
+    /// The sequence number the next Write record takes: one above the
+    /// highest in the log at start, then counting up.
+    next_write_seq: u64,
     /// Base offset of the segment this run first appended to: with
     /// `--fsync never`, the segments from it on are synced at a clean stop.
     run_first_base: u64,
@@ -316,6 +328,8 @@ impl Log {
         let recovered = recovery::recover(dir, &options, replayer)?;
         let mut log = Log::over(dir.to_path_buf(), options, Some(recovered.lock), opener, recovered.segments);
         log.clean_stop_marked = recovered.marked;
+        log.active_framed = recovered.framed;
+        log.next_write_seq = recovered.next_write_seq;
         Ok((log, recovered.recovery))
     }
 
@@ -365,6 +379,8 @@ impl Log {
             releaser: releaser::Releaser::default(),
             dirty: false,
             clean_stop_marked: false,
+            active_framed: false,
+            next_write_seq: 1,
             phases: PhaseNanos::default(),
             stats: LogStats::default(),
             kept: reader::KeptTurn::default(),
@@ -404,9 +420,13 @@ impl Log {
     }
 
     /// Begins a record in the turn buffer; append its body to `body()`,
-    /// then call `end`.
+    /// then call `end`. The turn's first record leaves room before it for
+    /// the write's Write record.
     #[inline]
     pub fn begin(&mut self, kind: RecordKind) -> RecordStart {
+        if self.buf.is_empty() {
+            self.buf.resize(WRITE_RECORD_BYTES, 0);
+        }
         let at = self.buf.len();
         assert!(self.open_record.is_none(), "a {kind:?} record begun inside another");
         self.open_record = Some(at);
@@ -437,7 +457,9 @@ impl Log {
     /// Drops a record begun but not ended (its body turned out invalid).
     pub fn abandon(&mut self, start: RecordStart) {
         assert_eq!(self.open_record.take(), Some(start.0), "a record abandoned that was not the one begun");
-        self.buf.truncate(start.0);
+        // The turn's only record takes the room for the Write record with
+        // it: an empty buffer is a turn of no records.
+        self.buf.truncate(if start.0 == WRITE_RECORD_BYTES { 0 } else { start.0 });
     }
 
     /// Finishes a record that is dropped if this turn's commit fails (a
@@ -655,12 +677,12 @@ impl Log {
     /// keeps failing cannot make them grow without end, and says so
     /// (`take_unwritten_dropped`).
     fn bound_unwritten_records(&mut self) {
-        if self.buf.len() as u64 <= self.options.unwritten_records_bytes_max {
+        if self.unwritten_bytes() <= self.options.unwritten_records_bytes_max {
             return;
         }
         log::error!(
             "commit log: {} bytes of records wait for a disk that keeps failing, past unwritten-records-bytes-max ({}); dropping them (a restart may redeliver acknowledged messages)",
-            self.buf.len(),
+            self.unwritten_bytes(),
             self.options.unwritten_records_bytes_max
         );
         self.buf_records = 0;
@@ -672,7 +694,8 @@ impl Log {
     /// those kept from failed commits (at most
     /// `unwritten_records_bytes_max` of these once a turn ends).
     pub fn unwritten_bytes(&self) -> u64 {
-        self.buf.len() as u64
+        // Not the room kept for the write's Write record.
+        self.buf.len().saturating_sub(WRITE_RECORD_BYTES) as u64
     }
 
     /// Whether the records kept from failed commits were dropped (past
@@ -694,11 +717,15 @@ impl Log {
             at = end;
         }
         kept.extend_from_slice(&self.buf[at..]);
-        // Count what is kept by walking the record headers.
-        let (mut i, mut n) = (0, 0);
+        // Count what is kept by walking the record headers, after the room
+        // for the Write record.
+        let (mut i, mut n) = (WRITE_RECORD_BYTES, 0);
         while i + RECORD_HEADER_BYTES <= kept.len() {
             i += RECORD_HEADER_BYTES + LittleEndian::read_u32(&kept[i..]) as usize;
             n += 1;
+        }
+        if n == 0 {
+            kept.clear();
         }
         self.buf_records = n;
         self.buf = kept;
@@ -736,19 +763,26 @@ impl Log {
         }
         self.open_active()?;
         let at = self.segments.last().map_or(0, |s| s.bytes);
+        // A segment's first write goes after a Write record of its own.
+        let header = if self.active_framed { 0 } else { WRITE_RECORD_BYTES as u64 };
         let mut withdrawn = false;
         if self.withdrawable.is_empty() {
-            self.make_room(at, self.buf.len() as u64, headroom)?;
-        } else if self.make_room(at, self.buf.len() as u64, headroom + PRODUCE_HEADROOM_BYTES).is_err() {
+            self.make_room(at, header + self.buf.len() as u64, headroom)?;
+        } else if self.make_room(at, header + self.buf.len() as u64, headroom + PRODUCE_HEADROOM_BYTES).is_err() {
             // No room for the produces: the rest of the turn is written
             // without them.
             self.drop_withdrawable();
             withdrawn = true;
-            self.make_room(at, self.buf.len() as u64, headroom)?;
+            self.make_room(at, header + self.buf.len() as u64, headroom)?;
         }
         if self.buf.is_empty() {
             return Ok(withdrawn);
         }
+        if !self.active_framed {
+            self.write_header()?;
+        }
+        let at = self.segments.last().map_or(0, |s| s.bytes);
+        self.seal_turn();
         let Some(f) = self.active.as_mut() else { unreachable!("opened above") };
         // Until the turn's sync is done, a failure may leave bytes past the
         // committed end: the file is cut back before anything else is
@@ -850,6 +884,7 @@ impl Log {
         self.sync_new_name()?;
         self.active = Some(f);
         self.segments.push(Segment { base, bytes: 0 });
+        self.active_framed = false;
         Ok(())
     }
 

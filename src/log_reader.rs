@@ -100,7 +100,8 @@ impl Log {
     /// Passes each record of the last committed turn to `each`, with its
     /// position, once: a second call (or one after a turn that committed
     /// nothing) passes none. The records are the log's own, just written:
-    /// their CRCs are not checked again.
+    /// their CRCs are not checked again. The write's Write record is the
+    /// log's, not passed.
     pub fn take_kept_turn(&mut self, mut each: impl FnMut(ReadRecord<'_>)) {
         let Some(at) = self.kept.pos.take() else { return };
         let buf = &self.kept.buf;
@@ -113,13 +114,15 @@ impl Log {
                 return;
             };
             let offset = at.segment + at.at_bytes + used as u64;
-            each(ReadRecord { kind, version: header[9], body, offset, segment: at.segment });
+            if kind != RecordKind::Write {
+                each(ReadRecord { kind, version: header[9], body, offset, segment: at.segment });
+            }
             used += RECORD_HEADER_BYTES + len;
         }
     }
 
     /// Reads the whole records after `r`'s position, in log order, passing
-    /// each to `each`, reading at most `budget_bytes` of the files (or one
+    /// each to `each` (but the Write records, which are the log's own), reading at most `budget_bytes` of the files (or one
     /// record, if the next is larger). Moves into the next segment at the
     /// end of one. An error is a read that failed or a durable record that
     /// does not parse: the caller ends that reader.
@@ -154,7 +157,9 @@ impl Log {
         while used < r.buf.len() {
             let Ok((kind, version, body, n)) = parse_record(&r.buf[used..]) else { break };
             let offset = seg.base + r.pos.at_bytes + used as u64;
-            each(ReadRecord { kind, version, body, offset, segment: seg.base });
+            if kind != RecordKind::Write {
+                each(ReadRecord { kind, version, body, offset, segment: seg.base });
+            }
             used += n;
         }
         if used == 0 {

@@ -4,7 +4,7 @@
 
 use std::io;
 
-use super::{Log, recovery};
+use super::{Log, WRITE_RECORD_BYTES, recovery};
 use crate::metrics::Phase;
 
 /// Space reserved ahead of the writes in the active segment, in steps of
@@ -108,9 +108,11 @@ impl Log {
     }
 
     /// Sets the headroom: at least `HEADROOM_BYTES_MIN`, and what the broker
-    /// says restating every topic takes.
+    /// says restating every topic takes, with the Write records of the
+    /// restatement's write and of a new segment's first.
     pub fn set_headroom_bytes(&mut self, bytes: u64) {
-        self.headroom_bytes = bytes.max(HEADROOM_BYTES_MIN).next_multiple_of(recovery::HOLE_BLOCK_BYTES as u64);
+        let framed = bytes + 2 * WRITE_RECORD_BYTES as u64;
+        self.headroom_bytes = framed.max(HEADROOM_BYTES_MIN).next_multiple_of(recovery::HOLE_BLOCK_BYTES as u64);
     }
 }
 
