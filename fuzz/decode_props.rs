@@ -33,7 +33,11 @@ pub const LIMIT_SETS: [DecodeLimits; 4] = [
         tag_bytes_max: 8,
         props_bytes_max: 48,
         filter_bytes_max: 32,
+        subscription_credit_max: 3,
         key_bytes_max: 8,
+        dedup_id_bytes_max: 5,
+        nack_reason_bytes_max: 6,
+        lookup_results_max: 7,
     },
     // The broker's defaults.
     DecodeLimits {
@@ -49,7 +53,11 @@ pub const LIMIT_SETS: [DecodeLimits; 4] = [
         tag_bytes_max: 128,
         props_bytes_max: 16 << 10,
         filter_bytes_max: 4096,
+        subscription_credit_max: 8192,
         key_bytes_max: 128,
+        dedup_id_bytes_max: 64,
+        nack_reason_bytes_max: 256,
+        lookup_results_max: 32,
     },
     DecodeLimits::CLIENT,
     // Tiny: every bound is a few bytes away.
@@ -66,7 +74,11 @@ pub const LIMIT_SETS: [DecodeLimits; 4] = [
         tag_bytes_max: 2,
         props_bytes_max: 8,
         filter_bytes_max: 4,
+        subscription_credit_max: 1,
         key_bytes_max: 2,
+        dedup_id_bytes_max: 1,
+        nack_reason_bytes_max: 1,
+        lookup_results_max: 1,
     },
 ];
 

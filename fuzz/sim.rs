@@ -773,8 +773,10 @@ fn check_replies_follow_requests(c: &Conn, ctx: &str) {
     for e in &c.events {
         match *e {
             Event::Frame { op, request_id, .. } => want.push((op, request_id, None)),
+            // An error reply echoes the frame's op, unless that is a
+            // pushed frame's (docs/protocol.md, "Frames").
             Event::Error { code, op, request_id, .. } => {
-                want.push((op & !codec::REPLY_BIT, request_id, Some(code as u8)))
+                want.push((codec::reply_op(op) & !codec::REPLY_BIT, request_id, Some(code as u8)))
             }
             Event::End(_) => {}
         }

@@ -57,8 +57,10 @@ pub struct Client {
     /// Ids of requests sent and not yet answered, in order.
     waiting: VecDeque<u32>,
     next_id: u32,
-    /// The broker's limits, from HELLO (a version-1 broker reports the
-    /// first four; the others are 0).
+    /// The broker's limits, from HELLO: a version-1 session is told the
+    /// first four, one of versions 2 to 5 the first twelve, and one of
+    /// version 6 every one, the limits of push credit, keys, dedup ids,
+    /// NACK reasons and LOOKUP among them; a limit not told is 0.
     pub limits: DecodeLimits,
     /// The protocol version the broker chose.
     pub version: u16,

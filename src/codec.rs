@@ -49,7 +49,7 @@ pub use group::{
     GROUP_FLAG_BROADCAST, GroupInfo, GroupSettings, GroupStats, Start, check_group_name, encode_group_created_reply,
     encode_groups_reply,
 };
-pub use limits::DecodeLimits;
+pub use limits::{DecodeLimits, SINCE_HELLO_FEATURE_LIMITS};
 pub use message::*;
 pub use props::{Props, PropsLimits};
 pub use push::{SINCE_PUSH, encode_credit_reply, encode_subscribed_reply};
@@ -58,10 +58,10 @@ pub use topic_settings::TopicOptions;
 
 /// The protocol versions the broker negotiates.
 pub const VERSION_MIN: u16 = 1;
-pub const VERSION_MAX: u16 = 5;
+pub const VERSION_MAX: u16 = 6;
 /// The highest version this codec, and so the client, speaks. The broker
 /// raises VERSION_MAX to it once it serves every op of that version.
-pub const CODEC_VERSION_MAX: u16 = 5;
+pub const CODEC_VERSION_MAX: u16 = 6;
 /// Version 3: time and identity (scheduled messages and their ops).
 pub const V3: u16 = 3;
 /// Version 4: keys, inspection, idempotent produce, retry policy, ordering
@@ -69,6 +69,9 @@ pub const V3: u16 = 3;
 pub const V4: u16 = 4;
 /// Version 5: inspection tells a retry wait and a wait behind a key apart.
 pub const V5: u16 = 5;
+/// Version 6: the HELLO reply reports the limits of versions 3 and 4
+/// (`SINCE_HELLO_FEATURE_LIMITS`).
+pub const V6: u16 = 6;
 /// Bytes in a frame header.
 pub const HEADER_BYTES: usize = 12;
 /// Bit set in the op of every reply.
@@ -127,6 +130,11 @@ pub mod op {
     /// Not a request: the op of a pushed frame (sent as 0xEF, with the
     /// reply bit), which answers no request.
     pub const PUSH: u8 = 0x6F;
+    /// Not a request either: the error reply to a frame with PUSH's op
+    /// (0x6F, or 0xEF with the reply bit) is sent with this op and the
+    /// reply bit, 0xFF, so that a frame with op 0xEF is always a pushed
+    /// one (`reply_op`).
+    pub const IN_PLACE_OF_PUSH: u8 = 0x7F;
     pub const CANCEL: u8 = 0x50;
     pub const RESCHEDULE: u8 = 0x51;
     pub const LOOKUP: u8 = 0x52;

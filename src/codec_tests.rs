@@ -80,7 +80,11 @@ const SMALL: DecodeLimits = DecodeLimits {
     tag_bytes_max: 8,
     props_bytes_max: 48,
     filter_bytes_max: 32,
+    subscription_credit_max: 3,
     key_bytes_max: 8,
+    dedup_id_bytes_max: 5,
+    nack_reason_bytes_max: 6,
+    lookup_results_max: 7,
 };
 
 /// A name of exactly `SMALL.topic_name_bytes_max` bytes, every kind of byte allowed.
@@ -1763,7 +1767,11 @@ fn garbage_never_panics_and_the_decoders_agree_with_the_bytes() {
         tag_bytes_max: 2,
         props_bytes_max: 8,
         filter_bytes_max: 4,
+        subscription_credit_max: 3,
         key_bytes_max: 2,
+        dedup_id_bytes_max: 5,
+        nack_reason_bytes_max: 6,
+        lookup_results_max: 7,
     };
     let limit_sets = [SMALL, default_limits(), DecodeLimits::CLIENT, tiny];
     for seed in seeds(1000) {

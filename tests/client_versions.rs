@@ -296,3 +296,66 @@ fn a_fake_version_1_broker_gets_version_1_layouts() {
     let d = c.fetch("t", now(1)).expect("fetch");
     assert!(d[0].props.is_empty() && d[0].origin_group.is_empty(), "a version-1 delivery carries neither");
 }
+
+// ---------------------------------------------------------------------------
+// Version 6: HELLO reports the limits of versions 3 and 4.
+// ---------------------------------------------------------------------------
+
+/// Limits of versions 3 and 4 away from their defaults, so that no field
+/// can match by chance.
+fn feature_limits() -> Limits {
+    Limits {
+        subscription_credit_max: 100,
+        key_bytes_max: 50,
+        dedup_id_bytes_max: 40,
+        nack_reason_bytes_max: 30,
+        lookup_results_max: 20,
+        ..Limits::default()
+    }
+}
+
+/// The HELLO reply to a client offering versions 1 to `max`, as bytes.
+fn hello_reply_bytes(addr: SocketAddr, max: u16) -> Vec<u8> {
+    let mut r = common::wire::Raw::connect(addr);
+    let mut hello = vec![14, 0, 0, 0, 1, 0, 0, 0, 9, 0, 0, 0, 1, 0];
+    hello.extend_from_slice(&max.to_le_bytes());
+    hello.extend_from_slice(&[0, 0]);
+    r.write(&hello);
+    r.recv().frame
+}
+
+/// A version-6 HELLO reply carries, after version 2's fields (which end
+/// at body offset 58), the limits a client of versions 3 and 4 needs and
+/// can learn nowhere else; a version-5 one is version 2's layout, byte
+/// for byte, and the two agree on every field they share.
+#[test]
+fn a_version_6_hello_reply_reports_the_limits_of_versions_3_and_4() {
+    let (srv, _dir) = common::start(feature_limits());
+    let v6 = hello_reply_bytes(srv.addr, 6);
+    assert_eq!((v6[4], u16::from_le_bytes([v6[12], v6[13]])), (0x81, 6), "{v6:02x?}");
+    assert_eq!(v6.len(), 12 + 58 + 5 * 4, "{v6:02x?}");
+    let at = |i: usize| u32::from_le_bytes([v6[70 + 4 * i], v6[71 + 4 * i], v6[72 + 4 * i], v6[73 + 4 * i]]);
+    // subscription_credit_max, key_bytes_max, dedup_id_bytes_max,
+    // nack_reason_bytes_max, lookup_results_max.
+    assert_eq!((0..5).map(at).collect::<Vec<_>>(), [100, 50, 40, 30, 20]);
+    let v5 = hello_reply_bytes(srv.addr, 5);
+    assert_eq!((v5.len(), u16::from_le_bytes([v5[12], v5[13]])), (12 + 58, 5), "{v5:02x?}");
+    assert_eq!(v5[14..], v6[14..70], "versions 5 and 6 report the fields they share alike");
+}
+
+/// `runnel::Client` offers version 6, and learns and exposes those limits;
+/// a client that offers at most version 5 is told none of them (0).
+#[test]
+fn the_client_learns_the_limits_a_version_6_hello_reports() {
+    let (srv, _dir) = common::start(feature_limits());
+    let c = Client::connect(srv.addr).expect("connect");
+    assert_eq!(c.version, 6);
+    assert_eq!(c.limits, DecodeLimits::from(&feature_limits()));
+    let l = &c.limits;
+    let got = (l.subscription_credit_max, l.key_bytes_max, l.dedup_id_bytes_max, l.nack_reason_bytes_max);
+    assert_eq!((got, l.lookup_results_max), ((100, 50, 40, 30), 20));
+    let old = Client::connect_upto(srv.addr, b"", 5).expect("connect");
+    assert_eq!(old.version, 5);
+    assert_eq!(old.limits, DecodeLimits::from(&feature_limits()).reported(5));
+    assert_eq!((old.limits.key_bytes_max, old.limits.lookup_results_max), (0, 0), "not reported before version 6");
+}

@@ -187,6 +187,7 @@ fn every_example_decodes_to_its_frame_and_encodes_back() {
     expected.extend(common::dedup_frames::doc_frames_dedup());
     expected.extend(common::inspect_frames::doc_frames_inspect());
     expected.extend(common::retry_frames::doc_frames_retry());
+    expected.extend(common::frames::doc_frames_v6());
     let mut failures = Vec::new();
     for ex in &found {
         if !expected.iter().any(|f| f.name == ex.tag) {
@@ -355,4 +356,93 @@ fn stats_tables_name_every_key() {
         .map(|(name, k)| format!("{k} (section {name:?})"))
         .collect();
     assert!(missing.is_empty(), "STATS keys missing from docs/protocol.md: {missing:?}");
+}
+
+/// The doc says once which versions this build negotiates, in one
+/// sentence a reader (and this test) can find, and it is what the code
+/// negotiates; no other sentence states a range or a highest version; and
+/// the table of what each version added has a row for every version, and
+/// none for a version the build does not speak.
+#[test]
+fn the_doc_states_the_versions_the_build_negotiates_once() {
+    let doc = doc();
+    let flat = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+    let claim = "This build negotiates protocol versions ";
+    let stated: Vec<&str> = flat.match_indices(claim).map(|(at, _)| &flat[at + claim.len()..]).collect();
+    assert_eq!(stated.len(), 1, "docs/protocol.md must say `{claim}N to M.` exactly once");
+    let range = format!("{} to {}.", VERSION_MIN, VERSION_MAX);
+    assert!(stated[0].starts_with(&range), "docs/protocol.md states versions {:?}, the code {range}", &stated[0][..8]);
+    for stale in ["negotiates up to", "negotiates versions", "this build negotiates", "# runnel wire protocol, version"]
+    {
+        assert!(!flat.contains(stale), "docs/protocol.md states the versions again: `{stale}`");
+    }
+    let rows = table_rows(&doc, "### What each version added");
+    let versions: Vec<String> = rows.iter().filter(|r| r[0].parse::<u16>().is_ok()).map(|r| r[0].clone()).collect();
+    let want: Vec<String> = (VERSION_MIN..=VERSION_MAX).map(|v| v.to_string()).collect();
+    assert_eq!(versions, want, "the rows of `What each version added`");
+}
+
+/// The opcode table's Since column is the version the codec has each op
+/// from.
+#[test]
+fn the_opcode_table_gives_the_version_of_each_op() {
+    let doc = doc();
+    let rows = table_rows(&doc, "## Opcodes");
+    let mut checked = 0;
+    for r in rows.iter().filter(|r| r[0].starts_with("0x")) {
+        let code = u8::from_str_radix(&r[0][2..], 16).unwrap_or_else(|_| panic!("op {} in the opcode table", r[0]));
+        let since = op::since(code).map(|v| v.to_string());
+        assert_eq!(r.get(2), since.as_ref(), "the Since of op {} ({}) in the opcode table", r[0], r[1]);
+        checked += 1;
+    }
+    assert_eq!(checked, (0..=u8::MAX).filter(|&o| op::since(o).is_some()).count(), "every op has a row");
+}
+
+/// The anchor GitHub gives a heading: lowercase, punctuation but `-` and
+/// `_` dropped, spaces as `-`.
+fn slug(heading: &str) -> String {
+    heading
+        .trim_start_matches('#')
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The headings of the doc outside its code blocks, with their anchors (a
+/// repeated one gets `-1`, `-2`, ..., as on GitHub).
+fn headings(doc: &str) -> Vec<(String, String)> {
+    let mut fenced = false;
+    let mut found: Vec<(String, String)> = Vec::new();
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for line in doc.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with('#') {
+            let base = slug(line);
+            let n = seen.entry(base.clone()).or_insert(0);
+            let anchor = if *n == 0 { base } else { format!("{base}-{n}") };
+            *n += 1;
+            found.push((line.to_string(), anchor));
+        }
+    }
+    found
+}
+
+/// Every link to a section of the doc lands on a heading, and the
+/// contents list every section.
+#[test]
+fn every_link_names_a_section_and_the_contents_list_every_one() {
+    let doc = doc();
+    let heads = headings(&doc);
+    let anchors: Vec<&str> = heads.iter().map(|(_, a)| a.as_str()).collect();
+    let links: Vec<&str> = doc.split("](#").skip(1).filter_map(|rest| rest.split(')').next()).collect();
+    let broken: Vec<&&str> = links.iter().filter(|l| !anchors.contains(l)).collect();
+    assert!(broken.is_empty(), "docs/protocol.md links to sections it does not have: {broken:?}");
+    let contents = doc.split("## Contents").nth(1).and_then(|c| c.split("\n## ").next()).unwrap_or("");
+    for (line, anchor) in heads.iter().filter(|(l, _)| l.starts_with("## ") && l != "## Contents") {
+        assert!(contents.contains(&format!("(#{anchor})")), "the contents do not list `{line}`");
+    }
 }

@@ -285,3 +285,89 @@ fn a_restart_makes_every_message_ready_in_id_order() {
     );
     assert_eq!(seen(c.fetch("q", now(10)).unwrap()), vec![(1, 2)], "the disconnected delivery counts");
 }
+
+// ---------------------------------------------------------------------------
+// Only a pushed frame has op 0xEF.
+// ---------------------------------------------------------------------------
+
+/// A frame of `op` with an empty body and the header's other fields 0: ops
+/// no encoder writes as a request.
+fn bare_frame(op: u8, rid: u32) -> Vec<u8> {
+    let mut f = vec![0, 0, 0, 0, op, 0, 0, 0];
+    f.extend_from_slice(&rid.to_le_bytes());
+    reframe(f)
+}
+
+/// The next frame that is not pushed, as a client reads replies in request
+/// order: every frame with op 0xEF is set aside in `pushed` as a pushed
+/// frame (docs/protocol.md, "Frames": no reply has that op).
+fn next_reply(r: &mut Raw, pushed: &mut Vec<Got>) -> Got {
+    loop {
+        let got = r.recv();
+        if got.wire_op() != op::PUSH | codec::REPLY_BIT {
+            return got;
+        }
+        pushed.push(got);
+    }
+}
+
+/// A client that sets aside every frame with op 0xEF, as the doc says a
+/// pushed frame is told apart, still gets the reply to every frame, in
+/// order: the error replies to a frame with PUSH's op (0x6F, no request)
+/// and to one with op 0xEF (the reply bit set) have op 0xFF, and what it
+/// set aside are the subscription's pushed frames alone.
+#[test]
+fn no_reply_takes_the_op_of_a_pushed_frame() {
+    let (srv, _dir) = Server::start(Config::default());
+    let version = codec::VERSION_MAX;
+    let mut r = Raw::connect(srv.addr);
+    let mut out = Vec::new();
+    codec::encode_request(&mut out, 1, &Request::Hello { min_version: 1, max_version: version, token: b"" }, 1);
+    r.write(&out);
+    assert!(matches!(r.recv().reply(), codec::Reply::Hello { version: v, .. } if v == version));
+    let mut body = Vec::new();
+    codec::encode_message(&mut body, &codec::Props::EMPTY, b"x");
+    let produce =
+        Request::Produce { topic: "t", flags: 0, batch: codec::Batch { count: 1, bytes: &body, with_props: true } };
+    let subscribe = Request::Subscribe { topic: "t", group: "", credit: 10, ack_timeout_ms: 0 };
+    out.clear();
+    codec::encode_request(&mut out, 2, &subscribe, version);
+    codec::encode_request(&mut out, 3, &produce, version);
+    out.extend_from_slice(&bare_frame(op::PUSH, 4));
+    out.extend_from_slice(&bare_frame(op::PUSH | codec::REPLY_BIT, 5));
+    codec::encode_request(&mut out, 6, &Request::Ping, version);
+    r.write(&out);
+    let mut pushed = Vec::new();
+    let replies: Vec<(u32, u8)> =
+        (0..5).map(|_| next_reply(&mut r, &mut pushed)).map(|g| (g.request_id(), g.wire_op())).collect();
+    assert_eq!(replies, [(2, 0xe0), (3, 0x90), (4, 0xff), (5, 0xff), (6, 0x82)], "(request id, op) of each reply");
+    assert_eq!(pushed.len(), 1, "the one message produced was pushed");
+    assert!(matches!(pushed[0].reply(), codec::Reply::Pushed { topic: "t", .. }), "{:02x?}", pushed[0].frame);
+}
+
+/// The replies that echo a frame's op whatever it is (HELLO_REQUIRED
+/// before HELLO, MALFORMED for a header with the reply bit,
+/// FRAME_TOO_LARGE, UNKNOWN_OP) never take op 0xEF either: a frame with op
+/// 0x6F or 0xEF gets them with op 0xFF.
+#[test]
+fn an_error_reply_to_a_frame_with_the_push_op_has_op_0xff() {
+    let (srv, _dir) = common::start(common::small_limits());
+    let mut r = Raw::connect(srv.addr);
+    let refused = |r: &mut Raw| {
+        let got = r.recv();
+        (got.wire_op(), got.request_id(), got.error())
+    };
+    r.write(&bare_frame(op::PUSH, 1));
+    assert_eq!(refused(&mut r), (0xff, 1, ErrorCode::HelloRequired), "before HELLO");
+    r.hello();
+    r.write(&bare_frame(op::PUSH, 2));
+    assert_eq!(refused(&mut r), (0xff, 2, ErrorCode::UnknownOp));
+    r.write(&bare_frame(op::PUSH | codec::REPLY_BIT, 3));
+    assert_eq!(refused(&mut r), (0xff, 3, ErrorCode::Malformed));
+    let mut oversized = bare_frame(op::PUSH, 4);
+    oversized.resize(4096, 0);
+    r.write(&reframe(oversized));
+    assert_eq!(refused(&mut r), (0xff, 4, ErrorCode::FrameTooLarge));
+    r.send(5, &Request::Ping);
+    assert_eq!((r.recv().wire_op(), 5), (op::PING | codec::REPLY_BIT, 5), "in step");
+}

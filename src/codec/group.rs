@@ -1,7 +1,8 @@
 //! Consumer groups on the wire (protocol version 2): group names, a group's
 //! settings and start position, and the bodies of CREATE_GROUP,
 //! DELETE_GROUP, LIST_GROUPS and RESET_GROUP with their replies.
-//! docs/protocol.md ("Version 2") is the contract.
+//! docs/protocol.md ("Consumer groups (version 2)", and the ops under
+//! "Requests and replies") is the contract.
 //!
 //! A group is named by a string after the topic; the empty name is the
 //! default group, the one version-1 frames use.

@@ -5,8 +5,8 @@ use super::PropsLimits;
 
 /// The broker's limits a peer must know: the decoder enforces the sizes,
 /// and the HELLO reply reports them all (`crate::limits` has their reasons).
-/// A version-1 HELLO reply carries only the first four; the others read as
-/// 0 from it.
+/// A version-1 HELLO reply carries only the first four, one of versions 2
+/// to 5 the first twelve; the others read as 0 from it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeLimits {
     pub frame_bytes_max: u32,
@@ -24,10 +24,24 @@ pub struct DecodeLimits {
     pub tag_bytes_max: u32,
     pub props_bytes_max: u32,
     pub filter_bytes_max: u32,
-    /// Longest message key (version 4). Not in the HELLO reply: a longer
-    /// key is refused with BAD_ARGUMENT naming the limit.
+    /// Most credit of one push subscription (version 3; the HELLO reply
+    /// reports it from version 6): SUBSCRIBE or CREDIT asking for more
+    /// gets BAD_ARGUMENT.
+    pub subscription_credit_max: u32,
+    /// Longest message key, bytes (version 4; reported from version 6).
     pub key_bytes_max: u32,
+    /// Longest dedup id, bytes (version 4; reported from version 6).
+    pub dedup_id_bytes_max: u32,
+    /// Longest NACK reason, bytes (version 4; reported from version 6).
+    pub nack_reason_bytes_max: u32,
+    /// Most messages one LOOKUP returns (version 4; reported from
+    /// version 6).
+    pub lookup_results_max: u32,
 }
+
+/// The protocol version whose HELLO reply reports the limits of versions
+/// 3 and 4 (`subscription_credit_max` to `lookup_results_max`).
+pub const SINCE_HELLO_FEATURE_LIMITS: u16 = super::V6;
 
 impl DecodeLimits {
     /// Limits loose enough for any frame a client may receive.
@@ -44,17 +58,30 @@ impl DecodeLimits {
         tag_bytes_max: u32::MAX,
         props_bytes_max: u32::MAX,
         filter_bytes_max: u32::MAX,
+        subscription_credit_max: u32::MAX,
         key_bytes_max: u32::MAX,
+        dedup_id_bytes_max: u32::MAX,
+        nack_reason_bytes_max: u32::MAX,
+        lookup_results_max: u32::MAX,
     };
 
     /// These limits as a HELLO reply of `version` reports them: version 1
-    /// carries the first four, and the others read as 0.
+    /// carries the first four, versions 2 to 5 the first twelve, version 6
+    /// all; the others read as 0.
     pub fn reported(&self, version: u16) -> DecodeLimits {
-        // No HELLO reply carries `key_bytes_max`: a client reads it as
-        // the wire's bound.
-        let key_bytes_max = DecodeLimits::CLIENT.key_bytes_max;
+        if version >= SINCE_HELLO_FEATURE_LIMITS {
+            return *self;
+        }
+        let v2 = DecodeLimits {
+            subscription_credit_max: 0,
+            key_bytes_max: 0,
+            dedup_id_bytes_max: 0,
+            nack_reason_bytes_max: 0,
+            lookup_results_max: 0,
+            ..*self
+        };
         if version >= 2 {
-            return DecodeLimits { key_bytes_max, ..*self };
+            return v2;
         }
         DecodeLimits {
             output_bytes_max: 0,
@@ -65,8 +92,7 @@ impl DecodeLimits {
             tag_bytes_max: 0,
             props_bytes_max: 0,
             filter_bytes_max: 0,
-            key_bytes_max,
-            ..*self
+            ..v2
         }
     }
 
@@ -96,7 +122,11 @@ impl From<&crate::limits::Limits> for DecodeLimits {
             tag_bytes_max: l.tag_bytes_max,
             props_bytes_max: l.props_bytes_max,
             filter_bytes_max: l.filter_bytes_max,
+            subscription_credit_max: l.subscription_credit_max,
             key_bytes_max: l.key_bytes_max,
+            dedup_id_bytes_max: l.dedup_id_bytes_max,
+            nack_reason_bytes_max: l.nack_reason_bytes_max,
+            lookup_results_max: l.lookup_results_max,
         }
     }
 }

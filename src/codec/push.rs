@@ -5,8 +5,8 @@
 //!
 //! A pushed frame answers no request, so it must be told apart from the
 //! replies by its header alone (a client reading replies in request order
-//! sets it aside): its op is PUSH with the reply bit, 0xEF, which no request
-//! can have, and its request id is the subscription's id. Its body is a
+//! sets it aside): its op is PUSH with the reply bit, 0xEF, which no reply
+//! has (`reply_op`), and its request id is the subscription's id. Its body is a
 //! FETCH reply's (topic, count, messages), so a client decodes both alike.
 
 use super::{BodyError, DecodeLimits, ErrorCode, REPLY_BIT, Rd, Request, begin_frame, end_frame, malformed};
@@ -147,6 +147,20 @@ mod tests {
         assert_eq!(plain.version_needed(), 1, "no flags: version 1's layout can carry it");
         let flagged = Request::Produce { topic: "t", flags: PRODUCE_FLAG_WRITTEN, batch };
         assert_eq!(flagged.version_needed(), SINCE_PRODUCE_FLAGS);
+    }
+
+    #[test]
+    fn no_reply_op_is_the_pushed_frames_op() {
+        for op in 0..=u8::MAX {
+            let want = match op | REPLY_BIT {
+                0xEF => 0xFF,
+                other => other,
+            };
+            assert_eq!(reply_op(op), want, "op {op:#04x}");
+            let mut out = Vec::new();
+            encode_error(&mut out, op, 1, ErrorCode::UnknownOp, "no");
+            assert_ne!(out[4], op::PUSH | REPLY_BIT, "the error reply to op {op:#04x}");
+        }
     }
 
     #[test]

@@ -4,15 +4,28 @@
 
 use super::*;
 
-/// Appends an error reply.
+/// The op of the reply to a frame whose op is `op`: `op` with the reply
+/// bit, except that only a pushed frame has PUSH's op with the reply bit
+/// (0xEF): a client tells a pushed frame apart by its op alone, so the
+/// reply to a frame of op 0x6F or 0xEF (which no request has) takes
+/// `op::IN_PLACE_OF_PUSH` with the reply bit, 0xFF.
+pub fn reply_op(op: u8) -> u8 {
+    let op = op | REPLY_BIT;
+    if op == op::PUSH | REPLY_BIT { op::IN_PLACE_OF_PUSH | REPLY_BIT } else { op }
+}
+
+/// Appends an error reply. Its op is `reply_op(op)`: an error reply may
+/// echo whatever op a frame had (UNKNOWN_OP, HELLO_REQUIRED,
+/// FRAME_TOO_LARGE, MALFORMED), and none may look like a pushed frame.
 pub fn encode_error(out: &mut Vec<u8>, op: u8, request_id: u32, code: ErrorCode, message: &str) {
-    let start = begin_frame(out, op | REPLY_BIT, code as u8, request_id);
+    let start = begin_frame(out, reply_op(op), code as u8, request_id);
     put_str(out, message.as_bytes());
     end_frame(out, start);
 }
 
 /// Appends the reply to HELLO: the chosen version and the limits; from
-/// version 2 on, every limit of `DecodeLimits` and the shard map's epoch.
+/// version 2 on, more of them and the shard map's epoch; from version 6
+/// on, every limit of `DecodeLimits`.
 pub fn encode_hello_reply(out: &mut Vec<u8>, request_id: u32, version: u16, limits: &DecodeLimits, map_epoch: u64) {
     let start = begin_frame(out, op::HELLO | REPLY_BIT, 0, request_id);
     put_u16(out, version);
@@ -30,6 +43,13 @@ pub fn encode_hello_reply(out: &mut Vec<u8>, request_id: u32, version: u16, limi
         put_u32(out, limits.tag_bytes_max);
         put_u32(out, limits.props_bytes_max);
         put_u32(out, limits.filter_bytes_max);
+    }
+    if version >= SINCE_HELLO_FEATURE_LIMITS {
+        put_u32(out, limits.subscription_credit_max);
+        put_u32(out, limits.key_bytes_max);
+        put_u32(out, limits.dedup_id_bytes_max);
+        put_u32(out, limits.nack_reason_bytes_max);
+        put_u32(out, limits.lookup_results_max);
     }
     end_frame(out, start);
 }
@@ -251,6 +271,13 @@ fn parse_hello_reply<'a>(rd: &mut Rd<'_>) -> Option<Reply<'a>> {
         limits.tag_bytes_max = rd.u32()?;
         limits.props_bytes_max = rd.u32()?;
         limits.filter_bytes_max = rd.u32()?;
+    }
+    if version >= SINCE_HELLO_FEATURE_LIMITS {
+        limits.subscription_credit_max = rd.u32()?;
+        limits.key_bytes_max = rd.u32()?;
+        limits.dedup_id_bytes_max = rd.u32()?;
+        limits.nack_reason_bytes_max = rd.u32()?;
+        limits.lookup_results_max = rd.u32()?;
     }
     Some(Reply::Hello { version, limits, map_epoch })
 }

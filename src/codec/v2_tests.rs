@@ -25,7 +25,11 @@ const LIMITS: DecodeLimits = DecodeLimits {
     tag_bytes_max: 4,
     props_bytes_max: 40,
     filter_bytes_max: 16,
+    subscription_credit_max: 3,
     key_bytes_max: 4,
+    dedup_id_bytes_max: 5,
+    nack_reason_bytes_max: 6,
+    lookup_results_max: 7,
 };
 
 fn seed_guard(test: &'static str, seed: u64) -> SeedGuard {
@@ -485,7 +489,7 @@ fn create_group_fields_are_checked() {
 
 #[test]
 fn a_hello_reply_carries_the_fields_of_its_version() {
-    for (version, extra) in [(1u16, 0usize), (2, 4 * 8 + 8)] {
+    for (version, extra) in [(1u16, 0usize), (2, 4 * 8 + 8), (5, 4 * 8 + 8), (6, 4 * 8 + 8 + 5 * 4)] {
         let mut out = Vec::new();
         encode_hello_reply(&mut out, 1, version, &LIMITS, 77);
         assert_eq!(out.len(), HEADER_BYTES + 18 + extra, "version {version}");
@@ -494,6 +498,8 @@ fn a_hello_reply_carries_the_fields_of_its_version() {
         assert_eq!(f.reply, Reply::Hello { version, limits: LIMITS.reported(version), map_epoch });
     }
     assert_eq!(LIMITS.reported(1).tag_bytes_max, 0, "version 1 does not report it");
+    assert_eq!(LIMITS.reported(5).lookup_results_max, 0, "version 5 does not report it");
+    assert_eq!(LIMITS.reported(6), LIMITS, "version 6 reports every limit");
 }
 
 #[test]

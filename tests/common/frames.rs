@@ -589,3 +589,25 @@ pub fn doc_frames_schedule() -> Vec<Named> {
         ),
     ]
 }
+
+// ---------------------------------------------------------------------------
+// Version 6: docs/protocol.md, "HELLO (0x01)".
+// ---------------------------------------------------------------------------
+
+/// The examples of version 6: a HELLO that negotiates it, and its reply
+/// with every limit.
+pub fn doc_frames_v6() -> Vec<Named> {
+    let limits = DecodeLimits::from(&Limits::default());
+    vec![
+        named(
+            "hello-v6-request",
+            "HELLO: the client speaks versions 1 to 6 and has no token.",
+            request(1, Request::Hello { min_version: 1, max_version: V6, token: b"" }),
+        ),
+        named(
+            "hello-v6-reply",
+            "A broker that speaks version 6 chooses it and reports every limit, those of push credit, keys, dedup ids, NACK reasons and LOOKUP included: its defaults here.",
+            reply(op::HELLO, 1, Reply::Hello { version: V6, limits: limits.reported(V6), map_epoch: 0 }),
+        ),
+    ]
+}

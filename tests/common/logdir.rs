@@ -141,7 +141,12 @@ pub fn file_len(p: &Path) -> u64 {
 
 /// Every message a broker started on `dir` holds, fetched like a client.
 pub fn fetch_all(dir: &Path) -> Msgs {
-    let srv = Server::start_in(Config::default(), LogOptions::default(), dir);
+    try_fetch_all(dir).unwrap_or_else(|e| panic!("bind broker: {e}"))
+}
+
+/// `fetch_all`, or why the broker did not start on `dir`.
+pub fn try_fetch_all(dir: &Path) -> Result<Msgs, String> {
+    let srv = Server::try_start_in(Config::default(), LogOptions::default(), dir)?;
     let mut c: Client = srv.client();
     c.set_timeout(Some(Duration::from_secs(20))).expect("timeout");
     let mut out = Msgs::new();
@@ -160,7 +165,7 @@ pub fn fetch_all(dir: &Path) -> Msgs {
     }
     drop(c);
     srv.stop();
-    out
+    Ok(out)
 }
 
 /// `msgs` without the messages whose payload is in `data`.

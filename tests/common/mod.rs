@@ -7,7 +7,9 @@ pub mod dedup_frames;
 pub mod frames;
 pub mod inspect_frames;
 pub mod logdir;
+pub mod power_loss;
 pub mod push_frames;
+pub mod recorder;
 pub mod retry_frames;
 pub mod wire;
 
@@ -43,21 +45,31 @@ impl Server {
     }
 
     pub fn start_in(config: Config, log: LogOptions, dir: &Path) -> Server {
+        Server::try_start_in(config, log, dir).expect("bind broker")
+    }
+
+    /// `start_in`, or why the broker did not start (a refused recovery).
+    pub fn try_start_in(config: Config, log: LogOptions, dir: &Path) -> Result<Server, String> {
         let mut cfg = ServeConfig::new("127.0.0.1:0".parse().expect("addr"), dir.to_path_buf());
         cfg.broker = config;
         cfg.log = log;
-        Server::start_with(cfg)
+        Server::try_start_with(cfg)
     }
 
     /// Starts a broker with a whole `ServeConfig` (listen is used as given).
     pub fn start_with(cfg: ServeConfig) -> Server {
+        Server::try_start_with(cfg).expect("bind broker")
+    }
+
+    /// `start_with`, or why the broker did not start.
+    pub fn try_start_with(cfg: ServeConfig) -> Result<Server, String> {
         let dir = cfg.data_dir.clone();
-        let mut reactor = bind(cfg);
+        let mut reactor = try_bind(cfg)?;
         let addr = reactor.local_addr();
         let metrics = reactor.metrics_addr();
         let handle = reactor.handle();
         let thread = std::thread::spawn(move || reactor.run().expect("reactor run"));
-        Server { addr, metrics, handle, thread: Some(thread), dir }
+        Ok(Server { addr, metrics, handle, thread: Some(thread), dir })
     }
 
     /// A client speaking protocol version 1 (what most tests check: its
@@ -136,16 +148,16 @@ pub use runnel::testkit::{Rng, seed};
 /// files until its `exec` closes them, a lock that a test just released
 /// among them. That window is the test harness's, not the broker's: a lock
 /// another process holds for longer still fails the test.
-fn bind(cfg: ServeConfig) -> Reactor {
+fn try_bind(cfg: ServeConfig) -> Result<Reactor, String> {
     for _ in 0..50 {
         match Reactor::bind(cfg.clone()) {
-            Err(e) if e.to_string().contains("is locked by another runnel process") => {
+            Err(e) if e.contains("is locked by another runnel process") => {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            r => return r.expect("bind broker"),
+            r => return r,
         }
     }
-    Reactor::bind(cfg).expect("bind broker")
+    Reactor::bind(cfg)
 }
 
 /// One output buffer per connection, for tests that drive a `Broker`

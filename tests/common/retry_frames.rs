@@ -17,6 +17,19 @@ use super::frames::{Named, ids, named, reply};
 pub const EXAMPLE_POLICY: RetryPolicy =
     RetryPolicy { initial_ms: 100, multiplier_pct: 200, cap_ms: 30_000, jitter_pct: 20 };
 
+/// The NACK of the examples that says why: message 1 of `jobs` back to
+/// `billing`, because of a `db timeout`.
+pub fn nack_with_reason() -> Request<'static> {
+    Request::Nack {
+        topic: "jobs",
+        group: "billing",
+        delay_ms: 0,
+        flags: NACK_FLAG_REASON,
+        ids: ids(&[1]),
+        reason: "db timeout",
+    }
+}
+
 /// The examples of retries that back off, in the doc's order.
 pub fn doc_frames_retry() -> Vec<Named> {
     let settings = GroupSettings { retry: Some(EXAMPLE_POLICY), ..GroupSettings::default() };
@@ -36,17 +49,7 @@ pub fn doc_frames_retry() -> Vec<Named> {
         named(
             "nack-reason-request",
             "NACK (version 4) message 1 for billing, saying why: db timeout.",
-            request_v4(
-                42,
-                Request::Nack {
-                    topic: "jobs",
-                    group: "billing",
-                    delay_ms: 0,
-                    flags: NACK_FLAG_REASON,
-                    ids: ids(&[1]),
-                    reason: "db timeout",
-                },
-            ),
+            request_v4(42, nack_with_reason()),
         ),
     ]
 }
