@@ -337,8 +337,11 @@ pub(super) fn recover(dir: &Path, options: &LogOptions, replayer: &mut dyn Repla
         fs::remove_file(&path).and_then(|()| sync_dir(dir)).map_err(io_error(&path))?;
     }
     let mut rec = Recovery::default();
+    // The highest Write record's number before a repair drops any.
+    let mut repaired_write_seq = 0;
     if options.repair {
         let (ins, plan) = scan(dir, &bases, stop)?;
+        repaired_write_seq = plan.iter().map(|s| s.last_write_seq).max().unwrap_or(0);
         if ins.damaged() {
             for d in &ins.damage {
                 log::error!("commit log: --repair: {d}");
@@ -379,7 +382,7 @@ pub(super) fn recover(dir: &Path, options: &LogOptions, replayer: &mut dyn Repla
         segments,
         marked: rec.clean_stop,
         framed: replayed.framed,
-        next_write_seq: replayed.last_write_seq + 1,
+        next_write_seq: replayed.last_write_seq.max(repaired_write_seq) + 1,
         recovery: rec,
     })
 }
@@ -700,6 +703,8 @@ struct Scanned {
     rewrite: bool,
     /// Bytes of its valid records: its length once repaired.
     kept_bytes: u64,
+    /// Its last valid Write record's sequence number (0: none).
+    last_write_seq: u64,
 }
 
 /// Reads every segment through, changing nothing: the report, and for each
@@ -738,7 +743,13 @@ fn scan(dir: &Path, bases: &[u64], stop: LastStop) -> Result<(Inspection, Vec<Sc
         }
         ins.records += w.records;
         ins.record_bytes += w.kept_bytes() as u64;
-        plan.push(Scanned { base, rewrite: !w.stretches.is_empty(), kept_bytes: w.kept_bytes() as u64 });
+        let last_write_seq = w.last_write_seq;
+        plan.push(Scanned {
+            base,
+            rewrite: !w.stretches.is_empty(),
+            kept_bytes: w.kept_bytes() as u64,
+            last_write_seq,
+        });
         let runs_into_zeros = w.stretches.last().is_some_and(|s| s.end == w.end && s.kind.is_none());
         let hi = if runs_into_zeros { data.len() } else { w.end };
         expected = Some((base + w.end as u64, base + hi as u64));

@@ -173,11 +173,13 @@ fn refusal(dir: &Path) -> (u64, String) {
     }
 }
 
-/// Zeroes the sector holding byte `at` (as a power cut that lost it leaves
-/// reserved space), within `data`.
-fn lose_sector(data: &mut [u8], at: usize) {
-    let from = at / SECTOR_BYTES * SECTOR_BYTES;
-    let to = (from + SECTOR_BYTES).min(data.len());
+/// Zeroes what the unsynced write that begins at `write` put in the sector
+/// holding byte `at`, as a power cut that lost that sector leaves it (its
+/// bytes before the write hold what earlier writes put there; after it,
+/// reserved space).
+fn lose_sector(data: &mut [u8], write: usize, at: usize) {
+    let from = (at / SECTOR_BYTES * SECTOR_BYTES).max(write);
+    let to = (at / SECTOR_BYTES * SECTOR_BYTES + SECTOR_BYTES).min(data.len());
     data[from..to].fill(0);
 }
 
@@ -200,7 +202,7 @@ fn a_torn_last_write_with_whole_records_after_the_damage_is_cut_whole() {
     // Lose the sector holding the write's second record's header: records
     // after it, in later sectors, survive whole.
     let second = s.records_from(torn)[1];
-    lose_sector(&mut data, second + 4);
+    lose_sector(&mut data, torn, second + 4);
     let last = s.records_from(torn).last().copied().expect("a record");
     assert!(last > second + SECTOR_BYTES, "setup: whole records of the write follow the lost sector");
     let dir = directory(&[&data]);
@@ -229,7 +231,7 @@ fn a_torn_write_whose_own_write_record_is_lost_is_cut_where_it_began() {
     let torn = s.write(&[900, 400, 400]);
     assert_eq!(torn % SECTOR_BYTES, 0, "setup: the write starts a sector");
     let mut data = s.data.clone();
-    lose_sector(&mut data, torn);
+    lose_sector(&mut data, torn, torn);
     let dir = directory(&[&data]);
     let (kept, cut) = replayed_last(dir.path()).unwrap_or_else(|e| panic!("a torn write must not stop a start: {e}"));
     assert_eq!(kept, s.records_from(0).into_iter().filter(|&r| r < torn).collect::<Vec<_>>());
@@ -285,7 +287,7 @@ fn a_surviving_write_record_of_a_torn_write_still_proves_the_sync_before_it() {
     let torn = s.write(&[2000, 300]);
     let mut data = s.data.clone();
     data[s.records_from(synced)[0] + 40] ^= 0x01; // bit rot in synced bytes
-    lose_sector(&mut data, torn + 1200); // and the later write torn
+    lose_sector(&mut data, torn, torn + 1200); // and the later write torn
     assert!(data[torn..torn + WRITE_RECORD_BYTES].iter().any(|&b| b != 0), "setup: its Write record survived");
     let dir = directory(&[&data]);
     let (offset, _) = refusal(dir.path());
@@ -322,7 +324,7 @@ fn damage_in_a_segment_before_the_last_is_refused() {
     let mut data = first.data.clone();
     // Its last write as a power cut would tear it: still refused.
     let end = data.len();
-    lose_sector(&mut data, end - 10);
+    lose_sector(&mut data, torn_looking, end - 10);
     let dir = directory(&[&data, &second.data]);
     let (offset, message) = refusal(dir.path());
     assert!(offset >= torn_looking as u64, "{message}");
@@ -339,7 +341,7 @@ fn damage_under_the_clean_stop_marker_is_refused() {
     let last = s.write(&[300, 300]);
     s.sync();
     let mut data = s.data.clone();
-    lose_sector(&mut data, s.records_from(last)[0] + 20);
+    lose_sector(&mut data, last, s.records_from(last)[0] + 20);
     let dir = directory(&[&data]);
     fs::write(dir.path().join(CLEAN_STOP_FILE), format!("runnel clean stop v1\nfirst 0\nend {}\n", data.len()))
         .expect("marker");
@@ -502,4 +504,80 @@ fn a_new_segment_begins_with_a_write_record_synced_on_its_own() {
             assert_eq!(frames[1].1.synced_bytes, WRITE_RECORD_BYTES as u64, "synced before the first write");
         }
     }
+}
+
+/// A torn last write whose payload carries a copy of an earlier Write
+/// record (a message holding bytes of a runnel log, say): that copy says a
+/// sync covered the damage, but it is numbered no higher than the last
+/// Write record before the damage, so it is no later write of this
+/// segment. The start cuts the torn write as it would without it.
+#[test]
+fn a_stale_write_record_inside_a_payload_proves_nothing() {
+    let mut s = Seg::new();
+    s.write(&[100]);
+    s.sync();
+    let torn = s.write(&[1200, 600]);
+    let mut data = s.data.clone();
+    // The torn write's first record carries, in its body, a copy of a
+    // Write record numbered 2 claiming everything up to itself synced;
+    // its second record is whole after the lost sector of the first.
+    let first = s.records_from(torn)[0];
+    let copy_at = first + RECORD_HEADER_BYTES + 700;
+    let stale = WriteFrame { seq: 2, synced_bytes: copy_at as u64, records_bytes: 0 };
+    stale.encode(&mut data[copy_at..copy_at + WRITE_RECORD_BYTES]);
+    lose_sector(&mut data, torn, first + RECORD_HEADER_BYTES + 100);
+    assert!(copy_at / SECTOR_BYTES != (first + RECORD_HEADER_BYTES + 100) / SECTOR_BYTES, "setup: the copy survives");
+    let dir = directory(&[&data]);
+    let (kept, cut) = replayed_last(dir.path()).unwrap_or_else(|e| panic!("a stale copy must not stop a start: {e}"));
+    assert_eq!(kept, s.records_from(0).into_iter().filter(|&r| r < torn).collect::<Vec<_>>());
+    assert_eq!(cut, (data.len() - torn) as u64);
+}
+
+/// What `--repair --dry-run` (`Log::inspect`) reports of a torn write is
+/// what a start cuts: from the start of the write on, and no damage.
+#[test]
+fn an_inspection_reports_a_torn_write_as_the_start_cuts_it() {
+    let mut s = Seg::new();
+    s.write(&[300]);
+    s.sync();
+    let torn = s.write(&[800, 900, 100]);
+    let mut data = s.data.clone();
+    lose_sector(&mut data, torn, s.records_from(torn)[0] + 40);
+    data.resize(8192, 0);
+    let dir = directory(&[&data]);
+    let ins = Log::inspect(dir.path()).expect("inspect");
+    assert!(!ins.damaged(), "{ins}");
+    assert_eq!(ins.torn, Some((last_file(dir.path(), &[]), torn as u64, (data.len() - torn) as u64)), "{ins}");
+    assert_eq!(ins.records, 1, "the one record of the earlier write: {ins}");
+}
+
+/// `--repair` on a last segment with damage a later Write record vouches
+/// for: it drops the damaged record, rewrites the segment without its
+/// Write records (their offsets would be stale), and the log writes one of
+/// its own before it next appends there.
+#[test]
+fn repair_rewrites_a_segment_without_its_write_records_and_the_log_frames_it_again() {
+    let mut s = Seg::new();
+    let damaged = s.write(&[200, 200]);
+    s.sync();
+    s.write(&[300]);
+    s.sync();
+    s.write(&[100]);
+    let mut data = s.data.clone();
+    let bad = s.records_from(damaged)[0];
+    data[bad + 50] ^= 2;
+    let dir = directory(&[&data]);
+    let options = LogOptions { repair: true, ..LogOptions::default() };
+    let (mut log, recovery) = Log::open(dir.path(), options, |_| Ok(())).expect("repair");
+    assert_eq!(recovery.repaired_bytes, (RECORD_HEADER_BYTES + 200) as u64);
+    let kept = fs::read(last_file(dir.path(), &[])).expect("read");
+    assert_eq!(kept.len(), 3 * RECORD_HEADER_BYTES + 600, "the three records left, and no Write record");
+    assert!(write_records(&kept).is_empty());
+    commit_one(&mut log, true);
+    drop(log);
+    let data = fs::read(last_file(dir.path(), &[])).expect("read");
+    let frames = write_records(&data);
+    assert_eq!(frames[0].0, kept.len(), "a Write record where the repaired records end");
+    assert_eq!(frames[0].1.synced_bytes, kept.len() as u64, "saying they are durable");
+    assert!(frames[0].1.seq > 4, "numbered after every Write record the log held: {frames:?}");
 }

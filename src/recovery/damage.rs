@@ -215,6 +215,9 @@ pub(super) struct Walked {
     /// Bytes of the valid Write records before `end`, outside the
     /// stretches: a repaired segment is rewritten without them.
     pub(super) write_record_bytes: usize,
+    /// The last valid Write record's sequence number (0: none): the log
+    /// goes on above it even once repair has dropped it.
+    pub(super) last_write_seq: u64,
 }
 
 impl Walked {
@@ -266,6 +269,7 @@ pub(super) fn walk(data: &[u8], place: Place) -> Walked {
         }
     }
     w.end = pos;
+    w.last_write_seq = framing.last_seq();
     w
 }
 
