@@ -343,7 +343,8 @@ impl Client {
                 }
             };
             if n == 0 {
-                return Err(Error::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "broker closed the connection")));
+                let cut = Closed { partial_frame_bytes: self.rbuf.len() - self.rpos };
+                return Err(Error::Io(io::Error::new(io::ErrorKind::UnexpectedEof, cut)));
             }
             self.rbuf.extend_from_slice(&chunk[..n]);
         }
@@ -703,7 +704,16 @@ impl Client {
         self.waiting.push_back(request_id);
     }
 
-    /// The socket, for tests that need to half-close or time out.
+    /// Bytes received from the broker and not yet decoded: a frame, or
+    /// part of one, that a read already took from the socket, so that a
+    /// wait for the socket to be readable would not see it.
+    pub fn buffered_bytes(&self) -> usize {
+        self.rbuf.len() - self.rpos
+    }
+
+    /// The socket: for a caller that waits for it to be readable (with
+    /// `buffered_bytes` and `pushed_waiting` first), and for tests that
+    /// need to half-close or time out.
     pub fn stream(&self) -> &TcpStream {
         &self.stream
     }

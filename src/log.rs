@@ -146,7 +146,8 @@ pub struct LogStats {
     pub failures: u64,
     /// Segments removed by compaction.
     pub segments_removed: u64,
-    /// `fsync`s of the directory for a new segment's name.
+    /// `fsync`s of the directory for a new segment's name or a removed
+    /// one's rename.
     pub dir_syncs: u64,
 }
 
@@ -236,6 +237,9 @@ pub struct Log {
     space_short: bool,
     /// The thread that gives back removed segments' space.
     releaser: releaser::Releaser,
+    /// A removal's directory sync failed: the next removal syncs first
+    /// (`sync_removal`).
+    removal_unsynced: bool,
     /// A write may have left bytes past the committed end of the active
     /// segment: set from a turn's write until its sync succeeds, and after
     /// a failure until they are cut (before the next write).
@@ -377,6 +381,7 @@ impl Log {
             headroom_bytes: HEADROOM_BYTES_MIN,
             space_short: false,
             releaser: releaser::Releaser::default(),
+            removal_unsynced: false,
             dirty: false,
             clean_stop_marked: false,
             active_framed: false,
@@ -890,11 +895,12 @@ impl Log {
 
     /// Removes segment `base`, which must be the oldest and not the one
     /// appended to (compaction has copied forward whatever in it was live).
-    /// The file is renamed at once, so it is no longer part of the log, and
-    /// handed to the release thread, which gives its space back off the
-    /// loop (`releaser.rs`); while the space is short, or the thread cannot
-    /// take it, it is unlinked at once instead: then the space is wanted
-    /// now, more than a stall of the loop is feared.
+    /// The file is renamed at once, so it is no longer part of the log, the
+    /// rename made durable, and the file handed to the release thread,
+    /// which gives its space back off the loop (`releaser.rs`); while the
+    /// space is short it is unlinked at once instead (and the unlink made
+    /// durable), as it is if the thread cannot take it: then the space is
+    /// wanted now, more than a stall of the loop is feared.
     pub fn remove_oldest(&mut self, base: u64) -> io::Result<()> {
         if self.segments.len() < 2 || self.segments[0].base != base {
             return Err(io::Error::other(format!("segment {base} is not the oldest closed segment")));
@@ -906,23 +912,67 @@ impl Log {
         Ok(())
     }
 
-    /// `remove_oldest`'s work on the file of segment `base`.
+    /// `remove_oldest`'s work on the file of segment `base`. Removals become
+    /// durable one at a time, in order (`sync_removal`). Once one is durable
+    /// the segment is out of the log, so what follows cannot fail it: a file
+    /// that cannot be released is left for the next start to delete.
     fn remove_file_of(&mut self, base: u64) -> io::Result<()> {
+        if self.removal_unsynced {
+            self.sync_removal()?;
+        }
         let path = self.dir.join(segment_name(base));
         if self.space_short {
-            return fs::remove_file(&path);
+            // At once, with no rename: renaming could need a directory
+            // block that a full disk has not got. Undone by a power loss,
+            // an unlink brings the file back whole (nothing cut it).
+            fs::remove_file(&path)?;
+            if let Err(e) = self.sync_removal() {
+                log::warn!(
+                    "cannot sync {} after removing {}: {e}; tried again before the next removal",
+                    self.dir.display(),
+                    path.display()
+                );
+            }
+            return Ok(());
         }
         let doomed = self.dir.join(format!("{}{REMOVING_SUFFIX}", segment_name(base)));
         fs::rename(&path, &doomed)?;
-        let opened = OpenOptions::new().write(true).open(&doomed).and_then(|f| Ok((f.metadata()?.len(), f)));
-        let Ok((len, file)) = opened else { return fs::remove_file(&doomed) };
-        match self.releaser.hand_over(file, doomed, len) {
-            Ok(()) => Ok(()),
-            Err((file, doomed)) => {
-                drop(file);
-                fs::remove_file(&doomed)
-            }
+        if let Err(e) = self.sync_removal() {
+            // Not known to be durable: put the segment back as it was
+            // (compaction tries again later), and cut nothing of it.
+            let _ = fs::rename(&doomed, &path);
+            return Err(e);
         }
+        let opened = OpenOptions::new().write(true).open(&doomed).and_then(|f| Ok((f.metadata()?.len(), f)));
+        let Ok((len, file)) = opened else {
+            release_now(&doomed);
+            return Ok(());
+        };
+        if let Err((file, doomed)) = self.releaser.hand_over(file, doomed, len) {
+            drop(file);
+            release_now(&doomed);
+        }
+        Ok(())
+    }
+
+    /// Makes a removal (a segment's rename, or its unlink while space is
+    /// short) durable, in `FsyncMode::Turn`: before the file is cut and
+    /// before the next segment is removed. Else a power loss could bring
+    /// the segment back under its own name cut short or empty (its cut
+    /// durable, its rename not), or keep a later segment's removal and not
+    /// this one's: either way log offsets would be missing, and the next
+    /// start would refuse. Until it succeeds `removal_unsynced` says so.
+    /// With `--fsync never` nothing is synced until a clean stop, whose
+    /// marker syncs the directory (`sync_new_name` says why).
+    fn sync_removal(&mut self) -> io::Result<()> {
+        if self.options.fsync != FsyncMode::Turn {
+            return Ok(());
+        }
+        self.removal_unsynced = true;
+        self.stats.dir_syncs += 1;
+        sync_dir(&self.dir)?;
+        self.removal_unsynced = false;
+        Ok(())
     }
 
     /// Whether the release thread holds as many removed segments as it
@@ -938,8 +988,54 @@ impl Log {
     }
 }
 
+/// Unlinks a removed segment's file now, on the loop. Nothing depends on
+/// it: a start deletes any `….log.removing` file, so an error only leaves
+/// the file (and its space) for that start.
+fn release_now(doomed: &Path) {
+    if let Err(e) = fs::remove_file(doomed) {
+        log::warn!("cannot remove {}: {e}; the next start deletes it", doomed.display());
+    }
+}
+
+/// Makes `dir`'s entries durable: a file's `fdatasync` makes its bytes
+/// durable, not its name. After creating, renaming or unlinking a file
+/// that recovery depends on, the log syncs its directory with this before
+/// anything relies on the change (docs/log-format.md, "Durable names").
 fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+/// Creates `dir` and whichever of its parents are missing, each one durable
+/// before anything is put in it: after every `mkdir` the parent that got
+/// the new entry is synced. Otherwise a power loss could take the new data
+/// directory away, with every acknowledged message in it, and the next
+/// start would make an empty one. A directory already there is taken as it
+/// is.
+fn create_dir_durably(dir: &Path) -> io::Result<()> {
+    let mut missing = Vec::new();
+    let mut at = Some(dir);
+    while let Some(d) = at.filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
+        missing.push(d);
+        at = d.parent();
+    }
+    for d in missing.into_iter().rev() {
+        match fs::create_dir(d) {
+            // Made meanwhile by someone else: synced all the same.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && d.is_dir() => {}
+            Err(e) => return Err(e),
+            Ok(()) => {}
+        }
+        sync_dir(parent_dir(d))?;
+    }
+    Ok(())
+}
+
+/// The directory that holds `path` (`.` for a bare name).
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
 }
 
 fn record_crc(rec: &[u8]) -> u32 {

@@ -27,8 +27,8 @@ use std::time::Instant;
 
 use super::{
     FsyncMode, Log, LogOptions, NEWER, OpenError, RECORD_HEADER_BYTES, REMOVING_SUFFIX, ReadRecord, RecordKind,
-    Recovery, Replayer, Segment, WRITE_BODY_BYTES, WRITE_RECORD_BYTES, WriteFrame, parse_record, segment_name,
-    sync_dir,
+    Recovery, Replayer, Segment, WRITE_BODY_BYTES, WRITE_RECORD_BYTES, WriteFrame, create_dir_durably, parse_record,
+    segment_name, sync_dir,
 };
 
 #[path = "recovery/damage.rs"]
@@ -324,11 +324,12 @@ pub(super) struct Recovered {
     pub recovery: Recovery,
 }
 
-/// Locks `dir` (creating it if needed), repairs it if `options.repair` and
-/// it needs it, and replays every record into `apply` in log order.
+/// Locks `dir` (creating it and its missing parents, durably, if needed),
+/// repairs it if `options.repair` and it needs it, and replays every record
+/// into `apply` in log order.
 pub(super) fn recover(dir: &Path, options: &LogOptions, replayer: &mut dyn Replayer) -> Result<Recovered, OpenError> {
     let started = Instant::now();
-    fs::create_dir_all(dir).map_err(io_error(dir))?;
+    create_dir_durably(dir).map_err(io_error(dir))?;
     let lock = DirLock::take(dir, true)?;
     let mut bases = list_segments(dir, true)?;
     let (mut stop, outgrown) = last_stop(dir, &bases)?;
@@ -833,7 +834,10 @@ fn without_write_records(records: &[u8]) -> Vec<u8> {
 /// Renames the segments so that each begins where the one before ends,
 /// counting only the valid records each keeps. Moves down go first, lowest
 /// first, then moves up, highest first: in that order no file is renamed
-/// onto one not yet moved.
+/// onto one not yet moved. Each rename is made durable before the next: a
+/// later one may take the name an earlier one gave up, and were the
+/// earlier one lost to a power loss, the later would take the name of a
+/// segment still there, which would be lost with it.
 fn renumber(dir: &Path, plan: &[Scanned]) -> Result<(), OpenError> {
     let mut moves = Vec::new();
     let mut next = plan.first().map_or(0, |s| s.base);
@@ -848,8 +852,9 @@ fn renumber(dir: &Path, plan: &[Scanned]) -> Result<(), OpenError> {
         let (old, new) = (dir.join(segment_name(from)), dir.join(segment_name(to)));
         log::error!("commit log: --repair renames {} to {} to close the gap", old.display(), new.display());
         fs::rename(&old, &new).map_err(io_error(&old))?;
+        sync_dir(dir).map_err(io_error(dir))?;
     }
-    sync_dir(dir).map_err(io_error(dir))
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------

@@ -9,12 +9,17 @@
 //! elsewhere), one block per function, each with a SAFETY note that says why
 //! the call cannot break memory safety. Callers get `io::Result`s and decide
 //! what a failure means; nothing here logs or panics.
+//!
+//! `runnel consume` asks three things of a pipe or socket it writes to:
+//! how much of what it wrote its reader has not taken yet, whether the
+//! reader is gone, and to be woken when it goes while it waits for the
+//! broker.
 
 use std::fs::File;
 use std::io;
 use std::mem;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// Binds a non-blocking, close-on-exec TCP listener on `addr` (with
 /// `SO_REUSEADDR`) that lets the kernel complete up to `backlog`
@@ -122,6 +127,117 @@ pub fn raise_fd_limit() -> Option<u64> {
         }
         Some(lim.rlim_cur as u64)
     }
+}
+
+/// A descriptor that holds what is written to it until a reader takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    /// A pipe or FIFO.
+    Pipe,
+    /// A socket.
+    Socket,
+}
+
+/// Bytes written to `fd`, a pipe or socket, that its reader has not taken
+/// yet. A pipe answers `FIONREAD` at either end with its content, which
+/// stays there when the reader closes. A socket answers `SIOCOUTQ`
+/// (`TIOCOUTQ`, the same request) with its send queue: for a Unix socket
+/// what the peer has not read (dropped when the peer closes), for TCP what
+/// the peer's host has not acknowledged.
+pub fn unread_bytes(fd: BorrowedFd<'_>, stream: Stream) -> io::Result<usize> {
+    let request = match stream {
+        Stream::Pipe => libc::FIONREAD,
+        Stream::Socket => libc::TIOCOUTQ,
+    };
+    let mut n: libc::c_int = 0;
+    // SAFETY: both requests write one c_int, here a local that outlives the
+    // call; the descriptor is borrowed for the call.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), request, &raw mut n) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// The reading end of a pipe or socket, as `poll` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reader {
+    /// Still there.
+    There,
+    /// Gone without an error (POLLHUP alone): a Unix socket's peer that
+    /// closed having read all it was sent.
+    Closed,
+    /// Gone with an error (POLLERR): a pipe with no reader left (what it
+    /// holds stays in it), or a socket that its peer reset or closed with
+    /// bytes unread (which are dropped).
+    Failed,
+}
+
+/// The state of the reading end of `fd`, a pipe or socket. An interrupted
+/// poll says `There`: the caller asks again.
+pub fn reader(fd: BorrowedFd<'_>) -> io::Result<Reader> {
+    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+    // SAFETY: poll reads and writes the one pollfd on this stack frame
+    // (count 1) and does not wait (timeout 0).
+    let rc = unsafe { libc::poll(&raw mut p, 1, 0) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted { Ok(Reader::There) } else { Err(e) };
+    }
+    Ok(if p.revents & libc::POLLERR != 0 {
+        Reader::Failed
+    } else if p.revents & libc::POLLHUP != 0 {
+        Reader::Closed
+    } else {
+        Reader::There
+    })
+}
+
+/// What `wait_for_either` saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Woke {
+    /// The socket has something to read (or its peer closed it: the read
+    /// tells).
+    Readable,
+    /// The reader of the written descriptor went away (POLLERR or POLLHUP).
+    ReaderGone,
+    /// Neither, within the time.
+    TimedOut,
+    /// A signal interrupted the wait: the caller waits again, for what is
+    /// left of its time.
+    Interrupted,
+}
+
+/// Waits up to `timeout` (None: for as long as it takes; rounded up to
+/// the millisecond) until `readable`, a socket, has something to read, or
+/// until the reader of `written`, a pipe or socket, if given, goes away.
+/// Where both happened, says the reader went.
+pub fn wait_for_either(
+    readable: BorrowedFd<'_>,
+    written: Option<BorrowedFd<'_>>,
+    timeout: Option<std::time::Duration>,
+) -> io::Result<Woke> {
+    // poll ignores an entry whose descriptor is negative; an entry that asks
+    // for no event still reports POLLERR and POLLHUP.
+    let mut fds = [
+        libc::pollfd { fd: readable.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: written.map_or(-1, |w| w.as_raw_fd()), events: 0, revents: 0 },
+    ];
+    let ms = timeout.map_or(-1, |t| libc::c_int::try_from(t.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX));
+    // SAFETY: poll reads and writes the two pollfds of this stack frame
+    // (count 2), for the call only.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted { Ok(Woke::Interrupted) } else { Err(e) };
+    }
+    Ok(if fds[1].revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+        Woke::ReaderGone
+    } else if fds[0].revents != 0 {
+        Woke::Readable
+    } else {
+        Woke::TimedOut
+    })
 }
 
 /// Allocates `file`'s blocks for bytes `[0, len)` and extends its size to

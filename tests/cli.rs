@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -322,10 +322,10 @@ fn stats_ends_quietly_when_its_reader_goes_away() {
     assert!(out.stderr.is_empty(), "must end quietly:\n{}", text(&out.stderr));
 }
 
-/// `runnel consume | head -1`: the consumer ends quietly, and what it
-/// could not print it did not acknowledge.
+/// `runnel consume | head -1`: the consumer ends quietly, and
+/// acknowledges only the message its reader took.
 #[test]
-fn consume_ends_quietly_when_its_reader_goes_away_and_acks_nothing_unprinted() {
+fn consume_ends_quietly_when_its_reader_goes_away_and_acks_only_what_it_took() {
     let (srv, _dir) = page_cache_broker(Limits::default());
     let addr = srv.addr.to_string();
     // 100 lines of 4 KiB: more than a pipe's 64 KiB.
@@ -337,7 +337,7 @@ fn consume_ends_quietly_when_its_reader_goes_away_and_acks_nothing_unprinted() {
     assert_eq!(out.status.code(), Some(STDOUT_CLOSED), "{}:\n{}", out.status, text(&out.stderr));
     assert!(out.stderr.is_empty(), "must end quietly:\n{}", text(&out.stderr));
     let stats = runnel_ok(&["stats", "--addr", &addr, "--json", "big"], b"");
-    assert!(stats.contains("\"acked\":0,"), "a message was acknowledged without being printed: {stats}");
+    assert!(stats.contains("\"acked\":1,"), "only the message the reader took is acknowledged: {stats}");
 }
 
 /// `runnel produce --tag T --header K=V`: every line becomes a message with
@@ -566,4 +566,359 @@ fn a_retaining_topic_replays_acked_lines_to_a_new_group() {
     let late = ["consume", "--addr", &addr, "--group", "late", "--count", "3", "--wait-ms", "10000", "t"];
     let replayed = runnel_ok(&late, b"");
     assert_eq!(replayed, "a\nb\nc\n");
+}
+
+/// `runnel consume` that the broker stops gracefully while it waits for a
+/// message ends with status 0: a long poll is answered with nothing, and
+/// `--push` sees its connection closed between frames. Both to a pipe,
+/// where the consume also watches its reader while it waits.
+#[test]
+fn consume_ends_with_status_0_when_the_broker_stops_gracefully() {
+    for flags in [&["--push"][..], &[]] {
+        let (srv, _dir) = page_cache_broker(Limits::default());
+        let addr = srv.addr.to_string();
+        runnel_ok(&["produce", "--addr", &addr, "t"], b"one\n");
+        let args = [&["consume", "--addr", &addr, "--wait-ms", "60000"][..], flags, &["t"]].concat();
+        let mut child = spawn_piped(&args);
+        let mut first = String::new();
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        stdout.read_line(&mut first).expect("read a line");
+        assert_eq!(first, "one\n");
+        // Once it has acknowledged what it printed, it only waits.
+        let mut c = srv.client_v2();
+        common::wire::wait_until("the consume acks", || common::wire::stat(&mut c, "t", "acked") == 1);
+        drop(c);
+        srv.stop();
+        let out = child.wait_with_output().expect("wait");
+        assert_eq!(out.status.code(), Some(0), "{flags:?}: {}:\n{}", out.status, text(&out.stderr));
+        assert!(out.stderr.is_empty(), "{flags:?}: {}", text(&out.stderr));
+    }
+}
+
+/// Reads a request frame's header from `s`, and its body with `body`;
+/// returns its op and request id.
+fn read_request(s: &mut std::net::TcpStream, body: bool) -> (u8, u32) {
+    let mut header = [0u8; 12];
+    s.read_exact(&mut header).expect("a request header");
+    if body {
+        let len = u32::from_le_bytes(header[..4].try_into().unwrap()) as usize;
+        s.read_exact(&mut vec![0; len - 8]).expect("a request body");
+    }
+    (header[4], u32::from_le_bytes(header[8..].try_into().unwrap()))
+}
+
+/// A broker of a test's own making for `runnel consume --push` with
+/// `flags`, whose stdout is `stdout`: it answers HELLO (version 3) and
+/// SUBSCRIBE (subscription 1; with `subscribe_body` false it leaves the
+/// SUBSCRIBE's body unread, so that its close is a reset), sends `then`
+/// in the same write as that reply, runs `script` on the connection, and
+/// closes it. Returns how the consume ended.
+fn fake_push_broker(
+    flags: &[&str],
+    stdout: Stdio,
+    (subscribe_body, then): (bool, &[u8]),
+    script: impl FnOnce(&mut std::net::TcpStream),
+) -> Output {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let child = Command::new(env!("CARGO_BIN_EXE_runnel"))
+        .args([&["consume", "--addr", &addr, "--push"][..], flags, &["t"]].concat())
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn runnel");
+    let (mut s, _) = listener.accept().expect("accept");
+    let mut out = Vec::new();
+    let limits = codec::DecodeLimits { frame_bytes_max: 1 << 20, ..codec::DecodeLimits::CLIENT };
+    codec::encode_hello_reply(&mut out, read_request(&mut s, true).1, codec::SINCE_PUSH, &limits, 0);
+    s.write_all(&out).expect("write");
+    out.clear();
+    codec::encode_subscribed_reply(&mut out, read_request(&mut s, subscribe_body).1, 1);
+    out.extend_from_slice(then);
+    s.write_all(&out).expect("write");
+    script(&mut s);
+    drop(s);
+    child.wait_with_output().expect("wait")
+}
+
+/// `runnel consume --push` against a broker that sends `tail` after the
+/// SUBSCRIBE reply and closes the connection (a reset with `reset`).
+/// Returns the consume's exit status and stderr.
+fn push_consume_cut_by(tail: &[u8], reset: bool) -> (Option<i32>, String) {
+    let flags = ["--wait-ms", "60000"];
+    let out = fake_push_broker(&flags, Stdio::piped(), (!reset, tail), |_| {});
+    (out.status.code(), text(&out.stderr))
+}
+
+/// A pushed frame of subscription 1 with one message, `id` and `payload`,
+/// in the layout of version 2 and later, without properties.
+fn pushed_frame(id: u64, payload: &[u8]) -> Vec<u8> {
+    let mut body = vec![1, 0, b't', 1, 0, 0, 0];
+    body.extend_from_slice(&id.to_le_bytes());
+    body.extend_from_slice(&[0; 8]); // born_ms
+    body.extend_from_slice(&[1, 0, 0]); // delivery_count 1, flags 0
+    body.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    body.extend_from_slice(payload);
+    let mut frame = ((body.len() + 8) as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(&[0xEF, 0, 0, 0, 1, 0, 0, 0]);
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// `runnel consume --push --wait-ms 0` waits for the reply to its ACK as
+/// long as the broker takes: `--wait-ms` bounds only the waits for a
+/// message (it once bounded the ACK's too, so a broker slower than 1 ms
+/// to answer made the consume fail).
+#[test]
+fn consume_push_waits_for_the_reply_to_its_ack_whatever_wait_ms_says() {
+    let dir = TempDir::new("cli-slow-ack");
+    let file = std::fs::File::create(dir.path().join("out.txt")).expect("create out.txt");
+    let out = fake_push_broker(&["--wait-ms", "0"], Stdio::from(file), (true, &pushed_frame(7, b"one")), |s| {
+        let (op, rid) = read_request(s, true);
+        assert_eq!(op, codec::op::ACK);
+        std::thread::sleep(Duration::from_millis(100));
+        let mut reply = Vec::new();
+        codec::encode_ids_reply(&mut reply, op, rid, 1, &[]);
+        s.write_all(&reply).expect("write");
+        // The consume ends once a wait passes with no message.
+        let _ = s.read(&mut [0; 64]);
+    });
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read_to_string(dir.path().join("out.txt")).expect("read out.txt"), "one\n");
+}
+
+/// A connection cut in the middle of a frame, or reset, is a failure
+/// (status 1), not the end of a graceful stop.
+#[test]
+fn consume_push_fails_when_the_connection_is_cut_mid_frame_or_reset() {
+    // The first 8 bytes of a pushed frame that says 40 follow.
+    let half_a_frame = [40, 0, 0, 0, 0xEF, 0, 0, 0];
+    let (status, err) = push_consume_cut_by(&half_a_frame, false);
+    assert_eq!(status, Some(1), "{err}");
+    assert!(err.contains("in the middle of a frame"), "{err}");
+    let (status, err) = push_consume_cut_by(&half_a_frame, true);
+    assert_eq!(status, Some(1), "{err}");
+    assert!(err.contains("runnel consume: connection:"), "{err}");
+    let (status, err) = push_consume_cut_by(&[], true);
+    assert_eq!(status, Some(1), "{err}");
+}
+
+/// `runnel consume --group G --tags X` never changes an existing group:
+/// where G's settings differ from what the consume asks for it is refused
+/// (status 1), naming `runnel group create` as the way to change them, and
+/// G keeps every setting, its retry policy too; where they agree it
+/// consumes.
+#[test]
+fn consume_never_changes_an_existing_groups_settings() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    let create = ["group", "create", "--addr", &addr, "--tags", "eu", "--retry", "fixed:2s", "t", "g"];
+    assert_eq!(runnel_ok(&create, b""), "created at 1\n");
+    runnel_ok(&["produce", "--addr", &addr, "--tag", "eu", "t"], b"one\n");
+    let settings = || {
+        let listed = runnel_ok(&["groups", "--addr", &addr, "t"], b"");
+        listed.lines().find(|l| l.starts_with("g ")).map(|l| l.split_whitespace().skip(8).collect::<Vec<_>>().join(" "))
+    };
+    assert_eq!(settings().as_deref(), Some("eu retry=fixed:2000ms"));
+    let consume = |flags: &[&str]| {
+        let args = [&["consume", "--addr", &addr, "--wait-ms", "0", "--group", "g"][..], flags, &["t"]].concat();
+        runnel(&args)
+    };
+    for other in [&["--tags", "us"][..], &["--broadcast"], &["--ordered"], &["--tags", "*"]] {
+        let out = consume(other);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "consume {other:?}: {}:\n{err}", out.status);
+        assert!(err.contains("runnel group create"), "consume {other:?} must name the way to change it:\n{err}");
+        assert!(out.stdout.is_empty(), "consume {other:?} consumed:\n{}", text(&out.stdout));
+        assert_eq!(settings().as_deref(), Some("eu retry=fixed:2000ms"), "consume {other:?} changed the group");
+    }
+    let same = consume(&["--tags", "eu"]);
+    assert!(same.status.success(), "{}", text(&same.stderr));
+    assert_eq!(text(&same.stdout), "one\n");
+    assert_eq!(settings().as_deref(), Some("eu retry=fixed:2000ms"), "a consume that agrees changes nothing either");
+    // A group that does not exist yet is made with what the consume asks.
+    let new = ["consume", "--addr", &addr, "--wait-ms", "0", "--group", "h", "--tags", "us", "t"];
+    assert_eq!(runnel_ok(&new, b""), "");
+    assert!(
+        runnel_ok(&["groups", "--addr", &addr, "t"], b"").lines().any(|l| l.starts_with("h ") && l.ends_with(" us"))
+    );
+}
+
+/// Runs `script` with `sh -c`, `$RUNNEL` naming this build's `runnel`;
+/// returns what it printed, which must come with status 0.
+fn sh(script: &str) -> String {
+    let out = Command::new("sh")
+        .args(["-c", script])
+        .env("RUNNEL", env!("CARGO_BIN_EXE_runnel"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sh");
+    assert!(out.status.success(), "sh -c {script:?} exited {}:\n{}", out.status, text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// Messages `m1` to `mN`, one a line.
+fn numbered(n: usize) -> Vec<u8> {
+    (1..=n).map(|i| format!("m{i}\n")).collect::<String>().into_bytes()
+}
+
+/// STATS counters of `topic`, over the wire.
+fn counters(srv: &Server, topic: &str) -> impl Fn(&str) -> u64 {
+    let c = std::cell::RefCell::new(srv.client_v2());
+    let topic = topic.to_string();
+    move |key: &str| common::wire::stat(&mut c.borrow_mut(), &topic, key)
+}
+
+/// `runnel consume | head -1`, fetching and pushed, in a real shell: the
+/// one line head printed is the one message acknowledged, and every other
+/// message is still there, not acknowledged, not dead-lettered, delivered
+/// once more at most (the one taken as head left, if any: the documented
+/// bound).
+#[test]
+fn consume_piped_to_head_acknowledges_only_what_head_took() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    for (topic, flags) in [("fetched", ""), ("pushed", "--push")] {
+        // More than one batch of 256.
+        runnel_ok(&["produce", "--addr", &addr, topic], &numbered(300));
+        let printed = sh(&format!("\"$RUNNEL\" consume --addr {addr} {flags} {topic} | head -1"));
+        assert_eq!(printed, "m1\n", "{topic}");
+        let stat = counters(&srv, topic);
+        assert_eq!(stat("acked"), 1, "{topic}: only the line head took is acknowledged");
+        common::wire::wait_until("the rest is ready", || stat("ready") == 299);
+        assert_eq!(stat("dead_lettered"), 0, "{topic}");
+        let mut c = srv.client_v2();
+        let rest = c.fetch(topic, Fetch { max_messages: 1000, ..Fetch::default() }).expect("fetch");
+        let mut ids: Vec<u64> = rest.iter().map(|m| m.id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, (2..=300).collect::<Vec<u64>>(), "{topic}: every other message is there");
+        let again = rest.iter().filter(|m| m.delivery_count > 1).count();
+        assert!(again <= 1, "{topic}: {again} messages were delivered to the consume and not printed");
+    }
+}
+
+/// On a topic whose messages have one delivery each (`--max-deliveries
+/// 1`), `runnel consume | head -1` dead-letters none of what the consume
+/// fetched ahead, fetching and pushed: at most the one message taken as
+/// its reader left (the documented bound), also when the reader keeps the
+/// pipe open after head (the consume then wrote a message nobody took,
+/// and does not acknowledge it).
+#[test]
+fn consume_piped_to_head_dead_letters_at_most_the_message_taken_as_head_left() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    let readers = ["head -1", "{ head -1; sleep 1; }"];
+    for (topic, flags) in [("fetched", ""), ("pushed", "--push")] {
+        runnel_ok(&["create", "--addr", &addr, "--max-deliveries", "1", topic], b"");
+        runnel_ok(&["produce", "--addr", &addr, topic], &numbered(300));
+        let stat = counters(&srv, topic);
+        for (run, reader) in readers.iter().enumerate() {
+            let printed = sh(&format!("\"$RUNNEL\" consume --addr {addr} {flags} {topic} | {reader}"));
+            assert_eq!(printed.lines().count(), 1, "{topic} | {reader}: {printed:?}");
+            let acked = run as u64 + 1;
+            assert_eq!(stat("acked"), acked, "{topic} | {reader}: only the lines head took are acknowledged");
+            let settled = || stat("ready") + stat("dead_lettered") == 300 - acked;
+            common::wire::wait_until("what the consume held is back", settled);
+            assert!(stat("dead_lettered") <= acked, "{topic} | {reader}: {} dead letters", stat("dead_lettered"));
+        }
+    }
+}
+
+/// A reader slower than the ack timeout (`| { sleep 1; head -1; }` with a
+/// timeout of 300 ms and one delivery per message): the consume keeps the
+/// message it wrote in flight (TOUCH) until the reader takes it, then
+/// acknowledges it; it never expires.
+#[test]
+fn consume_keeps_the_message_its_slow_reader_has_not_taken_in_flight() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    runnel_ok(&["create", "--addr", &addr, "--ack-timeout-ms", "300", "--max-deliveries", "1", "slow"], b"");
+    runnel_ok(&["produce", "--addr", &addr, "slow"], &numbered(2));
+    let printed = sh(&format!("\"$RUNNEL\" consume --addr {addr} --count 1 slow | {{ sleep 1; head -1; }}"));
+    assert_eq!(printed, "m1\n");
+    let stat = counters(&srv, "slow");
+    assert_eq!((stat("acked"), stat("expired"), stat("dead_lettered")), (1, 0, 0));
+    assert_eq!(stat("ready"), 1);
+}
+
+/// To a file, a consume takes batches, and no more than `--count` leaves:
+/// pushed, it lowers its credit before the acknowledgment that would let
+/// the broker push past the count, so nothing is delivered that it does
+/// not print.
+#[test]
+fn consume_to_a_file_is_delivered_no_more_than_it_prints() {
+    let (srv, dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    let file = dir.path().join("out.txt");
+    let file = file.display();
+    for (topic, flags) in [("fetched", "--count 25"), ("pushed", "--push --credit 10 --count 25")] {
+        runnel_ok(&["produce", "--addr", &addr, topic], &numbered(100));
+        sh(&format!("\"$RUNNEL\" consume --addr {addr} --wait-ms 100 {flags} {topic} > {file}"));
+        let printed = std::fs::read_to_string(dir.path().join("out.txt")).expect("read out.txt");
+        assert_eq!(printed.as_bytes(), numbered(25), "{topic}");
+        let stat = counters(&srv, topic);
+        common::wire::wait_until("what the consume held is back", || stat("inflight") == 0);
+        assert_eq!((stat("delivered"), stat("acked"), stat("ready")), (25, 25, 75), "{topic}");
+    }
+}
+
+/// Stdout a socket (one end of a Unix socket pair whose other end the test
+/// reads): the consume acknowledges the message its reader took, and no
+/// other, when the reader closes its end after one line.
+#[test]
+fn consume_to_a_socket_acknowledges_only_what_its_reader_took() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    runnel_ok(&["produce", "--addr", &addr, "t"], &numbered(300));
+    let (reader, writer) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+    let child = Command::new(env!("CARGO_BIN_EXE_runnel"))
+        .args(["consume", "--addr", &addr, "t"])
+        .stdin(Stdio::null())
+        .stdout(std::os::fd::OwnedFd::from(writer))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn runnel");
+    let mut first = String::new();
+    BufReader::new(&reader).read_line(&mut first).expect("read a line");
+    assert_eq!(first, "m1\n");
+    drop(reader);
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(STDOUT_CLOSED), "{}", text(&out.stderr));
+    let stat = counters(&srv, "t");
+    assert_eq!(stat("acked"), 1, "only the line the reader took is acknowledged");
+    common::wire::wait_until("the rest is ready", || stat("ready") == 299);
+}
+
+/// A reader that goes away while the consume waits for a message ends the
+/// consume at once (status 141), fetching and pushed: its wait goes with
+/// its connection, having taken nothing, so the message that comes next is
+/// still there, never delivered.
+#[test]
+fn consume_ends_when_its_reader_goes_away_during_a_wait_and_takes_nothing() {
+    let (srv, _dir) = page_cache_broker(Limits::default());
+    let addr = srv.addr.to_string();
+    for (topic, flags, waiting) in [("fetched", &[][..], "waiters"), ("pushed", &["--push"], "consumers")] {
+        let args = [&["consume", "--addr", &addr, "--wait-ms", "120000"][..], flags, &[topic]].concat();
+        let mut child = spawn_piped(&args);
+        // The topic's parked FETCHes, or its default group's consumers.
+        let section = if waiting == "waiters" { topic.to_string() } else { format!("{topic}/") };
+        let mut c = srv.client_v2();
+        common::wire::wait_until("the consume waits", || {
+            let sections = c.stats(Some(topic)).unwrap_or_default();
+            let counter = sections.iter().find(|s| s.0 == section).and_then(|s| s.1.iter().find(|kv| kv.0 == waiting));
+            counter.is_some_and(|kv| kv.1 == 1)
+        });
+        drop(child.stdout.take());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while child.try_wait().expect("try_wait").is_none() {
+            assert!(Instant::now() < deadline, "{topic}: the consume did not end when its reader went away");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let out = child.wait_with_output().expect("wait");
+        assert_eq!(out.status.code(), Some(STDOUT_CLOSED), "{topic}: {}", text(&out.stderr));
+        runnel_ok(&["produce", "--addr", &addr, topic], b"later\n");
+        let stat = counters(&srv, topic);
+        assert_eq!((stat("ready"), stat("delivered")), (1, 0), "{topic}");
+    }
 }

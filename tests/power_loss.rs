@@ -10,8 +10,9 @@
 //! graceful stop. Then, for many cut points, the simulator
 //! (`common::power_loss`) rebuilds what the disk could hold after a power
 //! loss there, under a crash model (a directory entry durable only once
-//! its directory is synced, or a journal's prefix; unsynced writes
-//! dropped, kept or kept in part), lays it out in a fresh directory and
+//! its directory is synced, or a journal's prefix; of each file's unsynced
+//! writes a prefix, the last perhaps torn at any byte, the tear today's
+//! recovery cuts as a torn tail), lays it out in a fresh directory and
 //! starts a broker on it in this process (`Reactor::bind`, which runs the
 //! log's open and recovery exactly as `runnel serve` does; then every
 //! message is fetched over the wire). Each start must not be refused, must
@@ -22,12 +23,24 @@
 //! The mmap write path of `--fsync never` makes no call a shim can see, so
 //! only `--fsync turn` is recorded.
 //!
-//! The suite runs a sample of the cut points. The long version tries every
-//! cut point of the trace, with more crashes drawn at each:
+//! Also here: a repair interrupted by a power loss (a recorded `runnel serve
+//! --repair` on overlapping segments, crashed at every line, then repaired
+//! again: nothing lost), a crash of the process after any file operation,
+//! and the tests of the recorder (the trace replayed rebuilds exactly what
+//! the run left) and of the simulator on synthetic traces.
+//!
+//! The suite tries every directory operation and sync (just before and
+//! after each) and a sample of the other lines, and every line around the
+//! removals and around the first produces. The long version tries every
+//! line of a longer run, with more crashes drawn at each, for several seeds
+//! and segment sizes:
 //!
 //! ```text
-//! RUNNEL_POWER_LOSS_CUTS=all RUNNEL_POWER_LOSS_DRAWS=8 \
-//!     cargo test --release --test power_loss -- --include-ignored every_cut
+//! for seg in 4096 65536; do for seed in 1 2 3; do
+//!   RUNNEL_SEED=$seed RUNNEL_POWER_LOSS_CUTS=all RUNNEL_POWER_LOSS_DRAWS=8 \
+//!   RUNNEL_POWER_LOSS_ROUNDS=600 RUNNEL_POWER_LOSS_SEGMENT_BYTES=$seg \
+//!     cargo test --release --test power_loss every_cut -- --nocapture
+//! done; done
 //! ```
 //!
 //! The sector model (issue #34): runs of larger writes, on segments of
@@ -36,42 +49,53 @@
 //! (`Writes::Sectors`, and its superset `Writes::EachSector`): no start may
 //! be refused, no acknowledged produce lost, no synced ACK undone; and a
 //! bit flipped in bytes a later write says were synced, or in the middle
-//! of a segment before the last, must be refused every time. The suite tries a sample; the long
-//! version every write and sync of longer runs, with more crashes at each:
+//! of a segment before the last, must be refused every time. The suite
+//! tries a sample; the long version every write and sync of longer runs,
+//! with more crashes at each:
 //!
 //! ```text
 //! RUNNEL_POWER_LOSS_SECTOR_ROUNDS=400 RUNNEL_POWER_LOSS_SECTOR_CUTS=all RUNNEL_POWER_LOSS_DRAWS=6 \
-//!     cargo test --release --test power_loss -- --include-ignored sectors --nocapture
+//!     cargo test --release --test power_loss -- sector bit_flipped --nocapture
 //! ```
 //!
+//! Crashed disks are laid out under `/dev/shm` when there is one (the
+//! starts sync; there is no disk to wait for), else the temporary directory;
+//! `RUNNEL_POWER_LOSS_SCRATCH` names another place.
+//!
 //! Seeds: `RUNNEL_SEED` replays the choices each crash draws; the recorded
-//! run's timing is the machine's, so its trace differs from run to run.
+//! run's timing is the machine's, so its trace differs from run to run. A
+//! failure prints the seed, the cut (the line after which the power went),
+//! what the crash kept and dropped, the files it left and what the start
+//! did wrong.
 
 mod common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use common::logdir::{Msgs, try_fetch_all};
+use common::logdir::{Msgs, try_fetch_all_with};
 use common::power_loss::{Choices, CrashModel, Cut, Disk, Keep, Metadata, Op, OpKind, Trace, Writes};
 use common::power_loss::{SECTOR_BYTES, sector_kept, sector_version};
 use common::recorder::{Recorded, Traced, now_ns};
 use common::{Rng, TempDir};
 use runnel::client::{Client, Fetch, OwnedReply};
-use runnel::log::{RECORD_HEADER_BYTES, RecordKind, WriteFrame};
+use runnel::log::{LogOptions, RECORD_HEADER_BYTES, RecordKind, WriteFrame};
 use runnel::testkit::SeedGuard;
 
 /// The data directory, under the recorder's root: its parents do not exist
 /// when the broker starts.
 const DATA_REL: &str = "new/parents/data";
 /// Small segments: the log rolls every few rounds and compaction removes
-/// the old ones as their messages are acknowledged.
+/// the old ones as their messages are acknowledged
+/// (`RUNNEL_POWER_LOSS_SEGMENT_BYTES` sets another size for the recorded
+/// run).
 const SEGMENT_BYTES_MAX: &str = "4096";
 /// The one topic.
 const TOPIC: &str = "power";
-/// Rounds of the workload: a batch produced, fetched, mostly acknowledged.
+/// Rounds of the workload: a batch produced, fetched, mostly acknowledged
+/// (`RUNNEL_POWER_LOSS_ROUNDS` sets another number).
 const ROUNDS: u64 = 240;
 /// Messages a round produces.
 const BATCH: u64 = 3;
@@ -80,6 +104,13 @@ const BATCH: u64 = 3;
 const KEPT_IN_FLIGHT_ONE_IN: u64 = 5;
 /// The seed the workload draws its payload lengths from.
 const WORKLOAD_SEED: u64 = 25;
+/// Up to this many directory operations not yet durable at a cut, every
+/// subset of them is tried.
+const DIR_SUBSETS_PENDING_MAX: usize = 4;
+/// The free bytes the short-disk run's broker is told its disk has: short
+/// of space (less than 2 MiB past the headroom), so compaction unlinks a
+/// removed segment at once, yet room for produces (1 MiB and the headroom).
+const SHORT_FREE_BYTES: u64 = 3 << 19;
 /// How the test names itself on a failure, to replay.
 const REPLAY: &str = "cargo test --release --test power_loss";
 
@@ -98,8 +129,9 @@ struct Produced {
 /// An ACK, as its consumer saw it.
 struct Acked {
     ids: Vec<u64>,
-    /// When it was sent.
+    /// When it was sent, and when its reply came.
     sent_ns: u64,
+    answered_ns: u64,
     /// When the reply came to the first PRODUCE sent after this ACK was
     /// answered (`u64::MAX`: none was): that produce's sync covered the
     /// ACK's record, which was written before the ACK was answered.
@@ -113,33 +145,64 @@ struct Run {
     acks: Vec<Acked>,
 }
 
+/// Rounds of the recorded run.
+fn rounds() -> u64 {
+    env_u64("RUNNEL_POWER_LOSS_ROUNDS", ROUNDS)
+}
+
 /// The run every test here checks, recorded once.
 fn run() -> &'static Run {
     static RUN: OnceLock<Run> = OnceLock::new();
-    RUN.get_or_init(record_run)
+    RUN.get_or_init(|| record_run(None))
 }
 
-fn record_run() -> Run {
-    let w =
-        Workload { segment_bytes_max: SEGMENT_BYTES_MAX, rounds: ROUNDS, produces: 1, batch: BATCH, filler_max: 300 };
-    record_workload(&w)
+/// The same workload on a disk the broker is told is nearly full
+/// (`SHORT_FREE_BYTES`), recorded once.
+fn short_run() -> &'static Run {
+    static RUN: OnceLock<Run> = OnceLock::new();
+    RUN.get_or_init(|| record_run(Some(SHORT_FREE_BYTES)))
+}
+
+/// The environment variable `name` as a number, or `default`.
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// Records the workload; with `free_bytes`, on a broker told that its disk
+/// has that many bytes free.
+fn record_run(free_bytes: Option<u64>) -> Run {
+    let segment = env_u64("RUNNEL_POWER_LOSS_SEGMENT_BYTES", SEGMENT_BYTES_MAX.parse().expect("a number"));
+    let segment_bytes_max = segment.to_string();
+    record_workload(&Workload {
+        segment_bytes_max: &segment_bytes_max,
+        free_bytes,
+        rounds: rounds(),
+        produces: 1,
+        batch: BATCH,
+        filler_max: 300,
+    })
 }
 
 /// What a recorded run does: `rounds` rounds of `produces` PRODUCEs sent
 /// together (so that one turn's write holds their records), each of a
 /// batch of `batch` messages with up to `filler_max` bytes of filler, then
 /// the messages fetched and mostly acknowledged, on segments of
-/// `segment_bytes_max`.
-struct Workload {
-    segment_bytes_max: &'static str,
+/// `segment_bytes_max` (and with `free_bytes`, on a broker told that its
+/// disk has that many bytes free).
+struct Workload<'a> {
+    segment_bytes_max: &'a str,
+    free_bytes: Option<u64>,
     rounds: u64,
     produces: u64,
     batch: u64,
     filler_max: usize,
 }
 
-fn record_workload(w: &Workload) -> Run {
-    let t = Traced::spawn(DATA_REL, &["--fsync", "turn", "--segment-bytes-max", w.segment_bytes_max]);
+fn record_workload(w: &Workload<'_>) -> Run {
+    let args = ["--fsync", "turn", "--segment-bytes-max", w.segment_bytes_max];
+    let free = w.free_bytes.map(|b| b.to_string());
+    let env: Vec<(&str, &str)> = free.iter().map(|f| ("RUNNEL_FILEOPS_FREE_BYTES", f.as_str())).collect();
+    let t = Traced::spawn_over(&Disk::default(), DATA_REL, &args, &env);
     let mut c = Client::connect(t.addr).expect("connect to the traced broker");
     c.set_timeout(Some(Duration::from_secs(30))).expect("timeout");
     let mut rng = Rng::new(WORKLOAD_SEED);
@@ -175,7 +238,7 @@ fn record_workload(w: &Workload) -> Run {
             let sent_ns = now_ns();
             let r = c.ack(TOPIC, &ids).expect("ack");
             assert!(r.failed.is_empty(), "acks failed: {:?}", r.failed);
-            acks.push(Acked { ids, sent_ns, covered_ns: u64::MAX });
+            acks.push(Acked { ids, sent_ns, answered_ns: now_ns(), covered_ns: u64::MAX });
         }
     }
     drop(c);
@@ -196,8 +259,11 @@ struct Expected {
 }
 
 impl Run {
-    /// What a start after a power loss at `cut` must and must not hold.
-    fn expected(&self, cut: u64) -> Expected {
+    /// What a start after a power loss at `cut` must and must not hold;
+    /// after a crash of the process only (`process`), an ACK answered
+    /// before the cut must not be undone either: its record was written
+    /// before the reply.
+    fn expected(&self, cut: u64, process: bool) -> Expected {
         let at = self.rec.trace.cut_ts_ns(cut);
         let mut ack_of: HashMap<u64, &Acked> = HashMap::new();
         for a in &self.acks {
@@ -209,7 +275,7 @@ impl Run {
         for p in self.produced.iter().filter(|p| p.acked_ns < at) {
             let key = (TOPIC.to_string(), p.id);
             match ack_of.get(&p.id) {
-                Some(a) if a.covered_ns < at => {
+                Some(a) if a.covered_ns < at || (process && a.answered_ns < at) => {
                     e.absent.insert(key);
                 }
                 Some(a) if a.sent_ns < at => {}
@@ -223,8 +289,8 @@ impl Run {
 
     /// Why `got`, what a start after `cut` holds, breaks a promise, if it
     /// does.
-    fn check(&self, cut: u64, got: &Msgs) -> Result<(), String> {
-        let e = self.expected(cut);
+    fn check(&self, cut: u64, got: &Msgs, process: bool) -> Result<(), String> {
+        let e = self.expected(cut, process);
         let produced: HashMap<u64, &Produced> = self.produced.iter().map(|p| (p.id, p)).collect();
         for ((topic, id), payload) in got {
             match produced.get(id) {
@@ -244,7 +310,8 @@ impl Run {
         }
         let undone: Vec<u64> = e.absent.iter().filter(|k| got.contains_key(*k)).map(|k| k.1).collect();
         if !undone.is_empty() {
-            return Err(format!("brought back {} messages whose ACK was synced (ids {undone:?})", undone.len()));
+            let what = if process { "answered" } else { "synced" };
+            return Err(format!("brought back {} messages whose ACK was {what} (ids {undone:?})", undone.len()));
         }
         Ok(())
     }
@@ -275,31 +342,78 @@ fn scratch_dir(tag: &str) -> TempDir {
     TempDir(dir)
 }
 
+/// Crashes drawn at each cut besides the four uniform ones (everything
+/// pending kept or dropped, directory operations and writes apart), from
+/// `RUNNEL_POWER_LOSS_DRAWS` or `default`.
+fn draws(default: u64) -> u64 {
+    env_u64("RUNNEL_POWER_LOSS_DRAWS", default)
+}
+
+/// The crashes to try at a cut: the four uniform ones, every subset of the
+/// directory operations not yet durable if there are few (with every
+/// unsynced write kept), then `draws` drawn from `rng`, alternately under
+/// the POSIX and the journal model.
+fn power_losses(cut: &Cut<'_>, draws: u64, rng: &mut Rng) -> Vec<Choices> {
+    let mut v = vec![
+        Choices::uniform(cut, false, Keep::Drop),
+        Choices::uniform(cut, false, Keep::Whole),
+        Choices::uniform(cut, true, Keep::Drop),
+        Choices::uniform(cut, true, Keep::Whole),
+    ];
+    v.extend(Choices::every_dir_subset(cut, Keep::Whole, DIR_SUBSETS_PENDING_MAX));
+    for i in 0..draws {
+        let metadata = if i % 2 == 0 { Metadata::Posix } else { Metadata::Journal };
+        v.push(CrashModel { metadata, writes: Writes::InOrder }.choose(cut, rng));
+    }
+    v.dedup();
+    v
+}
+
 /// What a crash at a cut point may leave: the choices to try there.
 type Crashes = dyn Fn(&Cut<'_>, &mut Rng) -> Vec<Choices>;
+
+/// What a start on a crashed disk must hold after a power loss at a cut
+/// (`Ok`, or why not).
+type Check<'a> = dyn Fn(u64, &Msgs) -> Result<(), String> + 'a;
 
 /// Crashes the recorded run at each of `cuts` as `crashes` says, starts a
 /// broker on each distinct disk, and fails naming the first crashes that
 /// break a promise.
 fn check_cuts(test: &'static str, cuts: &[u64], crashes: &Crashes, seed: u64) {
-    check_cuts_of(test, run(), cuts, crashes, seed);
+    check_run_cuts(test, run(), cuts, crashes, false, seed);
 }
 
-/// `check_cuts` of the recorded run `run`.
-fn check_cuts_of(test: &'static str, run: &Run, cuts: &[u64], crashes: &Crashes, seed: u64) {
+/// `check_cuts` on `run`; `process`: the crashes are of the process only,
+/// so no answered ACK may be undone.
+fn check_run_cuts(test: &'static str, run: &Run, cuts: &[u64], crashes: &Crashes, process: bool, seed: u64) {
+    let check = |k: u64, got: &Msgs| run.check(k, got, process);
+    check_crashes(test, &run.rec.trace, LogOptions::default(), (cuts, crashes), &check, seed);
+}
+
+/// Crashes `trace` at each of `cuts` as `crashes` says, starts a broker
+/// whose log opens with `log` on each distinct disk, and fails naming the
+/// first crashes whose start `check` faults.
+fn check_crashes(
+    test: &'static str,
+    trace: &Trace,
+    log: LogOptions,
+    (cuts, crashes): (&[u64], &Crashes),
+    check: &Check<'_>,
+    seed: u64,
+) {
     let _guard = SeedGuard { test, seed, replay: REPLAY };
-    let trace = &run.rec.trace;
     let mut rng = Rng::new(seed);
-    let mut started: HashMap<u64, Result<Msgs, String>> = HashMap::new();
+    let mut distinct = BTreeSet::new();
     let (mut tried, mut failures) = (0, Vec::new());
     for &k in cuts {
         let cut = trace.cut(k);
         for choices in crashes(&cut, &mut rng) {
             let disk = cut.disk(&choices);
-            let outcome = started.entry(disk.digest()).or_insert_with(|| start_on(&disk));
+            distinct.insert(disk.digest());
+            let outcome = started_on(&disk, &log);
             tried += 1;
             let verdict = match outcome {
-                Ok(got) => run.check(k, got),
+                Ok(got) => check(k, &got),
                 Err(e) => Err(format!("the start was refused: {e}")),
             };
             if let Err(why) = verdict {
@@ -308,9 +422,9 @@ fn check_cuts_of(test: &'static str, run: &Run, cuts: &[u64], crashes: &Crashes,
         }
     }
     eprintln!(
-        "{test}: seed {seed}: {} cut points, {tried} crashes, {} distinct disks started, {} broke a promise",
+        "{test}: seed {seed}: {} cut points, {tried} crashes, {} distinct disks, {} broke a promise",
         cuts.len(),
-        started.len(),
+        distinct.len(),
         failures.len()
     );
     assert!(
@@ -321,12 +435,29 @@ fn check_cuts_of(test: &'static str, run: &Run, cuts: &[u64], crashes: &Crashes,
     );
 }
 
+/// What a start on `disk` with `log` found: started once per distinct disk
+/// and options, whichever test asks first (the tests share the recorded
+/// run, and many of their crashes leave the same disk).
+fn started_on(disk: &Disk, log: &LogOptions) -> Result<Msgs, String> {
+    type Started = Mutex<HashMap<(u64, String), Result<Msgs, String>>>;
+    static STARTED: OnceLock<Started> = OnceLock::new();
+    let key = (disk.digest(), format!("{log:?}"));
+    let started = STARTED.get_or_init(Started::default);
+    if let Some(found) = started.lock().expect("the starts' table").get(&key) {
+        return found.clone();
+    }
+    let found = start_on(disk, log.clone());
+    started.lock().expect("the starts' table").insert(key, found.clone());
+    found
+}
+
 /// Lays `disk` out in a fresh directory and starts a broker on its data
-/// directory: every message it holds, or why it refused to start.
-fn start_on(disk: &Disk) -> Result<Msgs, String> {
+/// directory, its log opened with `log`: every message it holds, or why it
+/// refused to start.
+fn start_on(disk: &Disk, log: LogOptions) -> Result<Msgs, String> {
     let dir = scratch_dir("power-loss-disk");
     disk.write_to(dir.path());
-    try_fetch_all(&dir.path().join(DATA_REL))
+    try_fetch_all_with(&dir.path().join(DATA_REL), log)
 }
 
 // ---------------------------------------------------------------------------
@@ -364,7 +495,7 @@ fn the_recorder_sees_every_file_operation_the_broker_makes() {
     assert_eq!(mkdirs, 3, "the data directory and its two parents were made");
     assert!(renames >= 5, "compaction removed segments: {renames}");
     assert!(releases >= 3, "the release thread unlinked removed segments: {releases}");
-    assert!(syncs as u64 >= ROUNDS, "every produce was synced: {syncs} syncs for {ROUNDS} rounds");
+    assert!(syncs as u64 >= rounds(), "every produce was synced: {syncs} syncs for {} rounds", rounds());
 }
 
 /// A synthetic trace, for tests of the simulator itself.
@@ -496,6 +627,23 @@ fn a_rename_not_yet_durable_leaves_the_old_name_with_what_came_after() {
     assert_eq!(file_after(&s, "0.log", dropped), None, "once the directory is synced the rename holds");
 }
 
+/// A run that begins on files already there (`Trace::over`) finds them
+/// durable: a power loss undoes only what the run did.
+#[test]
+fn a_run_over_existing_files_takes_them_as_durable() {
+    let mut s = Script::new();
+    s.push(OpKind::Rename { from: s.path("d/0.log"), to: s.path("d/1.log") });
+    let mut before = Disk::default();
+    before.files.insert(PathBuf::from("0.log"), b"old".to_vec());
+    let trace = s.trace().over(before.under(Path::new("d")));
+    let cut = trace.cut(trace.end());
+    let names = |keep: bool| cut.disk(&Choices::uniform(&cut, keep, Keep::Whole)).files.into_keys().collect::<Vec<_>>();
+    assert_eq!(names(false), [PathBuf::from("d/0.log")], "the rename undone");
+    assert_eq!(names(true), [PathBuf::from("d/1.log")]);
+    assert_eq!(cut.disk(&Choices::uniform(&cut, true, Keep::Drop)).files[Path::new("d/1.log")], b"old");
+    assert_eq!(Choices::every_dir_subset(&cut, Keep::Whole, 4).len(), 2, "the rename kept or not");
+}
+
 #[test]
 fn a_journal_keeps_directory_operations_in_their_order() {
     let mut s = Script::new();
@@ -538,15 +686,160 @@ fn sampled(trace: &Trace, one_in: u64, rng: &mut Rng) -> Vec<u64> {
 
 /// A crash of the process, not the machine, right after any call: every
 /// call made reached the page cache, and nothing else did. The start must
-/// take the directory and keep every promise (the broker's order of
-/// operations, as `tests/crash.rs` checks with real kills, here at exact
-/// points). A sample of the cut points.
+/// take the directory and keep every promise, an answered ACK never undone
+/// (the broker's order of operations, as `tests/crash.rs` checks with real
+/// kills, here at exact points). A sample of the cut points.
 #[test]
 fn a_process_crash_after_any_file_operation_keeps_every_promise() {
     let seed = common::seed(0);
     let cuts = sampled(&run().rec.trace, 12, &mut Rng::new(seed));
     let kept = |cut: &Cut<'_>, _: &mut Rng| vec![Choices::uniform(cut, true, Keep::Whole)];
-    check_cuts("a_process_crash_after_any_file_operation_keeps_every_promise", &cuts, &kept, seed);
+    check_run_cuts("a_process_crash_after_any_file_operation_keeps_every_promise", run(), &cuts, &kept, true, seed);
+}
+
+/// Issue #25 (b): the data directory and its parents are made with
+/// `mkdir`; a power loss after the first acknowledged produces must not
+/// take the directory with them. Every cut from the start of the run to the
+/// third round's acknowledgement.
+#[test]
+fn a_new_data_directory_survives_a_power_loss_after_its_first_produces() {
+    let run = run();
+    let trace = &run.rec.trace;
+    let until = run.produced[(3 * BATCH) as usize].acked_ns;
+    let cuts: Vec<u64> = (1..=trace.end()).filter(|&k| trace.ops[k as usize - 1].ts_ns <= until).collect();
+    let draws = draws(2);
+    let losses = move |cut: &Cut<'_>, rng: &mut Rng| power_losses(cut, draws, rng);
+    check_cuts("a_new_data_directory_survives_a_power_loss_after_its_first_produces", &cuts, &losses, common::seed(1));
+}
+
+/// While space is short, compaction unlinks a removed segment at once, on
+/// the loop, with no rename (the shim tells the broker its disk has 1.5 MiB
+/// free). A power loss around any unlink must leave a log a start
+/// takes, holding what was acknowledged: each unlink durable before the
+/// next.
+#[test]
+fn removals_on_a_short_disk_survive_a_power_loss() {
+    let run = short_run();
+    let trace = &run.rec.trace;
+    let unlinks =
+        count(trace, |o| matches!(&o.kind, OpKind::Unlink { path } if path.extension().is_some_and(|e| e == "log")));
+    assert!(unlinks >= 5, "setup: compaction unlinked segments at once: {unlinks}");
+    let cuts = around(trace, |o| matches!(o.kind, OpKind::Unlink { .. }));
+    let draws = draws(2);
+    let losses = move |cut: &Cut<'_>, rng: &mut Rng| power_losses(cut, draws, rng);
+    let seed = common::seed(6);
+    check_run_cuts("removals_on_a_short_disk_survive_a_power_loss", run, &cuts, &losses, false, seed);
+}
+
+/// Every directory operation and every sync of the recorded run, just
+/// before and just after it, and a seeded sample of the other lines (one
+/// in eight), the end included; with `RUNNEL_POWER_LOSS_CUTS=all`, every
+/// line (the long version, with more draws: the header says how). Each
+/// cut point with every uniform crash, every subset of a few pending
+/// directory operations, and crashes drawn under both metadata models with
+/// unsynced writes kept in order (a prefix, the last perhaps torn).
+#[test]
+fn every_cut_keeps_what_was_acknowledged() {
+    let seed = common::seed(5);
+    let trace = &run().rec.trace;
+    let cuts = if std::env::var("RUNNEL_POWER_LOSS_CUTS").is_ok_and(|v| v == "all") {
+        (0..=trace.end()).collect()
+    } else {
+        let mut cuts: BTreeSet<u64> =
+            around(trace, |o| o.kind.is_dir_op() || matches!(o.kind, OpKind::Sync { .. })).into_iter().collect();
+        cuts.extend(sampled(trace, 8, &mut Rng::new(seed)));
+        cuts.into_iter().collect::<Vec<_>>()
+    };
+    let draws = draws(2);
+    let losses = move |cut: &Cut<'_>, rng: &mut Rng| power_losses(cut, draws, rng);
+    check_cuts("every_cut_keeps_what_was_acknowledged", &cuts, &losses, seed);
+}
+
+/// Cut points just before and just after each line that `pick` picks.
+fn around(trace: &Trace, pick: impl Fn(&Op) -> bool) -> Vec<u64> {
+    let mut cuts = BTreeSet::new();
+    for o in trace.ops.iter().filter(|o| pick(o)) {
+        cuts.insert(o.seq);
+        cuts.insert(o.seq + 1);
+    }
+    cuts.into_iter().collect()
+}
+
+/// Issue #25 (a): compaction renames a segment to `….log.removing`, and the
+/// release thread then cuts and unlinks the file. A power loss around any
+/// of these, or around any other rename, unlink or truncate (a roll cuts
+/// the segment it closes), must leave a log a start takes, holding what was
+/// acknowledged: cuts between a rename and the release thread's cut
+/// included.
+#[test]
+fn compaction_removals_survive_a_power_loss() {
+    let trace = &run().rec.trace;
+    let cuts =
+        around(trace, |o| matches!(o.kind, OpKind::Rename { .. } | OpKind::Unlink { .. } | OpKind::Truncate { .. }));
+    let draws = draws(2);
+    let losses = move |cut: &Cut<'_>, rng: &mut Rng| power_losses(cut, draws, rng);
+    check_cuts("compaction_removals_survive_a_power_loss", &cuts, &losses, common::seed(2));
+}
+
+/// A data directory whose second and third segments are renamed to begin
+/// before the one before them ends (as damage could leave it), so that
+/// `--repair` must rename both up, the higher first, the lower onto the
+/// higher's old name; and the messages in it.
+fn overlapping_segments() -> (Disk, Msgs) {
+    let dir = TempDir::new("power-loss-repair");
+    let log = LogOptions { segment_bytes_max: SEGMENT_BYTES_MAX.parse().expect("a number"), ..LogOptions::default() };
+    let srv = common::Server::start_in(runnel::broker::Config::default(), log, dir.path());
+    let mut c = srv.client();
+    let mut produced = Msgs::new();
+    while common::logdir::segments(dir.path()).len() < 4 {
+        let payload = format!("repair {} {}", produced.len(), "y".repeat(100)).into_bytes();
+        let id = c.produce(TOPIC, &payload).expect("produce");
+        produced.insert((TOPIC.to_string(), id), payload);
+    }
+    drop(c);
+    srv.stop();
+    common::logdir::crashed(dir.path());
+    let segs = common::logdir::segments(dir.path());
+    let second = common::logdir::base_of(&segs[1]);
+    for (seg, base) in [(&segs[1], second - 8), (&segs[2], second)] {
+        std::fs::rename(seg, dir.path().join(format!("{base:020}.log"))).expect("rename a segment");
+    }
+    (Disk::read(dir.path()), produced)
+}
+
+/// `--repair` renames segments to close the gaps and overlaps damage left,
+/// and an interrupted repair is finished by running it again. A power loss
+/// at any point of a repair, then a start with `--repair`, must keep every
+/// record: a rename must not land on the name of a segment whose own
+/// rename a power loss undid.
+#[test]
+fn a_repair_interrupted_by_a_power_loss_is_finished_by_the_next() {
+    let (damaged, produced) = overlapping_segments();
+    let args = ["--repair", "--segment-bytes-max", SEGMENT_BYTES_MAX];
+    let rec = Traced::spawn_over(&damaged.under(Path::new(DATA_REL)), DATA_REL, &args, &[]).stop(true);
+    let renames = count(&rec.trace, |o| matches!(o.kind, OpKind::Rename { .. }));
+    assert!(renames >= 3, "setup: the repair renamed two segments (and the stop its marker): {renames}");
+    let cuts: Vec<u64> = (0..=rec.trace.end()).collect();
+    let draws = draws(4);
+    let losses = move |cut: &Cut<'_>, rng: &mut Rng| power_losses(cut, draws, rng);
+    let check = |_: u64, got: &Msgs| {
+        let lost: Vec<u64> = produced.keys().filter(|k| !got.contains_key(*k)).map(|k| k.1).collect();
+        if lost.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("lost {} of {} messages: {lost:?}", lost.len(), produced.len()))
+        }
+    };
+    let log = LogOptions { repair: true, ..LogOptions::default() };
+    let seed = common::seed(4);
+    check_crashes(
+        "a_repair_interrupted_by_a_power_loss_is_finished_by_the_next",
+        &rec.trace,
+        log,
+        (&cuts, &losses),
+        &check,
+        seed,
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -615,7 +908,15 @@ fn sector_runs() -> &'static [Run] {
         ["4096", "131072", "1048576"]
             .into_iter()
             .map(|segment_bytes_max| {
-                record_workload(&Workload { segment_bytes_max, rounds, produces: 3, batch: 2, filler_max: 1500 })
+                let free_bytes = None;
+                record_workload(&Workload {
+                    segment_bytes_max,
+                    free_bytes,
+                    rounds,
+                    produces: 3,
+                    batch: 2,
+                    filler_max: 1500,
+                })
             })
             .collect()
     })
@@ -650,19 +951,22 @@ fn sector_cuts(trace: &Trace, sample: usize, rng: &mut Rng) -> Vec<u64> {
     picked.into_iter().collect()
 }
 
-/// Crashes at a cut under the sector models: every pending directory
-/// operation kept (the directory's own power-loss cases are the tests
-/// above), and each unsynced write's sectors drawn, alternately under
-/// `Sectors` and `EachSector`; `draws` crashes, with the one that loses
-/// every unsynced write and the one that keeps them.
+/// Crashes at a cut under the sector models: each unsynced write's
+/// sectors drawn, alternately under `Sectors` and `EachSector`, with the
+/// directory operations not yet durable drawn under the POSIX and the
+/// journal model in turn; `draws` crashes, with the four uniform ones
+/// (everything pending kept or lost, directory operations and writes
+/// apart).
 fn sector_crashes(draws: u64) -> impl Fn(&Cut<'_>, &mut Rng) -> Vec<Choices> {
     move |cut: &Cut<'_>, rng: &mut Rng| {
-        let mut v = vec![Choices::uniform(cut, true, Keep::Drop), Choices::uniform(cut, true, Keep::Whole)];
+        let mut v: Vec<Choices> = [(false, Keep::Drop), (false, Keep::Whole), (true, Keep::Drop), (true, Keep::Whole)]
+            .into_iter()
+            .map(|(dir_ops, keep)| Choices::uniform(cut, dir_ops, keep))
+            .collect();
         for i in 0..draws {
             let writes = if i % 2 == 0 { Writes::Sectors } else { Writes::EachSector };
-            let mut c = CrashModel { metadata: Metadata::Posix, writes }.choose(cut, rng);
-            c.dir_ops.fill(true);
-            v.push(c);
+            let metadata = if i / 2 % 2 == 0 { Metadata::Posix } else { Metadata::Journal };
+            v.push(CrashModel { metadata, writes }.choose(cut, rng));
         }
         v.dedup();
         v
@@ -679,7 +983,7 @@ fn a_power_cut_that_keeps_any_sectors_of_unsynced_writes_keeps_every_promise() {
     for run in sector_runs() {
         let cuts = sector_cuts(&run.rec.trace, 40, &mut rng);
         let test = "a_power_cut_that_keeps_any_sectors_of_unsynced_writes_keeps_every_promise";
-        check_cuts_of(test, run, &cuts, &sector_crashes(draws), seed);
+        check_run_cuts(test, run, &cuts, &sector_crashes(draws), false, seed);
     }
 }
 
@@ -768,7 +1072,7 @@ fn a_bit_flipped_in_synced_bytes_is_refused_after_any_power_cut() {
                 for (file, at) in flips {
                     let mut bad = disk.clone();
                     bad.files.get_mut(&file).expect("the segment")[at] ^= 1 << rng.below(8u32);
-                    match start_on(&bad) {
+                    match start_on(&bad, LogOptions::default()) {
                         Err(e) if e.contains("corrupt") => {}
                         other => failures.push(format!(
                             "{}; bit flipped at byte {at} of {}: {:?}",

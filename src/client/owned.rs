@@ -27,6 +27,17 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the broker closed the connection between two frames, as a
+    /// graceful stop does once it has sent every reply (docs/protocol.md,
+    /// "Closing"), rather than resetting it or cutting a frame short. A
+    /// broker whose process ended without a graceful stop closes the same
+    /// way: what this tells is that nothing was cut, not why it closed.
+    pub fn is_closed_between_frames(&self) -> bool {
+        let Error::Io(e) = self else { return false };
+        let closed = e.get_ref().and_then(|inner| inner.downcast_ref::<Closed>());
+        closed.is_some_and(|c| c.partial_frame_bytes == 0)
+    }
+
     /// The broker's error code, if this is a broker error.
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
@@ -55,6 +66,26 @@ impl std::fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// What a read found when the broker closed the connection (the payload of
+/// an `io::Error` of kind `UnexpectedEof`): whether it closed between two
+/// frames, or with a frame begun and cut short.
+#[derive(Debug)]
+pub(super) struct Closed {
+    /// Bytes of the next frame received before the end; 0 between frames.
+    pub(super) partial_frame_bytes: usize,
+}
+
+impl std::fmt::Display for Closed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.partial_frame_bytes {
+            0 => write!(f, "broker closed the connection"),
+            n => write!(f, "broker closed the connection in the middle of a frame ({n} bytes of it received)"),
+        }
+    }
+}
+
+impl std::error::Error for Closed {}
 
 impl From<io::Error> for Error {
     fn from(e: io::Error) -> Self {

@@ -67,19 +67,8 @@ pub(crate) fn sub(name: &str) -> Option<Sub> {
         ),
         "consume" => (
             "TOPIC",
-            "print TOPIC's messages one a line, acknowledging each once printed, until a wait finds none",
-            vec![
-                addr(),
-                flag("--count", "N", "no limit", "stop after N messages"),
-                flag("--wait-ms", "MS", CONSUME_WAIT_MS_DEFAULT, "how long each FETCH waits for a message"),
-                flag("--group", "G", "the default group", "the consumer group to read for"),
-                flag("--from", START_VALUES, "earliest", "where a group created now starts"),
-                flag("--tags", "EXPR", "*", "the group's tag filter: * | a || b | re:PATTERN"),
-                switch("--broadcast", "a broadcast group: every consumer gets every message"),
-                switch("--ordered", "a group ordered by key: one message of a key at a time, in order"),
-                switch("--push", "subscribe: the broker pushes messages (protocol version 3)"),
-                flag("--credit", "N", CONSUME_CREDIT_DEFAULT, "most messages held unacknowledged (implies --push)"),
-            ],
+            "print TOPIC's messages one a line, acknowledging each once its reader has it, until a wait finds none",
+            consume_flags(addr()),
         ),
         "groups" => ("TOPIC", "list TOPIC's consumer groups and their state", vec![addr()]),
         "group" => (
@@ -123,7 +112,11 @@ pub(crate) fn sub(name: &str) -> Option<Sub> {
         "cancel" | "lookup" | "peek" => one_message_command(name, addr()),
         _ => return None,
     };
-    let notes = if name == "serve" { SERVE_NOTES } else { CLIENT_NOTES };
+    let notes = match name {
+        "serve" => SERVE_NOTES,
+        "consume" => CONSUME_NOTES,
+        _ => CLIENT_NOTES,
+    };
     Some(Sub { name, words, about, notes, flags })
 }
 
@@ -147,6 +140,27 @@ fn one_message_command(name: &str, addr: Flag) -> (&'static str, &'static str, V
     }
 }
 
+/// `runnel consume`'s flags, after `addr`.
+fn consume_flags(addr: Flag) -> Vec<Flag> {
+    vec![
+        addr,
+        flag("--count", "N", "no limit", "stop after N messages"),
+        flag("--wait-ms", "MS", CONSUME_WAIT_MS_DEFAULT, "how long each FETCH waits for a message"),
+        flag("--group", "G", "the default group", "the consumer group to read for"),
+        flag("--from", START_VALUES, "earliest", "where a group made now starts"),
+        flag("--tags", "EXPR", "*", "a group made now: its tag filter, * | a || b | re:PATTERN (see below)"),
+        switch("--broadcast", "a group made now: broadcast, every consumer gets every message"),
+        switch("--ordered", "a group made now: ordered by key, one message of a key at a time"),
+        switch("--push", "subscribe: the broker pushes messages (protocol version 3)"),
+        flag(
+            "--credit",
+            "N",
+            CONSUME_CREDIT_DEFAULT,
+            "most messages held unacknowledged, 1 to a pipe (implies --push)",
+        ),
+    ]
+}
+
 /// `runnel produce`'s flags, after `addr`.
 fn produce_flags(addr: Flag) -> Vec<Flag> {
     vec![
@@ -160,6 +174,20 @@ fn produce_flags(addr: Flag) -> Vec<Flag> {
         flag("--dedup", "ID", "none", "give line N the dedup id ID:N, so a rerun stores each line once (version 4)"),
     ]
 }
+
+/// What `runnel consume --help` says besides its flags.
+const CONSUME_NOTES: &str = "\
+To a terminal or a file, messages come in batches, each acknowledged once
+printed. To a pipe or a socket, one at a time, each acknowledged once the
+reader has taken it from the pipe; the next is taken only while the reader
+is there. When the reader goes away, the message the consume may hold then
+(at most one) is not acknowledged: it is ready again at once, with that
+delivery counted (on its last allowed delivery, dead-lettered).
+A consume never changes a group: --tags, --broadcast and --ordered make a
+group that does not exist yet; on one that exists with other settings the
+consume fails (status 1) without consuming. `runnel group create` changes
+a group's settings, for all of its consumers.
+RUNNEL_AUTH_TOKEN, if set, is the token presented in HELLO.";
 
 /// What `runnel serve --help` says besides its flags.
 const SERVE_NOTES: &str = "\

@@ -146,7 +146,12 @@ pub fn fetch_all(dir: &Path) -> Msgs {
 
 /// `fetch_all`, or why the broker did not start on `dir`.
 pub fn try_fetch_all(dir: &Path) -> Result<Msgs, String> {
-    let srv = Server::try_start_in(Config::default(), LogOptions::default(), dir)?;
+    try_fetch_all_with(dir, LogOptions::default())
+}
+
+/// `try_fetch_all` with a broker whose log is opened with `log`.
+pub fn try_fetch_all_with(dir: &Path, log: LogOptions) -> Result<Msgs, String> {
+    let srv = Server::try_start_in(Config::default(), log, dir)?;
     let mut c: Client = srv.client();
     c.set_timeout(Some(Duration::from_secs(20))).expect("timeout");
     let mut out = Msgs::new();

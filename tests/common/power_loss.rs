@@ -25,6 +25,9 @@
 //!   (`Writes::Sectors`), or any of each write's sectors, each write on its
 //!   own (`Writes::EachSector`).
 //!
+//! A run may begin on a root that already holds files (`Trace::over`, for
+//! a start on an existing data directory): they are taken as durable.
+//!
 //! A cut is a number: the trace's lines numbered below it happened, the rest
 //! did not. `Trace::cut` replays those lines and sorts what they did into
 //! durable and pending; `CrashModel::choose` draws the pending choices from
@@ -128,6 +131,9 @@ pub struct Trace {
     pub ops: Vec<Op>,
     /// The data file: the bytes of every write.
     data: Vec<u8>,
+    /// What the root held when the run began, all of it durable (empty:
+    /// the run began on an empty root).
+    pub initial: Disk,
 }
 
 /// `%XX`-escaped bytes back to a path.
@@ -156,7 +162,12 @@ impl Trace {
         for (i, op) in ops.iter().enumerate() {
             assert_eq!(op.seq, i as u64, "ops numbered in order");
         }
-        Trace { root: root.to_path_buf(), ops, data }
+        Trace { root: root.to_path_buf(), ops, data, initial: Disk::default() }
+    }
+
+    /// This trace of a run that began on a root holding `initial` (durably).
+    pub fn over(self, initial: Disk) -> Trace {
+        Trace { initial, ..self }
     }
 
     /// Reads a trace and its data file, recorded under `root`.
@@ -164,7 +175,7 @@ impl Trace {
         let text = std::fs::read_to_string(trace).expect("read the trace");
         let data = std::fs::read(data).expect("read the trace's data file");
         let ops = text.lines().enumerate().map(|(i, l)| parse_line(i as u64, l)).collect();
-        Trace { root: root.to_path_buf(), ops, data }
+        Trace { root: root.to_path_buf(), ops, data, initial: Disk::default() }
     }
 
     /// The bytes of a write.
@@ -278,9 +289,11 @@ pub enum Writes {
 }
 
 /// What survives of one unsynced change to a file's contents.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Keep {
+    /// None of it.
     Drop,
+    /// All of it.
     Whole,
     /// The first this many bytes of a write (a truncate or an `fallocate`
     /// is all or nothing: taken as `Whole`).
@@ -288,18 +301,11 @@ pub enum Keep {
     /// The bytes of the file's `index`th of `of` unsynced writes in the
     /// 512-byte sectors whose write-back, drawn from `seed`, came after it
     /// (`sector_version`); a truncate or an `fallocate`: taken as `Whole`.
-    Sectors {
-        seed: u32,
-        index: u16,
-        of: u16,
-    },
+    Sectors { seed: u32, index: u16, of: u16 },
     /// The write's bytes in the file's 512-byte sectors that `seed` keeps,
     /// each with `percent`% odds (`sector_kept`); a truncate or an
     /// `fallocate`: taken as `Whole`.
-    EachSector {
-        seed: u32,
-        percent: u8,
-    },
+    EachSector { seed: u32, percent: u8 },
 }
 
 /// The sector a power cut keeps or loses whole.
@@ -459,41 +465,33 @@ pub struct CrashModel {
 /// whether (or how much of) it survives.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Choices {
+    /// For each of `Cut::pending_dir_ops`: kept.
     pub dir_ops: Vec<bool>,
-    pub changes: Vec<KeepKey>,
-}
-
-/// A `Keep` as a hashable key (`Choices` are compared to skip repeats).
-pub type KeepKey = (u8, usize);
-
-fn key(k: Keep) -> KeepKey {
-    match k {
-        Keep::Drop => (0, 0),
-        Keep::Whole => (1, 0),
-        Keep::Prefix(n) => (2, n),
-        Keep::EachSector { seed, percent } => (3, (seed as usize) << 8 | usize::from(percent)),
-        Keep::Sectors { seed, index, of } => (4, (seed as usize) << 32 | usize::from(index) << 16 | usize::from(of)),
-    }
-}
-
-fn unkey(k: KeepKey) -> Keep {
-    match k {
-        (0, _) => Keep::Drop,
-        (2, n) => Keep::Prefix(n),
-        (3, n) => Keep::EachSector { seed: (n >> 8) as u32, percent: (n & 0xff) as u8 },
-        (4, n) => Keep::Sectors { seed: (n >> 32) as u32, index: (n >> 16) as u16, of: n as u16 },
-        _ => Keep::Whole,
-    }
+    /// For each of `Cut::pending_changes`: what of it is kept.
+    pub changes: Vec<Keep>,
 }
 
 impl Choices {
     /// Every pending directory operation kept or not, every pending change
     /// kept as `keep`.
-    pub fn uniform(cut: &Cut, dir_ops: bool, keep: Keep) -> Choices {
-        Choices {
-            dir_ops: vec![dir_ops; cut.pending_dir_ops.len()],
-            changes: vec![key(keep); cut.pending_changes.len()],
+    pub fn uniform(cut: &Cut<'_>, dir_ops: bool, keep: Keep) -> Choices {
+        Choices { dir_ops: vec![dir_ops; cut.pending_dir_ops.len()], changes: vec![keep; cut.pending_changes.len()] }
+    }
+
+    /// Every subset of `cut`'s pending directory operations kept (what
+    /// `Metadata::Posix` allows), each with every pending change kept as
+    /// `keep`; none if there are more than `pending_max` of them.
+    pub fn every_dir_subset(cut: &Cut<'_>, keep: Keep, pending_max: usize) -> Vec<Choices> {
+        let n = cut.pending_dir_ops.len();
+        if n > pending_max {
+            return Vec::new();
         }
+        (0..1u64 << n)
+            .map(|bits| Choices {
+                dir_ops: (0..n).map(|i| bits & (1 << i) != 0).collect(),
+                changes: vec![keep; cut.pending_changes.len()],
+            })
+            .collect()
     }
 }
 
@@ -519,11 +517,11 @@ impl CrashModel {
         for (at, &(node, _)) in cut.pending_changes.iter().enumerate() {
             by_file.entry(node).or_default().push(at);
         }
-        let mut changes = vec![key(Keep::Whole); cut.pending_changes.len()];
+        let mut changes = vec![Keep::Whole; cut.pending_changes.len()];
         for ats in by_file.values() {
             let file: Vec<Change> = ats.iter().map(|&at| cut.change(cut.pending_changes[at])).collect();
             for (&at, keep) in ats.iter().zip(self.writes.keeps(&file, rng)) {
-                changes[at] = key(keep);
+                changes[at] = keep;
             }
         }
         Choices { dir_ops, changes }
@@ -553,6 +551,8 @@ pub enum Change {
 struct Node {
     /// A directory's entries as the running broker saw them (None: a file).
     entries: Option<BTreeMap<std::ffi::OsString, NodeId>>,
+    /// A file's contents when the run began (durable).
+    initial: Vec<u8>,
     /// A file's changes in order, with the line each was made by.
     changes: Vec<(u64, Change)>,
     /// Lines below this are covered by a completed sync of this node.
@@ -581,7 +581,9 @@ enum DirChange {
 /// A directory operation: the line, the directory, the change.
 #[derive(Clone, Debug)]
 struct DirOp {
+    /// The line that made it.
     seq: u64,
+    /// The directory whose entries it changes.
     dir: NodeId,
     change: DirChange,
 }
@@ -590,8 +592,13 @@ struct DirOp {
 /// pending (the choices a crash makes).
 pub struct Cut<'t> {
     trace: &'t Trace,
+    /// The lines numbered below it happened.
     pub cut: u64,
+    /// Every file and directory the replay met (0: the root).
     nodes: Vec<Node>,
+    /// The entries the root held when the run began: (directory, name,
+    /// node), durable.
+    initial: Vec<(NodeId, std::ffi::OsString, NodeId)>,
     /// Every directory operation below the cut, in order.
     dir_ops: Vec<DirOp>,
     /// Indexes into `dir_ops` of those not yet durable.
@@ -604,15 +611,15 @@ pub struct Cut<'t> {
 impl Trace {
     /// Replays the lines numbered below `cut`.
     pub fn cut(&self, cut: u64) -> Cut<'_> {
-        let root = Node { entries: Some(BTreeMap::new()), changes: Vec::new(), synced_below: 0 };
-        let mut r = Replay { trace: self, nodes: vec![root], fds: HashMap::new(), dir_ops: Vec::new() };
+        let mut r = Replay { trace: self, nodes: Vec::new(), fds: HashMap::new(), dir_ops: Vec::new() };
+        r.new_node(true, Vec::new());
+        let initial = r.lay_out(&self.initial);
         for op in self.ops.iter().take(cut as usize).filter(|o| o.ok) {
             r.apply(op);
         }
         let Replay { nodes, dir_ops, .. } = r;
-        // Under Posix a directory operation is durable once its directory
-        // was synced after it; the journal keeps at least those, and so,
-        // being a prefix, every one before the last of them.
+        // A directory operation is durable once its directory was synced
+        // after it; a journal keeps more (`journal_kept_min`).
         let durable = |d: &DirOp| d.seq < nodes[d.dir].synced_below;
         let pending_dir_ops = (0..dir_ops.len()).filter(|&i| !durable(&dir_ops[i])).collect();
         let mut pending_changes: Vec<(u64, NodeId, usize)> = Vec::new();
@@ -625,16 +632,18 @@ impl Trace {
         }
         pending_changes.sort_unstable();
         let pending_changes = pending_changes.into_iter().map(|(_, n, i)| (n, i)).collect();
-        Cut { trace: self, cut, nodes, dir_ops, pending_dir_ops, pending_changes }
+        Cut { trace: self, cut, nodes, initial, dir_ops, pending_dir_ops, pending_changes }
     }
 }
 
 /// The state of a replay in progress.
 struct Replay<'t> {
     trace: &'t Trace,
+    /// Every file and directory met so far (0: the root).
     nodes: Vec<Node>,
     /// Open descriptors: the node each names.
     fds: HashMap<i32, NodeId>,
+    /// The directory operations so far, in order.
     dir_ops: Vec<DirOp>,
 }
 
@@ -660,9 +669,25 @@ impl Replay<'_> {
         Some(at)
     }
 
-    fn new_node(&mut self, dir: bool) -> NodeId {
-        self.nodes.push(Node { entries: dir.then(BTreeMap::new), changes: Vec::new(), synced_below: 0 });
+    /// A new node: a directory, or a file holding `initial` (durably).
+    fn new_node(&mut self, dir: bool, initial: Vec<u8>) -> NodeId {
+        self.nodes.push(Node { entries: dir.then(BTreeMap::new), initial, changes: Vec::new(), synced_below: 0 });
         self.nodes.len() - 1
+    }
+
+    /// Puts `disk` under the root as what it held when the run began; its
+    /// entries (directory, name, node), all durable.
+    fn lay_out(&mut self, disk: &Disk) -> Vec<(NodeId, std::ffi::OsString, NodeId)> {
+        let mut entries = Vec::new();
+        // Parents sort before their children.
+        let dirs = disk.dirs.iter().map(|d| (d, None));
+        for (rel, bytes) in dirs.chain(disk.files.iter().map(|(f, b)| (f, Some(b)))) {
+            let (dir, name) = self.parent(&self.trace.root.join(rel));
+            let node = self.new_node(bytes.is_none(), bytes.cloned().unwrap_or_default());
+            self.entries(dir).insert(name.clone(), node);
+            entries.push((dir, name, node));
+        }
+        entries
     }
 
     fn entries(&mut self, dir: NodeId) -> &mut BTreeMap<std::ffi::OsString, NodeId> {
@@ -703,7 +728,7 @@ impl Replay<'_> {
             }
             OpKind::Mkdir { path } => {
                 let (dir, name) = self.parent(path);
-                let node = self.new_node(true);
+                let node = self.new_node(true, Vec::new());
                 self.entries(dir).insert(name.clone(), node);
                 self.dir_ops.push(DirOp { seq, dir, change: DirChange::Link { name, node } });
             }
@@ -740,7 +765,7 @@ impl Replay<'_> {
             None => {
                 assert!(flags & libc::O_CREAT != 0, "trace line {seq}: {} opened without being there", path.display());
                 let (dir, name) = self.parent(path);
-                let node = self.new_node(false);
+                let node = self.new_node(false, Vec::new());
                 self.entries(dir).insert(name.clone(), node);
                 self.dir_ops.push(DirOp { seq, dir, change: DirChange::Link { name, node } });
                 node
@@ -792,6 +817,17 @@ impl Disk {
         disk
     }
 
+    /// This disk moved under `rel` (its parents made).
+    pub fn under(&self, rel: &Path) -> Disk {
+        let mut d = Disk::default();
+        for a in rel.ancestors().filter(|a| !a.as_os_str().is_empty()) {
+            d.dirs.insert(a.to_path_buf());
+        }
+        d.dirs.extend(self.dirs.iter().map(|p| rel.join(p)));
+        d.files.extend(self.files.iter().map(|(p, b)| (rel.join(p), b.clone())));
+        d
+    }
+
     /// A hash of the whole disk, to start a broker once per distinct disk.
     pub fn digest(&self) -> u64 {
         use std::hash::{Hash, Hasher};
@@ -836,11 +872,13 @@ impl Cut<'_> {
         assert_eq!(choices.changes.len(), self.pending_changes.len(), "choices for another cut");
         let dropped: BTreeSet<usize> =
             self.pending_dir_ops.iter().zip(&choices.dir_ops).filter(|(_, k)| !**k).map(|(i, _)| *i).collect();
-        // The entries the disk holds: the kept operations, in order, on
-        // empty directories (everything under the root was made in the
-        // trace). An operation whose name is not as it found it (the
+        // The entries the disk holds: those it held when the run began,
+        // then the kept operations, in order. An operation whose name is not as it found it (the
         // create before it was lost) changes nothing.
         let mut entries: HashMap<NodeId, BTreeMap<std::ffi::OsString, NodeId>> = HashMap::new();
+        for (dir, name, node) in &self.initial {
+            entries.entry(*dir).or_default().insert(name.clone(), *node);
+        }
         for (i, d) in self.dir_ops.iter().enumerate() {
             if dropped.contains(&i) {
                 continue;
@@ -864,7 +902,7 @@ impl Cut<'_> {
             }
         }
         let keeps: HashMap<(NodeId, usize), Keep> =
-            self.pending_changes.iter().zip(&choices.changes).map(|(&c, &k)| (c, unkey(k))).collect();
+            self.pending_changes.iter().zip(&choices.changes).map(|(&c, &k)| (c, k)).collect();
         let mut disk = Disk::default();
         let mut stack = vec![(0usize, PathBuf::new())];
         while let Some((dir, rel)) = stack.pop() {
@@ -884,7 +922,7 @@ impl Cut<'_> {
     /// A file's contents: its durable changes, then the pending ones as
     /// `keeps` says.
     fn contents(&self, node: NodeId, keeps: &HashMap<(NodeId, usize), Keep>) -> Vec<u8> {
-        let mut file = Vec::new();
+        let mut file = self.nodes[node].initial.clone();
         for (i, (_, c)) in self.nodes[node].changes.iter().enumerate() {
             let keep = keeps.get(&(node, i)).copied().unwrap_or(Keep::Whole);
             keep.apply(c, self.trace, &mut file);
@@ -909,10 +947,10 @@ impl Cut<'_> {
             .pending_changes
             .iter()
             .zip(&choices.changes)
-            .filter(|(_, k)| unkey(**k) != Keep::Whole)
-            .map(|(&(n, i), &k)| format!("{} {:?}", self.trace.describe_op(self.nodes[n].changes[i].0), unkey(k)))
+            .filter(|(_, k)| **k != Keep::Whole)
+            .map(|(&(n, i), k)| format!("{} {k:?}", self.trace.describe_op(self.nodes[n].changes[i].0)))
             .collect();
-        let whole = choices.changes.iter().filter(|k| unkey(**k) == Keep::Whole).count();
+        let whole = choices.changes.iter().filter(|k| **k == Keep::Whole).count();
         let _ = write!(s, "; unsynced changes: {whole} kept whole, the others [{}]", changes.join(", "));
         s
     }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use runnel::testkit::TempDir;
 
-use super::power_loss::Trace;
+use super::power_loss::{Disk, Trace};
 
 /// How long a broker may take to say it listens.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -90,6 +90,8 @@ pub struct Traced {
     pub data: PathBuf,
     /// Where the trace, its data file and the broker's stderr go.
     out: TempDir,
+    /// What the root held before the start.
+    initial: Disk,
 }
 
 /// What a traced run left: the trace, and the directory it ran on.
@@ -107,7 +109,15 @@ impl Traced {
     /// recorder (`data_rel` may name directories that do not exist yet),
     /// and waits until it says where it listens.
     pub fn spawn(data_rel: &str, args: &[&str]) -> Traced {
+        Traced::spawn_over(&Disk::default(), data_rel, args, &[])
+    }
+
+    /// `spawn`, on a root that holds `initial` (laid out before the start,
+    /// and taken as durable: `Trace::over`), with `env` set for the broker
+    /// (`RUNNEL_FILEOPS_FREE_BYTES`, say: the shim's header).
+    pub fn spawn_over(initial: &Disk, data_rel: &str, args: &[&str], env: &[(&str, &str)]) -> Traced {
         let root = TempDir::new("fileops-root");
+        initial.write_to(root.path());
         let out = TempDir::new("fileops-out");
         let data = root.path().join(data_rel);
         let stderr = std::fs::File::create(out.path().join("stderr")).expect("stderr file");
@@ -121,12 +131,14 @@ impl Traced {
             .env("RUNNEL_FILEOPS_TRACE", out.path().join("trace"))
             .env("RUNNEL_FILEOPS_DATA", out.path().join("data"))
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(stderr))
             .spawn()
             .expect("spawn runnel serve under the recorder");
-        let mut t = Traced { child, addr: "0.0.0.0:0".parse().expect("addr"), root: Some(root), data, out };
+        let addr = "0.0.0.0:0".parse().expect("addr");
+        let mut t = Traced { child, addr, root: Some(root), data, out, initial: initial.clone() };
         t.addr = t.wait_listening();
         t
     }
@@ -166,7 +178,8 @@ impl Traced {
             assert!(status.success(), "the traced broker's graceful stop exited {status}:\n{stderr}");
         }
         let root = self.root.take().expect("stopped once");
-        let trace = Trace::load(root.path(), &self.out.path().join("trace"), &self.out.path().join("data"));
+        let trace = Trace::load(root.path(), &self.out.path().join("trace"), &self.out.path().join("data"))
+            .over(std::mem::take(&mut self.initial));
         Recorded { trace, root, data: self.data.clone(), stderr }
     }
 }

@@ -10,8 +10,11 @@
 //! under `RUNNEL_FILEOPS_ROOT` (an absolute path) or on a descriptor opened
 //! there, appends one line to `RUNNEL_FILEOPS_TRACE`; the bytes of a write
 //! go to `RUNNEL_FILEOPS_DATA`, the line saying where. Without those three
-//! variables it only passes the calls on. Paths are taken as given, so only
-//! absolute ones are recognised (the broker's `--data` must be absolute).
+//! variables it only passes the calls on. With `RUNNEL_FILEOPS_FREE_BYTES`
+//! set it also makes `fstatvfs` of a file under the root report that many
+//! bytes available, so that the broker runs as on a nearly full disk (not
+//! recorded). Paths are taken as given, so only absolute ones are
+//! recognised (the broker's `--data` must be absolute).
 //! Writes through a shared mapping (`--fsync never`) make no call and are
 //! not seen: the power-loss tests run `--fsync turn`.
 //!
@@ -103,7 +106,7 @@ const O_CLOEXEC: c_int = 0o2000000;
 // ---------------------------------------------------------------------------
 
 /// The interposed symbols, in the order of `REAL`.
-const NAMES: [&[u8]; 18] = [
+const NAMES: [&[u8]; 20] = [
     b"open\0",
     b"open64\0",
     b"close\0",
@@ -122,6 +125,8 @@ const NAMES: [&[u8]; 18] = [
     b"mkdir\0",
     b"creat\0",
     b"creat64\0",
+    b"fstatvfs\0",
+    b"fstatvfs64\0",
 ];
 const OPEN: usize = 0;
 const OPEN64: usize = 1;
@@ -141,10 +146,12 @@ const UNLINK: usize = 14;
 const MKDIR: usize = 15;
 const CREAT: usize = 16;
 const CREAT64: usize = 17;
+const FSTATVFS: usize = 18;
+const FSTATVFS64: usize = 19;
 
 /// The real functions' addresses, looked up at load (and again if a call
 /// comes before that).
-static REAL: [AtomicUsize; 18] = [const { AtomicUsize::new(0) }; 18];
+static REAL: [AtomicUsize; 20] = [const { AtomicUsize::new(0) }; 20];
 
 unsafe fn real(i: usize) -> usize {
     let p = REAL[i].load(Ordering::Relaxed);
@@ -167,6 +174,7 @@ type AllocFn = unsafe extern "C" fn(c_int, c_int, off_t, off_t) -> c_int;
 type RenameFn = unsafe extern "C" fn(*const c_char, *const c_char) -> c_int;
 type PathFn = unsafe extern "C" fn(*const c_char) -> c_int;
 type MkdirFn = unsafe extern "C" fn(*const c_char, c_uint) -> c_int;
+type StatvfsFn = unsafe extern "C" fn(c_int, *mut u64) -> c_int;
 
 macro_rules! real {
     ($i:expr, $t:ty) => {
@@ -197,6 +205,10 @@ static TRACKED: [AtomicU8; FDS_MAX] = [const { AtomicU8::new(0) }; FDS_MAX];
 static SEQ: AtomicU64 = AtomicU64::new(0);
 /// Bytes in the data file so far.
 static DATA_OFF: AtomicU64 = AtomicU64::new(0);
+/// `RUNNEL_FILEOPS_FREE_BYTES`, if set (else `u64::MAX`): the free bytes
+/// `fstatvfs` reports for a file under the root, to run the broker as on a
+/// nearly full disk.
+static FREE_BYTES: AtomicU64 = AtomicU64::new(u64::MAX);
 /// Held while a line (and its data) is appended.
 static LOCK: AtomicBool = AtomicBool::new(false);
 
@@ -228,6 +240,11 @@ unsafe extern "C" fn init() {
     let d = real!(OPEN64, OpenFn)(data, flags, 0o644 as c_uint);
     if t < 0 || d < 0 {
         return;
+    }
+    let free = getenv(b"RUNNEL_FILEOPS_FREE_BYTES\0".as_ptr() as *const c_char);
+    if !free.is_null() {
+        let n = cstr(free).iter().take_while(|b| b.is_ascii_digit()).fold(0u64, |n, &b| n * 10 + u64::from(b - b'0'));
+        FREE_BYTES.store(n, Ordering::Relaxed);
     }
     TRACE_FD.store(t, Ordering::Relaxed);
     DATA_FD.store(d, Ordering::Relaxed);
@@ -704,4 +721,30 @@ pub unsafe extern "C" fn mkdir(path: *const c_char, mode: c_uint) -> c_int {
         record(c);
     }
     r
+}
+
+/// `struct statvfs` as `u64`s: `f_frsize` is the second, `f_bavail` the
+/// fifth (on the 64-bit Linux targets).
+const STATVFS_FRSIZE: usize = 1;
+const STATVFS_BAVAIL: usize = 4;
+
+/// With `RUNNEL_FILEOPS_FREE_BYTES` set, a file under the root reports that
+/// many bytes available (in fragments of its real size); not recorded.
+unsafe fn statvfs_of(fd: c_int, st: *mut u64, r: c_int) -> c_int {
+    let free = FREE_BYTES.load(Ordering::Relaxed);
+    if r == 0 && free != u64::MAX && tracked(fd) {
+        let frsize = (*st.add(STATVFS_FRSIZE)).max(1);
+        *st.add(STATVFS_BAVAIL) = free / frsize;
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fstatvfs(fd: c_int, st: *mut u64) -> c_int {
+    statvfs_of(fd, st, real!(FSTATVFS, StatvfsFn)(fd, st))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fstatvfs64(fd: c_int, st: *mut u64) -> c_int {
+    statvfs_of(fd, st, real!(FSTATVFS64, StatvfsFn)(fd, st))
 }
