@@ -304,6 +304,7 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--props-bytes-max", "N", "most bytes of one message's properties (tags and headers)"),
     ("--filter-bytes-max", "N", "longest tag filter of a consumer group"),
     ("--filter-compiled-bytes-max", "N", "most memory one compiled regular-expression filter may take"),
+    ("--compiled-filters-bytes-max", "N", "most memory all compiled tag filters may take together, broker-wide"),
     ("--subscription-credit-max", "N", "most credit one push subscription may have"),
     ("--subscriptions-per-connection-max", "N", "most push subscriptions one connection may have"),
     ("--schedule-ahead-ms-max", "N", "farthest ahead a message may be scheduled, ms"),
@@ -480,7 +481,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 42] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 43] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -507,6 +508,7 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 42] {
         ("props-bytes-max", l.props_bytes_max.into()),
         ("filter-bytes-max", l.filter_bytes_max.into()),
         ("filter-compiled-bytes-max", l.filter_compiled_bytes_max.into()),
+        ("compiled-filters-bytes-max", l.compiled_filters_bytes_max),
         ("subscription-credit-max", l.subscription_credit_max.into()),
         ("subscriptions-per-connection-max", l.subscriptions_per_connection_max.into()),
         ("schedule-ahead-ms-max", l.schedule_ahead_ms_max),
@@ -563,6 +565,7 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         props_bytes_max,
         filter_bytes_max,
         filter_compiled_bytes_max,
+        compiled_filters_bytes_max,
         subscription_credit_max,
         subscriptions_per_connection_max,
         schedule_ahead_ms_max,

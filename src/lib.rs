@@ -46,6 +46,7 @@ pub mod config;
 pub mod conn;
 mod failure_log;
 pub mod filter;
+pub mod filter_table;
 pub mod http;
 pub mod limits;
 pub mod log;

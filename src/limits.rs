@@ -106,11 +106,20 @@ pub struct Limits {
     /// Longest tag filter of a consumer group (`*`, a list `a || b`, or a
     /// regular expression).
     pub filter_bytes_max: u32,
-    /// Most memory one compiled regular-expression filter may take (the
-    /// `regex` crate's size limits): a pattern such as `(a{100}){100}` is
-    /// short but compiles to a huge program; past this it gets BAD_FILTER
-    /// instead of taking the broker's memory and a loop turn's time.
+    /// Most memory one compiled regular-expression filter may take, its
+    /// program and its search cache (its compile is stopped once the
+    /// program passes it): a pattern such as `(a{100}){100}` is short but
+    /// compiles to a huge program; past this it gets BAD_FILTER instead of
+    /// taking the broker's memory and a loop turn's time.
     pub filter_compiled_bytes_max: u32,
+    /// Most memory all compiled filters may take together, broker-wide
+    /// (`FilterTable`). A filter is compiled once per text and shared by
+    /// every group that uses it, so this bounds the distinct filters, not
+    /// the groups: without it, 9-byte requests (`re:\w{5}`, some 170 KB
+    /// compiled) on many topics' groups would take the machine's memory. A
+    /// CREATE_GROUP with a new filter past it gets BAD_FILTER. Recovery
+    /// keeps every logged group's filter, past it or not.
+    pub compiled_filters_bytes_max: u64,
     /// Most credit one push subscription may have: messages in flight to
     /// its connection from its group at once (NSQ's max RDY). Each takes a
     /// timer and a pushed copy in the connection's output, so this bounds
@@ -236,6 +245,7 @@ impl Default for Limits {
             props_bytes_max: 16 << 10,
             filter_bytes_max: 4096,
             filter_compiled_bytes_max: 256 << 10,
+            compiled_filters_bytes_max: 64 << 20,
             subscription_credit_max: 8192,
             subscriptions_per_connection_max: 64,
             schedule_ahead_ms_max: 366 * 24 * 3600 * 1000,
@@ -390,6 +400,12 @@ impl Limits {
         if self.filter_bytes_max == 0 || self.filter_compiled_bytes_max == 0 {
             return Err("filter-bytes-max and filter-compiled-bytes-max must be at least 1".into());
         }
+        if self.compiled_filters_bytes_max < u64::from(self.filter_compiled_bytes_max) {
+            return Err(format!(
+                "compiled-filters-bytes-max ({}) must hold one filter of filter-compiled-bytes-max ({})",
+                self.compiled_filters_bytes_max, self.filter_compiled_bytes_max
+            ));
+        }
         if self.subscription_credit_max == 0 || self.subscriptions_per_connection_max == 0 {
             return Err("subscription-credit-max and subscriptions-per-connection-max must be at least 1".into());
         }
@@ -468,6 +484,10 @@ mod tests {
         refused(Limits { tag_sets_per_topic_max: 65536, ..Limits::default() }, "tag-sets-per-topic-max");
         assert_eq!(Limits { tag_sets_per_topic_max: 65535, ..Limits::default() }.check(), Ok(()));
         refused(Limits { filter_bytes_max: 0, ..Limits::default() }, "filter-bytes-max");
+        let one = Limits::default().filter_compiled_bytes_max;
+        let all = |n: u64| Limits { compiled_filters_bytes_max: n, ..Limits::default() };
+        refused(all(u64::from(one) - 1), "compiled-filters-bytes-max");
+        assert_eq!(all(u64::from(one)).check(), Ok(()));
         // Every message of the largest FETCH reply may be a dead letter
         // with properties: their fields count, their bytes are in the budget.
         let d = Limits::default();

@@ -48,6 +48,9 @@ pub struct ReadPos {
 pub enum Slice {
     /// It read its budget (or a record larger than it): call again.
     More,
+    /// The next record is larger than the budget, and the call may not
+    /// pass it: nothing was read; call again with more.
+    Full,
     /// It reached the end of the durable records: call again after a sync.
     End,
     /// The segment it was in was removed by compaction.
@@ -122,14 +125,16 @@ impl Log {
     }
 
     /// Reads the whole records after `r`'s position, in log order, passing
-    /// each to `each` (but the Write records, which are the log's own), reading at most `budget_bytes` of the files (or one
-    /// record, if the next is larger). Moves into the next segment at the
-    /// end of one. An error is a read that failed or a durable record that
-    /// does not parse: the caller ends that reader.
+    /// each to `each` (but the Write records, which are the log's own),
+    /// reading at most `budget_bytes` of the files; if the next record is
+    /// larger, that one record when `whole_if_larger` (the first read of a
+    /// turn), else nothing (`Slice::Full`). Moves into the next segment at
+    /// the end of one. An error is a read that failed or a durable record
+    /// that does not parse: the caller ends that reader.
     pub fn read_slice(
         &self,
         r: &mut Reader,
-        budget_bytes: u64,
+        (budget_bytes, whole_if_larger): (u64, bool),
         mut each: impl FnMut(ReadRecord<'_>),
     ) -> io::Result<Slice> {
         let seg = loop {
@@ -141,6 +146,9 @@ impl Log {
             r.pos = ReadPos { segment: next.base, at_bytes: 0 };
             r.file = None;
         };
+        if !whole_if_larger && budget_bytes < RECORD_HEADER_BYTES as u64 {
+            return Ok(Slice::Full);
+        }
         if r.file.is_none() {
             r.file = Some(File::open(self.dir.join(segment_name(seg.base)))?);
         }
@@ -150,6 +158,9 @@ impl Log {
         let first = r.buf.get(..4).map_or(0, |b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])));
         let first_bytes = RECORD_HEADER_BYTES as u64 + first;
         if first_bytes > want && first_bytes <= seg.bytes - r.pos.at_bytes {
+            if !whole_if_larger {
+                return Ok(Slice::Full);
+            }
             // One record larger than the budget: read it whole.
             read_at(file, &mut r.buf, r.pos.at_bytes, first_bytes)?;
         }
@@ -345,7 +356,7 @@ mod tests {
         loop {
             let mut bytes = 0;
             let slice = log
-                .read_slice(r, budget_bytes, |rec| {
+                .read_slice(r, (budget_bytes, true), |rec| {
                     bytes += (RECORD_HEADER_BYTES + rec.body.len()) as u64;
                     if let Ok(Record::Produce { messages, .. }) = Record::decode(rec.kind, rec.version, rec.body) {
                         ids.extend(messages.map(|m| m.expect("a message").id));
@@ -357,6 +368,7 @@ mod tests {
                 Slice::More => {}
                 Slice::End => return (ids, most),
                 Slice::Gone => panic!("nothing was removed"),
+                Slice::Full => panic!("a call that may read a larger record whole is never full"),
             }
         }
     }
@@ -404,6 +416,11 @@ mod tests {
         produce(&mut log, 1, &[vec![b'b'; 3000]]);
         produce(&mut log, 2, &[vec![b's'; 10]]);
         let mut r = Reader::new(ReadPos { segment: first, at_bytes: 0 });
+        // Not the first read of its turn: the record waits, nothing is read.
+        let mut met = 0;
+        assert_eq!(log.read_slice(&mut r, (64, false), |_| met += 1).expect("read"), Slice::Full);
+        assert_eq!((met, r.pos()), (0, ReadPos { segment: first, at_bytes: 0 }));
+        assert_eq!(log.read_slice(&mut r, (8, false), |_| met += 1).expect("read"), Slice::Full);
         let (ids, most) = read_all(&log, &mut r, 64);
         assert_eq!(ids, [1, 2]);
         assert!(most > 3000, "the big record came whole");
@@ -411,7 +428,7 @@ mod tests {
         assert!(log.close_active().expect("close") || log.segments().len() > 1);
         let mut stale = Reader::new(ReadPos { segment: first, at_bytes: 0 });
         log.remove_oldest(first).expect("remove");
-        assert_eq!(log.read_slice(&mut stale, 64, |_| {}).expect("read"), Slice::Gone);
+        assert_eq!(log.read_slice(&mut stale, (64, true), |_| {}).expect("read"), Slice::Gone);
     }
 
     #[test]

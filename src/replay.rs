@@ -19,7 +19,7 @@ use crate::broker::TopicId;
 use crate::broker::dedup::Dedup;
 use crate::broker::topics::Topics;
 use crate::compactor::Compactor;
-use crate::filter::Filter;
+use crate::filter_table::{FilterLimits, FilterTable};
 use crate::log::ReadRecord;
 use crate::queue::{Group, GroupConfig, GroupId, IdMap, MsgId, Stray, Timers, Topic};
 use crate::record::{DedupEntries, GroupRecord, MessageRecord, NackReasons, Record, Requeues, TopicRecord};
@@ -213,13 +213,14 @@ fn forget_released(groups: &mut BTreeMap<u32, GroupReplay>, id: MsgId) {
     }
 }
 
-/// The settings of a Group record, its filter parsed. A filter the broker
-/// took once parses again; one that does not (a later build's syntax)
-/// passes everything, so that no message is lost to it.
-pub(crate) fn group_config(r: &GroupRecord<'_>) -> GroupConfig {
-    let filter = match Filter::parse(r.filter, u32::MAX, u32::MAX) {
-        Ok(Filter::All) => None,
-        Ok(f) => Some(f),
+/// The settings of a Group record, its filter compiled through `filters`
+/// (once per text, and held to no limit: a group the log holds is never
+/// lost to a lowered one). A filter the broker took once parses again; one
+/// that does not (a later build's syntax) passes everything, so that no
+/// message is lost to it.
+pub(crate) fn group_config(r: &GroupRecord<'_>, filters: &mut FilterTable) -> GroupConfig {
+    let filter = match filters.get(r.filter, FilterLimits::NONE) {
+        Ok(f) => f,
         Err(e) => {
             log::warn!(
                 "recovery: group {} keeps filter {:?}, which does not parse ({e}): it passes everything",
@@ -261,6 +262,11 @@ pub(crate) struct Replay<'a> {
     /// The dedup windows being rebuilt (protocol version 4), and the
     /// longest window, ms: an entry older than that is not kept.
     dedup: Option<(&'a mut Dedup, u64)>,
+    /// The groups' compiled filters, shared by text (`with_filters`; else
+    /// a table of recovery's own).
+    filters: Option<&'a mut FilterTable>,
+    /// The table when none was lent.
+    own_filters: FilterTable,
     /// The first pass (`ahead`), until the second begins.
     ahead: Option<ahead::Ahead>,
     /// Groups the first pass found existing before their first record, of
@@ -282,6 +288,8 @@ impl<'a> Replay<'a> {
             due: HashMap::new(),
             now_wall_ms: 0,
             dedup: None,
+            filters: None,
+            own_filters: FilterTable::default(),
             ahead: Some(ahead::Ahead::default()),
             placed_after_delete: HashMap::new(),
         }
@@ -292,6 +300,13 @@ impl<'a> Replay<'a> {
     /// (the broker then expires each by its topic's window).
     pub fn with_dedup(mut self, dedup: &'a mut Dedup, window_ms_max: u64) -> Replay<'a> {
         self.dedup = Some((dedup, window_ms_max));
+        self
+    }
+
+    /// Compiles the groups' filters into `filters`, which the broker keeps
+    /// (each text once, shared by its groups).
+    pub fn with_filters(mut self, filters: &'a mut FilterTable) -> Replay<'a> {
+        self.filters = Some(filters);
         self
     }
 
@@ -637,13 +652,14 @@ impl<'a> Replay<'a> {
         self.notes.replayed_group(segment, r.topic, r.group);
         // Its id is taken even if the group is deleted later.
         self.topics.nameless(r.topic).topic.bump_next_group_id(r.group.0.saturating_add(1));
+        let config = group_config(r, self.filters.as_deref_mut().unwrap_or(&mut self.own_filters));
         let g = self.group(r.topic, r.group);
         if !g.named {
             g.floor = g.floor.max(r.cursor);
         }
         g.named = true;
         g.name = r.name.into();
-        g.config = group_config(r);
+        g.config = config;
     }
 
     /// A Purge record: every group starts again at `below_id`.

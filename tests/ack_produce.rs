@@ -10,6 +10,7 @@ use common::{Server, TempDir};
 use runnel::broker::Config;
 use runnel::client::{Client, Fetch, ProduceMessage};
 use runnel::codec::ErrorCode;
+use runnel::codec::group::{GroupSettings, Start};
 use runnel::log::LogOptions;
 
 fn payloads(c: &mut Client, topic: &str) -> Vec<Vec<u8>> {
@@ -61,4 +62,30 @@ fn an_id_no_longer_in_flight_to_the_connection_means_nothing_is_done() {
     let mut old = Client::connect_upto(srv.addr, b"", 2).expect("connect");
     assert!(matches!(old.ack_produce(("in", ""), &mine, &[]), Err(runnel::client::Error::Version { .. })));
     assert_eq!(b.fetch("in", now(1)).expect("fetch").len(), 0);
+}
+
+/// A broadcast group has no shared pending list for ACK_PRODUCE to settle:
+/// it is refused with BAD_ARGUMENT whoever asks, a member of the group or a
+/// connection that never fetched from it, and nothing is acked or produced
+/// (an ACK on the group, by contrast, acts on the member's own copies).
+#[test]
+fn a_broadcast_group_is_refused_to_members_and_non_members_alike() {
+    let (srv, _dir) = Server::start(Config::default());
+    let mut member = srv.client_v2();
+    let mut stranger = srv.client_v2();
+    let fanout = GroupSettings { broadcast: true, ..GroupSettings::default() };
+    member.create_group("in", "fan", fanout, Start::Earliest).expect("create group");
+    assert!(member.fetch_group("in", "fan", now(1)).expect("join").is_empty(), "a member starts at the tail");
+    member.produce_batch("in", &[b"1"]).expect("produce");
+    let f = Fetch { max_messages: 1, ack_timeout_ms: 600_000, ..Fetch::default() };
+    let ids: Vec<u64> = member.fetch_group("in", "fan", f).expect("fetch").iter().map(|m| m.id).collect();
+    assert_eq!(ids.len(), 1);
+    let out = [ProduceMessage::new(b"o")];
+    for (who, c) in [("a member", &mut member), ("a non-member", &mut stranger)] {
+        let refused = c.ack_produce(("in", "fan"), &ids, &[("out", &out)]);
+        assert_eq!(code(refused), ErrorCode::BadArgument, "{who}");
+    }
+    assert!(payloads(&mut stranger, "out").is_empty(), "nothing was produced");
+    assert_eq!(member.ack_group("in", "fan", &ids).expect("ack").done, 1, "nor acked: the member acks it now");
+    assert_eq!(stranger.ack_group("in", "fan", &ids).expect("ack").failed, ids, "an ACK of a non-member fails per id");
 }

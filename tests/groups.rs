@@ -402,3 +402,64 @@ fn a_restart_rebuilds_every_group_and_compaction_never_gives_back_an_acked_messa
     let next = c.produce("t", b"n").unwrap();
     assert_eq!(take(&mut c, "t", "fast"), vec![next]);
 }
+
+/// Groups with the same tag filter share one compiled filter, on any
+/// topic and through a restart; a new filter that would take the compiled
+/// filters past `compiled_filters_bytes_max` gets BAD_FILTER, one other
+/// groups use costs nothing more; and a restart under a budget lowered
+/// below what the log's filters take keeps every group with its filter,
+/// refusing only new filters (docs/protocol.md, "Tag filters").
+#[test]
+fn groups_share_compiled_filters_within_a_budget_a_restart_never_enforces() {
+    let dir = TempDir::new("filter-budget");
+    // Room for one `re:\w{5}` (some 170 KB compiled), not for two.
+    let limits = Limits { compiled_filters_bytes_max: 256 << 10, ..Limits::default() };
+    let srv =
+        Server::start_in(Config { limits: limits.clone(), ..Config::default() }, LogOptions::default(), dir.path());
+    let mut c = srv.client_v2();
+    let heavy = GroupSettings { filter: r"re:\w{5}", ..GroupSettings::default() };
+    for i in 0..100 {
+        c.create_group(&format!("t{i}"), "audit", heavy, Start::Earliest).expect("a shared filter");
+    }
+    let bytes = common::wire::stat(&mut c, "", "compiled_filters_bytes");
+    assert_eq!(common::wire::stat(&mut c, "", "compiled_filters"), 1, "one compiled filter for 100 groups");
+    assert!(bytes > 64 << 10 && bytes < 256 << 10, "{bytes} bytes");
+    let other = GroupSettings { filter: r"re:\w{6}", ..GroupSettings::default() };
+    match c.create_group("t0", "other", other, Start::Earliest) {
+        Err(runnel::client::Error::Broker { code, message }) => {
+            assert_eq!(ErrorCode::from_u8(code), Some(ErrorCode::BadFilter), "{message}");
+            assert!(message.contains("compiled_filters_bytes_max"), "{message}");
+        }
+        other => panic!("a second large filter past the budget: {other:?}"),
+    }
+    assert!(c.list_groups("t0").expect("list").iter().all(|g| g.name != "other"), "nothing was done");
+    let small = GroupSettings { filter: "eu || us", ..GroupSettings::default() };
+    c.create_group("t0", "lists", small, Start::Earliest).expect("a small filter fits");
+    drop(c);
+    srv.stop();
+
+    let lowered = Limits { compiled_filters_bytes_max: 32 << 10, filter_compiled_bytes_max: 32 << 10, ..limits };
+    let srv = Server::start_in(Config { limits: lowered, ..Config::default() }, LogOptions::default(), dir.path());
+    let mut c = srv.client_v2();
+    assert_eq!(common::wire::stat(&mut c, "", "compiled_filters"), 2, "each text compiled once at the restart");
+    let after = common::wire::stat(&mut c, "", "compiled_filters_bytes");
+    assert!(after > bytes && after > 32 << 10, "{after} bytes: both kept, past the lowered budget");
+    for i in 0..100 {
+        let groups = c.list_groups(&format!("t{i}")).expect("list");
+        assert!(groups.iter().any(|g| g.name == "audit" && g.filter == r"re:\w{5}"), "t{i}: {groups:?}");
+    }
+    let tagged = |tag: &str| [runnel::client::ProduceMessage::new(b"m").tag(tag)];
+    c.produce_messages("t7", &tagged("ab")).expect("produce");
+    let kept = c.produce_messages("t7", &tagged("abcde")).expect("produce").0;
+    assert_eq!(take(&mut c, "t7", "audit"), [kept], "the filter still decides");
+    let refused = c.create_group("t0", "new", GroupSettings { filter: "x", ..GroupSettings::default() }, Start::Latest);
+    assert_eq!(code(refused), ErrorCode::BadFilter, "a new filter while the log's take more than the budget");
+    c.create_group("t0", "again", heavy, Start::Latest).expect("a filter other groups use costs nothing more");
+    for i in 0..100 {
+        c.delete_group(&format!("t{i}"), "audit").expect("delete");
+    }
+    c.delete_group("t0", "again").expect("delete");
+    assert_eq!(common::wire::stat(&mut c, "", "compiled_filters"), 1, "gone with its last group");
+    c.create_group("t0", "new", GroupSettings { filter: "x", ..GroupSettings::default() }, Start::Latest)
+        .expect("room again");
+}

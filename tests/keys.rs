@@ -176,3 +176,40 @@ fn version_5_tells_a_retry_wait_and_a_wait_behind_a_key_apart() {
         "version 4"
     );
 }
+
+/// A message a group's filter does not pass is done for that group from
+/// the moment it is produced, whether or not the group has fetched since
+/// (docs/protocol.md, "Tag filters"): one that every group's filter drops
+/// is not held at all (PEEK: NOT_FOUND; LOOKUP: no message, each group
+/// done), and one another group still needs shows `filtered` for the
+/// group whose filter drops it, and leaves once that other group is done.
+#[test]
+fn a_message_every_filter_drops_is_not_held_from_its_produce_on() {
+    let (srv, _dir) = common::start(Limits::default());
+    let mut c = srv.client_v2();
+    let eu = GroupSettings { filter: "eu", ..GroupSettings::default() };
+    c.create_group("orders", "eu", eu, Start::Earliest).expect("group");
+    let tagged = |tag: &str| [ProduceMessage::new(b"order").key(b"k").tag(tag)];
+    let us = c.produce_messages("orders", &tagged("us")).expect("produce").0;
+    assert_eq!(code(c.peek("orders", us)), ErrorCode::NotFound, "never fetched, but its only group drops it");
+    let found = c.lookup("orders", b"k").expect("lookup");
+    assert_eq!((found.len(), found[0].message.is_some()), (1, false), "{found:?}");
+    assert_eq!(state_in(&found[0], "eu").state, State::Done);
+    assert_eq!(common::wire::stat(&mut c, "orders", "bytes"), 0, "nothing of it is held");
+
+    c.create_group("orders", "all", GroupSettings::default(), Start::Latest).expect("group");
+    let kept = c.produce_messages("orders", &tagged("us")).expect("produce").0;
+    let peeked = c.peek("orders", kept).expect("held for group all");
+    assert_eq!((state_in(&peeked, "eu").state, state_in(&peeked, "all").state), (State::Filtered, State::Ready));
+    let got = c.fetch_group("orders", "all", now(10)).expect("fetch all");
+    assert_eq!(got.iter().map(|d| d.id).collect::<Vec<_>>(), [kept]);
+    c.ack_group("orders", "all", &[kept]).expect("ack");
+    assert_eq!(code(c.peek("orders", kept)), ErrorCode::NotFound, "done by all, and by eu at its produce");
+
+    let mine = c.produce_messages("orders", &tagged("eu")).expect("produce").0;
+    let got = c.fetch_group("orders", "eu", now(10)).expect("fetch eu");
+    assert_eq!(got.iter().map(|d| d.id).collect::<Vec<_>>(), [mine], "eu gets what it passes");
+    let filtered = c.stats(Some("orders")).expect("stats").into_iter().find(|s| s.0 == "orders/eu");
+    let filtered = filtered.and_then(|s| s.1.into_iter().find(|kv| kv.0 == "filtered")).map(|kv| kv.1);
+    assert_eq!(filtered, Some(2), "both messages it dropped are counted");
+}

@@ -284,7 +284,7 @@ fn limits_table_matches_the_defaults() {
     let heading = "## Limits";
     let rows = table_rows(&doc, heading);
     let d = Limits::default();
-    let limits: [(&str, u64); 40] = [
+    let limits: [(&str, u64); 41] = [
         ("frame_bytes_max", d.frame_bytes_max.into()),
         ("message_bytes_max", d.message_bytes_max.into()),
         ("batch_messages_max", d.batch_messages_max.into()),
@@ -310,6 +310,7 @@ fn limits_table_matches_the_defaults() {
         ("props_bytes_max", d.props_bytes_max.into()),
         ("filter_bytes_max", d.filter_bytes_max.into()),
         ("filter_compiled_bytes_max", d.filter_compiled_bytes_max.into()),
+        ("compiled_filters_bytes_max", d.compiled_filters_bytes_max),
         ("schedule_ahead_ms_max", d.schedule_ahead_ms_max),
         ("key_bytes_max", d.key_bytes_max.into()),
         ("lookup_results_max", d.lookup_results_max.into()),

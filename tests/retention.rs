@@ -375,6 +375,32 @@ fn a_replay_keeps_a_bounded_window_in_memory_and_reads_a_bounded_amount_a_turn()
     assert!(most <= 2048 + 400, "{most} bytes read in one turn");
 }
 
+/// Replays under way together share one turn's budget: a turn reads at
+/// most `replay_read_bytes_per_turn` of the files over all of them, a
+/// record that does not fit in what is left waiting for the next turn
+/// (only the first record of a turn may be larger, and none is here), and
+/// each replay still gets every message, in order.
+#[test]
+fn replays_together_read_no_more_than_the_budget_of_a_turn() {
+    let dir = TempDir::new("replay-shared-budget");
+    let mut h = replaying(dir.path(), |l| {
+        l.replay_read_bytes_per_turn = 4096;
+        l.replay_read_bytes_per_sec = 0;
+    });
+    h.create_group("r", "later", Start::Earliest);
+    let largest = common::logdir::segments(dir.path())
+        .iter()
+        .flat_map(|p| common::logdir::records(&std::fs::read(p).expect("read segment")))
+        .map(|r| r.end - r.start)
+        .max()
+        .expect("records");
+    assert!(largest < 4096, "every record fits in the budget ({largest} bytes)");
+    assert_eq!(h.receive("r", "late", 300), expected(1, 0, 300));
+    assert_eq!(h.receive("r", "later", 300), expected(1, 0, 300));
+    let most = h.stat("", "replay_turn_bytes_max");
+    assert!(most <= 4096, "{most} bytes read in one turn by two replays");
+}
+
 /// A replay paced at `rate` bytes a second with `per_turn` bytes a turn:
 /// after the first read, the bytes read over `ms` milliseconds (in turns
 /// of 1 ms), checked at every step against the rate.

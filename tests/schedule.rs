@@ -245,6 +245,26 @@ fn a_scheduled_message_waits_for_its_time_then_comes_to_every_group() {
     assert_eq!(h.drain("t", ""), [(past, 1, None)]);
 }
 
+/// Before the default group exists, the topic's `ready` counts what that
+/// group would find if created now, and a scheduled message is not among
+/// it (it is counted in `scheduled` alone): with no group at all, and with
+/// a named group that has read the rest.
+#[test]
+fn a_scheduled_message_is_not_ready_for_a_default_group_not_yet_made() {
+    let dir = TempDir::new("schedule-no-group");
+    let mut h = open(dir.path(), start());
+    let later = h.produce("t", PROP_DELAY, 1000);
+    let mut plain = Vec::new();
+    codec::encode_message(&mut plain, &Props::EMPTY, b"now");
+    h.call(Request::Produce { topic: "t", flags: 0, batch: Batch { count: 1, bytes: &plain, with_props: true } });
+    assert_eq!((h.stat("t", "ready"), h.stat("t", "scheduled")), (1, 1), "no group yet: the plain message alone");
+    assert_eq!(h.drain("t", "b").len(), 1, "group b reads and acks the plain message");
+    assert_eq!((h.stat("t", "ready"), h.stat("t", "scheduled")), (0, 1), "nothing ready before its time");
+    h.tick_to(START_WALL_MS + 1000);
+    assert_eq!(h.stat("t", "ready"), 1, "ready at its time");
+    assert_eq!(h.drain("t", ""), [(later, 1, Some(START_WALL_MS + 1000))]);
+}
+
 /// CANCEL and RESCHEDULE act on scheduled messages only, and what they did
 /// holds across a restart; a time too far ahead is refused.
 #[test]

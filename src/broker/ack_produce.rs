@@ -49,13 +49,16 @@ impl Broker {
             return Err((ErrorCode::Storage, msg.into()));
         }
         let tid = self.topics.id(topic).ok_or_else(|| unknown(topic))?;
-        let group = self.group_of(tid, group, false, c)?;
-        // A missing default group, or a broadcast group this connection is
-        // no member of: nothing is in flight to it (`not_held` says so).
-        if group.is_member() && group != GroupId::NONE {
-            let msg = "ACK_PRODUCE acks for a competing group; this is a broadcast group";
-            return Err((ErrorCode::BadArgument, msg.into()));
+        // A broadcast group has no pending list shared by its consumers
+        // for the record to settle: refused whoever asks, a member or not,
+        // before anything of the group is looked up.
+        if self.topics.get(tid).and_then(|e| e.topic.group_named(group)).is_some_and(|g| g.config.broadcast) {
+            let msg = format!("group {group} is a broadcast group: ACK_PRODUCE acks for a competing group only");
+            return Err((ErrorCode::BadArgument, msg));
         }
+        // A missing default group: nothing is in flight to it (`not_held`
+        // says so).
+        let group = self.group_of(tid, group, false, c)?;
         let ids: Vec<u64> = acked.iter().collect();
         let failed = self.not_held(tid, group, c, &ids)?;
         if !failed.is_empty() {

@@ -8,7 +8,7 @@ use super::topics::{unknown, unknown_group};
 use super::{Broker, GroupTimers, Now, TopicId};
 use crate::codec::group::{GroupInfo, GroupSettings, GroupStats, Start};
 use crate::codec::{self, ErrorCode, op};
-use crate::filter::Filter;
+use crate::filter_table::FilterLimits;
 use crate::queue::{Counters, Group, GroupConfig, GroupId, Topic};
 use crate::record::{GroupDeleteRecord, GroupStateRecord};
 
@@ -70,19 +70,23 @@ impl Broker {
     /// A group's settings from CREATE_GROUP's fields: BAD_FILTER for a
     /// filter that does not parse, BAD_ARGUMENT for a retry policy the
     /// broker does not take (`RetryPolicy::check`).
-    fn group_config(&self, s: &GroupSettings<'_>) -> Result<GroupConfig, Refusal> {
+    fn group_config(&mut self, s: &GroupSettings<'_>) -> Result<GroupConfig, Refusal> {
         let l = &self.config.limits;
         if let Some(p) = &s.retry {
             p.check(l.retry_delay_ms_max).map_err(|e| (ErrorCode::BadArgument, e))?;
         }
-        let filter = Filter::parse(s.filter, l.filter_bytes_max, l.filter_compiled_bytes_max)
-            .map_err(|e| (ErrorCode::BadFilter, e))?;
+        let limits = FilterLimits {
+            text_bytes_max: l.filter_bytes_max,
+            compiled_bytes_max: l.filter_compiled_bytes_max,
+            all_bytes_max: Some(l.compiled_filters_bytes_max),
+        };
+        let filter = self.filters.get(s.filter, limits).map_err(|e| (ErrorCode::BadFilter, e))?;
         Ok(GroupConfig {
             broadcast: s.broadcast,
             ack_timeout_ms: s.ack_timeout_ms,
             max_deliveries: s.max_deliveries,
             filter_text: s.filter.into(),
-            filter: (!matches!(filter, Filter::All)).then_some(filter),
+            filter,
             ordered: s.ordered,
             retry: s.retry,
         })

@@ -44,6 +44,7 @@ use std::path::Path;
 use crate::codec::DecodeLimits;
 use crate::compactor::Compactor;
 use crate::failure_log::FailureLog;
+use crate::filter_table::FilterTable;
 use crate::log::{Log, LogOptions, OpenError, Opener, Recovery};
 use crate::queue::{ConsumerId, GroupId, MsgId, Settings, Timers};
 use crate::replay::Replay;
@@ -269,6 +270,8 @@ pub struct Broker {
     dedup: dedup::Dedup,
     /// Groups reading retained messages back from the log files.
     replays: replay_reader::Replays,
+    /// The groups' compiled tag filters, one per text, and their budget.
+    filters: FilterTable,
     pub stats: BrokerStats,
     /// What recovery found at start.
     pub recovery: Recovery,
@@ -299,11 +302,15 @@ impl Broker {
         let mut compactor = Compactor::default();
         let mut dedup = dedup::Dedup::default();
         let window_ms_max = u64::from(config.limits.dedup_window_ms_max);
-        let mut replay =
-            Replay::new(&mut topics, &mut compactor).at_wall_ms(now.wall_ms).with_dedup(&mut dedup, window_ms_max);
+        let mut filters = FilterTable::default();
+        let mut replay = Replay::new(&mut topics, &mut compactor)
+            .at_wall_ms(now.wall_ms)
+            .with_dedup(&mut dedup, window_ms_max)
+            .with_filters(&mut filters);
         let (log, recovery) = Log::open_replaying(dir, log_options, opener, &mut replay)?;
         let fell_due = replay.finish();
         let mut broker = Broker::assemble(config, topics, compactor, log, recovery, now);
+        broker.filters = filters;
         broker.restore_dedup(dedup, now);
         broker.resume_replays();
         // What came due while the broker was down is ready now; the first
@@ -354,6 +361,7 @@ impl Broker {
             due_timers: schedule::DueTimers::default(),
             dedup: dedup::Dedup::default(),
             replays: replay_reader::Replays::default(),
+            filters: FilterTable::default(),
             stats: BrokerStats { recovery_ms: recovery.millis, started_mono_ms: now.mono_ms, ..BrokerStats::default() },
             recovery,
         }

@@ -96,7 +96,18 @@ impl Replays {
     }
 }
 
-/// What one slice of a replay came to.
+/// What one slice of a replay came to, for its turn.
+enum Step {
+    /// It read, or its window was full: the next replay's go.
+    Next,
+    /// The replay is over.
+    Over,
+    /// Its next record does not fit in what is left of the turn's budget:
+    /// the turn's reads end, and it reads first in the next turn.
+    Full,
+}
+
+/// What one slice of a replay met.
 #[derive(Default)]
 struct Met {
     /// Messages put back.
@@ -191,18 +202,21 @@ impl Broker {
     }
 
     /// Reads one turn's budget over the replays; returns the bytes read.
+    /// Only the turn's first read may pass the budget (a record larger
+    /// than all of it); a replay whose next record does not fit in what is
+    /// left ends the turn's reads, and reads first in the next turn, so
+    /// that no replay waits behind the others for good.
     fn replay_reads(&mut self) -> u64 {
-        let mut budget = self.config.limits.replay_read_bytes_per_turn;
+        let per_turn = self.config.limits.replay_read_bytes_per_turn;
         let n = self.replays.list.len();
         let (mut turn_bytes, mut i, mut served) = (0, self.replays.next % n.max(1), 0);
-        while served < n && budget > 0 && i < self.replays.list.len() {
+        while served < n && turn_bytes < per_turn && i < self.replays.list.len() {
             served += 1;
-            let done = self.replay_slice(i, budget, &mut turn_bytes);
-            budget = self.config.limits.replay_read_bytes_per_turn.saturating_sub(turn_bytes);
-            if done {
-                self.end_replay(i);
-            } else {
-                i += 1;
+            let budget = (per_turn - turn_bytes, turn_bytes == 0);
+            match self.replay_slice(i, budget, &mut turn_bytes) {
+                Step::Over => self.end_replay(i),
+                Step::Next => i += 1,
+                Step::Full => break,
             }
             if i >= self.replays.list.len() {
                 i = 0;
@@ -214,19 +228,20 @@ impl Broker {
         turn_bytes
     }
 
-    /// Reads one slice of replay `i`, within `budget` bytes; true when it
-    /// is over.
-    fn replay_slice(&mut self, i: usize, budget: u64, turn_bytes: &mut u64) -> bool {
+    /// Reads one slice of replay `i`, within `budget` (its bytes, and
+    /// whether a record larger than them may be read whole:
+    /// `Log::read_slice`).
+    fn replay_slice(&mut self, i: usize, budget: (u64, bool), turn_bytes: &mut u64) -> Step {
         let window = u64::from(self.config.limits.replay_window_messages_max);
         let r = &mut self.replays.list[i];
-        let Some(e) = self.topics.get_mut(r.topic) else { return true };
-        let Some(cursor) = e.topic.group(r.group).map(|g| g.cursor()) else { return true };
+        let Some(e) = self.topics.get_mut(r.topic) else { return Step::Over };
+        let Some(cursor) = e.topic.group(r.group).map(|g| g.cursor()) else { return Step::Over };
         // Moved past the replay (a PURGE): nothing more to put back.
         if cursor >= r.end_id {
-            return true;
+            return Step::Over;
         }
         if e.topic.seq.live_in(cursor, r.until) >= window {
-            return false;
+            return Step::Next;
         }
         let mut met = Met::default();
         // The reader is lent out while the records it reads change `r`.
@@ -253,16 +268,18 @@ impl Broker {
             self.move_to_time(tid, g, first, until);
         }
         match slice {
-            _ if met.ended => true,
-            Ok(Slice::More) => false,
-            Ok(Slice::End) | Err(_) => true,
+            _ if met.ended => Step::Over,
+            Ok(Slice::More) => Step::Next,
+            Ok(Slice::Full) => Step::Full,
+            Ok(Slice::End) | Err(_) => Step::Over,
             // Compaction removed the segment: seek again from where it got.
             Ok(Slice::Gone) => match self.compactor.retained.index.seek(tid, until) {
                 Some(pos) => {
                     self.replays.list[i].reader = Reader::new(pos);
-                    false
+                    Step::Next
                 }
-                None => self.compactor.retained.oldest_id(tid).is_none_or(|o| o <= until),
+                None if self.compactor.retained.oldest_id(tid).is_none_or(|o| o <= until) => Step::Over,
+                None => Step::Next,
             },
         }
     }

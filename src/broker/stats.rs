@@ -136,6 +136,11 @@ impl Broker {
         for (k, v) in self.broker_section(now, loops) {
             w.kv(out, k, v);
         }
+        // Version 2's (tag filters), for the sessions that speak it.
+        if version >= 2 {
+            w.kv(out, "compiled_filters", self.filters.len() as u64);
+            w.kv(out, "compiled_filters_bytes", self.filters.bytes());
+        }
         // Version 4's keys, for the sessions that speak it.
         if version >= crate::codec::V4 {
             w.kv(out, "dedup_entries", self.dedup.entries());

@@ -19,6 +19,7 @@
 //! message, nor reads a payload.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use super::order::{Admit, KeyOrder};
 use super::retry::RetryPolicy;
@@ -60,8 +61,9 @@ pub struct GroupConfig {
     pub max_deliveries: u16,
     /// The filter's text as given (empty = `*`).
     pub filter_text: Box<str>,
-    /// The parsed filter; None passes everything.
-    pub filter: Option<Filter>,
+    /// The parsed filter, shared with every group of the same text
+    /// (`FilterTable`); None passes everything.
+    pub filter: Option<Arc<Filter>>,
     /// Messages with the same key go one at a time, in order (`KeyOrder`).
     pub ordered: bool,
     /// How long a message waits before it is ready again after a NACK
@@ -224,7 +226,8 @@ impl Group {
 
     /// Whether the group decides per message at all: it has a filter, or
     /// its topic has messages redriven to one group.
-    fn decides(&self, seq: &Seq) -> bool {
+    #[inline]
+    pub(super) fn decides(&self, seq: &Seq) -> bool {
         self.config.filter.is_some() || seq.tags().has_redriven()
     }
 
@@ -236,7 +239,7 @@ impl Group {
             return true;
         }
         let Some(set) = seq.tag_set(id) else {
-            return self.config.filter.as_ref().is_none_or(|f| matches!(f, Filter::All));
+            return self.config.filter.as_ref().is_none_or(|f| matches!(**f, Filter::All));
         };
         let epoch = seq.tags().epoch();
         if epoch != self.decisions_epoch {
@@ -267,7 +270,7 @@ impl Group {
         }
         match seq.tag_set(id) {
             Some(set) => self.decide(seq, set),
-            None => self.config.filter.as_ref().is_none_or(|f| matches!(f, Filter::All)),
+            None => self.config.filter.as_ref().is_none_or(|f| matches!(**f, Filter::All)),
         }
     }
 
@@ -328,6 +331,18 @@ impl Group {
             || self.order.holds_back(id)
     }
 
+    /// `needs`, the filter decided: a message at or after the cursor that
+    /// the filter drops the group is done with already, though its cursor
+    /// has not stepped over it yet (the decision is cached per tag set, so
+    /// this costs a lookup, and nothing for a group without a filter).
+    #[inline]
+    pub fn wants(&mut self, seq: &Seq, id: MsgId) -> bool {
+        if id < self.cursor {
+            return self.needs(id);
+        }
+        !self.decides(seq) || self.passes(seq, id)
+    }
+
     /// Ready messages of `seq`: never delivered and visible (waiting
     /// behind their key among them), or back for retry. (Counted from the cursor, so it
     /// costs a walk of the blocks the group has not read: for STATS, not
@@ -345,8 +360,7 @@ impl Group {
     /// scheduled, and those waiting behind their key (a walk of the
     /// blocks, and of the scheduled messages: for STATS and LIST_GROUPS).
     pub fn lag(&self, seq: &Seq) -> u64 {
-        let scheduled = if seq.schedule().is_empty() { 0 } else { seq.schedule().count_from(self.cursor) };
-        seq.live_in(self.cursor, self.until(seq)).saturating_sub(scheduled) + self.order.waiting_len() as u64
+        seq.unscheduled_in(self.cursor, self.until(seq)) + self.order.waiting_len() as u64
     }
     pub fn inflight(&self) -> u64 {
         self.inflight.len() as u64

@@ -126,7 +126,7 @@ impl Run {
         let mut config = GroupConfig::default();
         if filtering {
             config.filter_text = "only-this-tag".into();
-            config.filter = Filter::parse("only-this-tag", 100, 1 << 20).ok();
+            config.filter = Filter::parse("only-this-tag", 100, 1 << 20).ok().map(std::sync::Arc::new);
         }
         self.made += 1;
         let g = self.t.add_group(&format!("g{}", self.made), config, cursor);

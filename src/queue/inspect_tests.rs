@@ -54,7 +54,7 @@ impl Run {
             let mut config = GroupConfig::default();
             if filtering {
                 config.filter_text = "eu".into();
-                config.filter = Filter::parse("eu", 100, 1 << 20).ok();
+                config.filter = Filter::parse("eu", 100, 1 << 20).ok().map(std::sync::Arc::new);
             }
             groups.push((t.add_group(name, config, 1), filtering));
         }
@@ -208,10 +208,16 @@ impl Run {
             let got = self.t.inspect(*id, &wall_of).expect("a produced id");
             let finished =
                 |s: &GroupState| matches!(s, GroupState::Done | GroupState::Filtered | GroupState::DeadLettered { .. });
-            // Held while a group needs it (a filtering group's cursor may
-            // not have stepped over it yet: held a little longer).
+            // Held exactly while a group needs it: a message a group's
+            // filter drops is done for that group at once, whether or not
+            // its cursor has stepped over it yet.
             let gone = got.stored.is_none();
-            assert!(!gone || want.iter().all(finished), "step {} ({}): {id} released early", self.step, self.op);
+            let done = want.iter().all(finished);
+            assert_eq!(
+                gone, done,
+                "step {} ({}): {id} released (or held) when every group is done",
+                self.step, self.op
+            );
             // A message no longer held shows `done` for a group whose
             // filter dropped it: its tags went with it.
             let want =

@@ -75,13 +75,10 @@ impl Schedule {
         Some((due, id))
     }
 
-    /// Scheduled messages with ids at or above `from` (STATS: a walk of
+    /// Scheduled messages with ids in `from..until` (STATS: a walk of
     /// every scheduled message, not for every request).
-    pub fn count_from(&self, from: MsgId) -> u64 {
-        if from == 0 {
-            return self.len();
-        }
-        self.by_id.keys().filter(|&&id| id >= from).count() as u64
+    pub fn count_in(&self, from: MsgId, until: MsgId) -> u64 {
+        self.by_id.keys().filter(|&&id| from <= id && id < until).count() as u64
     }
 
     /// Every scheduled message, (id, due ms), in no order.
@@ -110,7 +107,7 @@ mod tests {
         assert_eq!(s.pop_due(10), Some((10, 2)));
         assert_eq!(s.pop_due(10), Some((10, 3)));
         assert_eq!(s.pop_due(39), None, "4 moved to 40");
-        assert_eq!(s.count_from(4), 1);
+        assert_eq!((s.count_in(4, 5), s.count_in(0, 4), s.count_in(5, u64::MAX)), (1, 0, 0));
         assert_eq!(s.pop_due(u64::MAX), Some((40, 4)));
         assert!(s.is_empty() && !s.contains(4));
     }

@@ -738,6 +738,13 @@ impl Seq {
         n
     }
 
+    /// How many live messages with ids in `from..until` are not scheduled:
+    /// what a group reading from `from` would find ready (STATS).
+    pub fn unscheduled_in(&self, from: MsgId, until: MsgId) -> u64 {
+        let scheduled = if self.schedule.is_empty() { 0 } else { self.schedule.count_in(from, until) };
+        self.live_in(from, until).saturating_sub(scheduled)
+    }
+
     /// The first id from which every message below `until` is live: from
     /// there on memory holds the topic whole (`until` itself if the
     /// message before it is not live). Below it, some message is missing:

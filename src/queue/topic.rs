@@ -285,8 +285,7 @@ impl Topic {
         let mut released = 0;
         for _ in 0..SWEEP_IDS_PER_STEP_MAX {
             let Some(live) = self.seq.next_live(id, self.seq.next_id()) else { return released };
-            if !self.seq.scheduled(live) && !self.groups.iter().any(|h| h.needs(live)) {
-                self.release(live);
+            if self.release_unwanted(live, None) {
                 released += 1;
             }
             id = live + 1;
@@ -411,19 +410,22 @@ impl Topic {
     }
 
     /// Makes every appended message visible. One that no group needs (the
-    /// topic's only groups are broadcast groups without members, or began
-    /// after it) leaves at once; with no group at all, every one stays.
+    /// topic's only groups are broadcast groups without members, began
+    /// after it, or have filters that drop it) leaves at once; with no
+    /// group at all, every one stays. A group without a filter that has
+    /// not passed the first of them needs them all: then nothing is looked
+    /// at, so a produce costs no work per group unless every group filters.
     pub fn publish(&mut self) {
         let from = self.seq.visible_id();
         self.seq.publish();
-        if self.groups.is_empty() || self.groups.iter().any(|g| g.needs(from) && !g.config.broadcast) {
+        let seq = &self.seq;
+        if self.groups.is_empty() || self.groups.iter().any(|g| g.needs(from) && !g.config.broadcast && !g.decides(seq))
+        {
             return;
         }
         let mut id = from;
         while let Some(live) = self.seq.next_live(id, self.seq.visible_id()) {
-            if !self.seq.scheduled(live) && !self.groups.iter().any(|h| h.needs(live)) {
-                self.release(live);
-            }
+            self.release_unwanted(live, None);
             id = live + 1;
         }
     }
@@ -455,10 +457,36 @@ impl Topic {
                 group.done_with(id);
             }
         }
-        if self.seq.scheduled(id) || self.groups.iter().any(|h| h.id() != g && h.needs(id)) {
-            return;
+        self.release_unwanted(id, Some(g));
+    }
+
+    /// Releases message `id` if no group but `done` (which is done with
+    /// it) still needs it, its filter decided (`Group::wants`): a message
+    /// a group's filter drops is done for that group at once, before its
+    /// cursor steps over it, and is counted in that group's `filtered`
+    /// now, since the cursor will never meet it. A scheduled message stays
+    /// until its time, and a topic with no group keeps everything. Returns
+    /// whether it was released.
+    fn release_unwanted(&mut self, id: MsgId, done: Option<GroupId>) -> bool {
+        let seq = &self.seq;
+        if self.groups.is_empty() || seq.scheduled(id) {
+            return false;
+        }
+        // One pass in the common case (no filter has dropped it).
+        let mut dropped = false;
+        for h in self.groups.iter_mut().filter(|h| Some(h.id()) != done) {
+            if h.wants(seq, id) {
+                return false;
+            }
+            dropped |= h.cursor() <= id;
+        }
+        if dropped {
+            for h in self.groups.iter_mut().filter(|h| h.cursor() <= id) {
+                h.counters.filtered += 1;
+            }
         }
         self.release(id);
+        true
     }
 
     // -----------------------------------------------------------------------
@@ -520,9 +548,7 @@ impl Topic {
                 g.counters.filtered += 1;
             }
         }
-        if !self.groups.is_empty() && !self.groups.iter().any(|h| h.needs(id)) {
-            self.release(id);
-        }
+        self.release_unwanted(id, None);
     }
 
     /// Recovery: message `id`'s time came while the broker was down or
@@ -573,11 +599,12 @@ impl Topic {
     // -----------------------------------------------------------------------
 
     /// Ready messages of group `g`. A topic without it counts what a group
-    /// created now at the earliest message would find.
+    /// created now at the earliest message would find: every visible
+    /// message but the scheduled ones.
     pub fn ready(&self, g: GroupId) -> u64 {
         match self.group(g) {
             Some(group) => group.ready(&self.seq),
-            None => self.seq.live_in(0, self.seq.visible_id()),
+            None => self.seq.unscheduled_in(0, self.seq.visible_id()),
         }
     }
     pub fn inflight(&self, g: GroupId) -> u64 {
