@@ -415,11 +415,14 @@ mod tests {
         let first = log.segments()[0].base;
         produce(&mut log, 1, &[vec![b'b'; 3000]]);
         produce(&mut log, 2, &[vec![b's'; 10]]);
-        let mut r = Reader::new(ReadPos { segment: first, at_bytes: 0 });
+        // At the big record, where the index leads: after the segment's own
+        // Write record and its write's.
+        let big = ReadPos { segment: first, at_bytes: 2 * crate::log::WRITE_RECORD_BYTES as u64 };
+        let mut r = Reader::new(big);
         // Not the first read of its turn: the record waits, nothing is read.
         let mut met = 0;
         assert_eq!(log.read_slice(&mut r, (64, false), |_| met += 1).expect("read"), Slice::Full);
-        assert_eq!((met, r.pos()), (0, ReadPos { segment: first, at_bytes: 0 }));
+        assert_eq!((met, r.pos()), (0, big));
         assert_eq!(log.read_slice(&mut r, (8, false), |_| met += 1).expect("read"), Slice::Full);
         let (ids, most) = read_all(&log, &mut r, 64);
         assert_eq!(ids, [1, 2]);
