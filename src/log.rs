@@ -41,11 +41,14 @@ mod open;
 mod segment_file;
 #[path = "log_space.rs"]
 mod space;
+#[path = "log_write.rs"]
+mod write_frame;
 use open::Applier;
 pub use open::{OpenError, Recovery, Replayer};
 pub use segment_file::{Opener, SegmentFile, open_file, open_mapped};
 pub use space::HEADROOM_BYTES_MIN;
 use space::{Dropped, Withdrawable, is_no_space};
+pub use write_frame::{WRITE_BODY_BYTES, WRITE_RECORD_BYTES, WriteFrame};
 
 pub use crate::record::RecordKind;
 
@@ -226,7 +229,9 @@ pub struct Log {
     /// The last segment, open for append.
     active: Option<Box<dyn SegmentFile>>,
     opener: Opener,
-    /// Records appended this turn, not yet written.
+    /// Records appended this turn, not yet written: empty, or room for
+    /// the write's Write record (`WRITE_RECORD_BYTES`, filled in just
+    /// before the write) followed by at least one record.
     buf: Vec<u8>,
     /// Records in `buf`.
     buf_records: u64,
@@ -260,6 +265,13 @@ pub struct Log {
     /// Whether the clean-stop marker is on disk: removed before the log
     /// next changes.
     clean_stop_marked: bool,
+    /// Whether the active segment holds a Write record (recovered at start,
+    /// or written since): until it does, its next write is preceded by one
+    /// of its own, made durable first (`write_header`).
+    active_framed: bool,
+    /// The sequence number the next Write record takes: one above the
+    /// highest in the log at start, then counting up.
+    next_write_seq: u64,
     /// Base offset of the segment this run first appended to: with
     /// `--fsync never`, the segments from it on are synced at a clean stop.
     run_first_base: u64,
@@ -341,13 +353,18 @@ impl Log {
         if !recovered.marked {
             log.sync_crashed_tail().map_err(|e| OpenError::Io(dir.to_path_buf(), e))?;
         }
+        log.active_framed = recovered.framed;
+        log.next_write_seq = recovered.next_write_seq;
         Ok((log, recovered.recovery))
     }
 
     /// After a crash (no clean-stop marker), makes the last segment's
     /// records durable: the crashed run may have written some that no sync
     /// covered yet (a turn of acks, compaction's copies), and this run
-    /// relies on what it read there. Compaction leaves a message whose
+    /// relies on what it read there. Its first Write record says so too
+    /// (`synced_bytes`): after a crash of the process, not of the machine,
+    /// the last run's unsynced writes may be in the page cache only, and
+    /// from this sync on a power cut cannot take them. Compaction leaves a message whose
     /// latest copy is in a later segment, and removes the segment it
     /// cleans only once what it copied is synced, which a later turn's
     /// sync of a new segment would not cover.
@@ -408,6 +425,8 @@ impl Log {
             removal_unsynced: false,
             dirty: false,
             clean_stop_marked: false,
+            active_framed: false,
+            next_write_seq: 1,
             phases: PhaseNanos::default(),
             stats: LogStats::default(),
             kept: reader::KeptTurn::default(),
@@ -447,9 +466,13 @@ impl Log {
     }
 
     /// Begins a record in the turn buffer; append its body to `body()`,
-    /// then call `end`.
+    /// then call `end`. The turn's first record leaves room before it for
+    /// the write's Write record.
     #[inline]
     pub fn begin(&mut self, kind: RecordKind) -> RecordStart {
+        if self.buf.is_empty() {
+            self.buf.resize(WRITE_RECORD_BYTES, 0);
+        }
         let at = self.buf.len();
         assert!(self.open_record.is_none(), "a {kind:?} record begun inside another");
         self.open_record = Some(at);
@@ -480,7 +503,9 @@ impl Log {
     /// Drops a record begun but not ended (its body turned out invalid).
     pub fn abandon(&mut self, start: RecordStart) {
         assert_eq!(self.open_record.take(), Some(start.0), "a record abandoned that was not the one begun");
-        self.buf.truncate(start.0);
+        // The turn's only record takes the room for the Write record with
+        // it: an empty buffer is a turn of no records.
+        self.buf.truncate(if start.0 == WRITE_RECORD_BYTES { 0 } else { start.0 });
     }
 
     /// Finishes a record that is dropped if this turn's commit fails (a
@@ -710,12 +735,12 @@ impl Log {
     /// keeps failing cannot make them grow without end, and says so
     /// (`take_unwritten_dropped`).
     fn bound_unwritten_records(&mut self) {
-        if self.buf.len() as u64 <= self.options.unwritten_records_bytes_max {
+        if self.unwritten_bytes() <= self.options.unwritten_records_bytes_max {
             return;
         }
         log::error!(
             "commit log: {} bytes of records wait for a disk that keeps failing, past unwritten-records-bytes-max ({}); dropping them (a restart may redeliver acknowledged messages)",
-            self.buf.len(),
+            self.unwritten_bytes(),
             self.options.unwritten_records_bytes_max
         );
         self.buf_records = 0;
@@ -727,7 +752,8 @@ impl Log {
     /// those kept from failed commits (at most
     /// `unwritten_records_bytes_max` of these once a turn ends).
     pub fn unwritten_bytes(&self) -> u64 {
-        self.buf.len() as u64
+        // Not the room kept for the write's Write record.
+        self.buf.len().saturating_sub(WRITE_RECORD_BYTES) as u64
     }
 
     /// Whether the records kept from failed commits were dropped (past
@@ -756,11 +782,15 @@ impl Log {
         }
         kept.extend_from_slice(&self.buf[at..]);
         self.withdrawable = still;
-        // Count what is kept by walking the record headers.
-        let (mut i, mut n) = (0, 0);
+        // Count what is kept by walking the record headers, after the room
+        // for the Write record.
+        let (mut i, mut n) = (WRITE_RECORD_BYTES, 0);
         while i + RECORD_HEADER_BYTES <= kept.len() {
             i += RECORD_HEADER_BYTES + LittleEndian::read_u32(&kept[i..]) as usize;
             n += 1;
+        }
+        if n == 0 {
+            kept.clear();
         }
         self.buf_records = n;
         self.buf = kept;
@@ -797,10 +827,17 @@ impl Log {
         }
         self.open_active()?;
         let at = self.segments.last().map_or(0, |s| s.bytes);
-        let dropped = self.fit_turn(at, headroom)?;
+        // A segment's first write goes after a Write record of its own.
+        let header = if self.active_framed { 0 } else { WRITE_RECORD_BYTES as u64 };
+        let dropped = self.fit_turn(at, header, headroom)?;
         if self.buf.is_empty() {
             return Ok(dropped);
         }
+        if !self.active_framed {
+            self.write_header()?;
+        }
+        let at = self.segments.last().map_or(0, |s| s.bytes);
+        self.seal_turn();
         let Some(f) = self.active.as_mut() else { unreachable!("opened above") };
         // Until the turn's sync is done, a failure may leave bytes past the
         // committed end: the file is cut back before anything else is
@@ -902,6 +939,7 @@ impl Log {
         self.sync_new_name()?;
         self.active = Some(f);
         self.segments.push(Segment { base, bytes: 0 });
+        self.active_framed = false;
         Ok(())
     }
 

@@ -103,7 +103,8 @@ impl Log {
     /// Passes each record of the last committed turn to `each`, with its
     /// position, once: a second call (or one after a turn that committed
     /// nothing) passes none. The records are the log's own, just written:
-    /// their CRCs are not checked again.
+    /// their CRCs are not checked again. The write's Write record is the
+    /// log's, not passed.
     pub fn take_kept_turn(&mut self, mut each: impl FnMut(ReadRecord<'_>)) {
         let Some(at) = self.kept.pos.take() else { return };
         let buf = &self.kept.buf;
@@ -116,17 +117,20 @@ impl Log {
                 return;
             };
             let offset = at.segment + at.at_bytes + used as u64;
-            each(ReadRecord { kind, version: header[9], body, offset, segment: at.segment });
+            if kind != RecordKind::Write {
+                each(ReadRecord { kind, version: header[9], body, offset, segment: at.segment });
+            }
             used += RECORD_HEADER_BYTES + len;
         }
     }
 
     /// Reads the whole records after `r`'s position, in log order, passing
-    /// each to `each`, reading at most `budget_bytes` of the files; if the
-    /// next record is larger, that one record when `whole_if_larger` (the
-    /// first read of a turn), else nothing (`Slice::Full`). Moves into the
-    /// next segment at the end of one. An error is a read that failed or a
-    /// durable record that does not parse: the caller ends that reader.
+    /// each to `each` (but the Write records, which are the log's own),
+    /// reading at most `budget_bytes` of the files; if the next record is
+    /// larger, that one record when `whole_if_larger` (the first read of a
+    /// turn), else nothing (`Slice::Full`). Moves into the next segment at
+    /// the end of one. An error is a read that failed or a durable record
+    /// that does not parse: the caller ends that reader.
     pub fn read_slice(
         &self,
         r: &mut Reader,
@@ -164,7 +168,9 @@ impl Log {
         while used < r.buf.len() {
             let Ok((kind, version, body, n)) = parse_record(&r.buf[used..]) else { break };
             let offset = seg.base + r.pos.at_bytes + used as u64;
-            each(ReadRecord { kind, version, body, offset, segment: seg.base });
+            if kind != RecordKind::Write {
+                each(ReadRecord { kind, version, body, offset, segment: seg.base });
+            }
             used += n;
         }
         if used == 0 {
@@ -409,11 +415,14 @@ mod tests {
         let first = log.segments()[0].base;
         produce(&mut log, 1, &[vec![b'b'; 3000]]);
         produce(&mut log, 2, &[vec![b's'; 10]]);
-        let mut r = Reader::new(ReadPos { segment: first, at_bytes: 0 });
+        // At the big record, where the index leads: after the segment's own
+        // Write record and its write's.
+        let big = ReadPos { segment: first, at_bytes: 2 * crate::log::WRITE_RECORD_BYTES as u64 };
+        let mut r = Reader::new(big);
         // Not the first read of its turn: the record waits, nothing is read.
         let mut met = 0;
         assert_eq!(log.read_slice(&mut r, (64, false), |_| met += 1).expect("read"), Slice::Full);
-        assert_eq!((met, r.pos()), (0, ReadPos { segment: first, at_bytes: 0 }));
+        assert_eq!((met, r.pos()), (0, big));
         assert_eq!(log.read_slice(&mut r, (8, false), |_| met += 1).expect("read"), Slice::Full);
         let (ids, most) = read_all(&log, &mut r, 64);
         assert_eq!(ids, [1, 2]);

@@ -4,7 +4,7 @@
 
 use std::io;
 
-use super::{Log, recovery};
+use super::{Log, WRITE_RECORD_BYTES, recovery};
 use crate::metrics::Phase;
 
 /// Space reserved ahead of the writes in the active segment, in steps of
@@ -84,14 +84,16 @@ impl Log {
     /// no room for what is left and `copy_headroom_bytes` more; fails
     /// (ENOSPC) if there is no room for the rest and the headroom. So each
     /// kind stops where the disk keeps room for what the next frees it.
-    pub(super) fn fit_turn(&mut self, at: u64, headroom: u64) -> io::Result<Dropped> {
+    /// `header` bytes go before the records (a new segment's Write
+    /// record, `Log::write_header`).
+    pub(super) fn fit_turn(&mut self, at: u64, header: u64, headroom: u64) -> io::Result<Dropped> {
         let mut dropped = Dropped::default();
         for kind in [Withdrawable::Produce, Withdrawable::Copy] {
             if !self.withdrawable.iter().any(|w| w.2 == kind) {
                 continue;
             }
             let more = self.withdrawable_headroom_bytes(kind);
-            if self.make_room(at, self.buf.len() as u64, headroom + more).is_ok() {
+            if self.make_room(at, header + self.buf.len() as u64, headroom + more).is_ok() {
                 // What comes after it needs less.
                 return Ok(dropped);
             }
@@ -101,7 +103,7 @@ impl Log {
                 Withdrawable::Copy => dropped.copies = true,
             }
         }
-        self.make_room(at, self.buf.len() as u64, headroom)?;
+        self.make_room(at, header + self.buf.len() as u64, headroom)?;
         Ok(dropped)
     }
 
@@ -206,9 +208,11 @@ impl Log {
     }
 
     /// Sets the headroom: at least `HEADROOM_BYTES_MIN`, and what the broker
-    /// says restating every topic takes.
+    /// says restating every topic takes, with the Write records of the
+    /// restatement's write and of a new segment's first.
     pub fn set_headroom_bytes(&mut self, bytes: u64) {
-        self.headroom_bytes = bytes.max(HEADROOM_BYTES_MIN).next_multiple_of(recovery::HOLE_BLOCK_BYTES as u64);
+        let framed = bytes + 2 * WRITE_RECORD_BYTES as u64;
+        self.headroom_bytes = framed.max(HEADROOM_BYTES_MIN).next_multiple_of(recovery::HOLE_BLOCK_BYTES as u64);
     }
 }
 

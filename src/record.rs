@@ -102,6 +102,12 @@ pub enum RecordKind {
     /// times, so that removing the Produce records that carried them
     /// forgets none.
     Dedup = 17,
+    /// The frame every write of the log begins with: its sequence number,
+    /// how much of its segment a completed `fdatasync` had made durable
+    /// when it was issued, and how many bytes of records follow it. The
+    /// log's own (`log.rs` writes it, recovery reads it); it says nothing
+    /// to the broker, which never sees one.
+    Write = 18,
 }
 
 impl RecordKind {
@@ -124,6 +130,7 @@ impl RecordKind {
             15 => RecordKind::AckProduce,
             16 => RecordKind::NackReason,
             17 => RecordKind::Dedup,
+            18 => RecordKind::Write,
             _ => return None,
         })
     }
@@ -148,6 +155,7 @@ impl RecordKind {
             RecordKind::AckProduce => 1,
             RecordKind::Dedup => 1,
             RecordKind::NackReason => 1,
+            RecordKind::Write => 1,
             // Version 2 names the consumer group; version 1 meant the
             // default group.
             RecordKind::Remove | RecordKind::Requeue => 2,
@@ -761,6 +769,9 @@ impl<'a> Record<'a> {
         let mut rd = Reader { b: body, pos: 0 };
         let topic = TopicId(rd.u32()?);
         let record = match kind {
+            RecordKind::Write => {
+                return Err("a Write record frames a write of the log: the log reads it, never the broker".into());
+            }
             RecordKind::Topic => Record::Topic(read_topic(&mut rd, topic, version)?),
             RecordKind::Group => Record::Group(read_group(&mut rd, topic, version)?),
             RecordKind::GroupDelete => Record::GroupDelete(GroupDeleteRecord { topic, group: GroupId(rd.u32()?) }),

@@ -27,13 +27,17 @@ use std::time::Instant;
 
 use super::{
     FsyncMode, Log, LogOptions, NEWER, OpenError, RECORD_HEADER_BYTES, REMOVING_SUFFIX, ReadRecord, RecordKind,
-    Recovery, Replayer, Segment, create_dir_durably, parse_record, segment_name, sync_dir,
+    Recovery, Replayer, Segment, WRITE_BODY_BYTES, WRITE_RECORD_BYTES, WriteFrame, create_dir_durably, parse_record,
+    segment_name, sync_dir,
 };
 
 #[path = "recovery/damage.rs"]
 mod damage;
+#[path = "recovery/writes.rs"]
+mod writes;
 
 use damage::*;
+use writes::{Claims, Framing, Step, checked_records, step};
 
 /// The marker a graceful stop leaves in the data directory: the log is
 /// whole and synced, and holds exactly the log offsets it names.
@@ -312,6 +316,11 @@ pub(super) struct Recovered {
     /// Whether the clean-stop marker is still on disk (the log must remove
     /// it before it changes anything).
     pub marked: bool,
+    /// Whether the last segment holds a valid Write record (else the log's
+    /// next write there is preceded by one of its own).
+    pub framed: bool,
+    /// One above the highest Write record's sequence number in the log.
+    pub next_write_seq: u64,
     pub recovery: Recovery,
 }
 
@@ -329,8 +338,11 @@ pub(super) fn recover(dir: &Path, options: &LogOptions, replayer: &mut dyn Repla
         fs::remove_file(&path).and_then(|()| sync_dir(dir)).map_err(io_error(&path))?;
     }
     let mut rec = Recovery::default();
+    // The highest Write record's number before a repair drops any.
+    let mut repaired_write_seq = 0;
     if options.repair {
         let (ins, plan) = scan(dir, &bases, stop)?;
+        repaired_write_seq = plan.iter().map(|s| s.last_write_seq).max().unwrap_or(0);
         if ins.damaged() {
             for d in &ins.damage {
                 log::error!("commit log: --repair: {d}");
@@ -353,18 +365,26 @@ pub(super) fn recover(dir: &Path, options: &LogOptions, replayer: &mut dyn Repla
         scan_records(dir, &bases, replayer)?;
     }
     let mut apply = |r: &ReadRecord<'_>| replayer.apply(r);
-    let segments = match replay(dir, &bases, stop, &mut apply, &mut rec) {
-        Ok(s) => s,
+    let replayed = match replay(dir, &bases, stop, &mut apply, &mut rec) {
+        Ok(r) => r,
         Err(Halt::Open(e)) => return Err(e),
         Err(Halt::Refuse { file, offset, why }) => {
             let report = scan(dir, &bases, stop).ok().map(|(ins, _)| Box::new(ins));
             return Err(OpenError::Corrupt { file, offset, why, report });
         }
     };
+    let segments = replayed.segments;
     rec.segments = segments.len();
     rec.bytes = segments.iter().map(|s| s.bytes).sum();
     rec.millis = started.elapsed().as_millis() as u64;
-    Ok(Recovered { lock, segments, marked: rec.clean_stop, recovery: rec })
+    Ok(Recovered {
+        lock,
+        segments,
+        marked: rec.clean_stop,
+        framed: replayed.framed,
+        next_write_seq: replayed.last_write_seq.max(repaired_write_seq) + 1,
+        recovery: rec,
+    })
 }
 
 /// Reads the log in `dir` through and reports what a start would find,
@@ -442,7 +462,8 @@ fn scan_records(dir: &Path, bases: &[u64], replayer: &mut dyn Replayer) -> Resul
 const SCAN_BUFFER_BYTES: usize = 64 << 10;
 
 /// Reads the record at `rd`'s position (into `rec`) and hands it to
-/// `scan`, or steps over it if it is a Produce or Dedup record; the bytes
+/// `scan`, or steps over it if it is a Produce or Dedup record (or a Write
+/// record, the log's own); the bytes
 /// it takes. None at the end of the valid records (or of the `left` bytes
 /// the file has after the position: a torn length never makes it read or
 /// allocate past the file).
@@ -460,7 +481,7 @@ fn scan_record(
     if used > left {
         return None;
     }
-    if matches!(kind, RecordKind::Produce | RecordKind::Dedup) {
+    if matches!(kind, RecordKind::Produce | RecordKind::Dedup | RecordKind::Write) {
         rd.seek_relative(i64::try_from(len).ok()?).ok()?;
         return Some(used);
     }
@@ -488,6 +509,17 @@ impl From<OpenError> for Halt {
     }
 }
 
+/// What `replay` found: the segments, and what the log's writes go on
+/// from.
+struct Replayed {
+    /// The segments in log order, each with the bytes of its records.
+    segments: Vec<Segment>,
+    /// Whether the last segment holds a valid Write record.
+    framed: bool,
+    /// The highest Write record's sequence number (0: none).
+    last_write_seq: u64,
+}
+
 /// Replays every segment into `apply` in log order, checking that each
 /// begins where the one before it ended (or, after a clean stop, where the
 /// marker says the log begins) and that the log ends where the marker says.
@@ -498,13 +530,13 @@ fn replay(
     stop: LastStop,
     apply: &mut dyn FnMut(&ReadRecord<'_>) -> Result<(), String>,
     rec: &mut Recovery,
-) -> Result<Vec<Segment>, Halt> {
-    let mut segments: Vec<Segment> = Vec::with_capacity(bases.len());
+) -> Result<Replayed, Halt> {
+    let mut out = Replayed { segments: Vec::with_capacity(bases.len()), framed: false, last_write_seq: 0 };
     let mut data = Vec::new();
     for (n, &base) in bases.iter().enumerate() {
         let path = dir.join(segment_name(base));
         let previous = n.checked_sub(1).map(|p| dir.join(segment_name(bases[p])));
-        let expected = match (segments.last(), stop) {
+        let expected = match (out.segments.last(), stop) {
             (Some(s), _) => Some(s.end()),
             (None, LastStop::Clean { first, .. }) => Some(first),
             (None, LastStop::MayHaveCrashed) => None,
@@ -516,51 +548,72 @@ fn replay(
             return Err(Halt::Refuse { file: path, offset: 0, why });
         }
         read_segment(&path, &mut data)?;
-        let (end, damage) = replay_records(&data, base, &path, apply, rec)?;
-        if let Some(why) = damage {
-            let place = Place::of(n, bases.len(), stop);
-            let later = || later_records(&data, end, records_after(&data, end + 1));
-            if classify(Found::of(&why), place, later) == Verdict::Refuse {
-                return Err(Halt::Refuse { file: path, offset: end as u64, why });
+        let place = Place::of(n, bases.len(), stop);
+        let mut framing = Framing::default();
+        let (end, damage) = replay_records(&data, base, &path, apply, rec, &mut framing, place)?;
+        if let Some((at, why)) = damage {
+            let later = || later_at(&data, at, &framing, &mut Claims::default(), || records_after(&data, at + 1));
+            let row = classify(Found::of(&why), place, later);
+            if row.verdict == Verdict::Refuse {
+                return Err(Halt::Refuse { file: path, offset: at as u64, why: format!("{why}; {}", row.means) });
             }
-            cut_torn_tail(&path, end, data.len(), &why)?;
+            cut_torn_tail(&path, end, data.len(), &format!("{why} at byte {at}"))?;
             rec.truncated_bytes = (data.len() - end) as u64;
         }
-        segments.push(Segment { base, bytes: end as u64 });
+        out.last_write_seq = out.last_write_seq.max(framing.last_seq());
+        out.framed = framing.framed_before(end);
+        out.segments.push(Segment { base, bytes: end as u64 });
     }
     if let LastStop::Clean { first, end } = stop {
-        let head = segments.last().map_or(first, Segment::end);
+        let head = out.segments.last().map_or(first, Segment::end);
         if head != end {
-            let file = segments.last().map_or_else(|| dir.join(CLEAN_STOP_FILE), |s| dir.join(segment_name(s.base)));
-            let offset = segments.last().map_or(0, |s| s.bytes);
+            let last = out.segments.last();
+            let file = last.map_or_else(|| dir.join(CLEAN_STOP_FILE), |s| dir.join(segment_name(s.base)));
+            let offset = last.map_or(0, |s| s.bytes);
             return Err(Halt::Refuse { file, offset, why: clean_end_mismatch(head, end) });
         }
     }
-    Ok(segments)
+    Ok(out)
 }
 
 /// Applies the records of one segment in order until the first that is not
-/// valid. Returns where the records end and, if something other than the
-/// reserved zeros follows them, why the next is not a record.
+/// valid: a write's records once the whole write is read and valid, so
+/// that a torn write is none of them. Returns where the records end (where
+/// a torn tail is cut: the start of the write that holds the damage) and,
+/// if something other than the reserved zeros follows them, where the
+/// damage is and why.
 fn replay_records(
     data: &[u8],
     base: u64,
     path: &Path,
     apply: &mut dyn FnMut(&ReadRecord<'_>) -> Result<(), String>,
     rec: &mut Recovery,
-) -> Result<(usize, Option<String>), OpenError> {
+    framing: &mut Framing,
+    place: Place,
+) -> Result<(usize, Option<(usize, String)>), OpenError> {
+    let mut apply_at = |kind, version, body, at: usize| {
+        let r = ReadRecord { kind, version, body, offset: base + at as u64, segment: base };
+        rec.records += 1;
+        apply(&r).map_err(|why| OpenError::Apply { file: path.to_path_buf(), offset: at as u64, why })
+    };
     let mut pos = 0;
     while pos < data.len() {
-        match parse_record(&data[pos..]) {
-            Ok((kind, version, body, used)) => {
-                let r = ReadRecord { kind, version, body, offset: base + pos as u64, segment: base };
-                apply(&r).map_err(|why| OpenError::Apply { file: path.to_path_buf(), offset: pos as u64, why })?;
-                rec.records += 1;
+        match step(data, pos, framing, place == Place::LastAfterCrash) {
+            Step::Record { used } => {
+                for (kind, version, body, at) in checked_records(data, pos, pos + used) {
+                    apply_at(kind, version, body, at)?;
+                }
                 pos += used;
             }
+            Step::Write { end, .. } => {
+                for (kind, version, body, at) in checked_records(data, pos + WRITE_RECORD_BYTES, end) {
+                    apply_at(kind, version, body, at)?;
+                }
+                pos = end;
+            }
             // Space reserved ahead of the writes: the records end here.
-            Err(_) if all_zero(&data[pos..]) => break,
-            Err(why) => return Ok((pos, Some(why))),
+            Step::End => break,
+            Step::Damaged { at, why, .. } => return Ok((pos, Some((at, why)))),
         }
     }
     Ok((pos, None))
@@ -568,7 +621,7 @@ fn replay_records(
 
 fn cut_torn_tail(path: &Path, end: usize, len: usize, why: &str) -> Result<(), OpenError> {
     log::warn!(
-        "commit log: cut a torn tail of {} bytes from {} at byte {end} ({why}); a crash interrupted its last write",
+        "commit log: cut a torn tail of {} bytes from {} at byte {end} ({why}); a crash interrupted a write that no reply depended on",
         len - end,
         path.display()
     );
@@ -634,6 +687,8 @@ struct Scanned {
     rewrite: bool,
     /// Bytes of its valid records: its length once repaired.
     kept_bytes: u64,
+    /// Its last valid Write record's sequence number (0: none).
+    last_write_seq: u64,
 }
 
 /// Reads every segment through, changing nothing: the report, and for each
@@ -672,7 +727,13 @@ fn scan(dir: &Path, bases: &[u64], stop: LastStop) -> Result<(Inspection, Vec<Sc
         }
         ins.records += w.records;
         ins.record_bytes += w.kept_bytes() as u64;
-        plan.push(Scanned { base, rewrite: !w.stretches.is_empty(), kept_bytes: w.kept_bytes() as u64 });
+        let last_write_seq = w.last_write_seq;
+        plan.push(Scanned {
+            base,
+            rewrite: !w.stretches.is_empty(),
+            kept_bytes: w.kept_bytes() as u64,
+            last_write_seq,
+        });
         let runs_into_zeros = w.stretches.last().is_some_and(|s| s.end == w.end && s.kind.is_none());
         let hi = if runs_into_zeros { data.len() } else { w.end };
         expected = Some((base + w.end as u64, base + hi as u64));
@@ -727,6 +788,7 @@ fn rewrite_segment(dir: &Path, base: u64, place: Place) -> Result<(), OpenError>
         at = s.end;
     }
     kept.extend_from_slice(&data[at..w.end]);
+    let kept = without_write_records(&kept);
     let copy = dir.join(format!("{}{REPAIRING_SUFFIX}", segment_name(base)));
     let write = || -> io::Result<()> {
         let mut f = File::create(&copy)?;
@@ -736,6 +798,20 @@ fn rewrite_segment(dir: &Path, base: u64, place: Place) -> Result<(), OpenError>
         sync_dir(dir)
     };
     write().map_err(io_error(&path))
+}
+
+/// `records` (whole, valid records) without its Write records: a repaired
+/// segment has bytes dropped, so the offsets its Write records give would
+/// be stale. The log writes a Write record of its own before it next
+/// appends to a segment without one.
+fn without_write_records(records: &[u8]) -> Vec<u8> {
+    let mut kept = Vec::with_capacity(records.len());
+    for (kind, _, body, at) in checked_records(records, 0, records.len()) {
+        if kind != RecordKind::Write {
+            kept.extend_from_slice(&records[at..at + RECORD_HEADER_BYTES + body.len()]);
+        }
+    }
+    kept
 }
 
 /// Renames the segments so that each begins where the one before ends,
@@ -901,7 +977,7 @@ mod tests {
     fn every_damage_falls_in_exactly_one_row_of_the_recovery_table() {
         let founds = [Found::Newer, Found::Damaged];
         let places = [Place::LastAfterCrash, Place::LastAfterCleanStop, Place::Earlier];
-        let laters = [Later::Nothing, Later::AfterZeroBlock, Later::Records];
+        let laters = [Later::Nothing, Later::AfterZeroBlock, Later::Records, Later::Unconfirmed, Later::Confirmed];
         let mut torn = Vec::new();
         for found in founds {
             for place in places {
@@ -913,7 +989,7 @@ mod tests {
                     });
                     let verdicts: Vec<Verdict> = rows.map(|r| r.verdict).collect();
                     assert_eq!(verdicts.len(), 1, "{found:?} {place:?} {later:?} matches {verdicts:?}");
-                    assert_eq!(classify(found, place, || later), verdicts[0], "{found:?} {place:?} {later:?}");
+                    assert_eq!(classify(found, place, || later).verdict, verdicts[0], "{found:?} {place:?} {later:?}");
                     if verdicts[0] == Verdict::TornTail {
                         torn.push((found, place, later));
                     }
@@ -921,12 +997,14 @@ mod tests {
             }
         }
         // Only damage at the very end of a run that may have crashed, with
-        // nothing whole after it that a later turn could have synced.
+        // nothing whole after it that a later turn could have synced, or in
+        // framed writes no later Write record says a sync covered.
         assert_eq!(
             torn,
             [
                 (Found::Damaged, Place::LastAfterCrash, Later::Nothing),
-                (Found::Damaged, Place::LastAfterCrash, Later::AfterZeroBlock)
+                (Found::Damaged, Place::LastAfterCrash, Later::AfterZeroBlock),
+                (Found::Damaged, Place::LastAfterCrash, Later::Unconfirmed)
             ]
         );
     }
@@ -934,9 +1012,9 @@ mod tests {
     #[test]
     fn what_follows_is_looked_for_only_when_the_verdict_depends_on_it() {
         let never = || -> Later { panic!("searched for what follows when it cannot matter") };
-        assert_eq!(classify(Found::Newer, Place::LastAfterCrash, never), Verdict::Refuse);
-        assert_eq!(classify(Found::Damaged, Place::Earlier, never), Verdict::Refuse);
-        assert_eq!(classify(Found::Damaged, Place::LastAfterCleanStop, never), Verdict::Refuse);
+        assert_eq!(classify(Found::Newer, Place::LastAfterCrash, never).verdict, Verdict::Refuse);
+        assert_eq!(classify(Found::Damaged, Place::Earlier, never).verdict, Verdict::Refuse);
+        assert_eq!(classify(Found::Damaged, Place::LastAfterCleanStop, never).verdict, Verdict::Refuse);
     }
 
     #[test]

@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::logdir::{
-    KIND_PRODUCE, KIND_REMOVE, Msgs, Rec, assert_msgs_eq, assert_nothing_invented, base_of, copy_dir, crashed,
-    fetch_all, file_len, records, segments, snapshot, without_payloads_in,
+    KIND_PRODUCE, KIND_REMOVE, KIND_WRITE, Msgs, Rec, assert_msgs_eq, assert_nothing_invented, base_of, broker_records,
+    copy_dir, crashed, fetch_all, file_len, records, segments, snapshot, without_payloads_in, write_start,
 };
 use common::{Server, TempDir};
 use runnel::broker::{Broker, Config, Now};
@@ -263,8 +263,10 @@ fn a_middle_segment_cut_at_a_record_boundary_is_a_gap() {
     let (copy, path) = copy_segment(&b, s, "corrupt-cut");
     let original = fs::read(&path).expect("read");
     let recs = records(&original);
-    let cut = recs[recs.len() - 3].start;
-    assert!(recs[recs.len() - 3..].iter().all(|r| r.kind == KIND_PRODUCE), "setup: cut only produces");
+    // At the start of the write of its second-to-last produce.
+    let cut = write_start(&recs, broker_records(&recs)[broker_records(&recs).len() - 2]);
+    let after = recs.iter().filter(|r| r.start >= cut);
+    assert!(after.clone().all(|r| matches!(r.kind, KIND_PRODUCE | KIND_WRITE)), "setup: cut only produces");
     fs::OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(cut)).expect("truncate");
     let next = copy.path().join(segs[s + 1].file_name().expect("name"));
     let (end, missing) = (base_of(&path) + cut, original.len() as u64 - cut);
@@ -329,7 +331,8 @@ fn copy_last(b: &Built, tag: &str) -> (TempDir, PathBuf, Vec<u8>, Vec<Rec>) {
 
 /// A flipped byte in the last record of the last segment: after a clean
 /// stop it is corruption (refused; repair drops the record); after a crash
-/// the same bytes are a torn tail, cut without a flag.
+/// the same bytes are a torn tail, cut without a flag with the write that
+/// holds them.
 #[test]
 fn a_flipped_byte_in_the_last_record_after_a_clean_stop_is_corruption_after_a_crash_a_torn_tail() {
     let b = build();
@@ -344,45 +347,39 @@ fn a_flipped_byte_in_the_last_record_after_a_clean_stop_is_corruption_after_a_cr
         } else {
             crashed(copy.path());
             let broker = open(copy.path(), false).unwrap_or_else(|e| panic!("after a crash, a torn tail: {e}"));
-            assert_eq!(broker.recovery.truncated_bytes, data.len() as u64 - r.start);
+            assert_eq!(broker.recovery.truncated_bytes, data.len() as u64 - write_start(&recs, r));
             drop(broker);
             assert_msgs_eq(&fetch_all(copy.path()), &lost, "after the cut");
         }
     }
 }
 
-/// A zeroed 4 KiB block in the last segment with whole records after it:
+/// A zeroed 4 KiB block in the last segment with whole writes after it:
 /// after a clean stop, corruption (refused; repair keeps the records after
-/// the block); after a crash, a torn tail.
+/// the block); after a crash too, since the Write records of the writes
+/// after it say a completed sync covered the block (every produce of this
+/// log synced its turn). A zeroed block that no later write vouches for is
+/// a torn write (tests/torn_writes.rs, tests/log_files.rs).
 #[test]
-fn a_zeroed_block_followed_by_records_at_the_tail_after_a_clean_stop_is_corruption() {
+fn a_zeroed_block_followed_by_synced_writes_at_the_tail_is_corruption() {
     let b = build();
     for clean in [true, false] {
         let (copy, path, data, _) = copy_last(&b, "corrupt-tailzero");
         let (first, next) = overlapping(&data, BLOCK_BYTES, 2 * BLOCK_BYTES);
         zero_block(&path);
+        let range = format!("bytes {}..{}", first.start, next.start);
         if clean {
-            assert_refused(copy.path(), &path, first.start, &[&format!("bytes {}..{}", first.start, next.start)]);
-            let got = repaired(&b, copy.path(), next.start - first.start);
-            assert_msgs_eq(
-                &got,
-                &without_payloads_in(&b.live, &data[first.start as usize..next.start as usize]),
-                "after repair",
-            );
+            assert_refused(copy.path(), &path, first.start, &[&range, "stopped cleanly"]);
         } else {
-            // After a crash, the block may be a write the crash kept from
-            // the disk while later blocks of the same unsynced turn got
-            // there: a torn tail, cut at the first damaged record.
             crashed(copy.path());
-            let broker = open(copy.path(), false).unwrap_or_else(|e| panic!("after a crash, a torn tail: {e}"));
-            assert_eq!(broker.recovery.truncated_bytes, data.len() as u64 - first.start);
-            drop(broker);
-            assert_msgs_eq(
-                &fetch_all(copy.path()),
-                &without_payloads_in(&b.live, &data[first.start as usize..]),
-                "after the cut",
-            );
+            assert_refused(copy.path(), &path, first.start, &[&range, "a completed sync covered the damaged bytes"]);
         }
+        let got = repaired(&b, copy.path(), next.start - first.start);
+        assert_msgs_eq(
+            &got,
+            &without_payloads_in(&b.live, &data[first.start as usize..next.start as usize]),
+            "after repair",
+        );
     }
 }
 
@@ -439,13 +436,15 @@ fn a_marker_the_log_has_outgrown_is_ignored() {
     srv.client().produce("t", b"appended by a later run").expect("produce");
     srv.stop();
     let last = segments(copy.path()).pop().expect("a segment");
-    let r = *last_records(copy.path()).last().expect("a record");
+    let recs = last_records(copy.path());
+    let r = *recs.last().expect("a record");
+    let write = write_start(&recs, r);
     fs::OpenOptions::new().write(true).open(&last).and_then(|f| f.set_len(r.start + 20)).expect("tear the write");
     fs::write(&marker, &old_marker).expect("the marker as the clean stop left it");
     let ins = inspect(copy.path());
     assert!(ins.outgrown_marker && ins.last_stop == LastStop::MayHaveCrashed && !ins.damaged(), "{ins}");
     let broker = open(copy.path(), false).unwrap_or_else(|e| panic!("an outgrown marker must not stop start-up: {e}"));
-    assert_eq!(broker.recovery.truncated_bytes, 20, "the torn write is cut, as after a crash");
+    assert_eq!(broker.recovery.truncated_bytes, r.start + 20 - write, "the torn write is cut, as after a crash");
     assert!(!marker.exists(), "the start removes the outgrown marker");
 }
 

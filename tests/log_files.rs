@@ -3,8 +3,9 @@
 //! Space reserved ahead of the writes (docs/log-format.md, "Reserved
 //! space"): the active segment's file is longer than its records, the
 //! zeros after them are not damage, a closed segment keeps none, and a
-//! zero block left inside the last turn by a machine crash is a torn tail
-//! while the same block of junk is corruption.
+//! zero block left inside the last write by a machine crash is a torn
+//! write, cut whole, while a block of zeros or junk in a write that a later
+//! write says was synced is corruption.
 //!
 //! Removing a segment (docs/log-format.md, "Compaction"): the file leaves
 //! the log at once by a rename and its space is released a slice per turn;
@@ -26,7 +27,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use common::TempDir;
-use runnel::log::{CLEAN_STOP_FILE, FsyncMode, Log, LogOptions, OpenError, RECORD_HEADER_BYTES, RecordKind};
+use runnel::log::{
+    CLEAN_STOP_FILE, FsyncMode, Log, LogOptions, OpenError, RECORD_HEADER_BYTES, RecordKind, WRITE_RECORD_BYTES,
+};
 
 /// Body bytes of each test record: with the header, 100 bytes, so records
 /// straddle 4 KiB blocks at varying offsets.
@@ -84,6 +87,19 @@ fn record_bytes(n: u32) -> u64 {
     u64::from(n) * (RECORD_HEADER_BYTES + BODY_BYTES) as u64
 }
 
+/// Bytes a segment of `records` test records in `writes` writes holds: each
+/// write's Write record, and the one the segment begins with.
+fn segment_bytes(records: u32, writes: u32) -> u64 {
+    record_bytes(records) + u64::from(writes + 1) * WRITE_RECORD_BYTES as u64
+}
+
+/// Where record `n` starts in a segment written one record a turn
+/// (`fifty`), and where its write (its Write record) does.
+fn one_a_turn(n: u32) -> (u64, u64) {
+    let write = segment_bytes(n, n);
+    (write + WRITE_RECORD_BYTES as u64, write)
+}
+
 #[test]
 fn active_segment_is_reserved_ahead_and_its_zeros_are_not_damage() {
     let dir = TempDir::new("reserve-tail");
@@ -95,7 +111,7 @@ fn active_segment_is_reserved_ahead_and_its_zeros_are_not_damage() {
     assert!(len > record_bytes(50), "the file ({len} bytes) reserves space past its {} record bytes", record_bytes(50));
     let (mut log, bodies) = open(dir.path(), 64 << 20).expect("reserved zeros are not damage");
     assert_eq!(bodies, (0..50).map(body).collect::<Vec<_>>(), "every record replayed, nothing more");
-    assert_eq!(log.bytes(), record_bytes(50), "the log's size counts records, not reserved space");
+    assert_eq!(log.bytes(), segment_bytes(50, 50), "the log's size counts records, not reserved space");
     // Appending after a restart writes right after the records, not after
     // the reserved space.
     write(&mut log, 50, 60, 1);
@@ -127,12 +143,14 @@ fn a_closed_segment_ends_where_its_records_do() {
     assert_eq!(bodies.len(), 200);
 }
 
-/// Writes 300 records (30,000 bytes) in one segment, then overwrites the
-/// aligned 4 KiB block at 8192 with `fill` and reopens.
-fn with_block(fill: u8) -> (TempDir, Opened) {
+/// Writes 300 records (30,000 bytes) in one write, and `later` records
+/// in writes after it, then overwrites the aligned 4 KiB block at 8192
+/// (inside the first write) with `fill` and reopens.
+fn with_block(fill: u8, later: u32) -> (TempDir, Opened) {
     let dir = TempDir::new("reserve-hole");
     let (mut log, _) = open(dir.path(), 64 << 20).expect("open");
     write(&mut log, 0, 300, 300);
+    write(&mut log, 300, 300 + later, 1);
     drop(log);
     let seg = segment_files(dir.path()).pop().expect("a segment");
     let mut data = fs::read(&seg).expect("read");
@@ -142,35 +160,41 @@ fn with_block(fill: u8) -> (TempDir, Opened) {
     (dir, opened)
 }
 
-#[test]
-fn a_zero_block_inside_the_last_turn_is_a_torn_tail() {
-    // What a machine crash can leave: later blocks of an unsynced write on
-    // disk, an earlier block of reserved space still zeros.
-    let (dir, opened) = with_block(0);
-    let (log, bodies) = opened.unwrap_or_else(|e| panic!("a zero block in the last segment is a torn tail: {e}"));
-    // Records wholly before byte 8192 survive: 81 of 100 bytes each.
-    let whole = (8192 / (RECORD_HEADER_BYTES + BODY_BYTES)) as u32;
-    assert_eq!(bodies, (0..whole).map(body).collect::<Vec<_>>(), "the prefix before the hole, nothing after it");
-    assert_eq!(log.bytes(), record_bytes(whole));
-    drop(log);
-    let seg = segment_files(dir.path()).pop().expect("a segment");
-    assert_eq!(fs::metadata(&seg).expect("metadata").len(), record_bytes(whole), "cut at the damaged record");
+/// The record the block at 8192 damages first in `with_block`'s segment:
+/// its first write begins after the segment's own Write record.
+fn first_in_block() -> u64 {
+    let first = 2 * WRITE_RECORD_BYTES as u64;
+    first + (8192 - first) / 100 * 100
 }
 
 #[test]
-fn a_junk_block_followed_by_records_is_corruption() {
-    let (_dir, opened) = with_block(0xff);
-    match opened {
-        Err(OpenError::Corrupt { offset, .. }) => {
-            assert_eq!(
-                offset,
-                record_bytes((8192 / (RECORD_HEADER_BYTES + BODY_BYTES)) as u32),
-                "names the damaged record"
-            )
-        }
-        Err(e) => panic!("expected OpenError::Corrupt, got {e}"),
-        Ok((_, bodies)) => {
-            panic!("junk followed by whole records must stop start-up; it replayed {} records", bodies.len())
+fn a_zero_block_inside_the_last_write_is_a_torn_write_cut_whole() {
+    // What a machine crash can leave: later blocks of an unsynced write on
+    // disk, an earlier block of reserved space still zeros. No reply
+    // depended on any of the write: all of it goes, its records before
+    // the hole too.
+    let (dir, opened) = with_block(0, 0);
+    let (log, bodies) = opened.unwrap_or_else(|e| panic!("a zero block in the last write is a torn write: {e}"));
+    assert_eq!(bodies, Vec::<Vec<u8>>::new(), "nothing of the torn write");
+    assert_eq!(log.bytes(), WRITE_RECORD_BYTES as u64, "the segment's own Write record is left");
+    drop(log);
+    let seg = segment_files(dir.path()).pop().expect("a segment");
+    assert_eq!(fs::metadata(&seg).expect("metadata").len(), WRITE_RECORD_BYTES as u64, "cut at the torn write");
+}
+
+#[test]
+fn a_block_of_junk_or_zeros_in_a_write_a_later_write_says_was_synced_is_corruption() {
+    for fill in [0xff, 0] {
+        let (_dir, opened) = with_block(fill, 2);
+        match opened {
+            Err(OpenError::Corrupt { offset, why, .. }) => {
+                assert_eq!(offset, first_in_block(), "names the damaged record");
+                assert!(why.contains("a completed sync covered"), "{why}");
+            }
+            Err(e) => panic!("expected OpenError::Corrupt, got {e}"),
+            Ok((_, bodies)) => {
+                panic!("damage a later write vouches for must stop start-up; it replayed {} records", bodies.len())
+            }
         }
     }
 }
@@ -227,6 +251,9 @@ fn a_start_deletes_a_half_released_segment_and_does_not_replay_it() {
     let oldest = log.segments()[0].clone();
     let first_kept = log.segments()[1].base;
     drop(log);
+    // Its records: its Write records aside, 100 bytes each.
+    let writes = (oldest.bytes - WRITE_RECORD_BYTES as u64) / (2000 * 100 + WRITE_RECORD_BYTES as u64);
+    let records = (oldest.bytes - (writes + 1) * WRITE_RECORD_BYTES as u64) / 100;
     // What a stop in the middle of a release leaves: the oldest segment
     // renamed out of the log and cut short.
     let seg = dir.path().join(format!("{:020}.log", oldest.base));
@@ -237,11 +264,7 @@ fn a_start_deletes_a_half_released_segment_and_does_not_replay_it() {
     assert!(removing_files(dir.path()).is_empty(), "deleted at start");
     assert_eq!(log.segments()[0].base, first_kept);
     let first = u32::from_le_bytes(bodies[0][..4].try_into().expect("4 bytes"));
-    assert_eq!(
-        u64::from(first),
-        oldest.bytes / (RECORD_HEADER_BYTES + BODY_BYTES) as u64,
-        "replay starts after the removed segment"
-    );
+    assert_eq!(u64::from(first), records, "replay starts after the removed segment");
 }
 
 /// Stops a log of three segments cleanly and reopens it: the clean-stop
@@ -342,10 +365,10 @@ fn a_damaged_record_whose_length_leads_to_a_whole_record_is_not_torn_even_if_the
     let dir = TempDir::new("torn-after-damage");
     let seg = fifty(dir.path());
     let mut data = fs::read(&seg).expect("read");
-    data[record_bytes(10) as usize + 50] ^= 0x01;
-    data.truncate(record_bytes(49) as usize + 30);
+    data[one_a_turn(10).0 as usize + 50] ^= 0x01;
+    data.truncate(one_a_turn(49).0 as usize + 30);
     fs::write(&seg, &data).expect("write");
-    assert_corrupt_at(open(dir.path(), 64 << 20), record_bytes(10));
+    assert_corrupt_at(open(dir.path(), 64 << 20), one_a_turn(10).0);
     let kept: Vec<Vec<u8>> = (0..49).filter(|&n| n != 10).map(body).collect();
     assert_eq!(open_repair(dir.path()), kept, "repair drops the damaged record; the torn one is cut");
 }
@@ -358,13 +381,15 @@ fn repair_resumes_at_the_next_record_when_a_length_field_is_damaged() {
     let dir = TempDir::new("bad-length");
     let seg = fifty(dir.path());
     let mut data = fs::read(&seg).expect("read");
-    assert!(data.len() as u64 > record_bytes(50) + 20_000, "setup: reserved space after the records");
-    let at = record_bytes(20) as usize;
+    assert!(data.len() as u64 > segment_bytes(50, 50) + 20_000, "setup: reserved space after the records");
+    let at = one_a_turn(20).0 as usize;
     data[at..at + 4].copy_from_slice(&20_000u32.to_le_bytes());
     fs::write(&seg, &data).expect("write");
-    assert_corrupt_at(open(dir.path(), 64 << 20), record_bytes(20));
+    assert_corrupt_at(open(dir.path(), 64 << 20), one_a_turn(20).0);
     let kept: Vec<Vec<u8>> = (0..50).filter(|&n| n != 20).map(body).collect();
     assert_eq!(open_repair(dir.path()), kept, "repair drops record 20 only");
+    // Rewritten without it, and without its Write records (the bytes
+    // dropped would make the offsets they give stale).
     assert_eq!(fs::metadata(&seg).expect("metadata").len(), record_bytes(49), "rewritten without it");
 }
 

@@ -43,6 +43,21 @@
 //! done; done
 //! ```
 //!
+//! The sector model (issue #34): runs of larger writes, on segments of
+//! three sizes, crashed after each write and inside each sync with any of
+//! the unsynced writes' 512-byte sectors kept, in any order
+//! (`Writes::Sectors`, and its superset `Writes::EachSector`): no start may
+//! be refused, no acknowledged produce lost, no synced ACK undone; and a
+//! bit flipped in bytes a later write says were synced, or in the middle
+//! of a segment before the last, must be refused every time. The suite
+//! tries a sample; the long version every write and sync of longer runs,
+//! with more crashes at each:
+//!
+//! ```text
+//! RUNNEL_POWER_LOSS_SECTOR_ROUNDS=400 RUNNEL_POWER_LOSS_SECTOR_CUTS=all RUNNEL_POWER_LOSS_DRAWS=6 \
+//!     cargo test --release --test power_loss -- sector bit_flipped --nocapture
+//! ```
+//!
 //! Crashed disks are laid out under `/dev/shm` when there is one (the
 //! starts sync; there is no disk to wait for), else the temporary directory;
 //! `RUNNEL_POWER_LOSS_SCRATCH` names another place.
@@ -62,10 +77,11 @@ use std::time::Duration;
 
 use common::logdir::{Msgs, try_fetch_all_with};
 use common::power_loss::{Choices, CrashModel, Cut, Disk, Keep, Metadata, Op, OpKind, Trace, Writes};
+use common::power_loss::{SECTOR_BYTES, sector_kept, sector_version};
 use common::recorder::{Recorded, Traced, now_ns};
 use common::{Rng, TempDir};
-use runnel::client::{Client, Fetch};
-use runnel::log::LogOptions;
+use runnel::client::{Client, Fetch, OwnedReply};
+use runnel::log::{LogOptions, RECORD_HEADER_BYTES, RecordKind, WriteFrame};
 use runnel::testkit::SeedGuard;
 
 /// The data directory, under the recorder's root: its parents do not exist
@@ -156,28 +172,66 @@ fn env_u64(name: &str, default: u64) -> u64 {
 /// has that many bytes free.
 fn record_run(free_bytes: Option<u64>) -> Run {
     let segment = env_u64("RUNNEL_POWER_LOSS_SEGMENT_BYTES", SEGMENT_BYTES_MAX.parse().expect("a number"));
-    let args = ["--fsync", "turn", "--segment-bytes-max", &segment.to_string()];
-    let free = free_bytes.map(|b| b.to_string());
+    let segment_bytes_max = segment.to_string();
+    record_workload(&Workload {
+        segment_bytes_max: &segment_bytes_max,
+        free_bytes,
+        rounds: rounds(),
+        produces: 1,
+        batch: BATCH,
+        filler_max: 300,
+    })
+}
+
+/// What a recorded run does: `rounds` rounds of `produces` PRODUCEs sent
+/// together (so that one turn's write holds their records), each of a
+/// batch of `batch` messages with up to `filler_max` bytes of filler, then
+/// the messages fetched and mostly acknowledged, on segments of
+/// `segment_bytes_max` (and with `free_bytes`, on a broker told that its
+/// disk has that many bytes free).
+struct Workload<'a> {
+    segment_bytes_max: &'a str,
+    free_bytes: Option<u64>,
+    rounds: u64,
+    produces: u64,
+    batch: u64,
+    filler_max: usize,
+}
+
+fn record_workload(w: &Workload<'_>) -> Run {
+    let args = ["--fsync", "turn", "--segment-bytes-max", w.segment_bytes_max];
+    let free = w.free_bytes.map(|b| b.to_string());
     let env: Vec<(&str, &str)> = free.iter().map(|f| ("RUNNEL_FILEOPS_FREE_BYTES", f.as_str())).collect();
     let t = Traced::spawn_over(&Disk::default(), DATA_REL, &args, &env);
     let mut c = Client::connect(t.addr).expect("connect to the traced broker");
     c.set_timeout(Some(Duration::from_secs(30))).expect("timeout");
     let mut rng = Rng::new(WORKLOAD_SEED);
     let (mut produced, mut acks) = (Vec::new(), Vec::<Acked>::new());
-    for round in 0..rounds() {
-        let payloads: Vec<Vec<u8>> = (0..BATCH)
-            .map(|i| format!("power-loss {round}.{i} {}", "x".repeat(rng.range(10usize, 300))).into_bytes())
+    let (batch, filler_max) = (w.batch, w.filler_max);
+    for round in 0..w.rounds {
+        let sent: Vec<Vec<Vec<u8>>> = (0..w.produces)
+            .map(|p| {
+                let payloads: Vec<Vec<u8>> = (0..batch)
+                    .map(|i| format!("power-loss {round}.{p}.{i} {}", "x".repeat(rng.range(10usize, filler_max))))
+                    .map(String::into_bytes)
+                    .collect();
+                c.send_produce(TOPIC, &payloads);
+                payloads
+            })
             .collect();
-        let (first, n) = c.produce_batch(TOPIC, &payloads).expect("produce");
-        let acked_ns = now_ns();
-        assert_eq!(u64::from(n), BATCH);
-        for a in acks.iter_mut().filter(|a| a.covered_ns == u64::MAX) {
-            a.covered_ns = acked_ns;
+        for payloads in sent {
+            let Ok(OwnedReply::Produced { first_id: first, count: n }) = c.recv() else { panic!("a PRODUCE failed") };
+            let acked_ns = now_ns();
+            assert_eq!(u64::from(n), batch);
+            for a in acks.iter_mut().filter(|a| a.covered_ns == u64::MAX) {
+                a.covered_ns = acked_ns;
+            }
+            for (i, payload) in payloads.into_iter().enumerate() {
+                produced.push(Produced { id: first + i as u64, payload, acked_ns });
+            }
         }
-        for (i, payload) in payloads.into_iter().enumerate() {
-            produced.push(Produced { id: first + i as u64, payload, acked_ns });
-        }
-        let f = Fetch { max_messages: BATCH as u32 + 1, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 600_000 };
+        let most = (w.produces * batch) as u32 + 1;
+        let f = Fetch { max_messages: most, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 600_000 };
         let got = c.fetch(TOPIC, f).expect("fetch");
         let ids: Vec<u64> = got.iter().map(|m| m.id).filter(|id| id % KEPT_IN_FLIGHT_ONE_IN != 0).collect();
         if !ids.is_empty() {
@@ -786,4 +840,255 @@ fn a_repair_interrupted_by_a_power_loss_is_finished_by_the_next() {
         &check,
         seed,
     );
+}
+
+// ---------------------------------------------------------------------------
+// The sector model (issue #34).
+// ---------------------------------------------------------------------------
+
+/// The sector models keep or lose each 512-byte sector an unsynced write
+/// touches whole: a sector holds all of the write's bytes in it or none,
+/// and a later sector can survive an earlier one lost. Under `Sectors` a
+/// sector holds a later write's bytes only with an earlier write's there
+/// (a page is written back with what it holds); `EachSector` draws each
+/// write on its own.
+#[test]
+fn unsynced_writes_survive_sector_by_sector() {
+    let mut s = Script::new();
+    s.open(3, "f", libc::O_CREAT | libc::O_WRONLY);
+    s.open(4, "", libc::O_RDONLY);
+    s.sync(4);
+    let first: Vec<u8> = (0..3000).map(|i| (i % 251 + 1) as u8).collect();
+    let second = vec![0xee; 700];
+    let (at, then) = (100, 3100);
+    s.write(3, at, &first);
+    s.write(3, then, &second);
+    let trace = s.trace();
+    let cut = trace.cut(trace.end());
+    let mut rng = Rng::new(common::seed(34));
+    // A write's part of a sector: the bytes it wrote there as the file
+    // holds them, and whether it holds them all (else none).
+    let part = |f: &[u8], bytes: &[u8], start: u64, sector: u64| -> Option<bool> {
+        let lo = (sector * SECTOR_BYTES).max(start);
+        let hi = ((sector + 1) * SECTOR_BYTES).min(start + bytes.len() as u64);
+        let got: Vec<u8> = (lo..hi).map(|i| f.get(i as usize).copied().unwrap_or(0)).collect();
+        let whole = got == bytes[(lo - start) as usize..(hi - start) as usize];
+        assert!(whole || got.iter().all(|&b| b == 0), "sector {sector} kept in part: {got:?}");
+        (lo < hi).then_some(whole)
+    };
+    let shared = then / SECTOR_BYTES; // both writes touch it
+    for writes in [Writes::Sectors, Writes::EachSector] {
+        let (mut holes, mut second_alone) = (0, 0);
+        for _ in 0..300 {
+            let choices = CrashModel { metadata: Metadata::Posix, writes }.choose(&cut, &mut rng);
+            let f = cut.disk(&choices).files.get(Path::new("f")).cloned().expect("its name was synced");
+            let kept: Vec<bool> = (0..=shared).filter_map(|sector| part(&f, &first, at, sector)).collect();
+            holes += usize::from(kept.windows(2).any(|w| !w[0] && w[1]));
+            let later = part(&f, &second, then, shared) == Some(true);
+            second_alone += usize::from(later && part(&f, &first, at, shared) == Some(false));
+        }
+        assert!(holes > 0, "{writes:?}: a later sector sometimes survives an earlier one lost");
+        match writes {
+            Writes::Sectors => assert_eq!(second_alone, 0, "a page holds the first write when the second is in it"),
+            _ => assert!(second_alone > 0, "{writes:?}: each write on its own"),
+        }
+    }
+    assert!(!sector_kept(1, 0, 3) && sector_kept(1, 100, 3), "0% keeps none, 100% every sector");
+    assert!((0..64).all(|s| sector_version(9, 2, s) <= 2), "a version is how many of the writes a sector took");
+}
+
+/// The sector runs: larger writes (three PRODUCEs at once, each of two
+/// messages of up to 1,500 bytes: a write of several records over several
+/// sectors), on segments of 4 KiB, 128 KiB and 1 MiB
+/// (`RUNNEL_POWER_LOSS_SECTOR_ROUNDS` rounds each).
+fn sector_runs() -> &'static [Run] {
+    static RUNS: OnceLock<Vec<Run>> = OnceLock::new();
+    RUNS.get_or_init(|| {
+        let rounds = std::env::var("RUNNEL_POWER_LOSS_SECTOR_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(60);
+        ["4096", "131072", "1048576"]
+            .into_iter()
+            .map(|segment_bytes_max| {
+                let free_bytes = None;
+                record_workload(&Workload {
+                    segment_bytes_max,
+                    free_bytes,
+                    rounds,
+                    produces: 3,
+                    batch: 2,
+                    filler_max: 1500,
+                })
+            })
+            .collect()
+    })
+}
+
+/// The cut points of the sector model in `trace`: right after every write
+/// (it returned; none of it synced) and right before and after every sync
+/// (a cut before the line is a cut inside the sync: it did not complete).
+/// With `RUNNEL_POWER_LOSS_SECTOR_CUTS=all` every one, else a seeded
+/// sample of `sample` of them, and the end.
+fn sector_cuts(trace: &Trace, sample: usize, rng: &mut Rng) -> Vec<u64> {
+    let mut cuts = BTreeSet::new();
+    for o in trace.ops.iter().filter(|o| o.ok) {
+        match o.kind {
+            OpKind::Write { .. } => {
+                cuts.insert(o.seq + 1);
+            }
+            OpKind::Sync { .. } => {
+                cuts.extend([o.seq, o.seq + 1]);
+            }
+            _ => {}
+        }
+    }
+    let mut cuts: Vec<u64> = cuts.into_iter().collect();
+    if std::env::var("RUNNEL_POWER_LOSS_SECTOR_CUTS").is_ok_and(|v| v == "all") {
+        return cuts;
+    }
+    let mut picked = BTreeSet::from([trace.end()]);
+    for _ in 0..sample.min(cuts.len()) {
+        picked.insert(cuts.swap_remove(rng.below(cuts.len() as u64) as usize));
+    }
+    picked.into_iter().collect()
+}
+
+/// Crashes at a cut under the sector models: each unsynced write's
+/// sectors drawn, alternately under `Sectors` and `EachSector`, with the
+/// directory operations not yet durable drawn under the POSIX and the
+/// journal model in turn; `draws` crashes, with the four uniform ones
+/// (everything pending kept or lost, directory operations and writes
+/// apart).
+fn sector_crashes(draws: u64) -> impl Fn(&Cut<'_>, &mut Rng) -> Vec<Choices> {
+    move |cut: &Cut<'_>, rng: &mut Rng| {
+        let mut v: Vec<Choices> = [(false, Keep::Drop), (false, Keep::Whole), (true, Keep::Drop), (true, Keep::Whole)]
+            .into_iter()
+            .map(|(dir_ops, keep)| Choices::uniform(cut, dir_ops, keep))
+            .collect();
+        for i in 0..draws {
+            let writes = if i % 2 == 0 { Writes::Sectors } else { Writes::EachSector };
+            let metadata = if i / 2 % 2 == 0 { Metadata::Posix } else { Metadata::Journal };
+            v.push(CrashModel { metadata, writes }.choose(cut, rng));
+        }
+        v.dedup();
+        v
+    }
+}
+
+/// A power cut that keeps any of the unsynced writes' sectors: no start is
+/// refused, no acknowledged produce is lost, no synced ACK is undone.
+#[test]
+fn a_power_cut_that_keeps_any_sectors_of_unsynced_writes_keeps_every_promise() {
+    let seed = common::seed(0x34);
+    let mut rng = Rng::new(seed);
+    let draws = std::env::var("RUNNEL_POWER_LOSS_DRAWS").ok().and_then(|d| d.parse().ok()).unwrap_or(3);
+    for run in sector_runs() {
+        let cuts = sector_cuts(&run.rec.trace, 40, &mut rng);
+        let test = "a_power_cut_that_keeps_any_sectors_of_unsynced_writes_keeps_every_promise";
+        check_run_cuts(test, run, &cuts, &sector_crashes(draws), false, seed);
+    }
+}
+
+/// The whole records at the start of `data`, up to the first that is not
+/// (by its header and CRC alone): each one's offset, end, kind and, for a
+/// Write record, what it says.
+fn whole_records(data: &[u8]) -> Vec<(usize, usize, u8, Option<WriteFrame>)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(h) = data.get(at..at + RECORD_HEADER_BYTES) {
+        let len = u32::from_le_bytes(h[0..4].try_into().expect("4 bytes")) as usize;
+        let Some(rec) = data.get(at..at + RECORD_HEADER_BYTES + len) else { break };
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&rec[0..4]);
+        crc.update(&rec[8..]);
+        if h[8] == 0 || crc.finalize() != u32::from_le_bytes(h[4..8].try_into().expect("4 bytes")) {
+            break;
+        }
+        let frame =
+            (h[8] == RecordKind::Write as u8).then(|| WriteFrame::decode(&rec[RECORD_HEADER_BYTES..])).flatten();
+        out.push((at, rec.len() + at, h[8], frame));
+        at += rec.len();
+    }
+    out
+}
+
+/// A byte of a record in `data` (a last segment) that a whole Write record
+/// after it says a completed sync covered, drawn from `rng`: where a bit
+/// flipped is damage to what may have been acknowledged.
+fn vouched_byte(data: &[u8], rng: &mut Rng) -> Option<usize> {
+    let recs = whole_records(data);
+    let candidates: Vec<(usize, usize)> = recs
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.2 != RecordKind::Write as u8)
+        .filter(|(i, r)| recs[i + 1..].iter().any(|w| w.3.is_some_and(|f| f.synced_bytes >= r.1 as u64)))
+        .map(|(_, r)| (r.0, r.1))
+        .collect();
+    let &(from, to) = candidates.get(rng.below(candidates.len().max(1) as u64) as usize)?;
+    Some(from + RECORD_HEADER_BYTES + rng.below((to - from - RECORD_HEADER_BYTES) as u64) as usize)
+}
+
+/// The segment files of a crashed disk's data directory, in log order.
+fn segment_files(disk: &Disk) -> Vec<PathBuf> {
+    let data = Path::new(DATA_REL);
+    let mut segs: Vec<PathBuf> = disk
+        .files
+        .keys()
+        .filter(|p| p.parent() == Some(data) && p.extension().is_some_and(|e| e == "log"))
+        .cloned()
+        .collect();
+    segs.sort();
+    segs
+}
+
+/// With a bit flipped in a record that a later write's Write record says a
+/// completed sync covered, in the last segment of a disk a power cut left
+/// (any sectors of the unsynced writes kept), or in the middle of a
+/// segment before the last, the start is refused every time.
+#[test]
+fn a_bit_flipped_in_synced_bytes_is_refused_after_any_power_cut() {
+    let seed = common::seed(0x3434);
+    let _guard =
+        SeedGuard { test: "a_bit_flipped_in_synced_bytes_is_refused_after_any_power_cut", seed, replay: REPLAY };
+    let mut rng = Rng::new(seed);
+    let (mut last, mut closed, mut failures) = (0, 0, Vec::new());
+    for run in sector_runs() {
+        let trace = &run.rec.trace;
+        for k in sector_cuts(trace, 12, &mut rng) {
+            let cut = trace.cut(k);
+            for choices in sector_crashes(1)(&cut, &mut rng).into_iter().skip(1) {
+                let disk = cut.disk(&choices);
+                let segs = segment_files(&disk);
+                let Some(tail) = segs.last() else { continue };
+                let mut flips = Vec::new();
+                if let Some(at) = vouched_byte(&disk.files[tail], &mut rng) {
+                    flips.push((tail.clone(), at));
+                    last += 1;
+                }
+                if let Some(mid) = segs.len().checked_sub(1).filter(|&n| n > 0).map(|n| &segs[n / 2]) {
+                    let recs = whole_records(&disk.files[mid]);
+                    let r = recs[recs.len() / 2];
+                    flips.push((mid.clone(), (r.0 + RECORD_HEADER_BYTES + r.1) / 2));
+                    closed += 1;
+                }
+                for (file, at) in flips {
+                    let mut bad = disk.clone();
+                    bad.files.get_mut(&file).expect("the segment")[at] ^= 1 << rng.below(8u32);
+                    match start_on(&bad, LogOptions::default()) {
+                        Err(e) if e.contains("corrupt") => {}
+                        other => failures.push(format!(
+                            "{}; bit flipped at byte {at} of {}: {:?}",
+                            cut.describe(&choices),
+                            file.display(),
+                            other.map(|m| m.len())
+                        )),
+                    }
+                }
+            }
+        }
+    }
+    eprintln!(
+        "seed {seed}: {last} flips in a last segment, {closed} in a segment before it, {} not refused",
+        failures.len()
+    );
+    assert!(last >= 10 && closed >= 10, "setup: {last} and {closed} flips");
+    assert!(failures.is_empty(), "{} flips were not refused; the first: {}", failures.len(), failures[0]);
 }

@@ -1,7 +1,8 @@
 //! Recovery from damaged commit logs, with random damage: a torn tail of a
-//! crashed run is cut back to the last whole record; damage anywhere else
-//! stops start-up with an error naming the file and offset, unless `repair`
-//! drops exactly the damaged record and keeps every other.
+//! crashed run is cut back to the last whole write (the write that holds
+//! the damage goes whole); damage anywhere else stops start-up with an
+//! error naming the file and offset, unless `repair` drops exactly the
+//! damaged record and keeps every other.
 //! (`tests/corrupt_log.rs` makes each kind of damage by hand.)
 //!
 //! Each test builds a real log with a broker running in-process (small
@@ -26,8 +27,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::logdir::{
-    HEADER_BYTES, KIND_PRODUCE, Msgs, Rec, assert_nothing_invented, base_of, contains, copy_dir, crashed, fetch_all,
-    file_len, records, segments, without_payloads_in,
+    HEADER_BYTES, KIND_PRODUCE, KIND_WRITE, Msgs, Rec, assert_nothing_invented, base_of, broker_records, contains,
+    copy_dir, crashed, fetch_all, file_len, records, segments, without_payloads_in, write_record_bytes, write_start,
 };
 use common::{Rng, Server, TempDir};
 use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outbox, Session};
@@ -114,7 +115,7 @@ fn build(seed: u64) -> Built {
         produced.insert(("alpha".to_string(), id), p);
         let last = segments(dir.path()).pop().expect("a segment");
         let data = fs::read(&last).expect("read segment");
-        let recs = records(&data);
+        let recs = broker_records(&records(&data));
         if recs.len() >= TAIL_RECORDS
             && recs[recs.len() - TAIL_RECORDS..].iter().all(|r| {
                 let body = &data[r.start as usize..r.end as usize];
@@ -160,8 +161,8 @@ fn flip_bits(data: &mut [u8], start: u64, end: u64, rng: &mut Rng) -> Vec<(u64, 
 
 /// A crash mid-write leaves the last segment cut anywhere. For every byte
 /// offset of its last record (and some of the records before it), start-up
-/// must succeed, cut the file back to the last whole record, and hold
-/// exactly the messages whose records lie wholly before the cut.
+/// must succeed, cut the file back to the last whole write, and hold
+/// exactly the messages whose writes lie wholly before the cut.
 #[test]
 fn truncated_tail_recovers_the_prefix_at_every_offset() {
     let seed = common::seed(0x7e57_0001);
@@ -170,8 +171,12 @@ fn truncated_tail_recovers_the_prefix_at_every_offset() {
     let seg = segments(b.dir.path()).pop().expect("a segment");
     let name = seg.file_name().expect("name").to_owned();
     let data = fs::read(&seg).expect("read");
-    let recs = records(&data);
+    let all = records(&data);
+    let recs = broker_records(&all);
     let tail = &recs[recs.len() - TAIL_RECORDS..];
+    // Where each write ends: where the next begins, or where the records do.
+    let write_ends: Vec<u64> =
+        all.iter().filter(|r| r.kind == KIND_WRITE).skip(1).map(|w| w.start).chain(all.last().map(|r| r.end)).collect();
     let last = tail[TAIL_RECORDS - 1];
     let mut cuts: BTreeSet<u64> = (last.start..=last.end).collect();
     for r in &tail[..TAIL_RECORDS - 1] {
@@ -184,25 +189,28 @@ fn truncated_tail_recovers_the_prefix_at_every_offset() {
         crashed(copy.path());
         let path = copy.path().join(&name);
         fs::OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(cut)).expect("truncate");
-        let boundary = recs.iter().map(|r| r.end).chain([0]).filter(|&e| e <= cut).max().unwrap_or(0);
+        let boundary = write_ends.iter().copied().chain([0]).filter(|&e| e <= cut).max().unwrap_or(0);
         // The records cut into are all single produces (checked by `build`),
         // so losing them loses exactly their messages and no ack.
-        assert!(recs.iter().filter(|r| r.end > cut).all(|r| r.kind == KIND_PRODUCE), "{ctx}: setup");
+        assert!(
+            all.iter().filter(|r| r.end > cut).all(|r| matches!(r.kind, KIND_PRODUCE | KIND_WRITE)),
+            "{ctx}: setup"
+        );
         let broker =
             open(copy.path(), false).unwrap_or_else(|e| panic!("{ctx}: a torn tail must not stop start-up: {e}"));
         assert_eq!(broker.recovery.truncated_bytes, cut - boundary, "{ctx}: bytes reported cut");
         assert_eq!(broker.recovery.repaired_bytes, 0, "{ctx}: a torn tail is not a repair");
         drop(broker);
-        assert_eq!(file_len(&path), boundary, "{ctx}: the file must be cut back to the record boundary");
+        assert_eq!(file_len(&path), boundary, "{ctx}: the file must be cut back to the write boundary");
         let expected = without_payloads_in(&b.live, &data[boundary as usize..]);
         let got = fetch_all(copy.path());
         assert_nothing_invented(&got, &b.produced, &ctx);
-        assert_eq!(got, expected, "{ctx}: must hold exactly the messages of whole records before the cut");
+        assert_eq!(got, expected, "{ctx}: must hold exactly the messages of whole writes before the cut");
     }
 }
 
 /// After a crash, bits flipped in the last record of the last segment look
-/// like a torn write: the record is cut and the prefix recovered, without
+/// like a torn write: its write is cut and the prefix recovered, without
 /// --repair.
 #[test]
 fn damaged_last_record_is_a_torn_tail() {
@@ -213,8 +221,10 @@ fn damaged_last_record_is_a_torn_tail() {
     let seg = segments(b.dir.path()).pop().expect("a segment");
     let name = seg.file_name().expect("name").to_owned();
     let data = fs::read(&seg).expect("read");
-    let last = *records(&data).last().expect("a record");
+    let all = records(&data);
+    let last = *all.last().expect("a record");
     assert_eq!(last.kind, KIND_PRODUCE, "seed {seed}: setup");
+    let write = write_start(&all, last);
     for trial in 0..12 {
         let copy = copy_dir(b.dir.path(), "recovery-lastflip");
         crashed(copy.path());
@@ -224,10 +234,11 @@ fn damaged_last_record_is_a_torn_tail() {
         fs::write(&path, &bad).expect("write");
         let ctx = format!("seed {seed}, trial {trial}, bits flipped at (byte, bit) {flipped:?} of {}", seg.display());
         let broker = open(copy.path(), false).unwrap_or_else(|e| panic!("{ctx}: must recover the prefix: {e}"));
-        // The cut takes the torn record and the space reserved after it.
-        assert_eq!(broker.recovery.truncated_bytes, data.len() as u64 - last.start, "{ctx}: bytes reported cut");
+        // The cut takes the torn record's write and the space reserved
+        // after it.
+        assert_eq!(broker.recovery.truncated_bytes, data.len() as u64 - write, "{ctx}: bytes reported cut");
         drop(broker);
-        assert_eq!(file_len(&path), last.start, "{ctx}: the file must be cut at the damaged record");
+        assert_eq!(file_len(&path), write, "{ctx}: the file must be cut at the damaged record's write");
         let got = fetch_all(copy.path());
         assert_nothing_invented(&got, &b.produced, &ctx);
         assert_eq!(got, without_payloads_in(&b.live, &data[last.start as usize..]), "{ctx}: the prefix");
@@ -312,18 +323,22 @@ fn assert_repair_drops_only(b: &Built, dir: &Path, path: &Path, data: &[u8], r: 
     for w in after.windows(2) {
         assert_eq!(base_of(&w[0]) + file_len(&w[0]), base_of(&w[1]), "{ctx}: segments contiguous after repair");
     }
-    let records_end = records(data).last().expect("a record").end;
-    assert_eq!(file_len(path), records_end - (r.end - r.start), "{ctx}: the file is rewritten without the record");
+    let recs = records(data);
+    let records_end = recs.last().expect("a record").end;
+    // Rewritten without its Write records too: the bytes dropped would make
+    // the offsets they give stale.
+    let rewritten = records_end - (r.end - r.start) - write_record_bytes(&recs);
+    assert_eq!(file_len(path), rewritten, "{ctx}: the file is rewritten without the record");
     let expected = without_payloads_in(&b.live, &data[r.start as usize..r.end as usize]);
     let got = fetch_all(dir);
     assert_nothing_invented(&got, &b.produced, ctx);
     assert_eq!(got, expected, "{ctx}: --repair must keep every message but the damaged record's");
 }
 
-/// After a crash, bits flipped in a record of the last segment that is
-/// followed by intact records are not a torn tail: each later record was
-/// written and synced by a later turn, and its produce acknowledged, so
-/// cutting there silently loses acknowledged messages. Start-up refuses;
+/// After a crash, bits flipped in a record of the last segment that a
+/// later write follows are not a torn tail: its produce's turn synced it
+/// before it was acknowledged, and the later write's Write record says so,
+/// so cutting there would lose acknowledged messages. Start-up refuses;
 /// --repair drops that record only.
 #[test]
 fn damage_before_the_last_record_of_the_last_segment_stops_startup() {
@@ -394,7 +409,9 @@ fn torn_tail_whose_payload_embeds_a_record_is_still_a_torn_tail() {
 
     let seg = segments(dir.path()).pop().expect("a segment");
     let data = fs::read(&seg).expect("read");
-    let last = *records(&data).last().expect("a record");
+    let all = records(&data);
+    let last = *all.last().expect("a record");
+    let write = write_start(&all, last);
     let at = data.windows(embedded.len()).position(|w| w == embedded.as_slice()).expect("the payload is in the log");
     // Cut after the embedded frame, inside the trailing filler: a write
     // torn there leaves the frame whole in the torn bytes.
@@ -404,9 +421,9 @@ fn torn_tail_whose_payload_embeds_a_record_is_still_a_torn_tail() {
 
     let broker = open(dir.path(), false)
         .unwrap_or_else(|e| panic!("a torn tail must not stop start-up, whatever its payload holds: {e}"));
-    assert_eq!(broker.recovery.truncated_bytes, cut - last.start, "bytes reported cut");
+    assert_eq!(broker.recovery.truncated_bytes, cut - write, "bytes reported cut");
     drop(broker);
-    assert_eq!(file_len(&seg), last.start, "the file must be cut at the torn record");
+    assert_eq!(file_len(&seg), write, "the file must be cut at the torn record's write");
     let got = fetch_all(dir.path());
     assert_eq!(got, [(("t".to_string(), first), b"first message".to_vec())].into(), "the prefix");
 }

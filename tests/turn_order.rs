@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use common::TempDir;
 use runnel::broker::{Broker, Config, ConnKey, LoopStats, Now, Outbox, Outcome, Session};
 use runnel::codec::{self, Batch, Frame, Ids, Request};
-use runnel::log::{LogOptions, SegmentFile};
+use runnel::log::{LogOptions, SegmentFile, WRITE_RECORD_BYTES};
 
 const NOW: Now = Now { mono_ms: 1, wall_ms: 1_700_000_000_000 };
 const ACKER_CONN: usize = 0;
@@ -190,7 +190,8 @@ fn a_turn_writes_then_syncs_then_delivers_then_acknowledges() {
     broker.sync(&mut written, NOW, &mut turn);
     assert_eq!(
         take(&events),
-        [Event::Sync, Event::Out(WAITER_CONN), Event::Write(32), Event::Out(PRODUCER_CONN)],
+        // The Deliver record (32 bytes) after its write's Write record.
+        [Event::Sync, Event::Out(WAITER_CONN), Event::Write(32 + WRITE_RECORD_BYTES), Event::Out(PRODUCER_CONN)],
         "sync, then the delivery and the write of its Deliver record, then the PRODUCE's reply"
     );
     assert!(!turn.outs[WAITER_CONN].is_empty(), "the parked FETCH got the message");

@@ -168,12 +168,18 @@ fn reschedule_far(c: &mut Client, fixture: &str, out: &mut String) {
 /// it, and its state in every group), then every topic with its dedup
 /// window and every group drained in version 4, all properties shown.
 fn drain_v7(dir: &Path) -> String {
+    drain_v7_of(dir, "v7")
+}
+
+/// `drain_v7` of fixture `name`, a directory `make_v7.py` wrote (its
+/// `far.txt` and `keys.txt`).
+fn drain_v7_of(dir: &Path, name: &str) -> String {
     let server = Server::start_in(Config::default(), LogOptions::default(), dir);
     let mut c = Client::connect_upto(server.addr, b"", 4).expect("connect");
     c.set_timeout(Some(Duration::from_secs(20))).expect("timeout");
     let mut out = String::new();
-    reschedule_far(&mut c, "v7", &mut out);
-    let keys = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v7/keys.txt");
+    reschedule_far(&mut c, name, &mut out);
+    let keys = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name).join("keys.txt");
     for line in fs::read_to_string(keys).expect("read keys.txt").lines() {
         let (topic, key) = line.split_once(' ').expect("`topic key`");
         for found in c.lookup(topic, key.as_bytes()).expect("LOOKUP") {
@@ -379,6 +385,70 @@ fn v6_data_directory_opens_with_every_schedule_and_delay_as_it_was() {
 #[test]
 fn v7_data_directory_opens_with_every_key_dedup_window_and_delivery_as_it_was() {
     check_with("v7", drain_v7);
+}
+
+/// Written by commit a50b6ae, the last build before Write records (every
+/// write of the log framed, docs/log-format.md "Writes"): `make_v7.py`,
+/// as the v7 fixture, so records of every kind and no Write record. It
+/// opens with everything as that build showed it; the drain's first write
+/// appends to the last segment that build wrote.
+#[test]
+fn v8_data_directory_written_before_framing_opens_with_nothing_lost() {
+    check_with("v8", |dir| drain_v7_of(dir, "v8"));
+}
+
+/// A segment written before framing is appended to after a Write record of
+/// no records that says every byte before it is durable (the start synced
+/// them), so that damage to what the older build wrote is refused after
+/// the append, and a write torn after it is cut whole.
+#[test]
+fn v8_last_segment_is_framed_from_where_the_older_build_left_it() {
+    use runnel::log::{RECORD_HEADER_BYTES, RecordKind, WRITE_RECORD_BYTES, WriteFrame};
+    let dir = copy_fixture("v8");
+    let last = {
+        let mut segs: Vec<_> = fs::read_dir(dir.path())
+            .expect("read dir")
+            .filter_map(|e| Some(e.ok()?.path()).filter(|p| p.extension().is_some_and(|x| x == "log")))
+            .collect();
+        segs.sort();
+        segs.pop().expect("a segment")
+    };
+    let old = fs::read(&last).expect("read");
+    // Where its records end: the first header past them is followed by
+    // zeros only (reserved space).
+    let mut old_end = 0;
+    while old[old_end..].iter().any(|&b| b != 0) {
+        old_end += RECORD_HEADER_BYTES + u32::from_le_bytes(old[old_end..old_end + 4].try_into().expect("4")) as usize;
+    }
+    let server = Server::start_in(Config::default(), LogOptions::default(), dir.path());
+    server.client().produce("after", b"written by this build").expect("produce");
+    server.stop();
+    let data = fs::read(&last).expect("read");
+    assert_eq!(&data[..old_end], &old[..old_end], "what the older build wrote is kept as it was");
+    let at = |i: usize| {
+        let len = u32::from_le_bytes(data[i..i + 4].try_into().expect("4 bytes")) as usize;
+        (data[i + 8], WriteFrame::decode(&data[i + RECORD_HEADER_BYTES..i + RECORD_HEADER_BYTES + len]))
+    };
+    let (kind, frame) = at(old_end);
+    assert_eq!(kind, RecordKind::Write as u8, "a Write record right where the older build's records end");
+    let frame = frame.expect("a Write record's body");
+    assert_eq!((frame.synced_bytes, frame.records_bytes), (old_end as u64, 0), "{frame:?}");
+    let (kind, next) = at(old_end + WRITE_RECORD_BYTES);
+    assert_eq!(kind, RecordKind::Write as u8, "the write of records after it, framed");
+    assert!(next.is_some_and(|f| f.synced_bytes == (old_end + WRITE_RECORD_BYTES) as u64), "{next:?}");
+
+    // As after a crash: damage to the older build's bytes is refused, and
+    // the write torn after them is cut whole.
+    fs::remove_file(dir.path().join(runnel::log::CLEAN_STOP_FILE)).expect("a clean stop left its marker");
+    let open = || runnel::log::Log::open(dir.path(), LogOptions::default(), |_| Ok(()));
+    let mut bad = data.clone();
+    bad[old_end - 3] ^= 0x40;
+    fs::write(&last, &bad).expect("write");
+    assert!(matches!(open(), Err(runnel::log::OpenError::Corrupt { .. })), "damage the first Write record vouches for");
+    let torn = old_end + 2 * WRITE_RECORD_BYTES + 5;
+    fs::write(&last, &data[..torn]).expect("write");
+    let (_, recovery) = open().unwrap_or_else(|e| panic!("a torn write after them is cut: {e}"));
+    assert_eq!(recovery.truncated_bytes, (torn - old_end - WRITE_RECORD_BYTES) as u64, "cut at the torn write");
 }
 
 /// The v5 fixture's dead letters were written before dead letters named

@@ -4,10 +4,17 @@
 //! clean stop, or an earlier one) and what follows decide, by one table,
 //! whether the tail is cut as torn or the broker refuses to start
 //! (`docs/log-format.md`).
+//!
+//! What follows is, where the segment's writes are framed (Write records,
+//! `log_write.rs`), what those say: whether a write that survived after the
+//! damage was issued once a completed sync had covered it. In a log
+//! written before framing it is, as it always was, whether whole records
+//! follow.
 
 use byteorder::{ByteOrder, LittleEndian};
 
-use super::{HOLE_BLOCK_BYTES, LastStop, NEWER, RECORD_HEADER_BYTES, RecordKind, parse_record};
+use super::writes::{Claims, Framing, Step, step};
+use super::{HOLE_BLOCK_BYTES, LastStop, NEWER, RECORD_HEADER_BYTES, RecordKind, WRITE_RECORD_BYTES, parse_record};
 
 /// What recovery found where a segment's valid records stop (zeros, the
 /// reserved space, are not damage: the records simply end there).
@@ -50,7 +57,9 @@ impl Place {
     }
 }
 
-/// What follows the damaged record in its segment.
+/// What follows the damaged record in its segment. The first three are
+/// for a segment without Write records before the damage (written before
+/// framing), the last two for one with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Later {
     /// No whole record: nothing was written after it that survived.
@@ -63,6 +72,16 @@ pub(super) enum Later {
     /// Whole records with no zero block between: later turns wrote them,
     /// synced and acknowledged them, so the damage is not a torn write.
     Records,
+    /// The damage lies in a framed part of the segment and no whole Write
+    /// record after it says a completed sync covered it: it lies in writes
+    /// that no reply can have depended on (the records of the same write
+    /// after it included).
+    Unconfirmed,
+    /// A whole Write record after it says a completed sync covered the
+    /// damaged bytes before that write was issued: they may have been
+    /// acknowledged. (In an unframed part too: a later run's first Write
+    /// record vouches for what that run's start found and synced.)
+    Confirmed,
 }
 
 /// What recovery does with the damaged record.
@@ -81,49 +100,88 @@ pub(super) struct Row {
     pub(super) place: Option<Place>,
     pub(super) later: Option<Later>,
     pub(super) verdict: Verdict,
+    /// What the damage means, for a refusal's message: whether it lies in
+    /// bytes that may have been acknowledged.
+    pub(super) means: &'static str,
 }
 
 /// The recovery table (docs/log-format.md, "What damage gives what", is
 /// the same table for users): every damaged record falls in exactly one
 /// row, which the tests check for every input. Only damage at the very end
-/// of a crashed run is cut without asking; everything else is corruption.
-/// (TigerBeetle decides its journal's recovery the same way, from a table.)
-pub(super) const DAMAGE_TABLE: [Row; 6] = [
-    Row { found: Some(Found::Newer), place: None, later: None, verdict: Verdict::Refuse },
-    Row { found: Some(Found::Damaged), place: Some(Place::Earlier), later: None, verdict: Verdict::Refuse },
-    Row { found: Some(Found::Damaged), place: Some(Place::LastAfterCleanStop), later: None, verdict: Verdict::Refuse },
+/// of a crashed run, in writes no completed sync is known to have covered,
+/// is cut without asking; everything else is corruption. (TigerBeetle
+/// decides its journal's recovery the same way, from a table.)
+pub(super) const DAMAGE_TABLE: [Row; 8] = [
+    Row {
+        found: Some(Found::Newer),
+        place: None,
+        later: None,
+        verdict: Verdict::Refuse,
+        means: "a newer runnel wrote it",
+    },
+    Row {
+        found: Some(Found::Damaged),
+        place: Some(Place::Earlier),
+        later: None,
+        verdict: Verdict::Refuse,
+        means: "it lies in a closed segment, synced before the log moved past it: the damaged bytes may have been acknowledged",
+    },
+    Row {
+        found: Some(Found::Damaged),
+        place: Some(Place::LastAfterCleanStop),
+        later: None,
+        verdict: Verdict::Refuse,
+        means: "the last run stopped cleanly and synced every byte first: the damaged bytes may have been acknowledged",
+    },
     Row {
         found: Some(Found::Damaged),
         place: Some(Place::LastAfterCrash),
         later: Some(Later::Nothing),
         verdict: Verdict::TornTail,
+        means: "nothing whole follows it: a crash interrupted the last write",
     },
     Row {
         found: Some(Found::Damaged),
         place: Some(Place::LastAfterCrash),
         later: Some(Later::AfterZeroBlock),
         verdict: Verdict::TornTail,
+        means: "only records past a block of reserved zeros follow it: the rest of the same torn write",
     },
     Row {
         found: Some(Found::Damaged),
         place: Some(Place::LastAfterCrash),
         later: Some(Later::Records),
         verdict: Verdict::Refuse,
+        means: "whole records follow it in a part of the log written before writes were framed: later turns may have synced them, and the damaged bytes, and acknowledged them",
+    },
+    Row {
+        found: Some(Found::Damaged),
+        place: Some(Place::LastAfterCrash),
+        later: Some(Later::Unconfirmed),
+        verdict: Verdict::TornTail,
+        means: "no later write says a completed sync covered it: a crash interrupted a write no reply depended on",
+    },
+    Row {
+        found: Some(Found::Damaged),
+        place: Some(Place::LastAfterCrash),
+        later: Some(Later::Confirmed),
+        verdict: Verdict::Refuse,
+        means: "a later write's Write record says a completed sync covered the damaged bytes: they may have been acknowledged",
     },
 ];
 
-/// The verdict of the recovery table. What follows the record is looked
-/// for (`later`, a search of the rest of the segment) only when the rows
-/// that match the rest depend on it.
-pub(super) fn classify(found: Found, place: Place, later: impl FnOnce() -> Later) -> Verdict {
+/// The row of the recovery table that decides. What follows the record is
+/// looked for (`later`, a search of the rest of the segment) only when the
+/// rows that match the rest depend on it.
+pub(super) fn classify(found: Found, place: Place, later: impl FnOnce() -> Later) -> &'static Row {
     let rows =
         || DAMAGE_TABLE.iter().filter(|r| r.found.is_none_or(|f| f == found) && r.place.is_none_or(|p| p == place));
     if let Some(row) = rows().find(|r| r.later.is_none()) {
-        return row.verdict;
+        return row;
     }
     let later = later();
     match rows().find(|r| r.later == Some(later)) {
-        Some(row) => row.verdict,
+        Some(row) => row,
         None => unreachable!("the recovery table has a row for every input: {found:?} {place:?} {later:?}"),
     }
 }
@@ -145,53 +203,96 @@ pub(super) struct Stretch {
 /// One segment read through, resuming after each damaged stretch.
 #[derive(Default)]
 pub(super) struct Walked {
-    /// Whole valid records.
+    /// Whole valid records (Write records not counted: they are the log's
+    /// own).
     pub(super) records: u64,
     pub(super) stretches: Vec<Stretch>,
     /// Where the records end: the reserved zeros, the end of the file, or
-    /// the start of a torn tail.
+    /// the start of a torn tail (the start of the torn write).
     pub(super) end: usize,
     /// Whether `end` is the start of a torn tail.
     pub(super) torn: bool,
+    /// Bytes of the valid Write records before `end`, outside the
+    /// stretches: a repaired segment is rewritten without them.
+    pub(super) write_record_bytes: usize,
+    /// The last valid Write record's sequence number (0: none): the log
+    /// goes on above it even once repair has dropped it.
+    pub(super) last_write_seq: u64,
 }
 
 impl Walked {
-    /// Bytes of valid records: what the segment holds after a repair.
+    /// Bytes of valid records: what the segment holds after a repair (which
+    /// rewrites a damaged segment without its Write records, whose offsets
+    /// the dropped bytes would make stale).
     pub(super) fn kept_bytes(&self) -> usize {
-        self.end - self.stretches.iter().map(|s| s.end - s.at).sum::<usize>()
+        let frames = if self.stretches.is_empty() { 0 } else { self.write_record_bytes };
+        self.end - self.stretches.iter().map(|s| s.end - s.at).sum::<usize>() - frames
     }
 }
 
-/// Reads `data` record by record, skipping each damaged stretch to the next
-/// valid record. Damage that the recovery table calls a torn tail (only in
-/// the last segment of a run that may have crashed) ends the walk.
+/// Reads `data` write by write (record by record where no Write record
+/// frames them), skipping each damaged stretch to the next valid record.
+/// Damage that the recovery table calls a torn tail (only in the last
+/// segment of a run that may have crashed) ends the walk at the start of
+/// the write that holds it.
 pub(super) fn walk(data: &[u8], place: Place) -> Walked {
     let mut w = Walked::default();
-    let mut anchored = Anchored::default();
+    let (mut anchored, mut claims, mut framing) = (Anchored::default(), Claims::default(), Framing::default());
     let mut pos = 0;
     while pos < data.len() {
-        match parse_record(&data[pos..]) {
-            Ok((_, _, _, used)) => {
+        match step(data, pos, &mut framing, place == Place::LastAfterCrash) {
+            Step::Record { used } => {
                 w.records += 1;
                 pos += used;
             }
-            Err(_) if all_zero(&data[pos..]) => break,
-            Err(why)
-                if classify(Found::of(&why), place, || later_records(data, pos, anchored.after(data, pos + 1)))
-                    == Verdict::TornTail =>
-            {
-                w.torn = true;
-                break;
+            Step::Write { end, records } => {
+                w.records += records;
+                w.write_record_bytes += WRITE_RECORD_BYTES;
+                pos = end;
             }
-            Err(why) => {
-                let (end, kind) = resync(data, pos);
-                w.stretches.push(Stretch { at: pos, end, kind, why });
+            Step::End => break,
+            Step::Damaged { at, why, records } => {
+                let later = || later_at(data, at, &framing, &mut claims, || anchored.after(data, at + 1));
+                if classify(Found::of(&why), place, later).verdict == Verdict::TornTail {
+                    w.torn = true;
+                    break;
+                }
+                // Repair keeps what of the write came before the damage.
+                if at > pos {
+                    w.write_record_bytes += WRITE_RECORD_BYTES;
+                }
+                w.records += records;
+                let (end, kind) = resync(data, at);
+                w.stretches.push(Stretch { at, end, kind, why });
                 pos = end;
             }
         }
     }
     w.end = pos;
+    w.last_write_seq = framing.last_seq();
     w
+}
+
+/// What follows damage at `at`: what a whole Write record after it says
+/// (`claims`), if one says a completed sync covered it; else, in a framed
+/// part of the segment, that nothing does; else (a part written before
+/// framing) whether whole records follow, as `later_records` finds
+/// (`records_after` being `records_after(data, at + 1)`, which a walk
+/// finds cheaper).
+pub(super) fn later_at(
+    data: &[u8],
+    at: usize,
+    framing: &Framing,
+    claims: &mut Claims,
+    records_after: impl FnOnce() -> Option<usize>,
+) -> Later {
+    if claims.cover(data, at, framing.last_seq()) {
+        return Later::Confirmed;
+    }
+    if framing.framed() {
+        return Later::Unconfirmed;
+    }
+    later_records(data, at, records_after())
 }
 
 /// Where valid records resume after the damaged record at `at`, and its

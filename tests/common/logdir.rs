@@ -26,6 +26,9 @@ pub const HEADER_BYTES: u64 = 12;
 pub const KIND_TOPIC: u8 = 1;
 pub const KIND_PRODUCE: u8 = 4;
 pub const KIND_REMOVE: u8 = 5;
+/// The Write record each write of the log begins with (docs/log-format.md,
+/// "Writes").
+pub const KIND_WRITE: u8 = 18;
 
 /// Messages, by (topic, id), with their payloads.
 pub type Msgs = BTreeMap<(String, u64), Vec<u8>>;
@@ -58,6 +61,24 @@ pub fn records(data: &[u8]) -> Vec<Rec> {
         pos = end;
     }
     out
+}
+
+/// The records of `recs` that are not Write records: what the broker
+/// wrote.
+pub fn broker_records(recs: &[Rec]) -> Vec<Rec> {
+    recs.iter().copied().filter(|r| r.kind != KIND_WRITE).collect()
+}
+
+/// Where the write holding record `r` of `recs` begins: at the Write
+/// record before it (every write the log issues begins with one), or at
+/// `r` where none does.
+pub fn write_start(recs: &[Rec], r: Rec) -> u64 {
+    recs.iter().rev().find(|w| w.kind == KIND_WRITE && w.start <= r.start).map_or(r.start, |w| w.start)
+}
+
+/// Bytes of the Write records among `recs`.
+pub fn write_record_bytes(recs: &[Rec]) -> u64 {
+    recs.iter().filter(|r| r.kind == KIND_WRITE).map(|r| r.end - r.start).sum()
 }
 
 /// The segment files of a data directory, in log order.

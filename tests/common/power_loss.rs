@@ -18,9 +18,12 @@
 //!   under `Posix`, a prefix under `Journal`), and each change to a file's
 //!   contents not yet durable (a write, a truncate, an `fallocate`) gets a
 //!   [`Keep`]: dropped, kept whole, or, for a write, kept in part (a prefix
-//!   of it), as [`Writes`] allows: in the order they were made (a prefix
-//!   of each file's, `Writes::InOrder`) or each on its own
-//!   (`Writes::Independent`).
+//!   of it, or some of its 512-byte sectors), as [`Writes`] allows: in the
+//!   order they were made (a prefix of each file's, `Writes::InOrder`),
+//!   each on its own (`Writes::Independent`), or sector by sector: each
+//!   512-byte sector as some write-back of its page left it, in any order
+//!   (`Writes::Sectors`), or any of each write's sectors, each write on its
+//!   own (`Writes::EachSector`).
 //!
 //! A run may begin on a root that already holds files (`Trace::over`, for
 //! a start on an existing data directory): they are taken as durable.
@@ -33,11 +36,10 @@
 //! fresh directory for a broker to start on. `Cut::describe` says in words
 //! what was chosen, for a failure message with the seed.
 //!
-//! Extending it: a finer model of what survives of an unsynced write (a
-//! 512-byte sector model: any subset of a write's sectors, in any page
-//! order) is a new `Keep` variant applied in `Keep::apply` and a new
-//! `Writes` variant drawn in `Writes::keeps` (which sees each file's
-//! unsynced changes in order); nothing else changes. The
+//! Extending it: a finer model of what survives of an unsynced write is a
+//! new `Keep` variant applied in `Keep::apply` and a new `Writes` variant
+//! drawn in `Writes::keeps` (which sees each file's unsynced changes in
+//! order); nothing else changes (the sector model is one). The
 //! model knows only what the recorder records: renames within one
 //! directory, regular files and directories, absolute paths.
 #![allow(dead_code)]
@@ -267,9 +269,23 @@ pub enum Writes {
     /// Each change dropped, kept or (a write) kept in part, independently
     /// of the others: an earlier write can be torn while a later one
     /// survives whole. The last segment's records are then damaged with
-    /// whole records after them, which today's recovery refuses (issue
-    /// #34).
+    /// whole records after them (issue #34).
     Independent,
+    /// The unsynced writes reach the disk sector by sector, in any order
+    /// (pages written back in any order, a device that keeps each 512-byte
+    /// sector whole or not at all): each sector holds what some write-back
+    /// of it took, the file's unsynced writes to it up to some point, so
+    /// any subset of a write's sectors survives, and a later write's bytes
+    /// in a sector only with every earlier write's there. A truncate or an
+    /// `fallocate` is kept or not.
+    Sectors,
+    /// As `Sectors`, but each write's sectors drawn on its own, with a
+    /// share drawn per file (so that crashes keeping nearly none and nearly
+    /// all come up): this also leaves states a disk cannot reach (a later
+    /// write's bytes in a sector without an earlier write's, which the page
+    /// held when it was written back), a superset of what a power cut can
+    /// leave that the log's recovery survives too.
+    EachSector,
 }
 
 /// What survives of one unsynced change to a file's contents.
@@ -282,6 +298,38 @@ pub enum Keep {
     /// The first this many bytes of a write (a truncate or an `fallocate`
     /// is all or nothing: taken as `Whole`).
     Prefix(usize),
+    /// The bytes of the file's `index`th of `of` unsynced writes in the
+    /// 512-byte sectors whose write-back, drawn from `seed`, came after it
+    /// (`sector_version`); a truncate or an `fallocate`: taken as `Whole`.
+    Sectors { seed: u32, index: u16, of: u16 },
+    /// The write's bytes in the file's 512-byte sectors that `seed` keeps,
+    /// each with `percent`% odds (`sector_kept`); a truncate or an
+    /// `fallocate`: taken as `Whole`.
+    EachSector { seed: u32, percent: u8 },
+}
+
+/// The sector a power cut keeps or loses whole.
+pub const SECTOR_BYTES: u64 = 512;
+
+/// A hash of a crash's `seed` and a sector, so that a choice is a small
+/// value that names the same sectors every time.
+fn sector_hash(seed: u32, sector: u64) -> u64 {
+    let mut h = (u64::from(seed) << 32 | 0x9e37_79b9) ^ sector.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ h >> 33
+}
+
+/// Whether `Keep::EachSector { seed, percent }` keeps the file's sector
+/// `sector`.
+pub fn sector_kept(seed: u32, percent: u8, sector: u64) -> bool {
+    sector_hash(seed, sector) % 100 < u64::from(percent)
+}
+
+/// Under `Keep::Sectors`, how many of a file's `of` unsynced writes (the
+/// first ones) the last write-back of its sector `sector` took: 0 to `of`.
+pub fn sector_version(seed: u32, of: u16, sector: u64) -> u16 {
+    (sector_hash(seed, sector) % (u64::from(of) + 1)) as u16
 }
 
 impl Keep {
@@ -290,27 +338,59 @@ impl Keep {
         if self == Keep::Drop {
             return;
         }
-        match change {
-            Change::Write { at, data } => {
+        match (self, change) {
+            (Keep::Sectors { .. } | Keep::EachSector { .. }, Change::Write { at, data }) => {
+                let bytes = trace.bytes(data);
+                let (start, end) = (*at, *at + bytes.len() as u64);
+                let mut from = start;
+                while from < end {
+                    let sector = from / SECTOR_BYTES;
+                    let to = ((sector + 1) * SECTOR_BYTES).min(end);
+                    if self.keeps_sector(sector) {
+                        put(file, from, &bytes[(from - start) as usize..(to - start) as usize]);
+                    }
+                    from = to;
+                }
+            }
+            (_, Change::Write { at, data }) => {
                 let bytes = trace.bytes(data);
                 let n = match self {
                     Keep::Prefix(n) => n.min(bytes.len()),
                     _ => bytes.len(),
                 };
-                let at = *at as usize;
-                if file.len() < at + n {
-                    file.resize(at + n, 0);
-                }
-                file[at..at + n].copy_from_slice(&bytes[..n]);
+                put(file, *at, &bytes[..n]);
             }
-            Change::SetLen(len) => file.resize(*len as usize, 0),
-            Change::Extend(end) => {
+            (_, Change::SetLen(len)) => file.resize(*len as usize, 0),
+            (_, Change::Extend(end)) => {
                 if file.len() < *end as usize {
                     file.resize(*end as usize, 0);
                 }
             }
         }
     }
+}
+
+impl Keep {
+    /// Whether a sector choice keeps the file's sector `sector` of the
+    /// write it was made for (every other choice keeps or drops the write
+    /// whole).
+    fn keeps_sector(self, sector: u64) -> bool {
+        match self {
+            Keep::Sectors { seed, index, of } => index < sector_version(seed, of, sector),
+            Keep::EachSector { seed, percent } => sector_kept(seed, percent, sector),
+            Keep::Drop => false,
+            Keep::Whole | Keep::Prefix(_) => true,
+        }
+    }
+}
+
+/// Writes `bytes` at `at` of `file`, growing it (with zeros) to hold them.
+fn put(file: &mut Vec<u8>, at: u64, bytes: &[u8]) {
+    let (at, end) = (at as usize, at as usize + bytes.len());
+    if file.len() < end {
+        file.resize(end, 0);
+    }
+    file[at..end].copy_from_slice(bytes);
 }
 
 impl Writes {
@@ -341,6 +421,34 @@ impl Writes {
                     _ => Keep::Whole,
                 })
                 .collect(),
+            Writes::Sectors => {
+                let seed = rng.next_u64() as u32;
+                let of =
+                    changes.iter().filter(|c| matches!(c, Change::Write { .. })).count().min(u16::MAX as usize) as u16;
+                let mut index = 0u16;
+                changes
+                    .iter()
+                    .map(|c| match c {
+                        Change::Write { .. } => {
+                            index = index.saturating_add(1);
+                            Keep::Sectors { seed, index: index - 1, of }
+                        }
+                        _ if rng.one_in(2) => Keep::Whole,
+                        _ => Keep::Drop,
+                    })
+                    .collect()
+            }
+            Writes::EachSector => {
+                let percent = rng.below(101u64) as u8;
+                changes
+                    .iter()
+                    .map(|c| match c {
+                        Change::Write { .. } => Keep::EachSector { seed: rng.next_u64() as u32, percent },
+                        _ if rng.percent(u64::from(percent)) => Keep::Whole,
+                        _ => Keep::Drop,
+                    })
+                    .collect()
+            }
         }
     }
 }
