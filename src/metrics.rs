@@ -265,6 +265,13 @@ fn render_broker(out: &mut String, broker: &Broker, loops: &LoopStats) {
         "Requests answered BUSY because the connection buffers were full, or a FETCH because timers_max was reached.",
         s.busy_replies,
     );
+    metric(
+        out,
+        "runnel_loop_turns_over_budget_total",
+        "counter",
+        "Turns whose requests, or whose deliveries, used up their work budget and left the rest for the next turn.",
+        broker.turns_over_budget(),
+    );
     metric(out, "runnel_fsyncs_total", "counter", "fdatasync calls on the commit log.", log.stats.fsyncs);
     metric(out, "runnel_log_bytes", "gauge", "Bytes in the commit log's segments.", log.bytes());
     metric(out, "runnel_log_segments", "gauge", "Segment files of the commit log.", log.segments().len() as u64);

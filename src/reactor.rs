@@ -8,13 +8,17 @@
 //!    connection still has input to serve from last turn, none when idle);
 //! 2. **read the clock** once: every deadline and born time of the turn
 //!    uses this `now`, so the turn is one instant;
-//! 3. **handle readiness**: accept until WouldBlock; read each readable
-//!    connection until WouldBlock (or its fair share), decode every complete
-//!    frame and hand it to the broker, whose replies go to the connection's
-//!    output buffer — except replies that must wait for the log, which the
-//!    broker holds; if one of those waits for an `fdatasync`, poll once
-//!    more without waiting and serve what arrived meanwhile the same way,
-//!    so that it shares the turn's sync (`Reactor::serve_late`);
+//! 3. **handle readiness**: first the connections the last turn left with
+//!    input to serve, in the order it left them; then accept until
+//!    WouldBlock; read each readable connection until WouldBlock (or its
+//!    fair share), decode every complete frame and hand it to the broker,
+//!    whose replies go to the connection's output buffer — except replies
+//!    that must wait for the log, which the broker holds; once the turn's
+//!    work budget is spent (`broker/budget.rs`), a request that can do
+//!    more than a little is left, with its connection's input, for the
+//!    next turn; if a held reply waits for an `fdatasync`, poll once more
+//!    without waiting and serve what arrived meanwhile the same way, so
+//!    that it shares the turn's sync (`Reactor::serve_late`);
 //! 4. **advance the timing wheel**: ack deadlines, NACK delays and long-poll
 //!    waits that passed;
 //! 5. **write**: a step of compaction: a slice of copies appended (at
@@ -29,8 +33,10 @@
 //!    a sync that is not theirs;
 //! 7. **sync**: one `fdatasync` of what step 5 wrote (group commit),
 //!    if anything waits on it; then the turn's new messages become visible and
-//!    go to parked FETCHes, then the held replies are sent (deliveries
-//!    first: they are what end-to-end latency waits for);
+//!    go to parked FETCHes and subscribers while the deliveries' budget
+//!    lasts (the groups put off by an earlier turn first), then the held
+//!    replies are sent (deliveries first: they are what end-to-end
+//!    latency waits for);
 //! 8. **flush**: one write per connection with output; WRITABLE interest
 //!    only while output is left over;
 //! 9. **close** the connections that ended;
@@ -413,8 +419,11 @@ impl Reactor {
         Ok(())
     }
 
-    /// Step 3: accepts, reads and serves every ready socket, then the
-    /// connections the last turn left with input to serve.
+    /// Step 3: serves the connections the last turn left with input to
+    /// serve, in the order it left them, then accepts, reads and serves
+    /// every ready socket. Those left waiting come first, so that what the
+    /// turn's work budget put off (`broker/budget.rs`) is served before
+    /// anything newer, and no connection starves behind new arrivals.
     fn handle_readiness(&mut self, events: &Events, now: Now) {
         // Swapped with a spare list, so neither is reallocated each turn; the
         // turn may mark connections hot again for the next one.
@@ -424,11 +433,11 @@ impl Reactor {
                 c.hot = false;
             }
         }
-        for event in events.iter() {
-            self.dispatch(event, now);
-        }
         for &key in &hot {
             self.serve(key, now);
+        }
+        for event in events.iter() {
+            self.dispatch(event, now);
         }
         hot.clear();
         self.hot_spare = hot;
