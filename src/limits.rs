@@ -83,6 +83,12 @@ pub struct Limits {
     /// deliveries at its sync: `work_items_per_turn_max` in bytes, for
     /// loads of few large messages.
     pub work_bytes_per_turn_max: u32,
+    /// Most bytes of the `/metrics` exposition rendered in one loop turn,
+    /// over every scrape: a scrape of many topics is rendered a slice a
+    /// turn (formatting is some ten times the cost of copying a byte), so
+    /// that it never holds the loop, whatever the number of topics or of
+    /// scrapers.
+    pub metrics_bytes_per_turn_max: u32,
     /// Time a new connection has to complete HELLO. Bounds how long a
     /// connection that never speaks the protocol holds a slot.
     pub handshake_timeout_ms: u32,
@@ -244,6 +250,7 @@ impl Default for Limits {
             read_bytes_per_turn_max: 1 << 20,
             work_items_per_turn_max: 4096,
             work_bytes_per_turn_max: 4 << 20,
+            metrics_bytes_per_turn_max: 256 << 10,
             handshake_timeout_ms: 10_000,
             idle_timeout_ms: 600_000,
             frame_timeout_ms: 30_000,
@@ -382,6 +389,9 @@ impl Limits {
         if self.work_items_per_turn_max == 0 || self.work_bytes_per_turn_max == 0 {
             return Err("work-items-per-turn-max and work-bytes-per-turn-max must be at least 1".into());
         }
+        if self.metrics_bytes_per_turn_max < 1024 {
+            return Err("metrics-bytes-per-turn-max must be at least 1024 (a line of the exposition)".into());
+        }
         Ok(())
     }
 
@@ -498,6 +508,7 @@ mod tests {
         refused(Limits { filter_bytes_max: 0, ..Limits::default() }, "filter-bytes-max");
         refused(Limits { work_items_per_turn_max: 0, ..Limits::default() }, "work-items-per-turn-max");
         refused(Limits { work_bytes_per_turn_max: 0, ..Limits::default() }, "work-bytes-per-turn-max");
+        refused(Limits { metrics_bytes_per_turn_max: 1023, ..Limits::default() }, "metrics-bytes-per-turn-max");
         assert_eq!(
             Limits { work_items_per_turn_max: 1, work_bytes_per_turn_max: 1, ..Limits::default() }.check(),
             Ok(())

@@ -102,7 +102,7 @@ use crate::broker::{Broker, ConnKey, LoopStats, Now, Written};
 use crate::codec::{self, ErrorCode};
 use crate::config::ServeConfig;
 use crate::conn::{ConnState, FULL_HOLDING_BYTES_MAX, Serve, Step};
-use crate::http::{HttpKey, HttpServer, LoopParts};
+use crate::http::{HttpKey, HttpServer, LoopParts, Scraping};
 use crate::limits::Limits;
 use crate::log::OpenError;
 use crate::metrics::{self, LoopMetrics, PhaseNanos};
@@ -433,6 +433,7 @@ impl Reactor {
                 c.hot = false;
             }
         }
+        self.with_http(now, |http, lp, cx| http.begin_turn(lp, cx));
         for &key in &hot {
             self.serve(key, now);
         }
@@ -509,7 +510,8 @@ impl Reactor {
     }
 
     fn poll_timeout(&self) -> Option<Duration> {
-        if !self.hot.is_empty() || self.broker.busy() || self.stop.load(Ordering::SeqCst) {
+        let scraping = self.http.as_ref().is_some_and(HttpServer::has_ready);
+        if !self.hot.is_empty() || scraping || self.broker.busy() || self.stop.load(Ordering::SeqCst) {
             return Some(Duration::ZERO);
         }
         let deadline_ms = match (self.broker.next_deadline_ms(), self.timers.next_deadline_ms()) {
@@ -827,20 +829,35 @@ impl Reactor {
     // registry and the timers for each call.
     // -----------------------------------------------------------------------
 
-    fn accept_http(&mut self, now: Now) {
+    /// Calls `f` with the metrics listener, the parts of the loop it is
+    /// lent and what a scrape renders from.
+    fn with_http(&mut self, now: Now, f: impl FnOnce(&mut HttpServer, LoopParts<'_, Timed>, &Scraping<'_>)) {
         let Some(http) = self.http.as_mut() else { return };
-        http.accept(LoopParts { registry: self.poll.registry(), timers: &mut self.timers }, now.mono_ms);
+        // A copy: the scrape reads the counters the call may change.
+        let loops = self.loops;
+        let full = self.broker.buffers_full(loops.buffered_bytes);
+        let cx = Scraping {
+            src: metrics::Source { broker: &self.broker, loops: &loops, lm: &self.loop_metrics, now },
+            full,
+        };
+        let lp = LoopParts {
+            registry: self.poll.registry(),
+            timers: &mut self.timers,
+            buffered: &mut self.loops.buffered_bytes,
+        };
+        f(http, lp, &cx);
+    }
+
+    fn accept_http(&mut self, now: Now) {
+        self.with_http(now, |http, lp, _| http.accept(lp, now.mono_ms));
     }
 
     fn serve_http(&mut self, key: HttpKey, now: Now) {
-        let Some(http) = self.http.as_mut() else { return };
-        let lp = LoopParts { registry: self.poll.registry(), timers: &mut self.timers };
-        http.serve(key, lp, || metrics::render(&self.broker, &self.loops, &self.loop_metrics, now));
+        self.with_http(now, |http, lp, cx| http.serve(key, lp, cx));
     }
 
-    fn http_timeout(&mut self, key: HttpKey) {
-        let Some(http) = self.http.as_mut() else { return };
-        http.timeout(key, LoopParts { registry: self.poll.registry(), timers: &mut self.timers });
+    fn http_timeout(&mut self, key: HttpKey, now: Now) {
+        self.with_http(now, |http, lp, cx| http.timeout(key, lp, cx));
     }
 
     fn close_ended(&mut self) {
@@ -871,9 +888,7 @@ impl Reactor {
             self.end(key, "shutdown");
         }
         self.close_ended();
-        if let Some(http) = self.http.as_mut() {
-            http.close_all(LoopParts { registry: self.poll.registry(), timers: &mut self.timers });
-        }
+        self.with_http(now, |http, lp, _| http.close_all(lp));
     }
 }
 
