@@ -20,7 +20,7 @@
 //! one table of a million keys took half a second of the loop to do it.
 //! A shard's costs a thousandth of that.
 
-use std::collections::hash_map::RandomState;
+use std::collections::hash_map::{Entry, RandomState};
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -119,11 +119,17 @@ impl KeyIndex {
         }
     }
 
-    /// Forgets the oldest entries past `entries_max`.
+    /// Forgets the oldest entries past `entries_max`: each with one lookup
+    /// of its key, which the entry holds.
     fn trim(&mut self) {
         while self.order.len() > self.entries_max as usize {
             let Some((old, k)) = self.order.pop_front() else { break };
-            self.forget(&k, old);
+            let s = self.shard(&k);
+            if let Entry::Occupied(mut e) = self.shards[s].entry(k)
+                && drop_id(e.get_mut(), old)
+            {
+                e.remove();
+            }
         }
     }
 
@@ -155,12 +161,15 @@ impl KeyIndex {
             self.shards = (0..shard_count(self.entries_max)).map(|_| HashMap::with_hasher(state.clone())).collect();
         }
         let s = self.shard(key);
-        let shard = &mut self.shards[s];
-        let key: Arc<[u8]> = match shard.get_key_value(key) {
-            Some((k, _)) => Arc::clone(k),
-            None => Arc::from(key),
+        // One lookup: a key seen before costs an allocation given back at
+        // once, which is cheaper than a second lookup for every new key.
+        let (key, ids) = match self.shards[s].entry(Arc::from(key)) {
+            Entry::Occupied(e) => (Arc::clone(e.key()), e.into_mut()),
+            Entry::Vacant(e) => {
+                let key = Arc::clone(e.key());
+                (key, e.insert(Ids::Many(Vec::new())))
+            }
         };
-        let ids = shard.entry(Arc::clone(&key)).or_insert(Ids::Many(Vec::new()));
         if !add(ids, id, self.per_key_max as usize) {
             return;
         }
@@ -171,17 +180,7 @@ impl KeyIndex {
     /// Forgets message `id` under `key` (its produce was withdrawn).
     pub fn forget(&mut self, key: &[u8], id: MsgId) {
         let Some(ids) = self.ids_mut(key) else { return };
-        let empty = match ids {
-            Ids::One(x) => *x == id,
-            Ids::Many(v) => {
-                v.retain(|x| *x != id);
-                if v.len() == 1 {
-                    *ids = Ids::One(v[0]);
-                }
-                matches!(ids, Ids::Many(v) if v.is_empty())
-            }
-        };
-        if empty {
+        if drop_id(ids, id) {
             let s = self.shard(key);
             self.shards[s].remove(key);
         }
@@ -194,6 +193,20 @@ impl KeyIndex {
             None => Vec::new(),
             Some(Ids::One(id)) => vec![*id],
             Some(Ids::Many(v)) => v.iter().rev().copied().collect(),
+        }
+    }
+}
+
+/// Drops `id` from a key's ids; true if none is left (the key goes).
+fn drop_id(ids: &mut Ids, id: MsgId) -> bool {
+    match ids {
+        Ids::One(x) => *x == id,
+        Ids::Many(v) => {
+            v.retain(|x| *x != id);
+            if v.len() == 1 {
+                *ids = Ids::One(v[0]);
+            }
+            matches!(ids, Ids::Many(v) if v.is_empty())
         }
     }
 }
