@@ -48,6 +48,10 @@ pub struct KeyIndex {
     /// shards' own hasher, so that the keys of one shard do not share the
     /// bits its table places them by.
     sharder: RandomState,
+    /// The shard `grow_ahead` looks at next.
+    grow_at: usize,
+    /// Inserts since `grow_ahead` last grew a shard.
+    grow_credit: usize,
     /// Every entry in the order it was indexed, oldest first, with its
     /// key; an entry its key's list dropped already (past `per_key_max`,
     /// or withdrawn) stays until it reaches the front.
@@ -70,7 +74,15 @@ impl KeyIndex {
     /// An empty index with its bounds (each at least 1).
     pub fn new(per_key_max: u32, entries_max: u32) -> KeyIndex {
         assert!(per_key_max >= 1 && entries_max >= 1, "key index bounds {per_key_max}, {entries_max}");
-        KeyIndex { shards: Vec::new(), sharder: RandomState::new(), order: VecDeque::new(), per_key_max, entries_max }
+        KeyIndex {
+            shards: Vec::new(),
+            sharder: RandomState::new(),
+            grow_at: 0,
+            grow_credit: 0,
+            order: VecDeque::new(),
+            per_key_max,
+            entries_max,
+        }
     }
 
     /// The shard of `key` (there must be shards).
@@ -175,6 +187,25 @@ impl KeyIndex {
         }
         self.order.push_back((id, key));
         self.trim();
+        self.grow_ahead();
+    }
+
+    /// Grows a shard ahead of its need, one at a time. The keys spread
+    /// evenly, so the shards fill at one pace: left to grow when full (at
+    /// seven eighths), they would all grow within a few inserts, every key
+    /// moved at once as by one table. So a shard the next in turn that is
+    /// five eighths full is grown now, if there have been an eighth of its
+    /// capacity in inserts since the last shard grew: all of them grow one
+    /// by one, in half the inserts they take to fill to seven eighths.
+    fn grow_ahead(&mut self) {
+        self.grow_credit = self.grow_credit.saturating_add(1);
+        self.grow_at = (self.grow_at + 1) % self.shards.len();
+        let shard = &mut self.shards[self.grow_at];
+        let capacity = shard.capacity();
+        if shard.len() >= capacity / 8 * 5 && self.grow_credit >= capacity / 8 {
+            self.grow_credit = 0;
+            shard.reserve(capacity - shard.len() + 1);
+        }
     }
 
     /// Forgets message `id` under `key` (its produce was withdrawn).
@@ -299,6 +330,35 @@ mod tests {
         ix.set_bounds(4, 100_000);
         assert!(ix.keys() <= 100_000 && ix.largest_table_keys() <= 2 * SHARD_ENTRIES);
         assert_eq!(ix.lookup(key(1_099_999).as_bytes()), [1_099_999]);
+    }
+
+    /// The shards fill at one pace; they must not all grow at once. Over
+    /// any run of inserts a PRODUCE can carry (`batch_messages_max`,
+    /// 8192), the keys moved by tables growing stay within a few shards'
+    /// worth, where growing all of them together would move every key.
+    #[test]
+    fn the_shards_grow_one_by_one() {
+        const BATCH: usize = 8192;
+        let mut ix = KeyIndex::new(4, 1_000_000);
+        let mut capacities: Vec<usize> = Vec::new();
+        let (mut moved, mut moved_max) = (0usize, 0usize);
+        for id in 0..1_000_000u64 {
+            ix.insert(format!("k-{id:012}").as_bytes(), id);
+            if capacities.len() != ix.shards.len() {
+                capacities = ix.shards.iter().map(HashMap::capacity).collect();
+            }
+            for (c, m) in capacities.iter_mut().zip(&ix.shards) {
+                if m.capacity() != *c {
+                    *c = m.capacity();
+                    moved += m.len();
+                }
+            }
+            if (id as usize + 1).is_multiple_of(BATCH) {
+                moved_max = moved_max.max(moved);
+                moved = 0;
+            }
+        }
+        assert!(moved_max <= 8 * SHARD_ENTRIES, "{moved_max} keys moved by growth within {BATCH} inserts");
     }
 
     /// Against a model: every entry in indexing order, the last
