@@ -136,22 +136,24 @@ impl Sizes {
     }
 }
 
-/// The flags W11's server needs: `/metrics` for the metrics load; for the
+/// The flags W11's server needs: `/metrics` (the metrics load scrapes it,
+/// and every row reads the loop's own turn times from it, to tell a turn
+/// that held the loop from a machine that took the core away); for the
 /// broadcast load, room in the connections' buffers for every member's
 /// reply at once (2000 replies of 8192 messages take some 640 MB, past the
 /// default 256 MiB, where the broker would answer most of them BUSY), and a
 /// timer for each message delivered (16.4M, past the default 10M).
 pub fn server_args(load: Load, s: &Sizes) -> Vec<String> {
-    match load {
-        Load::Metrics => metrics::args(),
-        Load::Broadcast => vec![
+    let mut args = metrics::args();
+    if load == Load::Broadcast {
+        args.extend([
             "--buffered-bytes-max".into(),
             (4u64 << 30).to_string(),
             "--timers-max".into(),
             (s.members as u64 * u64::from(s.member_batch) + 1_000_000).to_string(),
-        ],
-        Load::Keyed | Load::Push | Load::List => Vec::new(),
+        ]);
     }
+    args
 }
 
 /// Words for the table's config column.
@@ -296,6 +298,7 @@ pub fn w11(ctx: &Ctx<'_>, load: Load) -> Result<RunResult, String> {
     prepare(addr, load, s)?;
     // Connections the load leaves open until the probe has stopped.
     let mut kept = Vec::new();
+    let turns_before = metrics::histogram(metrics::TURNS)?;
     let probe = PingProbe::start(addr)?;
     let cpu = ctx.server.cpu_seconds().ok();
     let t0 = Instant::now();
@@ -309,7 +312,16 @@ pub fn w11(ctx: &Ctx<'_>, load: Load) -> Result<RunResult, String> {
     r.seconds = t0.elapsed().as_secs_f64();
     r.cpu_seconds = cpu.zip(ctx.server.cpu_seconds().ok()).map(|(a, b)| b - a);
     let waits = probe.finish()?;
+    let turns = metrics::between(&turns_before, &metrics::histogram(metrics::TURNS)?);
     drop(kept);
+    r.extra.push(("turn_p99_bucket_s".into(), turns.p99_s));
+    r.extra.push(("turn_max_bucket_s".into(), turns.max_s));
+    r.notes.push(format!(
+        "the loop's own turns meanwhile (its histogram's buckets): {} turns, p99 ≤ {}, longest ≤ {}",
+        turns.count,
+        metrics::seconds_label(turns.p99_s),
+        metrics::seconds_label(turns.max_s)
+    ));
     r.messages = done?;
     r.latency = waits.summarize("PING wait beside the load, from its intended send time");
     Ok(r)
