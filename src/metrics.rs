@@ -339,9 +339,9 @@ enum Part {
 /// A scrape under way.
 #[derive(Debug)]
 pub struct Scrape {
-    /// The topics, by name, as they were when the scrape began: one
-    /// created since is in the next scrape; one deleted since is passed
-    /// over.
+    /// The topics, in the order they were created, as they were when the
+    /// scrape began: one created since is in the next scrape; one deleted
+    /// since is passed over.
     topics: Vec<TopicId>,
     /// What is rendered next.
     at: Part,
@@ -350,7 +350,7 @@ pub struct Scrape {
 impl Scrape {
     /// A scrape of the broker's topics as they are now.
     pub fn new(broker: &Broker) -> Scrape {
-        Scrape { topics: broker.topics_by_name(), at: Part::Head }
+        Scrape { topics: broker.topics_by_id(), at: Part::Head }
     }
 
     /// Bytes the scrape holds while under way (its list of topics).

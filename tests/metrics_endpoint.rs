@@ -212,7 +212,8 @@ fn metrics_have_every_consumer_group_labelled() {
 
 /// With a turn's share of the exposition far smaller than one scrape, a
 /// scrape spans hundreds of turns and is still one valid exposition: every
-/// family whole, once, with every topic and group once, in name order;
+/// family whole, once, with every topic and group once, in the order the
+/// topics were created;
 /// the same over HTTP/1.0, whose body ends with the connection.
 #[test]
 fn a_scrape_rendered_a_slice_a_turn_is_whole_and_valid() {

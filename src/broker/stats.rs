@@ -78,10 +78,15 @@ pub struct GroupMetrics {
 }
 
 impl Broker {
-    /// Every topic, sorted by name: what a scrape of the metrics walks, a
-    /// slice at a time (a topic deleted meanwhile is passed over).
-    pub fn topics_by_name(&self) -> Vec<TopicId> {
-        self.topics.sorted("").into_iter().map(|e| e.id).collect()
+    /// Every topic, in the order they were created (their ids): what a
+    /// scrape of the metrics walks, a slice at a time (a topic deleted
+    /// meanwhile is passed over). Sorting ids costs a scrape little;
+    /// sorting 10,000 names, a few ms, which a hundred scrapes arriving
+    /// at once would spend in one turn.
+    pub fn topics_by_id(&self) -> Vec<TopicId> {
+        let mut ids: Vec<TopicId> = self.topics.iter().map(|e| e.id).collect();
+        ids.sort_unstable_by_key(|t| t.0);
+        ids
     }
 
     /// The numbers of each consumer group of topic `tid`, for metrics, by
