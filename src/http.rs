@@ -8,8 +8,9 @@
 //! the exposition a slice at a time (`metrics::Scrape`): a slice of at most
 //! `SCRAPE_SLICE_BYTES` is rendered only once the one before is written,
 //! and every scrape's slices together at most `metrics_bytes_per_turn_max`
-//! a turn; a scrape that has used the turn's share waits in `ready` for
-//! the next turn, first in line. So a scrape of many topics never holds the
+//! a turn (beginning a scrape, which lists the topics, counts as the bytes
+//! of its list); a scrape that has used the turn's share waits in `ready`
+//! for the next turn, first in line. So a scrape of many topics never holds the
 //! loop, and one whose peer does not read holds one slice, its list of
 //! topics and its request head. Those buffers count in the connections'
 //! buffers (`LoopStats::buffered_bytes`, bounded by `buffered_bytes_max`),
@@ -173,6 +174,9 @@ struct HttpConn {
     /// The scrape under way: what is left of the exposition to render once
     /// `out` is written.
     scrape: Option<Scrape>,
+    /// A scrape is asked for and not begun: it begins (listing the
+    /// topics) in a turn with some of its share left.
+    scrape_asked: bool,
     /// The scrape's body goes in HTTP/1.1 chunks.
     chunked: bool,
     /// Listed in the server's `ready`.
@@ -296,6 +300,7 @@ impl HttpServer {
                 timer,
                 answered: false,
                 scrape: None,
+                scrape_asked: false,
                 chunked: false,
                 listed: false,
                 counted_bytes: 0,
@@ -337,7 +342,7 @@ impl HttpServer {
                     response(503, TEXT_CONTENT_TYPE, why)
                 }
                 HttpRequest::Metrics { chunked } => {
-                    h.scrape = Some(Scrape::new(cx.src.broker));
+                    h.scrape_asked = true;
                     h.chunked = chunked;
                     metrics_head(chunked)
                 }
@@ -395,7 +400,9 @@ impl HttpServer {
             }
             h.out.clear();
             h.out_pos = 0;
-            let Some(scrape) = h.scrape.as_mut() else { break true };
+            if h.scrape.is_none() && !h.scrape_asked {
+                break true;
+            }
             if self.turn_bytes_left == 0 {
                 if !h.listed {
                     h.listed = true;
@@ -403,6 +410,16 @@ impl HttpServer {
                 }
                 break false;
             }
+            // Beginning lists every topic: it counts in the turn's share as
+            // the bytes of the list, so that a hundred scrapes asked for
+            // at once begin over a few turns.
+            if std::mem::take(&mut h.scrape_asked) {
+                let scrape = Scrape::new(cx.src.broker);
+                self.turn_bytes_left = self.turn_bytes_left.saturating_sub(scrape.held_bytes());
+                h.scrape = Some(scrape);
+                continue;
+            }
+            let Some(scrape) = h.scrape.as_mut() else { break true };
             self.slice.clear();
             scrape.render(&cx.src, &mut self.slice, SCRAPE_SLICE_BYTES.min(self.turn_bytes_left));
             self.turn_bytes_left = self.turn_bytes_left.saturating_sub(self.slice.len());
