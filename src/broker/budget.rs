@@ -128,8 +128,6 @@ impl Request<'_> {
             // A number set: what it lets through is pushed at the sync,
             // under the deliveries' budget.
             Request::Subscribe { .. } | Request::Credit { .. } => true,
-            // One topic's section and its groups'; every topic's is not.
-            Request::Stats { topic } => !topic.is_empty(),
             Request::Produce { .. }
             | Request::Fetch { .. }
             | Request::Ack { .. }
@@ -138,6 +136,9 @@ impl Request<'_> {
             | Request::AckProduce { .. }
             | Request::ListTopics
             | Request::ListGroups { .. } => false,
+            // Even one topic's: its groups' numbers cost each group's
+            // messages in flight, and each member of a broadcast group.
+            Request::Stats { .. } => false,
             // They move or remove up to every message of a topic or group.
             Request::DeleteTopic { .. }
             | Request::PurgeTopic { .. }
@@ -165,7 +166,7 @@ impl Broker {
             }
             Request::ListTopics => (self.topics.len() as u64, 0),
             Request::Stats { topic: "" } => (self.topics.len() as u64, 0),
-            Request::ListGroups { topic } => {
+            Request::Stats { topic } | Request::ListGroups { topic } => {
                 let groups = self.topics.id(topic).and_then(|t| self.topics.get(t)).map(|e| e.topic.groups().count());
                 (groups.unwrap_or(0) as u64, 0)
             }
