@@ -36,8 +36,11 @@
 //!   back).
 //!
 //! What it leaves out, on purpose: the read budget per turn
-//! (`read_bytes_per_turn_max`) — it moves turn boundaries, which legitimately
-//! changes STATS replies — the `bytes_in`/`bytes_out` counters, which
+//! (`read_bytes_per_turn_max`) and the turn's work budget
+//! (`work_items_per_turn_max`, `work_bytes_per_turn_max`, set out of reach)
+//! — they move turn boundaries, which legitimately changes STATS replies
+//! (tests/turn_budget.rs drives the work budget through `ConnState` and
+//! the broker instead) — the `bytes_in`/`bytes_out` counters, which
 //! depend on read sizes, the `buffered_bytes` count (masked when replies
 //! are compared: buffers grow with the reads), `recovery_ms` (zeroed: it
 //! is measured by the wall clock), the reactor's connection timeouts
@@ -99,6 +102,8 @@ pub fn small_limits() -> Limits {
         fetch_bytes_max: 256,
         fetch_wait_ms_max: 50,
         read_bytes_per_turn_max: 4096,
+        work_items_per_turn_max: u32::MAX,
+        work_bytes_per_turn_max: u32::MAX,
         // Limits added later keep their defaults.
         ..Limits::default()
     }

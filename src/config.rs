@@ -293,6 +293,9 @@ const SERVE_FLAGS: &[(&str, &str, &str)] = &[
     ("--fetch-wait-ms-max", "MS", "longest wait a FETCH may ask for"),
     ("--timers-max", "N", "most messages in flight or delayed, and parked FETCHes, over all topics"),
     ("--read-bytes-per-turn-max", "N", "most bytes read from one connection in one loop turn"),
+    ("--work-items-per-turn-max", "N", "most messages, ids and listed entries one loop turn's requests handle"),
+    ("--work-bytes-per-turn-max", "N", "most bytes of requests and replies one loop turn's requests handle"),
+    ("--metrics-bytes-per-turn-max", "N", "most bytes of the /metrics exposition rendered per loop turn"),
     ("--handshake-timeout-ms", "MS", "time a new connection has to send HELLO"),
     ("--idle-timeout-ms", "MS", "time a connection may stay silent; 0 for no limit"),
     ("--frame-timeout-ms", "MS", "time a frame may stay incomplete"),
@@ -482,7 +485,7 @@ fn log_flags(log: &mut LogOptions, a: &mut Args) -> Result<(), ArgsError> {
 /// Every limit's config key and value, as `--print-config` writes them.
 /// A limit's key is its field name with `-` for `_` (`set_limit` reads the
 /// same names as flags).
-fn limit_values(l: &Limits) -> [(&'static str, u64); 44] {
+fn limit_values(l: &Limits) -> [(&'static str, u64); 47] {
     [
         ("frame-bytes-max", u64::from(l.frame_bytes_max)),
         ("message-bytes-max", l.message_bytes_max.into()),
@@ -498,6 +501,9 @@ fn limit_values(l: &Limits) -> [(&'static str, u64); 44] {
         ("fetch-wait-ms-max", l.fetch_wait_ms_max.into()),
         ("timers-max", l.timers_max.into()),
         ("read-bytes-per-turn-max", l.read_bytes_per_turn_max.into()),
+        ("work-items-per-turn-max", l.work_items_per_turn_max.into()),
+        ("work-bytes-per-turn-max", l.work_bytes_per_turn_max.into()),
+        ("metrics-bytes-per-turn-max", l.metrics_bytes_per_turn_max.into()),
         ("handshake-timeout-ms", l.handshake_timeout_ms.into()),
         ("idle-timeout-ms", l.idle_timeout_ms.into()),
         ("frame-timeout-ms", l.frame_timeout_ms.into()),
@@ -556,6 +562,9 @@ fn set_limit(l: &mut Limits, args: &mut Args) -> Result<(), ArgsError> {
         fetch_wait_ms_max,
         timers_max,
         read_bytes_per_turn_max,
+        work_items_per_turn_max,
+        work_bytes_per_turn_max,
+        metrics_bytes_per_turn_max,
         handshake_timeout_ms,
         idle_timeout_ms,
         frame_timeout_ms,

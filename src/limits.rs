@@ -66,6 +66,29 @@ pub struct Limits {
     /// moves on to the others: fairness, so one fast producer cannot starve
     /// every other connection.
     pub read_bytes_per_turn_max: u32,
+    /// Most work items the requests of one loop turn do, over every
+    /// connection: messages produced and delivered, ids acknowledged,
+    /// NACKed or touched, topics and groups listed. Once a turn has done
+    /// this much (or `work_bytes_per_turn_max`), a request that can do more
+    /// than a little waits for the next turn, whose first served are the
+    /// connections left waiting, and a FETCH gets no more messages than
+    /// the turn has left (at least one). The deliveries at the turn's sync
+    /// (parked FETCHes answered, pushes) have as much again; the groups
+    /// they do not reach are served first at the next sync. So no load
+    /// holds the loop for long: a turn does at most this and one request
+    /// more, and a PING waits at most about two turns (bench W11).
+    pub work_items_per_turn_max: u32,
+    /// Most bytes of requests decoded and replies written by one loop
+    /// turn's requests, over every connection, and as much again for the
+    /// deliveries at its sync: `work_items_per_turn_max` in bytes, for
+    /// loads of few large messages.
+    pub work_bytes_per_turn_max: u32,
+    /// Most bytes of the `/metrics` exposition rendered in one loop turn,
+    /// over every scrape: a scrape of many topics is rendered a slice a
+    /// turn (formatting is some ten times the cost of copying a byte), so
+    /// that it never holds the loop, whatever the number of topics or of
+    /// scrapers.
+    pub metrics_bytes_per_turn_max: u32,
     /// Time a new connection has to complete HELLO. Bounds how long a
     /// connection that never speaks the protocol holds a slot.
     pub handshake_timeout_ms: u32,
@@ -246,6 +269,9 @@ impl Default for Limits {
             fetch_wait_ms_max: 300_000,
             timers_max: 10_000_000,
             read_bytes_per_turn_max: 1 << 20,
+            work_items_per_turn_max: 4096,
+            work_bytes_per_turn_max: 4 << 20,
+            metrics_bytes_per_turn_max: 256 << 10,
             handshake_timeout_ms: 10_000,
             idle_timeout_ms: 600_000,
             frame_timeout_ms: 30_000,
@@ -371,9 +397,7 @@ impl Limits {
         if self.timers_max == 0 {
             return Err("timers-max must be at least 1".into());
         }
-        if self.read_bytes_per_turn_max < 4096 {
-            return Err("read-bytes-per-turn-max must be at least 4096".into());
-        }
+        self.check_turn()?;
         if self.dedup_id_bytes_max == 0 || self.dedup_id_bytes_max > PROPS_BYTES_LIMIT {
             return Err(format!("dedup-id-bytes-max must be between 1 and {PROPS_BYTES_LIMIT}"));
         }
@@ -382,6 +406,20 @@ impl Limits {
         }
         if self.nack_reason_bytes_max > u32::from(u16::MAX) {
             return Err("nack-reason-bytes-max must be at most 65535 (its length is a u16)".into());
+        }
+        Ok(())
+    }
+
+    /// The limits of a loop turn's work.
+    fn check_turn(&self) -> Result<(), String> {
+        if self.read_bytes_per_turn_max < 4096 {
+            return Err("read-bytes-per-turn-max must be at least 4096".into());
+        }
+        if self.work_items_per_turn_max == 0 || self.work_bytes_per_turn_max == 0 {
+            return Err("work-items-per-turn-max and work-bytes-per-turn-max must be at least 1".into());
+        }
+        if self.metrics_bytes_per_turn_max < 1024 {
+            return Err("metrics-bytes-per-turn-max must be at least 1024 (a line of the exposition)".into());
         }
         Ok(())
     }
@@ -527,6 +565,13 @@ mod tests {
         let all = |n: u64| Limits { compiled_filters_bytes_max: n, ..Limits::default() };
         refused(all(u64::from(one) - 1), "compiled-filters-bytes-max");
         assert_eq!(all(u64::from(one)).check(), Ok(()));
+        refused(Limits { work_items_per_turn_max: 0, ..Limits::default() }, "work-items-per-turn-max");
+        refused(Limits { work_bytes_per_turn_max: 0, ..Limits::default() }, "work-bytes-per-turn-max");
+        refused(Limits { metrics_bytes_per_turn_max: 1023, ..Limits::default() }, "metrics-bytes-per-turn-max");
+        assert_eq!(
+            Limits { work_items_per_turn_max: 1, work_bytes_per_turn_max: 1, ..Limits::default() }.check(),
+            Ok(())
+        );
         // Every message of the largest FETCH reply may be a dead letter
         // with properties: their fields count, their bytes are in the budget.
         let d = Limits::default();

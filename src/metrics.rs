@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::broker::{Broker, GroupMetrics, LoopStats, Now, TopicMetrics};
+use crate::broker::{Broker, GroupMetrics, LoopStats, Now, TopicId, TopicMetrics};
 
 /// Upper bounds of the latency histogram buckets, in nanoseconds: 10 µs to
 /// 1 s, dense where a durable broker lives (an fdatasync takes 0.1–10 ms),
@@ -224,23 +224,224 @@ fn metric(out: &mut String, name: &str, kind: &str, help: &str, value: u64) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
 }
 
-/// A per-topic metric family: name, type, help, and how to read it.
-type Family = (&'static str, &'static str, &'static str, fn(&TopicMetrics) -> u64);
+/// What a scrape renders from: the broker and the loop as they stand in
+/// the turn at hand.
+pub struct Source<'a> {
+    pub broker: &'a Broker,
+    pub loops: &'a LoopStats,
+    pub lm: &'a LoopMetrics,
+    pub now: Now,
+}
 
-/// Renders every metric in the Prometheus text exposition format 0.0.4.
-pub fn render(broker: &Broker, loops: &LoopStats, lm: &LoopMetrics, now: Now) -> String {
+/// A sample's value: a count, or a time in ns (rendered in seconds).
+#[derive(Clone, Copy)]
+enum Value {
+    Count(u64),
+    Nanos(u64),
+}
+
+/// A per-topic metric family: name, type, help, and how to read it.
+type Family = (&'static str, &'static str, &'static str, fn(&TopicMetrics) -> Value);
+
+/// The per-topic families, one sample per topic in each.
+const TOPIC_FAMILIES: [Family; 14] = [
+    ("runnel_topic_ready_messages", "gauge", "Messages ready for delivery.", |t| Value::Count(t.ready)),
+    ("runnel_topic_inflight_messages", "gauge", "Messages delivered and not acknowledged.", |t| {
+        Value::Count(t.inflight)
+    }),
+    ("runnel_topic_delayed_messages", "gauge", "Messages NACKed with a delay.", |t| Value::Count(t.delayed)),
+    ("runnel_topic_dead_letter_messages", "gauge", "Messages in the topic's .dlq topic.", |t| {
+        Value::Count(t.dead_letter)
+    }),
+    ("runnel_topic_bytes", "gauge", "Payload and property bytes of unacknowledged messages.", |t| {
+        Value::Count(t.bytes)
+    }),
+    ("runnel_topic_tag_sets", "gauge", "Distinct tag sets among the messages.", |t| Value::Count(t.tag_sets)),
+    ("runnel_topic_produced_total", "counter", "Messages produced.", |t| Value::Count(t.counters.produced)),
+    ("runnel_topic_delivered_total", "counter", "Deliveries, redeliveries included.", |t| {
+        Value::Count(t.counters.delivered)
+    }),
+    ("runnel_topic_redelivered_total", "counter", "Deliveries after the first.", |t| {
+        Value::Count(t.counters.redelivered)
+    }),
+    ("runnel_topic_acked_total", "counter", "Messages acknowledged.", |t| Value::Count(t.counters.acked)),
+    ("runnel_topic_nacked_total", "counter", "Deliveries NACKed.", |t| Value::Count(t.counters.nacked)),
+    ("runnel_topic_expired_total", "counter", "Ack deadlines that passed.", |t| Value::Count(t.counters.expired)),
+    ("runnel_topic_dead_lettered_total", "counter", "Messages moved to the .dlq topic.", |t| {
+        Value::Count(t.counters.dead_lettered)
+    }),
+    (
+        "runnel_topic_oldest_unacked_age_seconds",
+        "gauge",
+        "Age of the oldest unacknowledged message (0 when none).",
+        |t| Value::Nanos(t.oldest_age_ms * 1_000_000),
+    ),
+];
+
+/// A per-group metric family: name, type, help, and how to read it.
+type GroupFamily = (&'static str, &'static str, &'static str, fn(&GroupMetrics) -> Value);
+
+/// The per-group families, one sample per consumer group in each,
+/// labelled with its topic and its name (empty for the default group).
+const GROUP_FAMILIES: [GroupFamily; 11] = [
+    ("runnel_group_lag_messages", "gauge", "Messages not yet delivered to the group.", |g| Value::Count(g.stats.lag)),
+    ("runnel_group_inflight_messages", "gauge", "Messages delivered and not acknowledged.", |g| {
+        Value::Count(g.stats.inflight)
+    }),
+    ("runnel_group_retry_messages", "gauge", "Messages waiting for redelivery.", |g| Value::Count(g.stats.retry)),
+    ("runnel_group_delayed_messages", "gauge", "Messages NACKed with a delay.", |g| Value::Count(g.stats.delayed)),
+    ("runnel_group_consumers", "gauge", "Connections consuming from the group.", |g| {
+        Value::Count(g.stats.consumers.into())
+    }),
+    ("runnel_group_dead_lettered_total", "counter", "Messages the group dead-lettered.", |g| {
+        Value::Count(g.stats.dead_lettered)
+    }),
+    ("runnel_group_delivered_total", "counter", "Deliveries, redeliveries included.", |g| {
+        Value::Count(g.counters.delivered)
+    }),
+    ("runnel_group_redelivered_total", "counter", "Deliveries after the first.", |g| {
+        Value::Count(g.counters.redelivered)
+    }),
+    ("runnel_group_acked_total", "counter", "Messages acknowledged.", |g| Value::Count(g.counters.acked)),
+    ("runnel_group_filtered_total", "counter", "Messages the group's tag filter passed over.", |g| {
+        Value::Count(g.counters.filtered)
+    }),
+    (
+        "runnel_group_oldest_unacked_age_seconds",
+        "gauge",
+        "Age of the oldest message in flight to the group (0 when none).",
+        |g| Value::Nanos(g.stats.oldest_unacked_age_ms * 1_000_000),
+    ),
+];
+
+/// Where a scrape is in the exposition: the parts are rendered in order,
+/// a slice at a time (`Scrape::render`), so that a scrape of many topics
+/// costs each loop turn no more than `metrics_bytes_per_turn_max` of
+/// formatting. A family is always whole, and each sample is read when it
+/// is rendered: a scrape that spans turns shows each series as it was in
+/// one turn, not every series as of the same turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    /// The broker's own numbers and the loop's histograms: a few KiB, in
+    /// one go.
+    Head,
+    /// The HELP and TYPE lines of per-topic family `.0`.
+    TopicFamily(usize),
+    /// Per-topic family `.0`'s sample of topic `.1` of the scrape's list.
+    Topic(usize, usize),
+    /// The HELP and TYPE lines of per-group family `.0`.
+    GroupFamily(usize),
+    /// Per-group family `.0`'s samples of the groups of topic `.1`.
+    Group(usize, usize),
+    Done,
+}
+
+/// A scrape under way.
+#[derive(Debug)]
+pub struct Scrape {
+    /// The topics, in the order they were created, as they were when the
+    /// scrape began: one created since is in the next scrape; one deleted
+    /// since is passed over.
+    topics: Vec<TopicId>,
+    /// What is rendered next.
+    at: Part,
+}
+
+impl Scrape {
+    /// A scrape of the broker's topics as they are now.
+    pub fn new(broker: &Broker) -> Scrape {
+        Scrape { topics: broker.topics_by_id(), at: Part::Head }
+    }
+
+    /// Bytes the scrape holds while under way (its list of topics).
+    pub fn held_bytes(&self) -> usize {
+        self.topics.capacity() * std::mem::size_of::<TopicId>()
+    }
+
+    /// Whether the whole exposition has been rendered.
+    pub fn done(&self) -> bool {
+        self.at == Part::Done
+    }
+
+    /// Renders the parts that follow into `out`, until it has grown by
+    /// `bytes_max` or more (one part may pass it: a line, or one topic's
+    /// groups), or the exposition is done.
+    pub fn render(&mut self, src: &Source<'_>, out: &mut String, bytes_max: usize) {
+        let start = out.len();
+        while out.len() - start < bytes_max && !self.done() {
+            self.at = self.render_part(src, out);
+        }
+    }
+
+    /// Renders the part at hand; returns the next.
+    fn render_part(&self, src: &Source<'_>, out: &mut String) -> Part {
+        match self.at {
+            Part::Head => {
+                render_head(out, src);
+                Part::TopicFamily(0)
+            }
+            Part::TopicFamily(f) if f == TOPIC_FAMILIES.len() => Part::GroupFamily(0),
+            Part::TopicFamily(f) => {
+                let (name, kind, help, _) = TOPIC_FAMILIES[f];
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+                Part::Topic(f, 0)
+            }
+            Part::Topic(f, i) if i == self.topics.len() => Part::TopicFamily(f + 1),
+            Part::Topic(f, i) => {
+                let (name, _, _, get) = TOPIC_FAMILIES[f];
+                if let Some(t) = src.broker.topic_metrics_of(self.topics[i], src.now) {
+                    sample(out, name, &format!("topic=\"{}\"", label(&t.name)), get(&t));
+                }
+                Part::Topic(f, i + 1)
+            }
+            Part::GroupFamily(f) if f == GROUP_FAMILIES.len() => Part::Done,
+            Part::GroupFamily(f) => {
+                let (name, kind, help, _) = GROUP_FAMILIES[f];
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+                Part::Group(f, 0)
+            }
+            Part::Group(f, i) if i == self.topics.len() => Part::GroupFamily(f + 1),
+            Part::Group(f, i) => {
+                let (name, _, _, get) = GROUP_FAMILIES[f];
+                for g in src.broker.group_metrics_of(self.topics[i], src.now) {
+                    sample(out, name, &group_labels(&g), get(&g));
+                }
+                Part::Group(f, i + 1)
+            }
+            Part::Done => Part::Done,
+        }
+    }
+}
+
+/// One sample line.
+fn sample(out: &mut String, name: &str, labels: &str, v: Value) {
+    let _ = match v {
+        Value::Count(n) => writeln!(out, "{name}{{{labels}}} {n}"),
+        Value::Nanos(ns) => writeln!(out, "{name}{{{labels}}} {}", seconds(ns)),
+    };
+}
+
+/// Renders every metric in the Prometheus text exposition format 0.0.4,
+/// at once (a scrape renders it a slice a turn: `Scrape`).
+pub fn render(src: &Source<'_>) -> String {
     let mut out = String::with_capacity(4096);
-    render_broker(&mut out, broker, loops);
-    lm.fsync.render(&mut out, "runnel_fsync_duration_seconds", "Write plus fdatasync of one turn's records.");
+    let mut scrape = Scrape::new(src.broker);
+    scrape.render(src, &mut out, usize::MAX);
+    out
+}
+
+/// The head of the exposition: the broker's own numbers, then the loop's
+/// histograms.
+fn render_head(out: &mut String, src: &Source<'_>) {
+    let lm = src.lm;
+    render_broker(out, src.broker, src.loops);
+    lm.fsync.render(out, "runnel_fsync_duration_seconds", "Write plus fdatasync of one turn's records.");
     lm.produce_ack.render(
-        &mut out,
+        out,
         "runnel_produce_ack_latency_seconds",
         "From the turn a PRODUCE was read in to its acknowledgement (after the sync, or the write for a written one).",
     );
-    lm.render_turns(&mut out);
-    render_topics(&mut out, &broker.topic_metrics(now));
-    render_groups(&mut out, &broker.group_metrics(now));
-    out
+    lm.render_turns(out);
 }
 
 /// The broker's own gauges and counters: connections, the loop, the log.
@@ -265,6 +466,13 @@ fn render_broker(out: &mut String, broker: &Broker, loops: &LoopStats) {
         "Requests answered BUSY because the connection buffers were full, or a FETCH because timers_max was reached.",
         s.busy_replies,
     );
+    metric(
+        out,
+        "runnel_loop_turns_over_budget_total",
+        "counter",
+        "Turns whose requests, or whose deliveries, used up their work budget and left the rest for the next turn.",
+        broker.turns_over_budget(),
+    );
     metric(out, "runnel_fsyncs_total", "counter", "fdatasync calls on the commit log.", log.stats.fsyncs);
     metric(out, "runnel_log_bytes", "gauge", "Bytes in the commit log's segments.", log.bytes());
     metric(out, "runnel_log_segments", "gauge", "Segment files of the commit log.", log.segments().len() as u64);
@@ -276,72 +484,6 @@ fn render_broker(out: &mut String, broker: &Broker, loops: &LoopStats) {
         "# HELP runnel_recovery_seconds Time the last start took to replay the log.\n# TYPE runnel_recovery_seconds gauge\nrunnel_recovery_seconds {}",
         seconds(s.recovery_ms * 1_000_000)
     );
-}
-
-/// The per-topic families, one sample per topic in each.
-fn render_topics(out: &mut String, topics: &[TopicMetrics]) {
-    let families: [Family; 13] = [
-        ("runnel_topic_ready_messages", "gauge", "Messages ready for delivery.", |t| t.ready),
-        ("runnel_topic_inflight_messages", "gauge", "Messages delivered and not acknowledged.", |t| t.inflight),
-        ("runnel_topic_delayed_messages", "gauge", "Messages NACKed with a delay.", |t| t.delayed),
-        ("runnel_topic_dead_letter_messages", "gauge", "Messages in the topic's .dlq topic.", |t| t.dead_letter),
-        ("runnel_topic_bytes", "gauge", "Payload and property bytes of unacknowledged messages.", |t| t.bytes),
-        ("runnel_topic_tag_sets", "gauge", "Distinct tag sets among the messages.", |t| t.tag_sets),
-        ("runnel_topic_produced_total", "counter", "Messages produced.", |t| t.counters.produced),
-        ("runnel_topic_delivered_total", "counter", "Deliveries, redeliveries included.", |t| t.counters.delivered),
-        ("runnel_topic_redelivered_total", "counter", "Deliveries after the first.", |t| t.counters.redelivered),
-        ("runnel_topic_acked_total", "counter", "Messages acknowledged.", |t| t.counters.acked),
-        ("runnel_topic_nacked_total", "counter", "Deliveries NACKed.", |t| t.counters.nacked),
-        ("runnel_topic_expired_total", "counter", "Ack deadlines that passed.", |t| t.counters.expired),
-        ("runnel_topic_dead_lettered_total", "counter", "Messages moved to the .dlq topic.", |t| {
-            t.counters.dead_lettered
-        }),
-    ];
-    for (name, kind, help, get) in families {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for t in topics {
-            let _ = writeln!(out, "{name}{{topic=\"{}\"}} {}", label(&t.name), get(t));
-        }
-    }
-    let name = "runnel_topic_oldest_unacked_age_seconds";
-    let _ = writeln!(out, "# HELP {name} Age of the oldest unacknowledged message (0 when none).\n# TYPE {name} gauge");
-    for t in topics {
-        let _ = writeln!(out, "{name}{{topic=\"{}\"}} {}", label(&t.name), seconds(t.oldest_age_ms * 1_000_000));
-    }
-}
-
-/// A per-group metric family: name, type, help, and how to read it.
-type GroupFamily = (&'static str, &'static str, &'static str, fn(&GroupMetrics) -> u64);
-
-/// The per-group families, one sample per consumer group in each, labelled
-/// with its topic and its name (empty for the default group).
-fn render_groups(out: &mut String, groups: &[GroupMetrics]) {
-    let families: [GroupFamily; 10] = [
-        ("runnel_group_lag_messages", "gauge", "Messages not yet delivered to the group.", |g| g.stats.lag),
-        ("runnel_group_inflight_messages", "gauge", "Messages delivered and not acknowledged.", |g| g.stats.inflight),
-        ("runnel_group_retry_messages", "gauge", "Messages waiting for redelivery.", |g| g.stats.retry),
-        ("runnel_group_delayed_messages", "gauge", "Messages NACKed with a delay.", |g| g.stats.delayed),
-        ("runnel_group_consumers", "gauge", "Connections consuming from the group.", |g| g.stats.consumers.into()),
-        ("runnel_group_dead_lettered_total", "counter", "Messages the group dead-lettered.", |g| g.stats.dead_lettered),
-        ("runnel_group_delivered_total", "counter", "Deliveries, redeliveries included.", |g| g.counters.delivered),
-        ("runnel_group_redelivered_total", "counter", "Deliveries after the first.", |g| g.counters.redelivered),
-        ("runnel_group_acked_total", "counter", "Messages acknowledged.", |g| g.counters.acked),
-        ("runnel_group_filtered_total", "counter", "Messages the group's tag filter passed over.", |g| {
-            g.counters.filtered
-        }),
-    ];
-    for (name, kind, help, get) in families {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for g in groups {
-            let _ = writeln!(out, "{name}{{{}}} {}", group_labels(g), get(g));
-        }
-    }
-    let name = "runnel_group_oldest_unacked_age_seconds";
-    let help = "Age of the oldest message in flight to the group (0 when none).";
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-    for g in groups {
-        let _ = writeln!(out, "{name}{{{}}} {}", group_labels(g), seconds(g.stats.oldest_unacked_age_ms * 1_000_000));
-    }
 }
 
 /// A group's labels: its topic and its name.

@@ -8,13 +8,17 @@
 //!    connection still has input to serve from last turn, none when idle);
 //! 2. **read the clock** once: every deadline and born time of the turn
 //!    uses this `now`, so the turn is one instant;
-//! 3. **handle readiness**: accept until WouldBlock; read each readable
-//!    connection until WouldBlock (or its fair share), decode every complete
-//!    frame and hand it to the broker, whose replies go to the connection's
-//!    output buffer — except replies that must wait for the log, which the
-//!    broker holds; if one of those waits for an `fdatasync`, poll once
-//!    more without waiting and serve what arrived meanwhile the same way,
-//!    so that it shares the turn's sync (`Reactor::serve_late`);
+//! 3. **handle readiness**: first the connections the last turn left with
+//!    input to serve, in the order it left them; then accept until
+//!    WouldBlock; read each readable connection until WouldBlock (or its
+//!    fair share), decode every complete frame and hand it to the broker,
+//!    whose replies go to the connection's output buffer — except replies
+//!    that must wait for the log, which the broker holds; once the turn's
+//!    work budget is spent (`broker/budget.rs`), a request that can do
+//!    more than a little is left, with its connection's input, for the
+//!    next turn; if a held reply waits for an `fdatasync`, poll once more
+//!    without waiting and serve what arrived meanwhile the same way, so
+//!    that it shares the turn's sync (`Reactor::serve_late`);
 //! 4. **advance the timing wheel**: ack deadlines, NACK delays and long-poll
 //!    waits that passed;
 //! 5. **write**: a step of compaction: a slice of copies appended (at
@@ -29,8 +33,10 @@
 //!    a sync that is not theirs;
 //! 7. **sync**: one `fdatasync` of what step 5 wrote (group commit),
 //!    if anything waits on it; then the turn's new messages become visible and
-//!    go to parked FETCHes, then the held replies are sent (deliveries
-//!    first: they are what end-to-end latency waits for);
+//!    go to parked FETCHes and subscribers while the deliveries' budget
+//!    lasts (the groups put off by an earlier turn first), then the held
+//!    replies are sent (deliveries first: they are what end-to-end
+//!    latency waits for);
 //! 8. **flush**: one write per connection with output; WRITABLE interest
 //!    only while output is left over;
 //! 9. **close** the connections that ended;
@@ -96,7 +102,7 @@ use crate::broker::{Broker, ConnKey, LoopStats, Now, Written};
 use crate::codec::{self, ErrorCode};
 use crate::config::ServeConfig;
 use crate::conn::{ConnState, FULL_HOLDING_BYTES_MAX, Serve, Step};
-use crate::http::{HttpKey, HttpServer, LoopParts};
+use crate::http::{HttpKey, HttpServer, LoopParts, Scraping};
 use crate::limits::Limits;
 use crate::log::OpenError;
 use crate::metrics::{self, LoopMetrics, PhaseNanos};
@@ -413,8 +419,11 @@ impl Reactor {
         Ok(())
     }
 
-    /// Step 3: accepts, reads and serves every ready socket, then the
-    /// connections the last turn left with input to serve.
+    /// Step 3: serves the connections the last turn left with input to
+    /// serve, in the order it left them, then accepts, reads and serves
+    /// every ready socket. Those left waiting come first, so that what the
+    /// turn's work budget put off (`broker/budget.rs`) is served before
+    /// anything newer, and no connection starves behind new arrivals.
     fn handle_readiness(&mut self, events: &Events, now: Now) {
         // Swapped with a spare list, so neither is reallocated each turn; the
         // turn may mark connections hot again for the next one.
@@ -424,11 +433,12 @@ impl Reactor {
                 c.hot = false;
             }
         }
-        for event in events.iter() {
-            self.dispatch(event, now);
-        }
+        self.with_http(now, |http, lp, cx| http.begin_turn(lp, cx));
         for &key in &hot {
             self.serve(key, now);
+        }
+        for event in events.iter() {
+            self.dispatch(event, now);
         }
         hot.clear();
         self.hot_spare = hot;
@@ -500,7 +510,8 @@ impl Reactor {
     }
 
     fn poll_timeout(&self) -> Option<Duration> {
-        if !self.hot.is_empty() || self.broker.busy() || self.stop.load(Ordering::SeqCst) {
+        let scraping = self.http.as_ref().is_some_and(HttpServer::has_ready);
+        if !self.hot.is_empty() || scraping || self.broker.busy() || self.stop.load(Ordering::SeqCst) {
             return Some(Duration::ZERO);
         }
         let deadline_ms = match (self.broker.next_deadline_ms(), self.timers.next_deadline_ms()) {
@@ -818,20 +829,35 @@ impl Reactor {
     // registry and the timers for each call.
     // -----------------------------------------------------------------------
 
-    fn accept_http(&mut self, now: Now) {
+    /// Calls `f` with the metrics listener, the parts of the loop it is
+    /// lent and what a scrape renders from.
+    fn with_http(&mut self, now: Now, f: impl FnOnce(&mut HttpServer, LoopParts<'_, Timed>, &Scraping<'_>)) {
         let Some(http) = self.http.as_mut() else { return };
-        http.accept(LoopParts { registry: self.poll.registry(), timers: &mut self.timers }, now.mono_ms);
+        // A copy: the scrape reads the counters the call may change.
+        let loops = self.loops;
+        let full = self.broker.buffers_full(loops.buffered_bytes);
+        let cx = Scraping {
+            src: metrics::Source { broker: &self.broker, loops: &loops, lm: &self.loop_metrics, now },
+            full,
+        };
+        let lp = LoopParts {
+            registry: self.poll.registry(),
+            timers: &mut self.timers,
+            buffered: &mut self.loops.buffered_bytes,
+        };
+        f(http, lp, &cx);
+    }
+
+    fn accept_http(&mut self, now: Now) {
+        self.with_http(now, |http, lp, _| http.accept(lp, now.mono_ms));
     }
 
     fn serve_http(&mut self, key: HttpKey, now: Now) {
-        let Some(http) = self.http.as_mut() else { return };
-        let lp = LoopParts { registry: self.poll.registry(), timers: &mut self.timers };
-        http.serve(key, lp, || metrics::render(&self.broker, &self.loops, &self.loop_metrics, now));
+        self.with_http(now, |http, lp, cx| http.serve(key, lp, cx));
     }
 
-    fn http_timeout(&mut self, key: HttpKey) {
-        let Some(http) = self.http.as_mut() else { return };
-        http.timeout(key, LoopParts { registry: self.poll.registry(), timers: &mut self.timers });
+    fn http_timeout(&mut self, key: HttpKey, now: Now) {
+        self.with_http(now, |http, lp, cx| http.timeout(key, lp, cx));
     }
 
     fn close_ended(&mut self) {
@@ -862,9 +888,7 @@ impl Reactor {
             self.end(key, "shutdown");
         }
         self.close_ended();
-        if let Some(http) = self.http.as_mut() {
-            http.close_all(LoopParts { registry: self.poll.registry(), timers: &mut self.timers });
-        }
+        self.with_http(now, |http, lp, _| http.close_all(lp));
     }
 }
 

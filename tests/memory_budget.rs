@@ -283,6 +283,73 @@ fn peers_that_never_read_cannot_take_the_brokers_memory() {
     assert_eq!(got.len(), 1);
 }
 
+/// Scrapers of `/metrics` that send their request and never read: each
+/// holds one slice of the exposition, its list of topics and its request
+/// head, counted in the connections' buffers (STATS `buffered_bytes`, the
+/// exposition's `runnel_buffered_bytes`), however large the exposition;
+/// the broker's resident memory grows by little (with the whole exposition
+/// rendered for each, by some 400 MiB); a PING on another connection is
+/// answered while they hang, and a scrape that reads gets the exposition
+/// whole.
+#[test]
+fn scrapers_that_never_read_hold_one_slice_each_in_the_counted_buffers() {
+    const MIB: u64 = 1 << 20;
+    const TOPICS: usize = 9_000;
+    const SCRAPERS: usize = 40;
+    let dir = TempDir::new("scrapers");
+    let metrics_port = TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let metrics: SocketAddr = format!("127.0.0.1:{metrics_port}").parse().expect("addr");
+    let args: Vec<String> = ["--fsync", "never", "--metrics", &metrics.to_string()].map(String::from).to_vec();
+    let broker = spawn_broker(&dir.path().join("data"), &args);
+    let pid = broker.child.id();
+    let mut c = Client::connect(broker.addr).expect("connect");
+    c.set_timeout(Some(PATIENCE)).expect("timeout");
+    // Some 10 MiB of exposition: more than a socket's buffers take.
+    create_topics(&mut c, TOPICS);
+    let rss_before = proc_status_bytes(pid, "VmRSS");
+    let counted_before = broker_stat(&mut c, "topic-0000", "buffered_bytes");
+
+    let mut scrapers = Vec::new();
+    for _ in 0..SCRAPERS {
+        let mut s = TcpStream::connect(metrics).expect("connect to /metrics");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").expect("GET");
+        scrapers.push(s);
+    }
+    // Each scrape holds its list of topics while it is under way.
+    let listed = (SCRAPERS * TOPICS * 4) as u64;
+    wait_until("the scrapes to be counted in the buffers", || {
+        broker_stat(&mut c, "topic-0000", "buffered_bytes") >= counted_before + listed
+    });
+    // And they go no further once their sockets take no more: a slice
+    // each, its list and its request head at most.
+    let held_max = (SCRAPERS * (2 * runnel::http::SCRAPE_SLICE_BYTES + TOPICS * 4 + (16 << 10))) as u64;
+    let mut counted = 0;
+    for _ in 0..50 {
+        c.ping().expect("PING while the scrapers hang");
+        counted = broker_stat(&mut c, "topic-0000", "buffered_bytes");
+        assert!(counted <= counted_before + held_max, "buffered_bytes {counted}, over {held_max} for the scrapes");
+    }
+    let rss_grown = proc_status_bytes(pid, "VmRSS").saturating_sub(rss_before);
+    println!("scrapers hanging: buffered_bytes {counted}, RSS grew {rss_grown} bytes");
+    assert!(rss_grown <= held_max + 32 * MIB, "the broker's RSS grew by {rss_grown} bytes under {SCRAPERS} scrapers");
+
+    // A scrape that reads gets all of it, and the gauge counts the others.
+    let mut reader = TcpStream::connect(metrics).expect("connect to /metrics");
+    reader.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+    reader.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").expect("GET");
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut reader, &mut text).expect("the whole scrape");
+    let last = format!("runnel_topic_ready_messages{{topic=\"topic-{:04}\"}} 0\n", TOPICS - 1);
+    assert!(text.starts_with("HTTP/1.1 200 OK") && text.contains(&last), "{}", &text[..text.len().min(300)]);
+    let gauge: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("runnel_buffered_bytes "))
+        .and_then(|v| v.parse().ok())
+        .expect("runnel_buffered_bytes");
+    assert!(gauge >= counted_before + listed, "runnel_buffered_bytes {gauge} does not count the scrapes");
+    drop(scrapers);
+}
+
 /// A client alone, pipelining large requests as fast as it can, is never
 /// answered BUSY under the default limits: `Limits::check` makes the budget
 /// hold everything one connection can.

@@ -37,13 +37,31 @@ fn http(srv: &Server, request: &[u8]) -> (u16, String) {
     let text = String::from_utf8(resp).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").expect("a whole response");
     let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status");
-    let length: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("Content-Length: "))
-        .and_then(|v| v.parse().ok())
-        .expect("content length");
-    assert_eq!(body.len(), length, "body length matches Content-Length");
+    if head.lines().any(|l| l == "Transfer-Encoding: chunked") {
+        return (status, dechunk(body));
+    }
+    let Some(length) = head.lines().find_map(|l| l.strip_prefix("Content-Length: ")) else {
+        // An HTTP/1.0 scrape: the body is what came before the close.
+        assert!(String::from_utf8_lossy(request).contains("HTTP/1.0"), "no length: {head}");
+        return (status, body.to_string());
+    };
+    assert_eq!(body.len(), length.parse::<usize>().expect("length"), "body length matches Content-Length");
     (status, body.to_string())
+}
+
+/// The body of a chunked response, checked to end with its last chunk.
+fn dechunk(mut rest: &str) -> String {
+    let mut body = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n").expect("a chunk size line");
+        let size = usize::from_str_radix(size, 16).expect("a hex chunk size");
+        if size == 0 {
+            assert_eq!(after, "\r\n", "the last chunk ends the body");
+            return body;
+        }
+        body.push_str(&after[..size]);
+        rest = after[size..].strip_prefix("\r\n").expect("CRLF after a chunk");
+    }
 }
 
 /// One sample of the exposition format: name, labels, value.
@@ -190,6 +208,39 @@ fn metrics_have_every_consumer_group_labelled() {
     assert_eq!(types.get("runnel_group_redelivered_total").map(String::as_str), Some("counter"));
     assert_eq!(types.get("runnel_group_delayed_messages").map(String::as_str), Some("gauge"));
     assert_eq!(types.get("runnel_group_dead_lettered_total").map(String::as_str), Some("counter"));
+}
+
+/// With a turn's share of the exposition far smaller than one scrape, a
+/// scrape spans hundreds of turns and is still one valid exposition: every
+/// family whole, once, with every topic and group once, in the order the
+/// topics were created;
+/// the same over HTTP/1.0, whose body ends with the connection.
+#[test]
+fn a_scrape_rendered_a_slice_a_turn_is_whole_and_valid() {
+    const TOPICS: usize = 300;
+    let dir = TempDir::new("metrics-slices");
+    let srv = with_metrics(&["--metrics-bytes-per-turn-max=1024"], &dir);
+    let mut c = srv.client_v2();
+    let names: Vec<String> = (0..TOPICS).map(|i| format!("topic-{i:03}")).collect();
+    for name in &names {
+        c.produce(name, b"m").unwrap();
+        c.fetch_group(name, "g", Fetch { max_messages: 1, ..Fetch::default() }).unwrap();
+    }
+    for request in [&b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"[..], b"GET /metrics HTTP/1.0\r\n\r\n"] {
+        let (status, body) = http(&srv, request);
+        assert_eq!(status, 200);
+        assert!(body.len() > 100 * 1024, "{} bytes: not many slices", body.len());
+        let (_, samples) = parse_exposition(&body);
+        for family in ["runnel_topic_ready_messages", "runnel_group_inflight_messages"] {
+            let topics: Vec<&str> = samples
+                .iter()
+                .filter(|s| s.0 == family)
+                .filter_map(|s| s.1.iter().find(|(k, _)| k == "topic").map(|(_, v)| v.as_str()))
+                .collect();
+            assert_eq!(topics, names.iter().map(String::as_str).collect::<Vec<_>>(), "{family}");
+        }
+        assert_eq!(group_value(&samples, "runnel_group_inflight_messages", "topic-299", "g"), 1.0);
+    }
 }
 
 #[test]

@@ -284,7 +284,7 @@ fn limits_table_matches_the_defaults() {
     let heading = "## Limits";
     let rows = table_rows(&doc, heading);
     let d = Limits::default();
-    let limits: [(&str, u64); 42] = [
+    let limits: [(&str, u64); 45] = [
         ("frame_bytes_max", d.frame_bytes_max.into()),
         ("message_bytes_max", d.message_bytes_max.into()),
         ("batch_messages_max", d.batch_messages_max.into()),
@@ -299,6 +299,9 @@ fn limits_table_matches_the_defaults() {
         ("fetch_wait_ms_max", d.fetch_wait_ms_max.into()),
         ("timers_max", d.timers_max.into()),
         ("read_bytes_per_turn_max", d.read_bytes_per_turn_max.into()),
+        ("work_items_per_turn_max", d.work_items_per_turn_max.into()),
+        ("work_bytes_per_turn_max", d.work_bytes_per_turn_max.into()),
+        ("metrics_bytes_per_turn_max", d.metrics_bytes_per_turn_max.into()),
         ("handshake_timeout_ms", d.handshake_timeout_ms.into()),
         ("idle_timeout_ms", d.idle_timeout_ms.into()),
         ("frame_timeout_ms", d.frame_timeout_ms.into()),

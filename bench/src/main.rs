@@ -20,6 +20,7 @@ mod report;
 mod runnel_conn;
 mod server;
 mod stages;
+mod stalls;
 mod sys;
 mod tracker;
 mod wire;
@@ -52,7 +53,8 @@ usage:
                    W4 work queue, W5 backlog, W6 fan-out to consumer
                    groups, W7 scheduled delivery lateness, W8 ordered
                    by key, W9 two-stage pipeline, W10 latency during
-                   a replay from the log files, W3C latency
+                   a replay from the log files, W11 a PING's wait
+                   beside loads that can hold the loop, W3C latency
                    while the log is rewritten, W3S
                    runnel's --spin-us, W3B latency with a busy-polling
                    client (its core 100% busy), R1 recovery of a 1 GiB

@@ -25,14 +25,29 @@ pub fn args() -> Vec<String> {
     vec!["--metrics".into(), format!("127.0.0.1:{port}")]
 }
 
-/// The cumulative counts of histogram `name`, by upper bound (s).
-pub fn histogram(name: &str) -> Result<Vec<(f64, u64)>, String> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], PORT.load(Ordering::Relaxed)));
+/// Where runnel serves `/metrics` (after `args`).
+pub fn addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], PORT.load(Ordering::Relaxed)))
+}
+
+/// One whole scrape of `/metrics`: the exposition, without the response's
+/// head (an HTTP/1.0 request, so the body ends with the connection).
+pub fn scrape() -> Result<String, String> {
+    let addr = addr();
     let mut s = TcpStream::connect(addr).map_err(|e| format!("runnel /metrics at {addr}: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| format!("/metrics: {e}"))?;
     s.write_all(b"GET /metrics HTTP/1.0\r\nHost: runnel\r\n\r\n").map_err(|e| format!("/metrics: {e}"))?;
     let mut text = String::new();
     s.read_to_string(&mut text).map_err(|e| format!("/metrics: {e}"))?;
+    match text.split_once("\r\n\r\n") {
+        Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_string()),
+        _ => Err(format!("/metrics answered {:?}", text.lines().next().unwrap_or(""))),
+    }
+}
+
+/// The cumulative counts of histogram `name`, by upper bound (s).
+pub fn histogram(name: &str) -> Result<Vec<(f64, u64)>, String> {
+    let text = scrape()?;
     let prefix = format!("{name}_bucket{{le=\"");
     let mut out = Vec::new();
     for line in text.lines().filter_map(|l| l.strip_prefix(prefix.as_str())) {

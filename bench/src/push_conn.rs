@@ -89,6 +89,17 @@ impl PushConsumer {
     /// Connects, says HELLO for version 3, and SUBSCRIBEs to the default
     /// group of `topic` with `credit`.
     pub fn connect(addr: SocketAddr, topic: &str, credit: u32) -> Result<PushConsumer, String> {
+        let mut c = PushConsumer::greet(addr, topic)?;
+        c.send_subscribe(credit)?;
+        c.await_subscribed()?;
+        Ok(c)
+    }
+
+    /// Connects and says HELLO for version 3, subscribing to nothing yet:
+    /// many subscribers greeted first can then SUBSCRIBE at the same moment
+    /// (`send_subscribe` on each, then `await_subscribed`), so that the
+    /// broker pushes to all of them in one turn (W11).
+    pub fn greet(addr: SocketAddr, topic: &str) -> Result<PushConsumer, String> {
         let mut c = PushConsumer {
             wire: Wire::connect(addr, "runnel push")?,
             topic: topic.to_string(),
@@ -102,10 +113,23 @@ impl PushConsumer {
             Reply::Hello { version, .. } if version == v => {}
             other => return Err(format!("runnel at {addr}: no push subscriptions (HELLO: {other:?})")),
         }
-        let sub = Request::Subscribe { topic, group: "", credit, ack_timeout_ms: 0 };
-        match c.call(&sub, v)? {
-            Reply::Subscribed { .. } => Ok(c),
-            other => Err(format!("runnel SUBSCRIBE {topic}: {other:?}")),
+        Ok(c)
+    }
+
+    /// Writes a SUBSCRIBE to the default group of the topic with `credit`.
+    pub fn send_subscribe(&mut self, credit: u32) -> Result<(), String> {
+        let sub = Request::Subscribe { topic: &self.topic, group: "", credit, ack_timeout_ms: 0 };
+        codec::encode_request(&mut self.wire.out, self.next_id, &sub, codec::SINCE_PUSH);
+        self.next_id = self.next_id.wrapping_add(1);
+        self.wire.flush()
+    }
+
+    /// Waits for the SUBSCRIBE's reply (what is pushed after it stays in
+    /// the buffer for `next`).
+    pub fn await_subscribed(&mut self) -> Result<(), String> {
+        match self.reply()? {
+            Reply::Subscribed { .. } => Ok(()),
+            other => Err(format!("runnel SUBSCRIBE {}: {other:?}", self.topic)),
         }
     }
 
@@ -115,6 +139,11 @@ impl PushConsumer {
         codec::encode_request(&mut self.wire.out, self.next_id, req, version);
         self.next_id = self.next_id.wrapping_add(1);
         self.wire.flush()?;
+        self.reply()
+    }
+
+    /// Waits for the next frame, a reply before the subscription starts.
+    fn reply(&mut self) -> Result<Reply<'static>, String> {
         loop {
             if let Decoded::Frame(f, n) = codec::decode_reply(self.wire.input(), REPLY_BYTES_MAX)? {
                 let reply = match f.reply {

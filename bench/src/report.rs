@@ -55,7 +55,7 @@ pub struct Report {
     pub skipped: Vec<String>,
 }
 
-const WORKLOADS: [(&str, &str); 14] = [
+const WORKLOADS: [(&str, &str); 15] = [
     ("W1", "W1: produce throughput (1 connection, closed loop)"),
     ("W2", "W2: fan-in (many connections, depth 1)"),
     ("W3", "W3: end-to-end latency, open loop"),
@@ -72,6 +72,7 @@ const WORKLOADS: [(&str, &str); 14] = [
         "W9: a two-stage pipeline, forwarding with ACK_PRODUCE or with PRODUCE then ACK (runnel only; msgs/s through both stages)",
     ),
     ("W10", "W10: end-to-end latency while a group replays a retained topic from the log files (runnel only, durable)"),
+    ("W11", "W11: a PING's wait beside loads that can hold the loop (runnel only, log no sync)"),
     ("W3C", "W3C: end-to-end latency while the log is rewritten (durable)"),
     ("W3S", "W3S: end-to-end latency with runnel's --spin-us (log, no sync)"),
     ("W3B", "W3B: end-to-end latency with a busy-polling client (memory only; the client core is 100% busy)"),

@@ -28,6 +28,7 @@
 //!   message scheduled 1 s ahead (runnel's `delay_ms`, beanstalkd's `put`
 //!   delay; Redis Streams has none), so as many fall due per second; the
 //!   latency is the lateness, delivery time minus due time.
+//! - W11: a PING probe beside loads that can hold the loop (`stalls`).
 //! - R1: recovery: fill a durable runnel with a large log, restart it
 //!   (page cache warm, then dropped), time until it answers a PING.
 
@@ -44,6 +45,7 @@ use crate::replay;
 use crate::runnel_conn;
 use crate::server::{Durability, Kind, Server};
 use crate::stages;
+use crate::stalls;
 use crate::sys;
 use crate::tracker::{self, Seen, Verify};
 
@@ -93,6 +95,8 @@ pub struct Scale {
     pub push_credit: u32,
     /// W1's runnel producers give every message a dedup id (`--dedup`).
     pub dedup: bool,
+    /// W11: the loads beside the PING probe.
+    pub w11: stalls::Sizes,
 }
 
 impl Scale {
@@ -120,6 +124,7 @@ impl Scale {
                 r1_fill_time_max: Duration::from_secs(10),
                 push_credit: FETCH_MAX,
                 dedup: false,
+                w11: stalls::Sizes::new(quick),
             }
         } else {
             Scale {
@@ -144,6 +149,7 @@ impl Scale {
                 r1_fill_time_max: Duration::from_secs(120),
                 push_credit: FETCH_MAX,
                 dedup: false,
+                w11: stalls::Sizes::new(quick),
             }
         }
     }
@@ -237,6 +243,10 @@ pub enum Config {
     /// W3 at `replay::W10_RATE` while a group replays a retained topic
     /// from the log files.
     W10,
+    /// A PING probe beside a load that can hold the loop.
+    W11 {
+        load: stalls::Load,
+    },
     /// Recovery of a durable log of `log_bytes` after a restart.
     R1 {
         log_bytes: u64,
@@ -278,8 +288,8 @@ const W3B_SPIN_US: u32 = 200;
 /// unit of beanstalkd's `put` delay.
 const W7_DELAY_MS: u64 = 1_000;
 /// All the workload ids, in the order they run.
-pub const WORKLOADS: [&str; 14] =
-    ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W3C", "W3S", "W3B", "R1"];
+pub const WORKLOADS: [&str; 15] =
+    ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11", "W3C", "W3S", "W3B", "R1"];
 
 impl Config {
     pub fn workload(&self) -> &'static str {
@@ -294,6 +304,7 @@ impl Config {
             Config::W8 { .. } => "W8",
             Config::W9 { .. } => "W9",
             Config::W10 => "W10",
+            Config::W11 { .. } => "W11",
             Config::W3Compact { .. } => "W3C",
             Config::W3Spin { .. } => "W3S",
             Config::W3Busy { .. } => "W3B",
@@ -341,6 +352,7 @@ impl Config {
             "W8" => [0, 1, 100, 10_000].map(|keys| Config::W8 { keys }).to_vec(),
             "W9" => [false, true].map(|atomic| Config::W9 { atomic }).to_vec(),
             "W10" => vec![Config::W10],
+            "W11" => stalls::Load::ALL.map(|load| Config::W11 { load }).to_vec(),
             "W3C" => vec![Config::W3Compact { rate: 10_000 }],
             "W3S" => {
                 let mut v = Vec::new();
@@ -379,9 +391,12 @@ impl Config {
         match self {
             Config::W1 { produce: Produce::Batch(_), .. } => kind.speaks_runnel(),
             // Ordered groups and ACK_PRODUCE are runnel's.
-            Config::W3Spin { .. } | Config::R1 { .. } | Config::W8 { .. } | Config::W9 { .. } | Config::W10 => {
-                kind == Kind::Runnel
-            }
+            Config::W3Spin { .. }
+            | Config::R1 { .. }
+            | Config::W8 { .. }
+            | Config::W9 { .. }
+            | Config::W10
+            | Config::W11 { .. } => kind == Kind::Runnel,
             // With groups: runnel's and Redis Streams' (beanstalkd has none).
             Config::W5 { groups } => kind != Kind::Floor && (*groups == 0 || kind != Kind::Beanstalkd),
             // Only runnel filters by tag; the floor has no groups.
@@ -439,8 +454,9 @@ impl Config {
     /// sleeps.
     pub fn durabilities(&self) -> &'static [Durability] {
         match self {
-            // W3S measures runnel's spin on the path that writes its log.
-            Config::W3Spin { .. } => &[Durability::Unsynced],
+            // W3S measures runnel's spin on the path that writes its log;
+            // W11 the loop's own work, with no fdatasync in its turns.
+            Config::W3Spin { .. } | Config::W11 { .. } => &[Durability::Unsynced],
             Config::W5 { .. } | Config::W3Busy { .. } => &[Durability::Memory],
             Config::W3Compact { .. } | Config::R1 { .. } | Config::W6 { .. } | Config::W10 => &[Durability::Durable],
             // Durable (every fetch round trip waits for the sync of the acks
@@ -463,6 +479,7 @@ impl Config {
             // `/metrics`: W10 reads the loop's turn times, W3 each turn's
             // write + fdatasync.
             (Config::W10 | Config::W3 { .. }, Kind::Runnel) => metrics::args(),
+            (Config::W11 { load }, Kind::Runnel) => stalls::server_args(*load, &scale.w11),
             (Config::W3Compact { .. }, Kind::Runnel) => {
                 vec!["--segment-bytes-max".into(), W3C_SEGMENT_BYTES.to_string()]
             }
@@ -540,6 +557,7 @@ impl Config {
                 "{} msgs/s open loop, {SIZE} B, while a new group replays a retained topic (1 GiB; 16 MiB with --quick) from the log files",
                 rate_label(replay::W10_RATE)
             ),
+            Config::W11 { load } => stalls::label(load),
             Config::R1 { log_bytes } => {
                 format!("{} MiB log of {} B messages", log_bytes >> 20, size_label(R1_SIZE))
             }
@@ -719,6 +737,7 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<RunResult>, String> {
             w3(ctx, replay::W10_RATE, "w10-live", &mut |point| at(matches!(point, W3Point::Start(_))))
         })
         .map(|r| vec![r]),
+        Config::W11 { load } => stalls::w11(ctx, load).map(|r| vec![r]),
         Config::R1 { .. } => Err("R1 restarts its server: run it with `recovery`".into()),
     }
 }

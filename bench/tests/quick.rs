@@ -44,7 +44,7 @@ fn quick_run_delivers_every_runnel_message() {
         .unwrap_or_else(|e| panic!("no results.json in {}: {e}", out.display()));
     assert!(json.contains("\"verify\":{\"ok\":true"), "no verified run in results.json:\n{json}");
     assert!(!json.contains("\"ok\":false"), "a run did not deliver every message:\n{stdout}");
-    for w in ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W3C", "W3S", "W3B", "R1"] {
+    for w in ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11", "W3C", "W3S", "W3B", "R1"] {
         assert!(json.contains(&format!("\"workload\":\"{w}\"")), "{w} did not run:\n{stderr}");
     }
     // W8's consumers of an ordered group saw every key's messages in order.

@@ -16,6 +16,8 @@
 //! - `turn`: what a turn keeps until its commit (held replies, the client
 //!   produces a failed commit withdraws, the topics to publish) and the
 //!   turn's steps after the requests (timers, write, sync, publish);
+//! - `budget`: the turn's work budget, which bounds what its requests and
+//!   its deliveries do, and the deliveries it puts off to the next turn;
 //! - `dead_letter`: where messages go when their deliveries run out, and
 //!   REDRIVE, which brings them back;
 //! - `groups`: the consumer-group admin ops (protocol version 2) and the
@@ -51,6 +53,7 @@ use crate::replay::Replay;
 use crate::wheel::{TimerKey, Wheel};
 
 mod ack_produce;
+mod budget;
 mod dead_letter;
 pub(crate) mod dedup;
 mod deliveries;
@@ -254,6 +257,8 @@ pub struct Broker {
     subs: subscriptions::Subscriptions,
     /// What the turn keeps until its commit.
     turn: Turn,
+    /// What the turn's requests, and its deliveries, may still do.
+    budget: budget::Budget,
     /// Ack deadlines, NACK delays and the ends of parked FETCHes' waits.
     wheel: Wheel<Timer>,
     log: Log,
@@ -345,6 +350,7 @@ impl Broker {
         now: Now,
     ) -> Broker {
         let decode_limits = DecodeLimits::from(&config.limits);
+        let budget = budget::Budget::new(&config.limits);
         let mut topics = topics;
         topics.set_key_bounds(&config.limits);
         Broker {
@@ -354,6 +360,7 @@ impl Broker {
             waiters: Waiters::default(),
             subs: subscriptions::Subscriptions::default(),
             turn: Turn::default(),
+            budget,
             wheel: Wheel::new(now.mono_ms),
             log,
             compactor,
@@ -394,9 +401,14 @@ impl Broker {
     pub fn topic_count(&self) -> usize {
         self.topics.len()
     }
-    /// Whether background work (compaction) wants another turn soon.
+    /// Whether background work (compaction), or deliveries the last
+    /// turn's budget put off, want another turn soon.
     pub fn busy(&self) -> bool {
-        self.compactor.busy() || self.log.releasing() || !self.sweeps.0.is_empty() || self.replays.busy()
+        self.compactor.busy()
+            || self.log.releasing()
+            || !self.sweeps.0.is_empty()
+            || self.replays.busy()
+            || self.deliveries_deferred()
     }
     /// Whether the connections' buffers, `buffered_bytes` of them, are at
     /// `buffered_bytes_max`. While they are, requests with large replies

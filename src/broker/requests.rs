@@ -7,6 +7,7 @@
 //! becomes STORAGE. Every other reply goes to the connection's output at
 //! once (the reactor still writes none before the turn's `write`).
 
+use super::budget::Budget;
 use super::subscriptions::SubscribeArgs;
 use super::topics::{Entry, dead_letter_name, unknown, unknown_group};
 use super::waiters::Waiter;
@@ -95,6 +96,25 @@ impl Broker {
         if !session.hello {
             return self.before_hello(session, frame, out);
         }
+        // What the request did counts in the turn's work budget: its
+        // items, and the bytes of its reply, held or not.
+        let replied = out.len() + self.turn.held_len();
+        let outcome = self.handle_hello_done(conn, session, frame, (now, loops), out);
+        let (items, bytes) = self.request_work(&frame.request);
+        let reply_bytes = (out.len() + self.turn.held_len()).saturating_sub(replied) as u64;
+        self.budget.spend(items, bytes + reply_bytes);
+        outcome
+    }
+
+    /// `handle`, for a session that has said HELLO.
+    fn handle_hello_done(
+        &mut self,
+        conn: ConnKey,
+        session: &mut Session,
+        frame: &Frame<'_>,
+        (now, loops): (Now, &LoopStats),
+        out: &mut Vec<u8>,
+    ) -> Outcome {
         let (req, op) = (&frame.request, frame.request.op());
         let at = At { conn, request_id: frame.request_id, now, loops };
         if !req.waits_for_sync() {
@@ -412,7 +432,10 @@ impl Broker {
             return Err(self.timers_full());
         }
         if args.wait_ms == 0 || ready {
-            deliver(e, &mut self.wheel, &w, at.now, timers_max, (out, &mut self.scratch.delivered));
+            let room = delivery_room(&self.budget, timers_max, &self.wheel);
+            let n = deliver(e, &mut self.wheel, &w, at.now, room, (out, &mut self.scratch.delivered));
+            // Its reply's bytes count with every reply's, in `handle`.
+            self.budget.spend(u64::from(n), 0);
             self.log_delivered(tid, group);
             return Ok(Outcome::Done);
         }
@@ -840,29 +863,39 @@ pub(super) fn timer_room(timers_max: u32, wheel: &Wheel<Timer>) -> u32 {
     timers_max.saturating_sub(u32::try_from(wheel.len()).unwrap_or(u32::MAX))
 }
 
+/// The most messages, and bytes of them, a delivery may take now: what
+/// the turn's work budget has left (`Budget::room`), and no more messages
+/// than the wheel has timers for (`timers_max`).
+pub(super) fn delivery_room(budget: &Budget, timers_max: u32, wheel: &Wheel<Timer>) -> (u32, u64) {
+    let (messages, bytes) = budget.room();
+    (messages.min(timer_room(timers_max, wheel)), bytes)
+}
+
 /// Writes a FETCH reply for `w` from the ready messages of `e`: as many as
-/// it asks for and the wheel has timers for (`timers_max`). The ids
-/// delivered are added to `delivered` (for their Deliver record).
+/// it asks for and `room` allows (messages, bytes: `delivery_room`). The
+/// ids delivered are added to `delivered` (for their Deliver record).
+/// Returns how many it delivered.
 pub(super) fn deliver(
     e: &mut Entry,
     wheel: &mut Wheel<Timer>,
     w: &Waiter,
     now: Now,
-    timers_max: u32,
+    room: (u32, u64),
     (out, delivered): (&mut Vec<u8>, &mut Vec<MsgId>),
-) {
+) -> u32 {
     let timeout = e.topic.ack_timeout_ms(w.group, w.ack_timeout_ms);
     let deadline = now.mono_ms + u64::from(timeout);
-    let max_messages = w.max_messages.min(timer_room(timers_max, wheel));
+    let (max_messages, max_bytes) = (w.max_messages.min(room.0), w.max_bytes.min(room.1));
     let mut writer = codec::MessagesWriter::begin(out, w.request_id, &e.topic.name, w.version);
-    let take = Take { owner: w.consumer, max_messages, max_bytes: w.max_bytes, deadline_ms: deadline };
-    write_taken(e, wheel, w.group, take, &mut writer, (out, delivered));
+    let take = Take { owner: w.consumer, max_messages, max_bytes, deadline_ms: deadline };
+    let n = write_taken(e, wheel, w.group, take, &mut writer, (out, delivered));
     writer.finish(out);
+    n
 }
 
 /// Takes what `take` says from group `group`'s ready messages into flight
 /// and appends each to `writer`'s frame (a FETCH reply or a pushed frame),
-/// and its id to `delivered`.
+/// and its id to `delivered`. Returns how many it took.
 pub(super) fn write_taken(
     e: &mut Entry,
     wheel: &mut Wheel<Timer>,
@@ -870,7 +903,8 @@ pub(super) fn write_taken(
     take: Take,
     writer: &mut codec::MessagesWriter,
     (out, delivered): (&mut Vec<u8>, &mut Vec<MsgId>),
-) {
+) -> u32 {
+    let before = delivered.len();
     let mut timers = GroupTimers { wheel, topic: e.id, group };
     e.topic.fetch(group, take, &mut timers, |seq, d| {
         delivered.push(d.id);
@@ -888,6 +922,7 @@ pub(super) fn write_taken(
             writer.push(out, &msg);
         }
     });
+    (delivered.len() - before) as u32
 }
 
 /// Compares secrets in time independent of where they differ.

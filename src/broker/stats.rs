@@ -78,45 +78,51 @@ pub struct GroupMetrics {
 }
 
 impl Broker {
-    /// Per-group numbers for metrics, by topic, then group name.
-    pub fn group_metrics(&self, now: Now) -> Vec<GroupMetrics> {
-        let mut v = Vec::new();
-        for e in self.topics.sorted("") {
-            let t = &e.topic;
-            let mut groups: Vec<&Group> = t.groups().collect();
-            groups.sort_unstable_by(|a, b| a.name().cmp(b.name()));
-            v.extend(groups.into_iter().map(|g| GroupMetrics {
+    /// Every topic, in the order they were created (their ids): what a
+    /// scrape of the metrics walks, a slice at a time (a topic deleted
+    /// meanwhile is passed over). Sorting ids costs a scrape little;
+    /// sorting 10,000 names, a few ms, which a hundred scrapes arriving
+    /// at once would spend in one turn.
+    pub fn topics_by_id(&self) -> Vec<TopicId> {
+        let mut ids: Vec<TopicId> = self.topics.iter().map(|e| e.id).collect();
+        ids.sort_unstable_by_key(|t| t.0);
+        ids
+    }
+
+    /// The numbers of each consumer group of topic `tid`, for metrics, by
+    /// group name (none if the topic is gone).
+    pub fn group_metrics_of(&self, tid: TopicId, now: Now) -> Vec<GroupMetrics> {
+        let Some(e) = self.topics.get(tid) else { return Vec::new() };
+        let t = &e.topic;
+        let mut groups: Vec<&Group> = t.groups().collect();
+        groups.sort_unstable_by(|a, b| a.name().cmp(b.name()));
+        groups
+            .into_iter()
+            .map(|g| GroupMetrics {
                 topic: t.name.to_string(),
                 group: g.name().to_string(),
                 stats: group_stats(t, g, now),
                 counters: group_counters(t, g),
-            }));
-        }
-        v
-    }
-
-    /// Per-topic numbers for metrics, sorted by name.
-    pub fn topic_metrics(&self, now: Now) -> Vec<TopicMetrics> {
-        let g = GroupId::DEFAULT;
-        self.topics
-            .sorted("")
-            .into_iter()
-            .map(|e| {
-                let t = &e.topic;
-                let dlq = self.topics.id(&dead_letter_name(&t.name)).and_then(|d| self.topics.get(d));
-                TopicMetrics {
-                    name: t.name.to_string(),
-                    ready: t.ready(g),
-                    inflight: t.inflight(g),
-                    delayed: t.delayed(g),
-                    dead_letter: dlq.map_or(0, |d| d.topic.seq.live()),
-                    bytes: t.seq.live_bytes(),
-                    counters: t.counters(g),
-                    oldest_age_ms: t.seq.oldest_born_ms().map_or(0, |b| now.wall_ms.saturating_sub(b)),
-                    tag_sets: u64::from(t.seq.tags().held()),
-                }
             })
             .collect()
+    }
+
+    /// Topic `tid`'s numbers, for metrics (None if it is gone).
+    pub fn topic_metrics_of(&self, tid: TopicId, now: Now) -> Option<TopicMetrics> {
+        let g = GroupId::DEFAULT;
+        let t = &self.topics.get(tid)?.topic;
+        let dlq = self.topics.id(&dead_letter_name(&t.name)).and_then(|d| self.topics.get(d));
+        Some(TopicMetrics {
+            name: t.name.to_string(),
+            ready: t.ready(g),
+            inflight: t.inflight(g),
+            delayed: t.delayed(g),
+            dead_letter: dlq.map_or(0, |d| d.topic.seq.live()),
+            bytes: t.seq.live_bytes(),
+            counters: t.counters(g),
+            oldest_age_ms: t.seq.oldest_born_ms().map_or(0, |b| now.wall_ms.saturating_sub(b)),
+            tag_sets: u64::from(t.seq.tags().held()),
+        })
     }
 
     /// The STATS reply: the broker's section, then one per topic (only

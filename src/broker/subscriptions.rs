@@ -125,11 +125,13 @@ impl Subscriptions {
         ids.iter().filter_map(|&i| self.slab.get(i as usize).map(|s| (i, *s))).collect()
     }
 
-    /// The group's first subscriber goes to the back: the next push starts
-    /// with the one after it.
-    fn rotate(&mut self, topic: TopicId, group: GroupId) {
-        if let Some(ids) = self.by_group.get_mut(&(topic, group)) {
-            ids.rotate_left(1.min(ids.len()));
+    /// The group's first `n` subscribers go to the back: the next push
+    /// starts with the one after them.
+    fn rotate(&mut self, topic: TopicId, group: GroupId, n: usize) {
+        if let Some(ids) = self.by_group.get_mut(&(topic, group))
+            && !ids.is_empty()
+        {
+            ids.rotate_left(n % ids.len());
         }
     }
 }
@@ -261,8 +263,10 @@ impl Broker {
 
     /// Pushes group `group` of `tid`'s ready messages to its subscribers:
     /// one message to each with free credit in turn, round after round,
-    /// into one pushed frame per subscriber. `grown_bytes` counts the
-    /// buffer capacity this adds (as `serve_waiters` does).
+    /// into one pushed frame per subscriber, while the deliveries' budget
+    /// lasts (if it runs out first, the group is put off to the next sync,
+    /// to start with the subscriber it stopped at). `grown_bytes` counts
+    /// the buffer capacity this adds (as `serve_waiters` does).
     pub(super) fn push_ready(
         &mut self,
         tid: TopicId,
@@ -278,11 +282,17 @@ impl Broker {
         // Each subscriber's pushed frame, begun at its first message.
         let mut frames: Vec<Option<MessagesWriter>> = subs.iter().map(|_| None).collect();
         let mut held_back = false;
+        // Where the budget ran out, if it did: the next push starts there.
+        let mut stopped_at = None;
         'rounds: loop {
             let mut pushed = false;
             for (i, &(id, s)) in subs.iter().enumerate() {
                 let Some(e) = self.topics.get_mut(tid) else { break 'rounds };
                 if !e.topic.has_ready(group) {
+                    break 'rounds;
+                }
+                if self.budget.spent() {
+                    stopped_at = Some(i);
                     break 'rounds;
                 }
                 if s.credit <= e.topic.held_by(group, s.consumer) {
@@ -293,12 +303,13 @@ impl Broker {
                     continue;
                 }
                 let (Some(e), Some(out)) = (self.topics.get_mut(tid), outbox.out(s.conn)) else { continue };
-                let before = out.capacity();
+                let (before, len) = (out.capacity(), out.len());
                 let frame =
                     frames[i].get_or_insert_with(|| MessagesWriter::begin_pushed(out, id, &e.topic.name, s.version));
                 let deadline_ms = now.mono_ms + u64::from(e.topic.ack_timeout_ms(group, s.ack_timeout_ms));
                 let take = Take { owner: s.consumer, max_messages: 1, max_bytes: u64::MAX, deadline_ms };
-                write_taken(e, &mut self.wheel, group, take, frame, (out, &mut self.scratch.delivered));
+                let n = write_taken(e, &mut self.wheel, group, take, frame, (out, &mut self.scratch.delivered));
+                self.budget.spend(u64::from(n), (out.len() - len) as u64);
                 *grown_bytes += out.capacity().saturating_sub(before) as u64;
                 pushed = true;
             }
@@ -314,7 +325,13 @@ impl Broker {
             }
         }
         self.log_delivered(tid, group);
-        self.subs.rotate(tid, group);
+        match stopped_at {
+            Some(i) => {
+                self.subs.rotate(tid, group, i);
+                self.budget.defer(tid, group);
+            }
+            None => self.subs.rotate(tid, group, 1),
+        }
         if held_back && !self.subs.held_back.contains(&(tid, group)) {
             self.subs.held_back.push((tid, group));
         }

@@ -84,6 +84,11 @@ impl Turn {
         self.held.push(Held { conn, op, request_id, range, durable, after_write });
     }
 
+    /// Bytes of the replies held so far this turn.
+    pub fn held_len(&self) -> usize {
+        self.held_bytes.len()
+    }
+
     /// Whether `conn` has a reply held for this turn's commit.
     pub fn holds(&self, conn: ConnKey) -> bool {
         !self.holders.is_empty() && self.holders.contains(&conn)
@@ -182,9 +187,13 @@ pub struct TurnReport {
 impl Broker {
     /// Whether request `req` from `conn` must wait for the next turn: the
     /// connection has a held reply and this request would not be held
-    /// (its reply would overtake the held one).
+    /// (its reply would overtake the held one), or the turn's work budget
+    /// is spent and the request can do more than a little (`budget.rs`).
+    /// A frame the decoder refused (`None`) is only answered: it waits
+    /// for the first reason alone.
     pub fn must_wait(&self, conn: ConnKey, req: Option<&Request<'_>>) -> bool {
-        req.is_none_or(|r| !r.waits_for_sync()) && self.turn.holds(conn)
+        (req.is_none_or(|r| !r.waits_for_sync()) && self.turn.holds(conn))
+            || req.is_some_and(|r| self.budget.spent() && !r.light())
     }
 
     /// Whether this turn, as served so far, ends with an `fdatasync`: a
@@ -376,9 +385,13 @@ impl Broker {
         }
         self.turn.produced = produced;
         self.turn.produced.clear();
+        // The deliveries at the sync have a budget of their own, so that
+        // the turn's requests cannot starve them, nor they the requests.
+        self.budget.refill();
         self.publish(now, outbox);
         self.write_published();
         self.send_held(stored, outbox, &mut report);
+        self.budget.refill();
         report.phases = self.log.take_phases();
         report.phases.add(Phase::Compact, std::mem::take(&mut self.turn.compact_nanos));
         let t = &self.turn;
@@ -440,10 +453,17 @@ impl Broker {
     /// go out in this turn's flush, and the consumer's is the one a
     /// message's end-to-end latency waits for (Redis serves its blocked
     /// readers first too).
+    /// The groups an earlier sync's budget put off go first, in the order
+    /// they were put off (`budget.rs`).
     fn publish(&mut self, now: Now, outbox: &mut impl Outbox) {
         let to_publish = std::mem::take(&mut self.turn.to_publish);
         let mut grown_bytes = 0;
         self.push_held_back(now, outbox, &mut grown_bytes);
+        // The groups left when the budget runs out stay where they are.
+        while !self.budget.spent() {
+            let Some((tid, group)) = self.budget.next_deferred() else { break };
+            self.serve_group(tid, group, now, outbox, &mut grown_bytes);
+        }
         for &tid in &to_publish {
             self.publish_topic(tid, now, outbox, &mut grown_bytes);
         }
@@ -465,17 +485,35 @@ impl Broker {
         let mut i = 0;
         while let Some(group) = self.topics.get(tid).and_then(|e| e.topic.group_id_at(i)) {
             i += 1;
-            if self.waiters.waiting(tid, group) > 0 {
-                self.serve_waiters(tid, group, now, outbox, grown_bytes);
-            }
-            if self.subs.any(tid, group) {
-                self.push_ready(tid, group, now, outbox, grown_bytes);
-            }
+            self.serve_group(tid, group, now, outbox, grown_bytes);
+        }
+    }
+
+    /// Answers group `group`'s parked FETCHes, then pushes to its
+    /// subscribers, while the deliveries' budget lasts: a group it does not
+    /// reach, or leaves with messages ready, is put off to the next sync
+    /// (which finds out whether it still has any: asking here would cost
+    /// as much for every group put off as serving it).
+    fn serve_group(&mut self, tid: TopicId, group: GroupId, now: Now, outbox: &mut impl Outbox, grown: &mut u64) {
+        let (waiting, subscribed) = (self.waiters.waiting(tid, group) > 0, self.subs.any(tid, group));
+        if !waiting && !subscribed {
+            return;
+        }
+        if self.budget.spent() {
+            self.budget.defer(tid, group);
+            return;
+        }
+        if waiting {
+            self.serve_waiters(tid, group, now, outbox, grown);
+        }
+        if subscribed {
+            self.push_ready(tid, group, now, outbox, grown);
         }
     }
 
     /// Answers group `group`'s parked FETCHes, oldest first, while it has
-    /// messages ready.
+    /// messages ready and the deliveries' budget lasts (what it stops
+    /// short of is put off to the next sync).
     fn serve_waiters(
         &mut self,
         tid: TopicId,
@@ -487,17 +525,22 @@ impl Broker {
         let Some(e) = self.topics.get_mut(tid) else { return };
         let buffered_bytes = outbox.buffered_bytes();
         while e.topic.has_ready(group) {
+            if self.budget.spent() {
+                self.budget.defer(tid, group);
+                break;
+            }
             let Some(w) = self.waiters.next(tid, group) else { break };
             self.wheel.cancel(w.timer);
             if let Some(out) = outbox.out(w.conn) {
-                let before = out.capacity();
+                let (before, len) = (out.capacity(), out.len());
                 if buffered_bytes + *grown_bytes >= self.config.limits.buffered_bytes_max {
                     self.stats.busy_replies += 1;
                     codec::encode_error(out, op::FETCH, w.request_id, ErrorCode::Busy, stats::BUSY_MESSAGE);
                 } else {
-                    let timers_max = self.config.limits.timers_max;
+                    let room = super::requests::delivery_room(&self.budget, self.config.limits.timers_max, &self.wheel);
                     let delivered = &mut self.scratch.delivered;
-                    super::requests::deliver(e, &mut self.wheel, &w, now, timers_max, (out, delivered));
+                    let n = super::requests::deliver(e, &mut self.wheel, &w, now, room, (out, delivered));
+                    self.budget.spend(u64::from(n), (out.len() - len) as u64);
                 }
                 *grown_bytes += out.capacity().saturating_sub(before) as u64;
             }
@@ -552,8 +595,10 @@ impl Broker {
             if let Some(e) = self.topics.get_mut(w.topic)
                 && let Some(out) = outbox.out(w.conn)
             {
-                let (timers_max, delivered) = (self.config.limits.timers_max, &mut self.scratch.delivered);
-                super::requests::deliver(e, &mut self.wheel, &w, now, timers_max, (out, delivered));
+                // The last turn: every parked FETCH is answered, whatever
+                // the budget.
+                let room = (super::requests::timer_room(self.config.limits.timers_max, &self.wheel), u64::MAX);
+                super::requests::deliver(e, &mut self.wheel, &w, now, room, (out, &mut self.scratch.delivered));
             }
             self.log_delivered(w.topic, w.group);
             outbox.unblock(w.conn);

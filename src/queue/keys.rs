@@ -13,8 +13,16 @@
 //! Each key is stored once, shared by its map entry and its entries in the
 //! age order (`Arc`: the broker is one thread, but its state moves to that thread), so that forgetting the oldest entry finds its key
 //! without a search.
+//!
+//! The map is split into shards of at most about `SHARD_ENTRIES` keys,
+//! chosen by a hash of the key: a hash table grows, and rehashes away the
+//! tombstones its removals leave, in one call that moves every entry, and
+//! one table of a million keys took half a second of the loop to do it.
+//! A shard's costs a thousandth of that.
 
+use std::collections::hash_map::{Entry, RandomState};
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use super::MsgId;
@@ -31,10 +39,19 @@ enum Ids {
 /// A topic's key index.
 #[derive(Debug)]
 pub struct KeyIndex {
-    /// Each key's ids. The keys come from clients: the map keeps the
-    /// standard library's randomly keyed hasher, so colliding keys cannot
-    /// be chosen.
-    by_key: HashMap<Arc<[u8]>, Ids>,
+    /// Each key's ids, in `shard_count(entries_max)` shards (none until
+    /// the first key comes). The keys come from clients: the shards keep
+    /// the standard library's randomly keyed hasher, so colliding keys
+    /// cannot be chosen.
+    shards: Vec<HashMap<Arc<[u8]>, Ids>>,
+    /// Picks a key's shard: keyed at random too, and apart from the
+    /// shards' own hasher, so that the keys of one shard do not share the
+    /// bits its table places them by.
+    sharder: RandomState,
+    /// The shard `grow_ahead` looks at next.
+    grow_at: usize,
+    /// Inserts since `grow_ahead` last grew a shard.
+    grow_credit: usize,
     /// Every entry in the order it was indexed, oldest first, with its
     /// key; an entry its key's list dropped already (past `per_key_max`,
     /// or withdrawn) stays until it reaches the front.
@@ -57,7 +74,29 @@ impl KeyIndex {
     /// An empty index with its bounds (each at least 1).
     pub fn new(per_key_max: u32, entries_max: u32) -> KeyIndex {
         assert!(per_key_max >= 1 && entries_max >= 1, "key index bounds {per_key_max}, {entries_max}");
-        KeyIndex { by_key: HashMap::new(), order: VecDeque::new(), per_key_max, entries_max }
+        KeyIndex {
+            shards: Vec::new(),
+            sharder: RandomState::new(),
+            grow_at: 0,
+            grow_credit: 0,
+            order: VecDeque::new(),
+            per_key_max,
+            entries_max,
+        }
+    }
+
+    /// The shard of `key` (there must be shards).
+    fn shard(&self, key: &[u8]) -> usize {
+        (self.sharder.hash_one(key) as usize) & (self.shards.len() - 1)
+    }
+
+    /// The map entry of `key`, if it has one.
+    fn ids_mut(&mut self, key: &[u8]) -> Option<&mut Ids> {
+        if self.shards.is_empty() {
+            return None;
+        }
+        let s = self.shard(key);
+        self.shards[s].get_mut(key)
     }
 
     /// Changes the bounds (the broker's limits, set after the topic is
@@ -67,7 +106,10 @@ impl KeyIndex {
         self.per_key_max = per_key_max;
         self.entries_max = entries_max;
         self.trim();
-        for ids in self.by_key.values_mut() {
+        if !self.shards.is_empty() && self.shards.len() != shard_count(entries_max) {
+            self.reshard();
+        }
+        for ids in self.shards.iter_mut().flat_map(|m| m.values_mut()) {
             if let Ids::Many(v) = ids {
                 v.drain(..v.len().saturating_sub(per_key_max as usize));
                 if let [only] = v[..] {
@@ -77,11 +119,29 @@ impl KeyIndex {
         }
     }
 
-    /// Forgets the oldest entries past `entries_max`.
+    /// Spreads the keys over the shards `entries_max` asks for (the bounds
+    /// changed: at start, before the broker serves).
+    fn reshard(&mut self) {
+        let old = std::mem::take(&mut self.shards);
+        let state = old.first().map(|m| m.hasher().clone()).unwrap_or_default();
+        self.shards = (0..shard_count(self.entries_max)).map(|_| HashMap::with_hasher(state.clone())).collect();
+        for (k, ids) in old.into_iter().flatten() {
+            let s = self.shard(&k);
+            self.shards[s].insert(k, ids);
+        }
+    }
+
+    /// Forgets the oldest entries past `entries_max`: each with one lookup
+    /// of its key, which the entry holds.
     fn trim(&mut self) {
         while self.order.len() > self.entries_max as usize {
             let Some((old, k)) = self.order.pop_front() else { break };
-            self.forget(&k, old);
+            let s = self.shard(&k);
+            if let Entry::Occupied(mut e) = self.shards[s].entry(k)
+                && drop_id(e.get_mut(), old)
+            {
+                e.remove();
+            }
         }
     }
 
@@ -93,52 +153,102 @@ impl KeyIndex {
     pub fn is_empty(&self) -> bool {
         self.order.is_empty()
     }
+    /// Keys the largest of the tables holds: what one growth or rehash
+    /// of a table moves at most.
+    #[cfg(test)]
+    fn largest_table_keys(&self) -> usize {
+        self.shards.iter().map(HashMap::len).max().unwrap_or(0)
+    }
+
     /// Distinct keys held.
     pub fn keys(&self) -> usize {
-        self.by_key.len()
+        self.shards.iter().map(HashMap::len).sum()
     }
 
     /// Indexes message `id` under `key`. An id already there (recovery can
     /// meet a message twice) is not added again.
     pub fn insert(&mut self, key: &[u8], id: MsgId) {
-        let key: Arc<[u8]> = match self.by_key.get_key_value(key) {
-            Some((k, _)) => Arc::clone(k),
-            None => Arc::from(key),
+        if self.shards.is_empty() {
+            let state = RandomState::new();
+            self.shards = (0..shard_count(self.entries_max)).map(|_| HashMap::with_hasher(state.clone())).collect();
+        }
+        let s = self.shard(key);
+        // One lookup: a key seen before costs an allocation given back at
+        // once, which is cheaper than a second lookup for every new key.
+        let (key, ids) = match self.shards[s].entry(Arc::from(key)) {
+            Entry::Occupied(e) => (Arc::clone(e.key()), e.into_mut()),
+            Entry::Vacant(e) => {
+                let key = Arc::clone(e.key());
+                (key, e.insert(Ids::Many(Vec::new())))
+            }
         };
-        let ids = self.by_key.entry(Arc::clone(&key)).or_insert(Ids::Many(Vec::new()));
         if !add(ids, id, self.per_key_max as usize) {
             return;
         }
         self.order.push_back((id, key));
         self.trim();
+        self.grow_ahead();
+    }
+
+    /// Grows a shard ahead of its need, one at a time. The keys spread
+    /// evenly, so the shards fill at one pace: left to grow when full (at
+    /// seven eighths), they would all grow within a few inserts, every key
+    /// moved at once as by one table. So a shard the next in turn that is
+    /// five eighths full is grown now, if there have been an eighth of its
+    /// capacity in inserts since the last shard grew: all of them grow one
+    /// by one, in half the inserts they take to fill to seven eighths.
+    fn grow_ahead(&mut self) {
+        self.grow_credit = self.grow_credit.saturating_add(1);
+        self.grow_at = (self.grow_at + 1) % self.shards.len();
+        let shard = &mut self.shards[self.grow_at];
+        let capacity = shard.capacity();
+        if shard.len() >= capacity / 8 * 5 && self.grow_credit >= capacity / 8 {
+            self.grow_credit = 0;
+            shard.reserve(capacity - shard.len() + 1);
+        }
     }
 
     /// Forgets message `id` under `key` (its produce was withdrawn).
     pub fn forget(&mut self, key: &[u8], id: MsgId) {
-        let Some(ids) = self.by_key.get_mut(key) else { return };
-        let empty = match ids {
-            Ids::One(x) => *x == id,
-            Ids::Many(v) => {
-                v.retain(|x| *x != id);
-                if v.len() == 1 {
-                    *ids = Ids::One(v[0]);
-                }
-                matches!(ids, Ids::Many(v) if v.is_empty())
-            }
-        };
-        if empty {
-            self.by_key.remove(key);
+        let Some(ids) = self.ids_mut(key) else { return };
+        if drop_id(ids, id) {
+            let s = self.shard(key);
+            self.shards[s].remove(key);
         }
     }
 
     /// The ids indexed under `key`, newest first.
     pub fn lookup(&self, key: &[u8]) -> Vec<MsgId> {
-        match self.by_key.get(key) {
+        let ids = if self.shards.is_empty() { None } else { self.shards[self.shard(key)].get(key) };
+        match ids {
             None => Vec::new(),
             Some(Ids::One(id)) => vec![*id],
             Some(Ids::Many(v)) => v.iter().rev().copied().collect(),
         }
     }
+}
+
+/// Drops `id` from a key's ids; true if none is left (the key goes).
+fn drop_id(ids: &mut Ids, id: MsgId) -> bool {
+    match ids {
+        Ids::One(x) => *x == id,
+        Ids::Many(v) => {
+            v.retain(|x| *x != id);
+            if v.len() == 1 {
+                *ids = Ids::One(v[0]);
+            }
+            matches!(ids, Ids::Many(v) if v.is_empty())
+        }
+    }
+}
+
+/// Keys a shard holds at most, about (the keys spread at random).
+const SHARD_ENTRIES: usize = 8192;
+
+/// Shards for an index of `entries_max` entries: a power of two, so that a
+/// hash picks one with a mask.
+fn shard_count(entries_max: u32) -> usize {
+    (entries_max as usize).div_ceil(SHARD_ENTRIES).next_power_of_two()
 }
 
 /// Adds `id` to a key's ids in order, dropping the oldest past `max`.
@@ -193,6 +303,62 @@ mod tests {
         ix.forget(b"b", 6);
         assert_eq!((ix.lookup(b"b"), ix.keys()), (vec![], 2));
         assert!(ix.lookup(b"zz").is_empty());
+    }
+
+    /// A million keys, past the bound, with some forgotten: no table holds
+    /// more than a shard's share (twice `SHARD_ENTRIES`, for the spread of
+    /// a random hash), so that no insert grows or rehashes more than that;
+    /// and every key still held is found.
+    #[test]
+    fn no_table_holds_more_than_a_shard_of_the_keys() {
+        let entries_max = 1_000_000u32;
+        let mut ix = KeyIndex::new(4, entries_max);
+        let key = |i: u64| format!("order-{i:012}");
+        for id in 0..1_100_000u64 {
+            ix.insert(key(id).as_bytes(), id);
+            if id % 7 == 0 {
+                ix.forget(key(id).as_bytes(), id);
+            }
+        }
+        assert!(ix.keys() > 800_000, "{} keys", ix.keys());
+        assert!(ix.largest_table_keys() <= 2 * SHARD_ENTRIES, "a table of {} keys", ix.largest_table_keys());
+        for id in [100_001u64, 555_556, 1_099_999] {
+            assert_eq!(ix.lookup(key(id).as_bytes()), [id], "key {id}");
+        }
+        assert!(ix.lookup(key(7).as_bytes()).is_empty(), "forgotten, and past the bound");
+        // New bounds spread the keys again.
+        ix.set_bounds(4, 100_000);
+        assert!(ix.keys() <= 100_000 && ix.largest_table_keys() <= 2 * SHARD_ENTRIES);
+        assert_eq!(ix.lookup(key(1_099_999).as_bytes()), [1_099_999]);
+    }
+
+    /// The shards fill at one pace; they must not all grow at once. Over
+    /// any run of inserts a PRODUCE can carry (`batch_messages_max`,
+    /// 8192), the keys moved by tables growing stay within a few shards'
+    /// worth, where growing all of them together would move every key.
+    #[test]
+    fn the_shards_grow_one_by_one() {
+        const BATCH: usize = 8192;
+        let mut ix = KeyIndex::new(4, 1_000_000);
+        let mut capacities: Vec<usize> = Vec::new();
+        let (mut moved, mut moved_max) = (0usize, 0usize);
+        for id in 0..1_000_000u64 {
+            ix.insert(format!("k-{id:012}").as_bytes(), id);
+            if capacities.len() != ix.shards.len() {
+                capacities = ix.shards.iter().map(HashMap::capacity).collect();
+            }
+            for (c, m) in capacities.iter_mut().zip(&ix.shards) {
+                if m.capacity() != *c {
+                    *c = m.capacity();
+                    moved += m.len();
+                }
+            }
+            if (id as usize + 1).is_multiple_of(BATCH) {
+                moved_max = moved_max.max(moved);
+                moved = 0;
+            }
+        }
+        assert!(moved_max <= 8 * SHARD_ENTRIES, "{moved_max} keys moved by growth within {BATCH} inserts");
     }
 
     /// Against a model: every entry in indexing order, the last

@@ -74,7 +74,7 @@ impl Reactor {
         for (_, timed) in expired.drain(..) {
             match timed {
                 Timed::Conn(key) => self.conn_timeout(key, now, full),
-                Timed::Http(key) => self.http_timeout(key),
+                Timed::Http(key) => self.http_timeout(key, now),
             }
         }
         self.expired = expired;
