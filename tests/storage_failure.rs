@@ -164,12 +164,18 @@ impl Harness {
     }
 
     /// Fetches everything ready and acks nothing; returns (id, payload).
+    /// Fetches until a FETCH gets nothing: one FETCH gets at most what its
+    /// turn's work budget has left (`work_items_per_turn_max`).
     fn fetch_all(&mut self, topic: &str) -> Vec<(u64, Vec<u8>)> {
         let req =
             Request::Fetch { topic, group: "", max_messages: 10_000, max_bytes: 0, wait_ms: 0, ack_timeout_ms: 60_000 };
-        match self.call(&req) {
-            Reply::Messages { messages, .. } => messages.iter().map(|m| (m.id, m.payload.to_vec())).collect(),
-            other => panic!("fetch: {other:?}"),
+        let mut all = Vec::new();
+        loop {
+            match self.call(&req) {
+                Reply::Messages { messages, .. } if messages.is_empty() => return all,
+                Reply::Messages { messages, .. } => all.extend(messages.iter().map(|m| (m.id, m.payload.to_vec()))),
+                other => panic!("fetch: {other:?}"),
+            }
         }
     }
 
