@@ -9,20 +9,23 @@
 # log instead. DRIVE=drive_dedup.py drives produces with dedup ids instead
 # (DEDUP=0: the same without). Usage: bench/profile/callgrind.sh [path/to/runnel]
 set -euo pipefail
+# CALLGRIND_PORT moves the broker off 17731 (two counts at once on one machine).
+port=${CALLGRIND_PORT:-17731}
+export CALLGRIND_PORT=$port
 here=$(cd "$(dirname "$0")" && pwd)
 runnel=${1:-$here/../../target/release/runnel}
 out=$(mktemp -d)
 case "$(basename "$runnel")" in
-  runnel-floor*) args=(--listen 127.0.0.1:17731) ;;
+  runnel-floor*) args=(--listen 127.0.0.1:$port) ;;
   *) case "${RUNNEL_MODE:-}" in
-       --memory-only) args=(serve --listen 127.0.0.1:17731 --memory-only) ;;
-       *) args=(serve --listen 127.0.0.1:17731 --data "$out/data" --fsync never) ;;
+       --memory-only) args=(serve --listen 127.0.0.1:$port --memory-only) ;;
+       *) args=(serve --listen 127.0.0.1:$port --data "$out/data" --fsync never) ;;
      esac ;;
 esac
 valgrind --tool=callgrind --callgrind-out-file="$out/cg.out" \
   "$runnel" "${args[@]}" >"$out/vg.log" 2>&1 &
 pid=$!
-for _ in $(seq 100); do python3 -c 'import socket; socket.create_connection(("127.0.0.1",17731))' 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1',$port))" 2>/dev/null && break; sleep 0.1; done
 python3 "$here/${DRIVE:-drive.py}"
 kill -INT "$pid"; wait "$pid" || true
 cp "$out/cg.out" /tmp/last-cg.out 2>/dev/null || true

@@ -1,11 +1,11 @@
-# One connection to the broker callgrind.sh runs (127.0.0.1:17731), as
+# One connection to the broker callgrind.sh runs (127.0.0.1:$CALLGRIND_PORT, 17731 unless set), as
 # the drivers speak it: framing, and replies read in order.
-import socket, struct
+import os, socket, struct
 
 
 class Conn:
     def __init__(self, version):
-        self.s = socket.create_connection(("127.0.0.1", 17731))
+        self.s = socket.create_connection(("127.0.0.1", int(os.environ.get("CALLGRIND_PORT", "17731"))))
         self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = b""
         self.s.sendall(frame(1, 1, struct.pack("<HHH", 1, version, 0)))
